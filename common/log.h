@@ -33,16 +33,16 @@ int log_level_from_string(const char *s, enum log_level *ret);
 
 /* Returns -abs(error) (or 0 when error is 0), so "return log_error_errno(r, ...)" works.
  * %m in fmt prints strerror(abs(error)). */
-int log_internal(enum log_level level, int error, const char *file, int line, const char *fmt,
-		 ...) _printf_(5, 6);
+int log_internal(enum log_level level, int error, const char *file, int line, const char *fmt, ...)
+	_printf_(5, 6);
 
 #define log_full_errno(level, error, ...) \
 	log_internal((level), (error), __FILE__, __LINE__, __VA_ARGS__)
-#define log_error_errno(error, ...) log_full_errno(LOG_LEVEL_ERROR, (error), __VA_ARGS__)
+#define log_error_errno(error, ...)   log_full_errno(LOG_LEVEL_ERROR, (error), __VA_ARGS__)
 #define log_warning_errno(error, ...) log_full_errno(LOG_LEVEL_WARNING, (error), __VA_ARGS__)
-#define log_info_errno(error, ...) log_full_errno(LOG_LEVEL_INFO, (error), __VA_ARGS__)
-#define log_debug_errno(error, ...) log_full_errno(LOG_LEVEL_DEBUG, (error), __VA_ARGS__)
-#define log_error(...) log_error_errno(0, __VA_ARGS__)
-#define log_warning(...) log_warning_errno(0, __VA_ARGS__)
-#define log_info(...) log_info_errno(0, __VA_ARGS__)
-#define log_debug(...) log_debug_errno(0, __VA_ARGS__)
+#define log_info_errno(error, ...)    log_full_errno(LOG_LEVEL_INFO, (error), __VA_ARGS__)
+#define log_debug_errno(error, ...)   log_full_errno(LOG_LEVEL_DEBUG, (error), __VA_ARGS__)
+#define log_error(...)		      log_error_errno(0, __VA_ARGS__)
+#define log_warning(...)	      log_warning_errno(0, __VA_ARGS__)
+#define log_info(...)		      log_info_errno(0, __VA_ARGS__)
+#define log_debug(...)		      log_debug_errno(0, __VA_ARGS__)

@@ -7,14 +7,14 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#define _public_ __attribute__((visibility("default")))
+#define _public_       __attribute__((visibility("default")))
 #define _printf_(a, b) __attribute__((format(printf, a, b)))
-#define _unused_ __attribute__((unused))
-#define _cleanup_(f) __attribute__((cleanup(f)))
+#define _unused_       __attribute__((unused))
+#define _cleanup_(f)   __attribute__((cleanup(f)))
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
-#define MAX(a, b) ((a) > (b) ? (a) : (b))
+#define MIN(a, b)     ((a) < (b) ? (a) : (b))
+#define MAX(a, b)     ((a) > (b) ? (a) : (b))
 
 /* -errno of the last failure, never 0: for "r = negative_errno();" right after a call. */
 static inline int negative_errno(void)
@@ -49,20 +49,20 @@ static inline void fclosep(FILE **f)
 		(void)fclose(*f);
 }
 
-#define _cleanup_close_ _cleanup_(closep)
-#define _cleanup_free_ _cleanup_(freep)
+#define _cleanup_close_	 _cleanup_(closep)
+#define _cleanup_free_	 _cleanup_(freep)
 #define _cleanup_fclose_ _cleanup_(fclosep)
 
 /* Hands ownership out of a cleanup variable: "return TAKE_FD(fd);". */
-#define TAKE_FD(fd)                   \
-	({                            \
-		int _fd_ = (fd);      \
-		(fd) = -1;            \
-		_fd_;                 \
+#define TAKE_FD(fd)              \
+	({                       \
+		int _fd_ = (fd); \
+		(fd) = -1;       \
+		_fd_;            \
 	})
-#define TAKE_PTR(p)                       \
-	({                                \
-		__typeof__(p) _p_ = (p);  \
-		(p) = NULL;               \
-		_p_;                      \
+#define TAKE_PTR(p)                      \
+	({                               \
+		__typeof__(p) _p_ = (p); \
+		(p) = NULL;              \
+		_p_;                     \
 	})
