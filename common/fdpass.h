@@ -14,10 +14,9 @@
 
 /* Sends buf (len > 0) and nfds (<= FDPASS_MAX_FDS) fds as one packet. flags: MSG_DONTWAIT
  * etc. (MSG_NOSIGNAL is always added). Returns bytes sent or -errno. */
-ssize_t fdpass_send(int sock, const void *buf, size_t len, const int *fds, size_t nfds,
-		    int flags);
+ssize_t fdpass_send(int sock, const void *buf, size_t len, const int *fds, size_t nfds, int flags);
 
 /* Receives one packet into buf and up to max_fds fds into ret_fds (*ret_nfds set).
  * Returns bytes received, 0 when the peer closed the connection, or -errno. */
-ssize_t fdpass_recv(int sock, void *buf, size_t cap, int *ret_fds, size_t max_fds,
-		    size_t *ret_nfds, int flags);
+ssize_t fdpass_recv(int sock, void *buf, size_t cap, int *ret_fds, size_t max_fds, size_t *ret_nfds,
+		    int flags);
