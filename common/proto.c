@@ -1,2 +1,689 @@
 /* SPDX-License-Identifier: MIT */
+/*
+ * Every message type is a row in msg_types[]: its fields (key, kind, where the value lives in
+ * struct proto_msg, allowed range) and where its fds go. One generic encoder and one generic
+ * decoder walk those rows, so a new message type is a struct in proto.h plus a table here, and
+ * encode and decode can never disagree about a field.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <msgpack.h>
+
+#include "fdpass.h"
 #include "proto.h"
+#include "util.h"
+
+_Static_assert(sizeof(enum region_class) == sizeof(int), "enums are stored as int");
+_Static_assert(sizeof(enum worker_role) == sizeof(int), "enums are stored as int");
+_Static_assert(PROTO_MAX_FDS <= FDPASS_MAX_FDS, "fdpass must carry every proto fd");
+
+enum field_kind {
+	FIELD_U32,	 /* uint32_t, in [min, max] */
+	FIELD_U64,	 /* uint64_t, any value */
+	FIELD_I32,	 /* int32_t, in [min, max] */
+	FIELD_ENUM,	 /* an enum stored as int, in [min, max] */
+	FIELD_STR,	 /* char[size], at most size - 1 bytes, no NUL inside */
+	FIELD_UUID,	 /* uint8_t[PROTO_UUID_LEN], sent as bin of exactly that length */
+	FIELD_UUID_LIST, /* uint8_t[size][PROTO_UUID_LEN] with a uint32_t count at count_offset */
+};
+
+struct field {
+	const char *key;
+	enum field_kind kind;
+	size_t offset; /* within struct proto_msg */
+	size_t size;   /* FIELD_STR: buffer size; FIELD_UUID_LIST: capacity in entries */
+	size_t count_offset;
+	int64_t min, max;
+};
+
+struct msg_type {
+	const char *name;
+	const struct field *fields;
+	size_t n_fields;
+	size_t nfds;
+	size_t fd_offsets[PROTO_MAX_FDS]; /* int members that own the fds, in wire order */
+};
+
+#define MEMBER_SIZE(member) sizeof(((struct proto_msg *)0)->member)
+#define AT(member)	    offsetof(struct proto_msg, member)
+
+#define F_U32(k, member, lo, hi)                                                              \
+	{                                                                                     \
+		.key = (k), .kind = FIELD_U32, .offset = AT(member), .min = (lo), .max = (hi) \
+	}
+#define F_U64(k, member)                                            \
+	{                                                           \
+		.key = (k), .kind = FIELD_U64, .offset = AT(member) \
+	}
+#define F_I32(k, member, lo, hi)                                                              \
+	{                                                                                     \
+		.key = (k), .kind = FIELD_I32, .offset = AT(member), .min = (lo), .max = (hi) \
+	}
+#define F_ENUM(k, member, n)                                                                 \
+	{                                                                                    \
+		.key = (k), .kind = FIELD_ENUM, .offset = AT(member), .min = 0, .max = (n)-1 \
+	}
+#define F_STR(k, member)                                                                         \
+	{                                                                                        \
+		.key = (k), .kind = FIELD_STR, .offset = AT(member), .size = MEMBER_SIZE(member) \
+	}
+#define F_UUID(k, member)                                            \
+	{                                                            \
+		.key = (k), .kind = FIELD_UUID, .offset = AT(member) \
+	}
+#define F_UUID_LIST(k, member, count)                                                    \
+	{                                                                                \
+		.key = (k), .kind = FIELD_UUID_LIST, .offset = AT(member),               \
+		.size = MEMBER_SIZE(member) / PROTO_UUID_LEN, .count_offset = AT(count), \
+	}
+
+/* Keys are short because every packet repeats them; proto.h lists them. */
+static const struct field hello_fields[] = {
+	F_U32("pid", hello.pid, 1, UINT32_MAX),
+	F_STR("eng", hello.engine_id),
+	F_ENUM("role", hello.role, _ROLE_MAX),
+	F_I32("rank", hello.rank, -1, INT32_MAX),
+	F_UUID_LIST("devs", hello.device_uuid, hello.n_devices),
+};
+
+static const struct field region_fields[] = {
+	F_U64("id", region.id),
+	F_UUID("dev", region.device_uuid),
+	F_U64("va", region.va),
+	F_U64("size", region.size),
+	F_ENUM("cls", region.cls, _REGION_CLASS_MAX),
+	F_U64("ord", region.order),
+	F_U64("wver", region.weights_version),
+};
+
+static const struct field release_fields[] = {
+	F_U64("id", release.id),
+};
+
+static const struct field error_fields[] = {
+	F_I32("code", error.code, 1, INT32_MAX),
+	F_U32("re", error.in_reply_to, 0, UINT32_MAX),
+	F_STR("msg", error.message),
+};
+
+#define FIELDS(a) .fields = (a), .n_fields = ARRAY_SIZE(a)
+
+static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
+	[PROTO_HELLO] = {"hello", FIELDS(hello_fields)},
+	[PROTO_REGION_ANNOUNCE] = {"region-announce", FIELDS(region_fields), .nfds = 1,
+				   .fd_offsets = {AT(region.fd)}},
+	[PROTO_REGION_RELEASE] = {"region-release", FIELDS(release_fields)},
+	[PROTO_ERROR] = {"error", FIELDS(error_fields)},
+};
+
+static const struct msg_type *msg_type_get(uint64_t type)
+{
+	if (type >= ARRAY_SIZE(msg_types) || !msg_types[type].name)
+		return NULL;
+	return &msg_types[type];
+}
+
+int proto_type_nfds(enum proto_type type)
+{
+	const struct msg_type *mt = msg_type_get((uint64_t)type);
+
+	return mt ? (int)mt->nfds : -EINVAL;
+}
+
+const char *proto_type_to_string(enum proto_type type)
+{
+	const struct msg_type *mt = msg_type_get((uint64_t)type);
+
+	return mt ? mt->name : NULL;
+}
+
+static const char *const region_class_names[_REGION_CLASS_MAX] = {
+	[REGION_WEIGHTS] = "weights",
+	[REGION_KV] = "kv",
+	[REGION_NCCL] = "nccl",
+	[REGION_OTHER] = "other",
+};
+
+static const char *const worker_role_names[_ROLE_MAX] = {
+	[ROLE_PRIMARY] = "primary",
+	[ROLE_SHADOW] = "shadow",
+};
+
+static int name_lookup(const char *const *names, size_t n, const char *s)
+{
+	if (!s)
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++)
+		if (names[i] && strcmp(names[i], s) == 0)
+			return (int)i;
+	return -EINVAL;
+}
+
+const char *region_class_to_string(enum region_class cls)
+{
+	return (unsigned)cls < ARRAY_SIZE(region_class_names) ? region_class_names[cls] : NULL;
+}
+
+int region_class_from_string(const char *s, enum region_class *ret)
+{
+	int i = name_lookup(region_class_names, ARRAY_SIZE(region_class_names), s);
+
+	if (i < 0)
+		return i;
+	*ret = (enum region_class)i;
+	return 0;
+}
+
+const char *worker_role_to_string(enum worker_role role)
+{
+	return (unsigned)role < ARRAY_SIZE(worker_role_names) ? worker_role_names[role] : NULL;
+}
+
+int worker_role_from_string(const char *s, enum worker_role *ret)
+{
+	int i = name_lookup(worker_role_names, ARRAY_SIZE(worker_role_names), s);
+
+	if (i < 0)
+		return i;
+	*ret = (enum worker_role)i;
+	return 0;
+}
+
+static void *field_at(const struct proto_msg *m, size_t offset)
+{
+	return (char *)(uintptr_t)m + offset;
+}
+
+/* ---- encoding ---------------------------------------------------------------------------- */
+
+/* msgpack-c writes through a callback; this one fills the caller's buffer and never grows. */
+struct fixed_buf {
+	char *data;
+	size_t cap, len;
+};
+
+static int fixed_buf_write(void *data, const char *buf, size_t len)
+{
+	struct fixed_buf *b = data;
+
+	if (len > b->cap - b->len)
+		return -1;
+	memcpy(b->data + b->len, buf, len);
+	b->len += len;
+	return 0;
+}
+
+static int field_validate(const struct proto_msg *m, const struct field *f)
+{
+	const void *p = field_at(m, f->offset);
+
+	switch (f->kind) {
+	case FIELD_U32:
+		return *(const uint32_t *)p >= f->min && *(const uint32_t *)p <= f->max ? 0
+											: -EINVAL;
+	case FIELD_I32:
+		return *(const int32_t *)p >= f->min && *(const int32_t *)p <= f->max ? 0 : -EINVAL;
+	case FIELD_ENUM:
+		return *(const int *)p >= f->min && *(const int *)p <= f->max ? 0 : -EINVAL;
+	case FIELD_STR:
+		return strnlen(p, f->size) < f->size ? 0 : -EINVAL;
+	case FIELD_UUID_LIST:
+		return *(const uint32_t *)field_at(m, f->count_offset) <= f->size ? 0 : -EINVAL;
+	case FIELD_U64:
+	case FIELD_UUID:
+		return 0;
+	}
+	return -EINVAL;
+}
+
+static int pack_key(msgpack_packer *pk, const char *key)
+{
+	size_t n = strlen(key);
+
+	return msgpack_pack_str(pk, n) ?: msgpack_pack_str_body(pk, key, n);
+}
+
+static int pack_bin(msgpack_packer *pk, const void *p, size_t n)
+{
+	return msgpack_pack_bin(pk, n) ?: msgpack_pack_bin_body(pk, p, n);
+}
+
+static int field_pack(msgpack_packer *pk, const struct proto_msg *m, const struct field *f)
+{
+	const void *p = field_at(m, f->offset);
+	uint32_t count;
+	size_t n;
+	int r;
+
+	r = pack_key(pk, f->key);
+	if (r != 0)
+		return r;
+
+	switch (f->kind) {
+	case FIELD_U32:
+		return msgpack_pack_uint32(pk, *(const uint32_t *)p);
+	case FIELD_U64:
+		return msgpack_pack_uint64(pk, *(const uint64_t *)p);
+	case FIELD_I32:
+		return msgpack_pack_int32(pk, *(const int32_t *)p);
+	case FIELD_ENUM:
+		return msgpack_pack_uint32(pk, (uint32_t) * (const int *)p);
+	case FIELD_STR:
+		n = strlen(p);
+		return msgpack_pack_str(pk, n) ?: msgpack_pack_str_body(pk, p, n);
+	case FIELD_UUID:
+		return pack_bin(pk, p, PROTO_UUID_LEN);
+	case FIELD_UUID_LIST:
+		count = *(const uint32_t *)field_at(m, f->count_offset);
+		r = msgpack_pack_array(pk, count);
+		for (uint32_t i = 0; r == 0 && i < count; i++)
+			r = pack_bin(pk, (const uint8_t *)p + (size_t)i * PROTO_UUID_LEN,
+				     PROTO_UUID_LEN);
+		return r;
+	}
+	return -1;
+}
+
+int proto_encode(const struct proto_msg *m, void *buf, size_t cap, size_t *ret_len,
+		 int ret_fds[PROTO_MAX_FDS], size_t *ret_nfds)
+{
+	struct fixed_buf out = {.data = buf, .cap = MIN(cap, (size_t)PROTO_MAX_MSG)};
+	const struct msg_type *mt;
+	msgpack_packer pk;
+	int r;
+
+	if (!m || !buf || !ret_len)
+		return -EINVAL;
+	mt = msg_type_get((uint64_t)m->type);
+	if (!mt)
+		return -EINVAL;
+	for (size_t i = 0; i < mt->n_fields; i++) {
+		r = field_validate(m, &mt->fields[i]);
+		if (r < 0)
+			return r;
+	}
+	for (size_t i = 0; i < mt->nfds; i++)
+		if (*(const int *)field_at(m, mt->fd_offsets[i]) < 0)
+			return -EINVAL;
+	if (mt->nfds > 0 && (!ret_fds || !ret_nfds))
+		return -EINVAL;
+
+	msgpack_packer_init(&pk, &out, fixed_buf_write);
+	r = msgpack_pack_map(&pk, 2 + mt->n_fields) ?: pack_key(&pk, "v")
+		?: msgpack_pack_uint32(&pk, PROTO_VERSION) ?: pack_key(&pk, "t")
+		?: msgpack_pack_uint32(&pk, (uint32_t)m->type);
+	for (size_t i = 0; r == 0 && i < mt->n_fields; i++)
+		r = field_pack(&pk, m, &mt->fields[i]);
+	if (r != 0)
+		/* The only way packing fails is running out of room. */
+		return cap > PROTO_MAX_MSG ? -EMSGSIZE : -ENOBUFS;
+
+	for (size_t i = 0; i < mt->nfds; i++)
+		ret_fds[i] = *(const int *)field_at(m, mt->fd_offsets[i]);
+	if (ret_nfds)
+		*ret_nfds = mt->nfds;
+	*ret_len = out.len;
+	return 0;
+}
+
+/* ---- decoding ---------------------------------------------------------------------------- */
+
+static uint64_t be(const uint8_t *p, size_t n)
+{
+	uint64_t v = 0;
+
+	for (size_t i = 0; i < n; i++)
+		v = v << 8 | p[i];
+	return v;
+}
+
+/*
+ * Walks the raw msgpack once before msgpack-c sees it. msgpack-c allocates an array's or map's
+ * slots as soon as it reads the header, so a 5-byte "array of 2^32 entries" would ask for 64
+ * GiB. Every entry takes at least one byte, so we reject any point where more entries are
+ * still owed than bytes remain. This also proves the buffer holds exactly one object: no
+ * truncation, no trailing bytes.
+ */
+static int msgpack_preflight(const uint8_t *p, size_t len)
+{
+	uint64_t owed = 1; /* objects still to read */
+	size_t off = 0;
+
+	while (owed > 0) {
+		uint64_t payload = 0, entries = 0;
+		size_t hdr;
+		uint8_t b;
+
+		if (off >= len)
+			return -EBADMSG;
+		b = p[off++];
+		owed--;
+
+		if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
+			continue; /* fixint, nil, bool */
+		if ((b & 0xf0) == 0x80) {
+			entries = 2 * (uint64_t)(b & 0x0f);
+			hdr = 0;
+		} else if ((b & 0xf0) == 0x90) {
+			entries = b & 0x0f;
+			hdr = 0;
+		} else if ((b & 0xe0) == 0xa0) {
+			payload = b & 0x1f;
+			hdr = 0;
+		} else {
+			/* Length of the size field, then the fixed payload after it. */
+			static const struct {
+				uint8_t lenbytes, fixed, kind; /* kind: 0 bytes, 1 array, 2 map */
+			} ext[0x20] = {
+				[0x04] = {1, 0, 0}, [0x05] = {2, 0, 0}, [0x06] = {4, 0, 0},
+				[0x07] = {1, 1, 0}, [0x08] = {2, 1, 0}, [0x09] = {4, 1, 0},
+				[0x0a] = {0, 4, 0}, [0x0b] = {0, 8, 0}, [0x0c] = {0, 1, 0},
+				[0x0d] = {0, 2, 0}, [0x0e] = {0, 4, 0}, [0x0f] = {0, 8, 0},
+				[0x10] = {0, 1, 0}, [0x11] = {0, 2, 0}, [0x12] = {0, 4, 0},
+				[0x13] = {0, 8, 0}, [0x14] = {0, 2, 0}, [0x15] = {0, 3, 0},
+				[0x16] = {0, 5, 0}, [0x17] = {0, 9, 0}, [0x18] = {0, 17, 0},
+				[0x19] = {1, 0, 0}, [0x1a] = {2, 0, 0}, [0x1b] = {4, 0, 0},
+				[0x1c] = {2, 0, 1}, [0x1d] = {4, 0, 1}, [0x1e] = {2, 0, 2},
+				[0x1f] = {4, 0, 2},
+			};
+			uint8_t i = b - 0xc0;
+			uint64_t n;
+
+			if (b == 0xc1 || (ext[i].lenbytes == 0 && ext[i].fixed == 0))
+				return -EBADMSG; /* 0xc1 is never used */
+			hdr = ext[i].lenbytes;
+			if (hdr > len - off)
+				return -EBADMSG;
+			n = be(p + off, hdr);
+			if (ext[i].kind == 1)
+				entries = n;
+			else if (ext[i].kind == 2)
+				entries = 2 * n;
+			else
+				payload = n + ext[i].fixed;
+		}
+		off += hdr;
+		if (payload > len - off)
+			return -EBADMSG;
+		off += (size_t)payload;
+		owed += entries;
+		if (owed > len - off)
+			return -EBADMSG;
+	}
+	return off == len ? 0 : -EBADMSG;
+}
+
+static bool key_is(const msgpack_object *k, const char *s)
+{
+	size_t n = strlen(s);
+
+	return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
+	       memcmp(k->via.str.ptr, s, n) == 0;
+}
+
+/* The first value under key; decode_object() rejects maps where that is not the only one. */
+static const msgpack_object *map_get(const msgpack_object_map *map, const char *key)
+{
+	for (uint32_t i = 0; i < map->size; i++)
+		if (key_is(&map->ptr[i].key, key))
+			return &map->ptr[i].val;
+	return NULL;
+}
+
+static int get_uint(const msgpack_object *o, uint64_t max, uint64_t *ret)
+{
+	if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > max)
+		return -EBADMSG;
+	*ret = o->via.u64;
+	return 0;
+}
+
+static int get_int(const msgpack_object *o, int64_t min, int64_t max, int64_t *ret)
+{
+	if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+		if (max < 0 || o->via.u64 > (uint64_t)max || (int64_t)o->via.u64 < min)
+			return -EBADMSG;
+		*ret = (int64_t)o->via.u64;
+		return 0;
+	}
+	if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+		if (o->via.i64 < min || o->via.i64 > max)
+			return -EBADMSG;
+		*ret = o->via.i64;
+		return 0;
+	}
+	return -EBADMSG;
+}
+
+static int get_uuid(const msgpack_object *o, uint8_t *ret)
+{
+	if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size != PROTO_UUID_LEN)
+		return -EBADMSG;
+	memcpy(ret, o->via.bin.ptr, PROTO_UUID_LEN);
+	return 0;
+}
+
+static int field_unpack(const msgpack_object *o, const struct field *f, struct proto_msg *m)
+{
+	void *p = field_at(m, f->offset);
+	uint64_t u;
+	int64_t i;
+	int r;
+
+	switch (f->kind) {
+	case FIELD_U32:
+		r = get_uint(o, (uint64_t)f->max, &u);
+		if (r < 0 || (int64_t)u < f->min)
+			return -EBADMSG;
+		*(uint32_t *)p = (uint32_t)u;
+		return 0;
+	case FIELD_U64:
+		r = get_uint(o, UINT64_MAX, &u);
+		if (r < 0)
+			return r;
+		*(uint64_t *)p = u;
+		return 0;
+	case FIELD_I32:
+		r = get_int(o, f->min, f->max, &i);
+		if (r < 0)
+			return r;
+		*(int32_t *)p = (int32_t)i;
+		return 0;
+	case FIELD_ENUM:
+		r = get_uint(o, (uint64_t)f->max, &u);
+		if (r < 0)
+			return r;
+		*(int *)p = (int)u;
+		return 0;
+	case FIELD_STR:
+		/* Too long is an error, never a silent cut; so is a NUL that would cut it. */
+		if (o->type != MSGPACK_OBJECT_STR || o->via.str.size >= f->size ||
+		    memchr(o->via.str.ptr, '\0', o->via.str.size))
+			return -EBADMSG;
+		memcpy(p, o->via.str.ptr, o->via.str.size);
+		((char *)p)[o->via.str.size] = '\0';
+		return 0;
+	case FIELD_UUID:
+		return get_uuid(o, p);
+	case FIELD_UUID_LIST:
+		if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > f->size)
+			return -EBADMSG;
+		for (uint32_t k = 0; k < o->via.array.size; k++) {
+			r = get_uuid(&o->via.array.ptr[k],
+				     (uint8_t *)p + (size_t)k * PROTO_UUID_LEN);
+			if (r < 0)
+				return r;
+		}
+		*(uint32_t *)field_at(m, f->count_offset) = o->via.array.size;
+		return 0;
+	}
+	return -EBADMSG;
+}
+
+static int decode_object(const msgpack_object *root, const int *fds, size_t nfds,
+			 struct proto_msg *m)
+{
+	const msgpack_object_map *map;
+	const msgpack_object *o;
+	const struct msg_type *mt;
+	uint64_t version, type;
+	int r;
+
+	if (root->type != MSGPACK_OBJECT_MAP)
+		return -EBADMSG;
+	map = &root->via.map;
+
+	/* The version first: a peer speaking another version gets a precise answer. */
+	o = map_get(map, "v");
+	if (!o || get_uint(o, UINT64_MAX, &version) < 0)
+		return -EBADMSG;
+	if (version != PROTO_VERSION)
+		return -EPROTONOSUPPORT;
+
+	if (map->size > PROTO_MAX_KEYS)
+		return -EBADMSG;
+	for (uint32_t i = 0; i < map->size; i++) {
+		const msgpack_object *k = &map->ptr[i].key;
+
+		if (k->type != MSGPACK_OBJECT_STR)
+			return -EBADMSG;
+		for (uint32_t j = 0; j < i; j++) {
+			const msgpack_object *prev = &map->ptr[j].key;
+
+			if (prev->via.str.size == k->via.str.size &&
+			    memcmp(prev->via.str.ptr, k->via.str.ptr, k->via.str.size) == 0)
+				return -EBADMSG;
+		}
+	}
+
+	o = map_get(map, "t");
+	if (!o || get_uint(o, UINT64_MAX, &type) < 0)
+		return -EBADMSG;
+	mt = msg_type_get(type);
+	if (!mt || nfds != mt->nfds)
+		return -EBADMSG;
+	for (size_t i = 0; i < nfds; i++)
+		if (fds[i] < 0)
+			return -EBADMSG;
+
+	for (size_t i = 0; i < mt->n_fields; i++) {
+		o = map_get(map, mt->fields[i].key);
+		if (!o)
+			return -EBADMSG;
+		r = field_unpack(o, &mt->fields[i], m);
+		if (r < 0)
+			return r;
+	}
+
+	m->type = (enum proto_type)type;
+	for (size_t i = 0; i < nfds; i++)
+		*(int *)field_at(m, mt->fd_offsets[i]) = fds[i];
+	return 0;
+}
+
+int proto_decode(const void *buf, size_t len, const int *fds, size_t nfds, struct proto_msg *ret)
+{
+	msgpack_unpacked u;
+	size_t off = 0;
+	int r;
+
+	if (!ret)
+		return -EINVAL;
+	memset(ret, 0, sizeof(*ret));
+	if (!buf || len == 0 || len > PROTO_MAX_MSG || (nfds > 0 && !fds) || nfds > PROTO_MAX_FDS)
+		return -EBADMSG;
+
+	r = msgpack_preflight(buf, len);
+	if (r < 0)
+		return r;
+
+	msgpack_unpacked_init(&u);
+	if (msgpack_unpack_next(&u, buf, len, &off) != MSGPACK_UNPACK_SUCCESS || off != len)
+		r = -EBADMSG;
+	else
+		r = decode_object(&u.data, fds, nfds, ret);
+	msgpack_unpacked_destroy(&u);
+
+	if (r < 0)
+		/* Nothing half-filled escapes; type 0 also makes proto_msg_finish() a no-op. */
+		memset(ret, 0, sizeof(*ret));
+	return r;
+}
+
+void proto_msg_finish(struct proto_msg *m)
+{
+	const struct msg_type *mt;
+
+	if (!m)
+		return;
+	mt = msg_type_get((uint64_t)m->type);
+	if (!mt)
+		return;
+	for (size_t i = 0; i < mt->nfds; i++) {
+		int *fd = field_at(m, mt->fd_offsets[i]);
+
+		*fd = safe_close(*fd);
+	}
+}
+
+/* ---- transport --------------------------------------------------------------------------- */
+
+int proto_send(int sock, const struct proto_msg *m, int flags)
+{
+	char buf[PROTO_MAX_MSG];
+	int fds[PROTO_MAX_FDS];
+	size_t len, nfds;
+	ssize_t n;
+	int r;
+
+	r = proto_encode(m, buf, sizeof(buf), &len, fds, &nfds);
+	if (r < 0)
+		return r;
+	n = fdpass_send(sock, buf, len, fds, nfds, flags);
+	return n < 0 ? (int)n : 0;
+}
+
+int proto_recv(int sock, struct proto_msg *ret, int flags)
+{
+	char buf[PROTO_MAX_MSG];
+	int fds[PROTO_MAX_FDS];
+	size_t nfds = 0;
+	ssize_t n;
+	int r;
+
+	if (!ret)
+		return -EINVAL;
+	memset(ret, 0, sizeof(*ret));
+
+	n = fdpass_recv(sock, buf, sizeof(buf), fds, ARRAY_SIZE(fds), &nfds, flags);
+	if (n < 0)
+		return (int)n;
+	if (n == 0)
+		return -ECONNRESET;
+
+	r = proto_decode(buf, (size_t)n, fds, nfds, ret);
+	if (r < 0)
+		for (size_t i = 0; i < nfds; i++)
+			(void)safe_close(fds[i]);
+	return r;
+}
+
+int proto_send_error(int sock, int code, enum proto_type in_reply_to, const char *fmt, ...)
+{
+	struct proto_msg m = {.type = PROTO_ERROR};
+	va_list ap;
+
+	if (code == 0 || code == INT32_MIN)
+		return -EINVAL;
+	m.error.code = code < 0 ? -code : code;
+	m.error.in_reply_to = (uint32_t)in_reply_to;
+	va_start(ap, fmt);
+	(void)vsnprintf(m.error.message, sizeof(m.error.message), fmt, ap);
+	va_end(ap);
+
+	/* A reply must never stall the sender's event loop: one that does not fit now is dropped. */
+	return proto_send(sock, &m, MSG_DONTWAIT);
+}
