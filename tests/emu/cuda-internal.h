@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Shared between the files of the emulated libcuda.so.1; nothing here is exported. cuda.h is
+ * included the way the real driver builds against it (__CUDA_API_VERSION_INTERNAL, set by
+ * meson), which declares every versioned entry point (cuMemAlloc and cuMemAlloc_v2,
+ * cuMemcpyHtoD_v2 and cuMemcpyHtoD_v2_ptds, ...) with its exact prototype.
+ */
+#pragma once
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+
+#include "belayer-emu.h"
+#include "emu-state.h"
+#include "util.h"
+
+/* Every CUDA entry point is marked with CUAPI: default visibility, everything else hidden. */
+#define CUAPI _public_
+
+/* The granularity of cuMemCreate/cuMemMap (minimum and recommended), and of cuMemAlloc's
+ * backing (a page: the driver promises 256-byte aligned pointers, a page is more). */
+#define EMU_VMM_GRANULARITY (2ull << 20)
+#define EMU_PAGE	    4096ull
+
+/* Start of every entry point except those documented to work before cuInit: fails with
+ * CUDA_ERROR_NOT_INITIALIZED before cuInit, then applies injected faults. */
+CUresult emu_enter(const char *func);
+#define EMU_ENTER()                                 \
+	do {                                        \
+		CUresult _er = emu_enter(__func__); \
+		if (_er != CUDA_SUCCESS)            \
+			return _er;                 \
+	} while (0)
+/* Only the fault check, for functions usable before cuInit. */
+CUresult emu_fault_check(const char *func);
+
+extern bool emu_host_access; /* BELAYER_EMU_HOST_ACCESS=1: device VAs are host memory */
+bool emu_initialized(void);
+int emu_ndevices(void);
+
+/* Device of the calling thread's current context; CUDA_ERROR_INVALID_CONTEXT without one. */
+CUresult emu_current_device(CUdevice *ret_dev);
+
+/* ---- physical allocations and the process's virtual address space (cuda-va.c) ---- */
+
+struct emu_alloc {
+	struct emu_alloc *next; /* registry of live handles, to validate handle values */
+	int fd;			/* the memfd */
+	uint64_t id;		/* run-wide allocation id (in the memfd's name) */
+	int dev;
+	size_t size;
+	CUmemAllocationProp prop;
+	unsigned handle_refs; /* cuMemCreate/Import/RetainAllocationHandle minus cuMemRelease */
+	unsigned map_refs;    /* mappings of it in this process */
+};
+
+struct emu_mapping {
+	size_t offset; /* within the reservation */
+	size_t size;
+	struct emu_alloc *alloc;
+	uint8_t access[EMU_MAX_DEVICES]; /* CUmemAccess_flags per device */
+};
+
+enum emu_res_kind {
+	EMU_RES_VMM,	  /* cuMemAddressReserve */
+	EMU_RES_MEMALLOC, /* cuMemAlloc / cuMemAllocAsync: one mapping, freed by cuMemFree */
+	EMU_RES_IPC,	  /* cuIpcOpenMemHandle: one mapping, freed by cuIpcCloseMemHandle */
+};
+
+struct emu_reservation {
+	CUdeviceptr base;
+	size_t size;
+	uint8_t *host; /* host view of [base, base + size); == base with emu_host_access */
+	enum emu_res_kind kind;
+	bool ipc_exported;	  /* cuIpcGetMemHandle was called on it */
+	struct emu_mapping *maps; /* sorted by offset, non-overlapping */
+	size_t nmaps, cap;
+};
+
+/* One lock for the whole address-space model of this process. */
+extern pthread_mutex_t emu_va_lock;
+
+/* All below: caller holds emu_va_lock unless said otherwise. */
+int emu_alloc_create(int dev, size_t size, const CUmemAllocationProp *prop, struct emu_alloc **ret);
+int emu_alloc_import(int fd, struct emu_alloc **ret); /* dups fd */
+struct emu_alloc *emu_alloc_lookup(CUmemGenericAllocationHandle h);
+void emu_alloc_unref(struct emu_alloc *a); /* frees when no handle or mapping is left */
+
+int emu_va_reserve(size_t size, size_t align, CUdeviceptr hint, enum emu_res_kind kind,
+		   struct emu_reservation **ret);
+void emu_va_release(struct emu_reservation *r); /* unmaps what is still mapped */
+struct emu_reservation *emu_va_find(CUdeviceptr p);
+/* Maps [off, off + a->size) of r onto a (takes a map reference). -EBUSY if overlapping. */
+int emu_va_map(struct emu_reservation *r, size_t off, size_t size, struct emu_alloc *a);
+int emu_va_unmap(struct emu_reservation *r, size_t off, size_t size);
+struct emu_mapping *emu_va_mapping(struct emu_reservation *r, size_t off);
+/* Host pointer for [p, p + len) if every byte is mapped and accessible (read, or write too
+ * when write); NULL otherwise. */
+void *emu_va_translate(CUdeviceptr p, size_t len, bool write);
+
+/* Convenience wrappers that take the lock. */
+void *emu_translate(CUdeviceptr p, size_t len, bool write);
