@@ -690,3 +690,24 @@ CUAPI CUresult cuGetErrorString(CUresult error, const char **pStr)
 	/* Codes without their own text read as their name. */
 	return cuGetErrorName(error, pStr);
 }
+
+CUAPI CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+	EMU_ENTER();
+	if (!device)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!ctx)
+		return emu_current_device(device);
+	if (!ctx_valid(ctx))
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*device = ctx->dev;
+	return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+	EMU_ENTER();
+	if (!ctx)
+		return current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+	return ctx_valid(ctx) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}

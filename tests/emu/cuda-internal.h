@@ -20,6 +20,11 @@
 
 /* Every CUDA entry point is marked with CUAPI: default visibility, everything else hidden. */
 #define CUAPI _public_
+/* Another exported name for the same implementation (the _ptds/_ptsz per-thread-stream
+ * variants, v1 names whose prototype did not change), type-checked against cuda.h's own
+ * declaration of alias. */
+#define EMU_ALIAS(name, target) \
+	extern __typeof__(target) name __attribute__((alias(#target), visibility("default")))
 
 /* The granularity of cuMemCreate/cuMemMap (minimum and recommended), and of cuMemAlloc's
  * backing (a page: the driver promises 256-byte aligned pointers, a page is more). */
@@ -44,6 +49,12 @@ int emu_ndevices(void);
 
 /* Device of the calling thread's current context; CUDA_ERROR_INVALID_CONTEXT without one. */
 CUresult emu_current_device(CUdevice *ret_dev);
+
+/* ---- streams and events (cuda-stream.c) ---- */
+
+/* CUDA_SUCCESS for a live stream of this process, the NULL stream, CU_STREAM_LEGACY and
+ * CU_STREAM_PER_THREAD; CUDA_ERROR_INVALID_HANDLE otherwise. */
+CUresult emu_stream_check(CUstream s);
 
 /* ---- physical allocations and the process's virtual address space (cuda-va.c) ---- */
 
@@ -76,7 +87,8 @@ struct emu_reservation {
 	size_t size;
 	uint8_t *host; /* host view of [base, base + size); == base with emu_host_access */
 	enum emu_res_kind kind;
-	bool ipc_exported;	  /* cuIpcGetMemHandle was called on it */
+	size_t user_size;	  /* cuMemAlloc's bytesize (the range it reports) */
+	unsigned ipc_refs;	  /* EMU_RES_IPC: cuIpcOpenMemHandle calls not yet closed */
 	struct emu_mapping *maps; /* sorted by offset, non-overlapping */
 	size_t nmaps, cap;
 };
@@ -94,6 +106,8 @@ int emu_va_reserve(size_t size, size_t align, CUdeviceptr hint, enum emu_res_kin
 		   struct emu_reservation **ret);
 void emu_va_release(struct emu_reservation *r); /* unmaps what is still mapped */
 struct emu_reservation *emu_va_find(CUdeviceptr p);
+/* The EMU_RES_IPC reservation mapping allocation id, if this process opened it already. */
+struct emu_reservation *emu_va_find_ipc(uint64_t id);
 /* Maps [off, off + a->size) of r onto a (takes a map reference). -EBUSY if overlapping. */
 int emu_va_map(struct emu_reservation *r, size_t off, size_t size, struct emu_alloc *a);
 int emu_va_unmap(struct emu_reservation *r, size_t off, size_t size);

@@ -141,6 +141,15 @@ struct emu_reservation *emu_va_find(CUdeviceptr p)
 	return NULL;
 }
 
+struct emu_reservation *emu_va_find_ipc(uint64_t id)
+{
+	for (size_t i = 0; i < nres; i++)
+		if (res[i]->kind == EMU_RES_IPC && res[i]->nmaps == 1 &&
+		    res[i]->maps[0].alloc->id == id)
+			return res[i];
+	return NULL;
+}
+
 /* PROT_NONE, no backing, no commit charge: a hole that faults on access. */
 static void *reserve_range(void *hint, size_t size, size_t align)
 {

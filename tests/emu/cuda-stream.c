@@ -1,0 +1,296 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Streams and events. Work runs synchronously at the call that enqueues it, so every stream
+ * is always idle and an event completes when it is recorded: what the documentation allows
+ * an implementation to do, and what the callers of these functions must already cope with.
+ */
+#include <time.h>
+
+#include "cuda-internal.h"
+
+struct CUstream_st {
+	struct CUstream_st *next;
+	unsigned flags;
+	int priority;
+	CUdevice dev;
+	unsigned long long id;
+};
+
+struct CUevent_st {
+	struct CUevent_st *next;
+	unsigned flags;
+	bool recorded;
+	struct timespec when;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct CUstream_st *streams;
+static struct CUevent_st *events;
+static unsigned long long next_stream_id = 3; /* 0-2 stand for the built-in streams */
+
+CUresult emu_stream_check(CUstream s)
+{
+	CUresult r = CUDA_ERROR_INVALID_HANDLE;
+
+	if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+		return CUDA_SUCCESS;
+	pthread_mutex_lock(&lock);
+	for (struct CUstream_st *p = streams; p; p = p->next)
+		if (p == s)
+			r = CUDA_SUCCESS;
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+static CUresult stream_create(CUstream *phStream, unsigned int flags, int priority)
+{
+	struct CUstream_st *s;
+	CUdevice dev;
+	CUresult r;
+
+	if (!phStream || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+		return CUDA_ERROR_INVALID_VALUE;
+	r = emu_current_device(&dev);
+	if (r != CUDA_SUCCESS)
+		return r;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	s->flags = flags;
+	s->priority = priority;
+	s->dev = dev;
+	pthread_mutex_lock(&lock);
+	s->id = next_stream_id++;
+	s->next = streams;
+	streams = s;
+	pthread_mutex_unlock(&lock);
+	*phStream = s;
+	return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
+{
+	EMU_ENTER();
+	return stream_create(phStream, Flags, 0);
+}
+
+CUAPI CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+	EMU_ENTER();
+	/* Priorities are clamped to the range cuCtxGetStreamPriorityRange reports: [-5, 0]. */
+	return stream_create(phStream, flags, priority > 0 ? 0 : priority < -5 ? -5 : priority);
+}
+
+CUAPI CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
+{
+	EMU_ENTER();
+	if (leastPriority)
+		*leastPriority = 0;
+	if (greatestPriority)
+		*greatestPriority = -5;
+	return CUDA_SUCCESS;
+}
+
+static CUresult stream_destroy(CUstream hStream)
+{
+	CUresult r = CUDA_ERROR_INVALID_HANDLE;
+
+	if (!hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD)
+		return CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_lock(&lock);
+	for (struct CUstream_st **p = &streams; *p; p = &(*p)->next)
+		if (*p == hStream) {
+			*p = hStream->next;
+			free(hStream);
+			r = CUDA_SUCCESS;
+			break;
+		}
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+CUAPI CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+	EMU_ENTER();
+	return stream_destroy(hStream);
+}
+EMU_ALIAS(cuStreamDestroy, cuStreamDestroy_v2);
+
+CUAPI CUresult cuStreamSynchronize(CUstream hStream)
+{
+	EMU_ENTER();
+	return emu_stream_check(hStream);
+}
+EMU_ALIAS(cuStreamSynchronize_ptsz, cuStreamSynchronize);
+
+CUAPI CUresult cuStreamQuery(CUstream hStream)
+{
+	EMU_ENTER();
+	return emu_stream_check(hStream);
+}
+EMU_ALIAS(cuStreamQuery_ptsz, cuStreamQuery);
+
+CUAPI CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+	EMU_ENTER();
+	if (!hEvent)
+		return CUDA_ERROR_INVALID_HANDLE;
+	return emu_stream_check(hStream);
+}
+EMU_ALIAS(cuStreamWaitEvent_ptsz, cuStreamWaitEvent);
+
+CUAPI CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags)
+{
+	CUresult r;
+
+	EMU_ENTER();
+	if (!flags)
+		return CUDA_ERROR_INVALID_VALUE;
+	r = emu_stream_check(hStream);
+	if (r == CUDA_SUCCESS)
+		*flags = hStream && hStream != CU_STREAM_LEGACY && hStream != CU_STREAM_PER_THREAD
+				 ? hStream->flags
+				 : 0;
+	return r;
+}
+EMU_ALIAS(cuStreamGetFlags_ptsz, cuStreamGetFlags);
+
+CUAPI CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId)
+{
+	CUresult r;
+
+	EMU_ENTER();
+	if (!streamId)
+		return CUDA_ERROR_INVALID_VALUE;
+	r = emu_stream_check(hStream);
+	if (r == CUDA_SUCCESS)
+		*streamId = hStream == NULL		      ? 0
+			    : hStream == CU_STREAM_LEGACY     ? 1
+			    : hStream == CU_STREAM_PER_THREAD ? 2
+							      : hStream->id;
+	return r;
+}
+EMU_ALIAS(cuStreamGetId_ptsz, cuStreamGetId);
+
+/* ---- events ---- */
+
+static struct CUevent_st *event_find(CUevent e)
+{
+	struct CUevent_st *found = NULL;
+
+	pthread_mutex_lock(&lock);
+	for (struct CUevent_st *p = events; p; p = p->next)
+		if (p == e)
+			found = p;
+	pthread_mutex_unlock(&lock);
+	return found;
+}
+
+CUAPI CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+	struct CUevent_st *e;
+	CUdevice dev;
+	CUresult r;
+
+	EMU_ENTER();
+	if (!phEvent || (Flags & ~(unsigned)(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |
+					     CU_EVENT_INTERPROCESS)))
+		return CUDA_ERROR_INVALID_VALUE;
+	r = emu_current_device(&dev);
+	if (r != CUDA_SUCCESS)
+		return r;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	e->flags = Flags;
+	pthread_mutex_lock(&lock);
+	e->next = events;
+	events = e;
+	pthread_mutex_unlock(&lock);
+	*phEvent = e;
+	return CUDA_SUCCESS;
+}
+
+static CUresult event_record(CUevent hEvent, CUstream hStream)
+{
+	struct CUevent_st *e = event_find(hEvent);
+	CUresult r;
+
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	r = emu_stream_check(hStream);
+	if (r != CUDA_SUCCESS)
+		return r;
+	clock_gettime(CLOCK_MONOTONIC, &e->when);
+	e->recorded = true;
+	return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+	EMU_ENTER();
+	return event_record(hEvent, hStream);
+}
+EMU_ALIAS(cuEventRecord_ptsz, cuEventRecord);
+
+CUAPI CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+	EMU_ENTER();
+	return event_record(hEvent, hStream);
+}
+EMU_ALIAS(cuEventRecordWithFlags_ptsz, cuEventRecordWithFlags);
+
+CUAPI CUresult cuEventQuery(CUevent hEvent)
+{
+	EMU_ENTER();
+	/* Recorded work has completed; an event never recorded also reports CUDA_SUCCESS, as
+	 * documented. */
+	return event_find(hEvent) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUAPI CUresult cuEventSynchronize(CUevent hEvent)
+{
+	EMU_ENTER();
+	return event_find(hEvent) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUAPI CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+	CUresult r = CUDA_ERROR_INVALID_HANDLE;
+
+	EMU_ENTER();
+	pthread_mutex_lock(&lock);
+	for (struct CUevent_st **p = &events; *p; p = &(*p)->next)
+		if (*p == hEvent) {
+			*p = hEvent->next;
+			free(hEvent);
+			r = CUDA_SUCCESS;
+			break;
+		}
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+EMU_ALIAS(cuEventDestroy, cuEventDestroy_v2);
+
+CUAPI CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+	struct CUevent_st *s, *e;
+
+	EMU_ENTER();
+	if (!pMilliseconds)
+		return CUDA_ERROR_INVALID_VALUE;
+	s = event_find(hStart);
+	e = event_find(hEnd);
+	if (!s || !e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	/* "If either event was last recorded in a non-NULL stream and either event has not
+	 * been recorded, or if either event was created with the CU_EVENT_DISABLE_TIMING flag,
+	 * then this function will return CUDA_ERROR_INVALID_HANDLE." */
+	if (!s->recorded || !e->recorded || (s->flags & CU_EVENT_DISABLE_TIMING) ||
+	    (e->flags & CU_EVENT_DISABLE_TIMING))
+		return CUDA_ERROR_INVALID_HANDLE;
+	*pMilliseconds = (float)((double)(e->when.tv_sec - s->when.tv_sec) * 1e3 +
+				 (double)(e->when.tv_nsec - s->when.tv_nsec) / 1e6);
+	return CUDA_SUCCESS;
+}
+EMU_ALIAS(cuEventElapsedTime, cuEventElapsedTime_v2);
