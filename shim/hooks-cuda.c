@@ -1,0 +1,267 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The exported CUDA Driver API wrappers: one line of logic each, calling into shim-alloc.c.
+ * The caller's return address is taken here, in the exported function, because that is the
+ * only frame that knows which library called the driver.
+ */
+#include "shim.h"
+#include "util.h"
+
+#define REAL_OR_FAIL(sym)                       \
+	__typeof__(&sym) real_ = REAL(sym);     \
+	if (__builtin_expect(real_ == NULL, 0)) \
+	return CUDA_ERROR_NOT_INITIALIZED
+
+#define PASS(sym, ...)                     \
+	do {                               \
+		REAL_OR_FAIL(sym);         \
+		return real_(__VA_ARGS__); \
+	} while (0)
+
+/* A call that may create the first context: the supervisor connection starts after it. */
+#define FIRST_USE(sym, ...)                       \
+	do {                                      \
+		REAL_OR_FAIL(sym);                \
+		CUresult r_ = real_(__VA_ARGS__); \
+		if (r_ == CUDA_SUCCESS)           \
+			shim_first_use();         \
+		return r_;                        \
+	} while (0)
+
+/* A copy into device memory: tell the weights-version tracking once it is queued. */
+#define WRITE(sym, dst, len, ...)                      \
+	do {                                           \
+		REAL_OR_FAIL(sym);                     \
+		CUresult r_ = real_(__VA_ARGS__);      \
+		if (r_ == CUDA_SUCCESS)                \
+			shim_note_write((dst), (len)); \
+		return r_;                             \
+	} while (0)
+
+CUresult cuInit(unsigned int Flags)
+{
+	FIRST_USE(cuInit, Flags);
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+	REAL_OR_FAIL(cuGetProcAddress);
+	CUresult r = real_(symbol, pfn, cudaVersion, flags);
+
+	if (r == CUDA_SUCCESS && pfn && *pfn)
+		*pfn = shim_proc_address(symbol, *pfn, cudaVersion, flags);
+	return r;
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+			     CUdriverProcAddressQueryResult *symbolStatus)
+{
+	REAL_OR_FAIL(cuGetProcAddress_v2);
+	CUresult r = real_(symbol, pfn, cudaVersion, flags, symbolStatus);
+
+	if (r == CUDA_SUCCESS && pfn && *pfn)
+		*pfn = shim_proc_address(symbol, *pfn, cudaVersion, flags);
+	return r;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+	FIRST_USE(cuDevicePrimaryCtxRetain, pctx, dev);
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	FIRST_USE(cuCtxCreate_v2, pctx, flags, dev);
+}
+
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+			unsigned int flags, CUdevice dev)
+{
+	FIRST_USE(cuCtxCreate_v3, pctx, paramsArray, numParams, flags, dev);
+}
+
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+			CUdevice dev)
+{
+	FIRST_USE(cuCtxCreate_v4, pctx, ctxCreateParams, flags, dev);
+}
+
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+	return shim_mem_get_info(free, total);
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+	return shim_mem_alloc(dptr, bytesize, __builtin_return_address(0));
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+	return shim_mem_free(dptr);
+}
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+	return shim_mem_get_address_range(pbase, psize, dptr);
+}
+
+/* Stream-ordered pools are the driver's memory, not exportable by us: passed through. */
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+	PASS(cuMemAllocAsync, dptr, bytesize, hStream);
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+	PASS(cuMemAllocAsync_ptsz, dptr, bytesize, hStream);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+				 CUstream hStream)
+{
+	PASS(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
+}
+
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+				      CUstream hStream)
+{
+	PASS(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+	return shim_mem_free_async(dptr, hStream, false);
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+	return shim_mem_free_async(dptr, hStream, true);
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+		     const CUmemAllocationProp *prop, unsigned long long flags)
+{
+	return shim_mem_create(handle, size, prop, flags, __builtin_return_address(0));
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+	return shim_mem_release(handle);
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+		  unsigned long long flags)
+{
+	return shim_mem_map(ptr, size, offset, handle, flags);
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+	return shim_mem_unmap(ptr, size);
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+			     unsigned long long flags)
+{
+	PASS(cuMemAddressReserve, ptr, size, alignment, addr, flags);
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+	PASS(cuMemAddressFree, ptr, size);
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+	PASS(cuMemSetAccess, ptr, size, desc, count);
+}
+
+CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+				      CUmemAllocationHandleType handleType,
+				      unsigned long long flags)
+{
+	PASS(cuMemExportToShareableHandle, shareableHandle, handle, handleType, flags);
+}
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+	return shim_ipc_get_mem_handle(pHandle, dptr);
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+	WRITE(cuMemcpyHtoD_v2, dstDevice, ByteCount, dstDevice, srcHost, ByteCount);
+}
+
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+	WRITE(cuMemcpyHtoD_v2_ptds, dstDevice, ByteCount, dstDevice, srcHost, ByteCount);
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+			      CUstream hStream)
+{
+	WRITE(cuMemcpyHtoDAsync_v2, dstDevice, ByteCount, dstDevice, srcHost, ByteCount, hStream);
+}
+
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+				   CUstream hStream)
+{
+	WRITE(cuMemcpyHtoDAsync_v2_ptsz, dstDevice, ByteCount, dstDevice, srcHost, ByteCount,
+	      hStream);
+}
+
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
+{
+	WRITE(cuMemcpyDtoD_v2, dstDevice, ByteCount, dstDevice, srcDevice, ByteCount);
+}
+
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
+{
+	WRITE(cuMemcpyDtoD_v2_ptds, dstDevice, ByteCount, dstDevice, srcDevice, ByteCount);
+}
+
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+			      CUstream hStream)
+{
+	WRITE(cuMemcpyDtoDAsync_v2, dstDevice, ByteCount, dstDevice, srcDevice, ByteCount, hStream);
+}
+
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+				   CUstream hStream)
+{
+	WRITE(cuMemcpyDtoDAsync_v2_ptsz, dstDevice, ByteCount, dstDevice, srcDevice, ByteCount,
+	      hStream);
+}
+
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+	WRITE(cuMemcpy, dst, ByteCount, dst, src, ByteCount);
+}
+
+CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+	WRITE(cuMemcpy_ptds, dst, ByteCount, dst, src, ByteCount);
+}
+
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
+{
+	WRITE(cuMemcpyAsync, dst, ByteCount, dst, src, ByteCount, hStream);
+}
+
+CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
+{
+	WRITE(cuMemcpyAsync_ptsz, dst, ByteCount, dst, src, ByteCount, hStream);
+}
+
+const struct hook_info cuda_hooks[_HOOK_CUDA_MAX] = {
+#define X(sym, proc_, version_, ptds_, pfn)  \
+	[HOOK_##sym] = {.name = #sym,        \
+			.proc = proc_,       \
+			.version = version_, \
+			.ptds = ptds_,       \
+			.wrapper = (void *)(pfn)sym},
+	BELAYER_CUDA_HOOKS(X)
+#undef X
+};

@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The dlsym hook. vLLM opens NCCL with ctypes and the CUDA runtime finds the driver's
+ * cuGetProcAddress with dlsym on its own handle, so neither ever binds to our exported
+ * symbols by name: dlsym of a hooked name, from any handle, returns our wrapper instead (and
+ * the shim remembers the real function the handle gave).
+ *
+ * dlsym(RTLD_NEXT, ...) depends on who calls it: glibc takes the caller from its return
+ * address. A wrapper that called glibc would make every RTLD_NEXT lookup relative to
+ * libbelayer.so, which sends another preloaded interposer back to itself. So the exported
+ * entry point is a few instructions of assembly that tail-jump into glibc for RTLD_NEXT, with
+ * the original return address in place, and only other handles reach the C code.
+ */
+#include <dlfcn.h>
+#include <string.h>
+
+#include "shim.h"
+#include "util.h"
+
+/* Referenced by name from the assembly below, hence not static (hidden by default). */
+void *glibc_dlsym_fn;
+void *dlsym_resolve_glibc(void);
+void *dlsym_slow(void *handle, const char *name);
+
+static __thread int resolving __attribute__((tls_model("initial-exec")));
+
+void *dlsym_resolve_glibc(void)
+{
+	static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
+	void *fn = __atomic_load_n(&glibc_dlsym_fn, __ATOMIC_ACQUIRE);
+
+	/* dlvsym may allocate, and an allocator that resolves its own symbols with dlsym would
+	 * come back here before we know where glibc's dlsym is: it gets NULL, not a loop. */
+	if (fn || resolving)
+		return fn;
+	resolving++;
+	for (size_t i = 0; i < ARRAY_SIZE(versions) && !fn; i++)
+		fn = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+	resolving--;
+	if (fn)
+		__atomic_store_n(&glibc_dlsym_fn, fn, __ATOMIC_RELEASE);
+	return fn;
+}
+
+void *real_dlsym(void *handle, const char *name)
+{
+	void *(*fn)(void *, const char *) = dlsym_resolve_glibc();
+
+	return fn ? fn(handle, name) : NULL;
+}
+
+void *dlsym_slow(void *handle, const char *name)
+{
+	void *fn = real_dlsym(handle, name);
+
+	if (!fn || !name || resolving)
+		return fn;
+	return shim_dlsym_result(name, fn);
+}
+
+#if defined(__x86_64__)
+__asm__(".text\n"
+	".globl dlsym\n"
+	".type dlsym, @function\n"
+	".p2align 4\n"
+	"dlsym:\n"
+	"	cmpq $-1, %rdi\n" /* RTLD_NEXT */
+	"	je 1f\n"
+	"	jmp dlsym_slow\n"
+	"1:	movq glibc_dlsym_fn(%rip), %rax\n"
+	"	testq %rax, %rax\n"
+	"	jz 2f\n"
+	"	jmp *%rax\n"
+	"2:	pushq %rdi\n"
+	"	pushq %rsi\n"
+	"	subq $8, %rsp\n" /* 16-byte alignment at the call */
+	"	call dlsym_resolve_glibc\n"
+	"	addq $8, %rsp\n"
+	"	popq %rsi\n"
+	"	popq %rdi\n"
+	"	testq %rax, %rax\n"
+	"	jz 3f\n"
+	"	jmp *%rax\n"
+	"3:	ret\n"
+	".size dlsym, .-dlsym\n");
+#elif defined(__aarch64__)
+__asm__(".text\n"
+	".globl dlsym\n"
+	".type dlsym, %function\n"
+	".p2align 4\n"
+	"dlsym:\n"
+	"	cmn x0, #1\n" /* RTLD_NEXT */
+	"	b.eq 1f\n"
+	"	b dlsym_slow\n"
+	"1:	adrp x16, glibc_dlsym_fn\n"
+	"	ldr x16, [x16, :lo12:glibc_dlsym_fn]\n"
+	"	cbz x16, 2f\n"
+	"	br x16\n"
+	"2:	stp x29, x30, [sp, #-32]!\n"
+	"	mov x29, sp\n"
+	"	stp x0, x1, [sp, #16]\n"
+	"	bl dlsym_resolve_glibc\n"
+	"	mov x16, x0\n"
+	"	ldp x0, x1, [sp, #16]\n"
+	"	ldp x29, x30, [sp], #32\n"
+	"	cbz x16, 3f\n"
+	"	br x16\n"
+	"3:	mov x0, #0\n"
+	"	ret\n"
+	".size dlsym, .-dlsym\n");
+#else
+/* Elsewhere RTLD_NEXT lookups are made relative to libbelayer.so, which is right for every
+ * caller loaded before it (the program itself). */
+_public_ void *dlsym(void *handle, const char *name)
+{
+	if (handle == RTLD_NEXT)
+		return real_dlsym(handle, name);
+	return dlsym_slow(handle, name);
+}
+#endif

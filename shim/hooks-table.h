@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The one list of every symbol libbelayer.so hooks. Everything else the shim knows about a
+ * hooked symbol (its exported wrapper, its slot in the table of real functions, how
+ * cuGetProcAddress and dlsym map to it, the version script, the symbol-table test) is derived
+ * from these lists.
+ *
+ * CUDA entries: X(sym, proc, version, ptds, pfn)
+ *   sym      the driver's exported name, which our wrapper also has
+ *   proc     the name cuGetProcAddress is asked for ("cuMemAlloc" for cuMemAlloc_v2)
+ *   version  the first CUDA version (cuGetProcAddress's cudaVersion) that resolves proc to sym
+ *   ptds     1 for the per-thread-default-stream variant (_ptds/_ptsz), 0 otherwise
+ *   pfn      the cudaTypedefs.h type of sym: each wrapper is declared with it, so a wrapper
+ *            that disagrees with cuda.h does not compile
+ * Entries with the same proc are listed in increasing version order.
+ *
+ * NCCL entries: X(sym, ret, params, args) with the prototype spelled out; nccl.h's own
+ * declaration of sym must agree with it or hooks-nccl.c does not compile.
+ */
+#pragma once
+
+#define BELAYER_CUDA_HOOKS(X)                                                                   \
+	X(cuInit, "cuInit", 2000, 0, PFN_cuInit_v2000)                                          \
+	X(cuGetProcAddress, "cuGetProcAddress", 11030, 0, PFN_cuGetProcAddress_v11030)          \
+	X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0, PFN_cuGetProcAddress_v12000)       \
+	X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0,                        \
+	  PFN_cuDevicePrimaryCtxRetain_v7000)                                                   \
+	X(cuCtxCreate_v2, "cuCtxCreate", 3020, 0, PFN_cuCtxCreate_v3020)                        \
+	X(cuCtxCreate_v3, "cuCtxCreate", 11040, 0, PFN_cuCtxCreate_v11040)                      \
+	X(cuCtxCreate_v4, "cuCtxCreate", 12050, 0, PFN_cuCtxCreate_v12050)                      \
+	X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0, PFN_cuMemGetInfo_v3020)                     \
+	X(cuMemAlloc_v2, "cuMemAlloc", 3020, 0, PFN_cuMemAlloc_v3020)                           \
+	X(cuMemFree_v2, "cuMemFree", 3020, 0, PFN_cuMemFree_v3020)                              \
+	X(cuMemGetAddressRange_v2, "cuMemGetAddressRange", 3020, 0,                             \
+	  PFN_cuMemGetAddressRange_v3020)                                                       \
+	X(cuMemAllocAsync, "cuMemAllocAsync", 11020, 0, PFN_cuMemAllocAsync_v11020)             \
+	X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, 1, PFN_cuMemAllocAsync_v11020_ptsz)   \
+	X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, 0,                         \
+	  PFN_cuMemAllocFromPoolAsync_v11020)                                                   \
+	X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, 1,                    \
+	  PFN_cuMemAllocFromPoolAsync_v11020_ptsz)                                              \
+	X(cuMemFreeAsync, "cuMemFreeAsync", 11020, 0, PFN_cuMemFreeAsync_v11020)                \
+	X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1, PFN_cuMemFreeAsync_v11020_ptsz)      \
+	X(cuMemCreate, "cuMemCreate", 10020, 0, PFN_cuMemCreate_v10020)                         \
+	X(cuMemRelease, "cuMemRelease", 10020, 0, PFN_cuMemRelease_v10020)                      \
+	X(cuMemMap, "cuMemMap", 10020, 0, PFN_cuMemMap_v10020)                                  \
+	X(cuMemUnmap, "cuMemUnmap", 10020, 0, PFN_cuMemUnmap_v10020)                            \
+	X(cuMemAddressReserve, "cuMemAddressReserve", 10020, 0, PFN_cuMemAddressReserve_v10020) \
+	X(cuMemAddressFree, "cuMemAddressFree", 10020, 0, PFN_cuMemAddressFree_v10020)          \
+	X(cuMemSetAccess, "cuMemSetAccess", 10020, 0, PFN_cuMemSetAccess_v10020)                \
+	X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, 0,               \
+	  PFN_cuMemExportToShareableHandle_v10020)                                              \
+	X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, 0, PFN_cuIpcGetMemHandle_v4010)         \
+	X(cuMemcpyHtoD_v2, "cuMemcpyHtoD", 3020, 0, PFN_cuMemcpyHtoD_v3020)                     \
+	X(cuMemcpyHtoD_v2_ptds, "cuMemcpyHtoD", 7000, 1, PFN_cuMemcpyHtoD_v7000_ptds)           \
+	X(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync", 3020, 0, PFN_cuMemcpyHtoDAsync_v3020)      \
+	X(cuMemcpyHtoDAsync_v2_ptsz, "cuMemcpyHtoDAsync", 7000, 1,                              \
+	  PFN_cuMemcpyHtoDAsync_v7000_ptsz)                                                     \
+	X(cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020, 0, PFN_cuMemcpyDtoD_v3020)                     \
+	X(cuMemcpyDtoD_v2_ptds, "cuMemcpyDtoD", 7000, 1, PFN_cuMemcpyDtoD_v7000_ptds)           \
+	X(cuMemcpyDtoDAsync_v2, "cuMemcpyDtoDAsync", 3020, 0, PFN_cuMemcpyDtoDAsync_v3020)      \
+	X(cuMemcpyDtoDAsync_v2_ptsz, "cuMemcpyDtoDAsync", 7000, 1,                              \
+	  PFN_cuMemcpyDtoDAsync_v7000_ptsz)                                                     \
+	X(cuMemcpy, "cuMemcpy", 4000, 0, PFN_cuMemcpy_v4000)                                    \
+	X(cuMemcpy_ptds, "cuMemcpy", 7000, 1, PFN_cuMemcpy_v7000_ptds)                          \
+	X(cuMemcpyAsync, "cuMemcpyAsync", 4000, 0, PFN_cuMemcpyAsync_v4000)                     \
+	X(cuMemcpyAsync_ptsz, "cuMemcpyAsync", 7000, 1, PFN_cuMemcpyAsync_v7000_ptsz)
+
+#define BELAYER_NCCL_HOOKS(X)                                                                     \
+	X(ncclBroadcast, ncclResult_t,                                                            \
+	  (const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root, \
+	   ncclComm_t comm, cudaStream_t stream),                                                 \
+	  (sendbuff, recvbuff, count, datatype, root, comm, stream))                              \
+	X(ncclBcast, ncclResult_t,                                                                \
+	  (void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,          \
+	   cudaStream_t stream),                                                                  \
+	  (buff, count, datatype, root, comm, stream))                                            \
+	X(ncclRecv, ncclResult_t,                                                                 \
+	  (void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,      \
+	   cudaStream_t stream),                                                                  \
+	  (recvbuff, count, datatype, peer, comm, stream))
+
+/* Symbols exported besides the hooks: the tagging API (belayer.h) and dlsym itself. */
+#define BELAYER_EXTRA_EXPORTS(X) X(belayer_set_tag) X(belayer_clear_tag) X(dlsym)

@@ -1,0 +1,429 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The logic behind the memory wrappers: making allocations exportable and keeping the region
+ * records. Whatever the shim cannot do, it leaves to the driver: a conversion that fails for
+ * any reason falls back to the real cuMemAlloc_v2, and a cuMemCreate that the driver refuses
+ * with our extra handle type is retried exactly as the program asked.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include "log.h"
+#include "shim.h"
+#include "util.h"
+
+__thread int shim_busy __attribute__((tls_model("initial-exec")));
+
+#define MAX_DEVS 64
+
+struct dev_info {
+	bool probed;
+	bool posix_fd;
+	size_t granularity;
+	bool uuid_ok;
+	uint8_t uuid[PROTO_UUID_LEN];
+};
+
+static struct dev_info devs[MAX_DEVS];
+static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void shim_first_use(void)
+{
+	conn_start();
+}
+
+/* With shim_busy held. */
+static const struct dev_info *dev_info(CUdevice dev)
+{
+	const struct real_extra *x = real_extra();
+	struct dev_info *d;
+
+	if (dev < 0 || dev >= MAX_DEVS)
+		return NULL;
+	d = &devs[dev];
+	if (__atomic_load_n(&d->probed, __ATOMIC_ACQUIRE))
+		return d;
+
+	pthread_mutex_lock(&devs_lock);
+	if (!d->probed) {
+		int v = 0;
+		CUmemAllocationProp prop = {
+			.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+			.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev},
+		};
+
+		d->posix_fd =
+			x->cuDeviceGetAttribute &&
+			x->cuDeviceGetAttribute(
+				&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+				dev) == CUDA_SUCCESS &&
+			v;
+		if (!x->cuMemGetAllocationGranularity ||
+		    x->cuMemGetAllocationGranularity(&d->granularity, &prop,
+						     CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+			    CUDA_SUCCESS)
+			d->granularity = 0;
+		d->uuid_ok = x->cuDeviceGetUuid_v2 &&
+			     x->cuDeviceGetUuid_v2((CUuuid *)d->uuid, dev) == CUDA_SUCCESS;
+		__atomic_store_n(&d->probed, true, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&devs_lock);
+	return d;
+}
+
+void shim_device_uuid(CUdevice dev, uint8_t uuid[PROTO_UUID_LEN])
+{
+	const struct dev_info *d;
+
+	shim_busy++;
+	d = dev_info(dev);
+	shim_busy--;
+	if (d && d->uuid_ok)
+		memcpy(uuid, d->uuid, PROTO_UUID_LEN);
+	else
+		memset(uuid, 0, PROTO_UUID_LEN);
+}
+
+/* Access for the owning device and for every device that can reach it as a peer, which is
+ * what cudaMalloc memory offers once peer access is enabled. */
+static CUresult set_access(CUdeviceptr va, size_t size, CUdevice dev)
+{
+	const struct real_extra *x = real_extra();
+	CUmemAccessDesc desc[MAX_DEVS];
+	size_t n = 0;
+	int count = 0;
+	CUresult r;
+
+	desc[n++] = (CUmemAccessDesc){
+		.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev},
+		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+	};
+	if (x->cuDeviceGetCount && x->cuDeviceCanAccessPeer &&
+	    x->cuDeviceGetCount(&count) == CUDA_SUCCESS) {
+		for (int i = 0; i < count && i < MAX_DEVS && n < MAX_DEVS; i++) {
+			int can = 0;
+
+			if (i == dev || x->cuDeviceCanAccessPeer(&can, i, dev) != CUDA_SUCCESS ||
+			    !can)
+				continue;
+			desc[n++] = (CUmemAccessDesc){
+				.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = i},
+				.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+			};
+		}
+	}
+	r = REAL(cuMemSetAccess)(va, size, desc, n);
+	if (r != CUDA_SUCCESS && n > 1)
+		r = REAL(cuMemSetAccess)(va, size, desc, 1);
+	return r;
+}
+
+/* Serves a cuMemAlloc_v2 with reserve + create (exportable) + map + set access. */
+static CUresult convert(CUdeviceptr *dptr, size_t bytesize, const void *caller)
+{
+	const struct real_extra *x = real_extra();
+	PFN_cuMemAddressReserve_v10020 reserve = REAL(cuMemAddressReserve);
+	PFN_cuMemAddressFree_v10020 addr_free = REAL(cuMemAddressFree);
+	PFN_cuMemCreate_v10020 create = REAL(cuMemCreate);
+	PFN_cuMemRelease_v10020 release = REAL(cuMemRelease);
+	PFN_cuMemMap_v10020 map = REAL(cuMemMap);
+	PFN_cuMemUnmap_v10020 unmap = REAL(cuMemUnmap);
+	const struct dev_info *d;
+	CUmemGenericAllocationHandle h;
+	CUdeviceptr va = 0;
+	CUdevice dev;
+	size_t size;
+	CUresult r;
+
+	if (!x->cuCtxGetDevice || !reserve || !addr_free || !create || !release || !map || !unmap ||
+	    !REAL(cuMemSetAccess))
+		return CUDA_ERROR_NOT_SUPPORTED;
+	r = x->cuCtxGetDevice(&dev);
+	if (r != CUDA_SUCCESS)
+		return r;
+	d = dev_info(dev);
+	if (!d || !d->posix_fd || d->granularity == 0)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	size = (bytesize + d->granularity - 1) / d->granularity * d->granularity;
+
+	CUmemAllocationProp prop = {
+		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+		.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev},
+	};
+	r = reserve(&va, size, 0, 0, 0);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = create(&h, size, &prop, 0);
+	if (r != CUDA_SUCCESS)
+		goto fail_reserve;
+	r = map(va, size, 0, h, 0);
+	if (r != CUDA_SUCCESS)
+		goto fail_create;
+	r = set_access(va, size, dev);
+	if (r != CUDA_SUCCESS)
+		goto fail_map;
+	if (regions_add_converted(h, dev, va, size, bytesize, classify_region(caller, bytesize),
+				  true) < 0) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto fail_map;
+	}
+	*dptr = va;
+	return CUDA_SUCCESS;
+
+fail_map:
+	(void)unmap(va, size);
+fail_create:
+	(void)release(h);
+fail_reserve:
+	(void)addr_free(va, size);
+	return r;
+}
+
+CUresult shim_mem_alloc(CUdeviceptr *dptr, size_t bytesize, const void *caller)
+{
+	PFN_cuMemAlloc_v3020 real = REAL(cuMemAlloc_v2);
+	const struct shim_config *c;
+	CUresult r;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	c = shim_config();
+	if (shim_busy || bytesize < c->alloc_threshold || c->policy != ALLOC_POLICY_VMM || !dptr)
+		return real(dptr, bytesize);
+
+	shim_first_use();
+	shim_busy++;
+	r = convert(dptr, bytesize, caller);
+	shim_busy--;
+	if (r == CUDA_SUCCESS)
+		return r;
+	log_debug("Could not serve a %zu-byte cuMemAlloc with VMM (error %d), passing it through.",
+		  bytesize, (int)r);
+	return real(dptr, bytesize);
+}
+
+/* cudaFree synchronizes; so does the shim before it unmaps memory kernels may still use. */
+static CUresult free_converted(CUdeviceptr dptr, PFN_cuMemFree_v3020 real)
+{
+	struct region r;
+	int ret;
+
+	ret = regions_remove_converted(dptr, &r);
+	if (ret == -EINVAL)
+		return CUDA_ERROR_INVALID_VALUE; /* an interior pointer, as the driver says */
+	if (ret < 0)
+		return real(dptr);
+
+	shim_busy++;
+	if (real_extra()->cuCtxSynchronize)
+		(void)real_extra()->cuCtxSynchronize();
+	(void)REAL(cuMemUnmap)(r.va, r.size);
+	(void)REAL(cuMemRelease)(r.handle);
+	(void)REAL(cuMemAddressFree)(r.va, r.size);
+	shim_busy--;
+	classify_note_tracked_free();
+	return CUDA_SUCCESS;
+}
+
+CUresult shim_mem_free(CUdeviceptr dptr)
+{
+	PFN_cuMemFree_v3020 real = REAL(cuMemFree_v2);
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (shim_busy || !regions_is_converted(dptr))
+		return real(dptr);
+	return free_converted(dptr, real);
+}
+
+CUresult shim_mem_free_async(CUdeviceptr dptr, CUstream stream, bool ptsz)
+{
+	const struct real_extra *x;
+	PFN_cuMemFreeAsync_v11020 real = ptsz ? REAL(cuMemFreeAsync_ptsz) : REAL(cuMemFreeAsync);
+	PFN_cuMemFree_v3020 real_free = REAL(cuMemFree_v2);
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (shim_busy || !real_free || !regions_is_converted(dptr))
+		return real(dptr, stream);
+	/* Our memory is not the pool's: wait for the stream's work, then free it now. */
+	x = real_extra();
+	shim_busy++;
+	if (ptsz && x->cuStreamSynchronize_ptsz)
+		(void)x->cuStreamSynchronize_ptsz(stream);
+	else if (x->cuStreamSynchronize)
+		(void)x->cuStreamSynchronize(stream);
+	shim_busy--;
+	return free_converted(dptr, real_free);
+}
+
+CUresult shim_mem_get_address_range(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+	PFN_cuMemGetAddressRange_v3020 real = REAL(cuMemGetAddressRange_v2);
+	uint64_t base, size;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!shim_busy && regions_converted_range(dptr, &base, &size) == 0) {
+		if (pbase)
+			*pbase = base;
+		if (psize)
+			*psize = size;
+		return CUDA_SUCCESS;
+	}
+	return real(pbase, psize, dptr);
+}
+
+CUresult shim_mem_create(CUmemGenericAllocationHandle *handle, size_t size,
+			 const CUmemAllocationProp *prop, unsigned long long flags,
+			 const void *caller)
+{
+	PFN_cuMemCreate_v10020 real = REAL(cuMemCreate);
+	const struct dev_info *d;
+	CUmemAllocationProp p;
+	bool exportable;
+	CUresult r;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (shim_busy || !handle || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+	    prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+		return real(handle, size, prop, flags);
+
+	shim_first_use();
+	shim_busy++;
+	d = dev_info(prop->location.id);
+	shim_busy--;
+	p = *prop;
+	if (d && d->posix_fd)
+		p.requestedHandleTypes |= CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	exportable = p.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+
+	r = real(handle, size, &p, flags);
+	if (r != CUDA_SUCCESS && p.requestedHandleTypes != prop->requestedHandleTypes) {
+		exportable = false;
+		r = real(handle, size, prop, flags);
+	}
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (regions_add_user(*handle, prop->location.id, size, classify_region(caller, size),
+			     exportable) < 0)
+		log_debug("Out of memory tracking a cuMemCreate handle, ignoring.");
+	return r;
+}
+
+CUresult shim_mem_release(CUmemGenericAllocationHandle handle)
+{
+	PFN_cuMemRelease_v10020 real = REAL(cuMemRelease);
+	CUresult r;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = real(handle);
+	if (r == CUDA_SUCCESS && !shim_busy)
+		regions_user_released(handle);
+	return r;
+}
+
+CUresult shim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
+		      CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+	PFN_cuMemMap_v10020 real = REAL(cuMemMap);
+	CUresult r;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = real(ptr, size, offset, handle, flags);
+	if (r == CUDA_SUCCESS && !shim_busy)
+		regions_user_mapped(handle, ptr);
+	return r;
+}
+
+CUresult shim_mem_unmap(CUdeviceptr ptr, size_t size)
+{
+	PFN_cuMemUnmap_v10020 real = REAL(cuMemUnmap);
+	CUresult r;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = real(ptr, size);
+	if (r == CUDA_SUCCESS && !shim_busy)
+		regions_user_unmapped(ptr, size);
+	return r;
+}
+
+CUresult shim_ipc_get_mem_handle(CUipcMemHandle *handle, CUdeviceptr dptr)
+{
+	PFN_cuIpcGetMemHandle_v4010 real = REAL(cuIpcGetMemHandle);
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	return real(handle, dptr);
+}
+
+CUresult shim_mem_get_info(size_t *free_bytes, size_t *total_bytes)
+{
+	PFN_cuMemGetInfo_v3020 real = REAL(cuMemGetInfo_v2);
+	CUresult r;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = real(free_bytes, total_bytes);
+	if (r == CUDA_SUCCESS && !shim_busy)
+		classify_note_mem_get_info();
+	return r;
+}
+
+void shim_note_write(CUdeviceptr dst, size_t len)
+{
+	if (shim_busy || !classify_load_done() || !regions_have_weights())
+		return;
+	regions_note_write(dst, len);
+}
+
+void *shim_proc_address(const char *symbol, void *fn, int version, cuuint64_t flags)
+{
+	bool want_ptds = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+	int best = -1, best_score = -1;
+
+	if (!symbol || symbol[0] != 'c' || symbol[1] != 'u')
+		return fn;
+	for (int i = 0; i < _HOOK_CUDA_MAX; i++) {
+		int score;
+
+		if (cuda_hooks[i].version > version || strcmp(cuda_hooks[i].proc, symbol) != 0)
+			continue;
+		if (cuda_hooks[i].ptds && !want_ptds)
+			continue;
+		/* The per-thread variant when asked for, else the newest version allowed. */
+		score = (cuda_hooks[i].ptds ? 1000000 : 0) + cuda_hooks[i].version;
+		if (score > best_score) {
+			best = i;
+			best_score = score;
+		}
+	}
+	if (best < 0 || fn == cuda_hooks[best].wrapper)
+		return fn;
+	real_cuda_learn((enum hook_id)best, fn);
+	return cuda_hooks[best].wrapper;
+}
+
+void *shim_dlsym_result(const char *name, void *fn)
+{
+	if (name[0] == 'c' && name[1] == 'u') {
+		for (int i = 0; i < _HOOK_CUDA_MAX; i++)
+			if (strcmp(cuda_hooks[i].name, name) == 0) {
+				real_cuda_learn((enum hook_id)i, fn);
+				return cuda_hooks[i].wrapper;
+			}
+	} else if (strncmp(name, "nccl", 4) == 0) {
+		for (int i = 0; i < _NCCL_HOOK_MAX; i++)
+			if (strcmp(nccl_hooks[i].name, name) == 0) {
+				real_nccl_learn((enum nccl_hook_id)i, fn);
+				return nccl_hooks[i].wrapper;
+			}
+	} else if (strncmp(name, "tms_", 4) == 0)
+		return tms_hook_for(name, fn);
+	return fn;
+}

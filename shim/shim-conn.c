@@ -1,0 +1,315 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The connection to the supervisor, owned by one shim thread so that no CUDA call ever waits
+ * on a socket. Producers (the CUDA wrappers) append ids to a bounded queue under the regions
+ * lock and never block: while disconnected they queue nothing, and when the queue is full
+ * they drop the item and ask for a resync. Either way the thread (re)connects with backoff,
+ * says hello and announces every live region from a snapshot taken atomically with the
+ * queue's reset, so each region is announced once per connection, whatever raced.
+ *
+ * Version changes of a region are sent as a new REGION_ANNOUNCE of the same id (with a fresh
+ * fd): the supervisor treats an announce of an id it holds as an update.
+ *
+ * fork(): the child gets an empty queue, no socket, no thread; its first CUDA use connects
+ * with its own pid. The parent's socket is never used by the child.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+
+#include "log.h"
+#include "shim.h"
+#include "util.h"
+
+struct item {
+	enum conn_item type;
+	uint64_t id;
+};
+
+static pthread_mutex_t qlock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t qcond = PTHREAD_COND_INITIALIZER;
+static struct item *ring;
+static size_t ring_head, ring_count, ring_cap;
+static bool resync;
+static bool connected; /* written with the regions lock held, read by producers under it */
+static int sock = -1;
+static bool thread_started;
+static bool warned_absent;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+bool conn_active_locked(void)
+{
+	return connected;
+}
+
+void conn_enqueue_locked(enum conn_item type, uint64_t id)
+{
+	pthread_mutex_lock(&qlock);
+	if (!ring) {
+		ring_cap = shim_config()->queue_max;
+		ring = calloc(ring_cap, sizeof(*ring));
+	}
+	if (!ring || ring_count == ring_cap) {
+		/* Dropping is safe only because a resync re-announces everything from scratch. */
+		resync = true;
+	} else {
+		ring[(ring_head + ring_count) % ring_cap] = (struct item){type, id};
+		ring_count++;
+	}
+	pthread_cond_signal(&qcond);
+	pthread_mutex_unlock(&qlock);
+}
+
+void conn_queue_clear_locked(void)
+{
+	pthread_mutex_lock(&qlock);
+	ring_head = ring_count = 0;
+	resync = false;
+	pthread_mutex_unlock(&qlock);
+}
+
+static void mark_connected(void)
+{
+	conn_queue_clear_locked();
+	connected = true;
+}
+
+static void disconnect(void)
+{
+	regions_lock();
+	connected = false;
+	conn_queue_clear_locked();
+	regions_unlock();
+	sock = safe_close(sock);
+}
+
+/* Sends one message from the shim thread: waits for room (a slow supervisor only delays
+ * this thread), gives up after 5 s without progress. */
+static int send_msg(const struct proto_msg *m)
+{
+	for (;;) {
+		struct pollfd p = {.fd = sock, .events = POLLOUT};
+		int r = proto_send(sock, m, MSG_DONTWAIT);
+
+		if (r != -EAGAIN)
+			return r;
+		r = poll(&p, 1, 5000);
+		if (r == 0)
+			return -ETIMEDOUT;
+		if (r < 0 && errno != EINTR)
+			return -errno;
+	}
+}
+
+static int connect_supervisor(void)
+{
+	const struct shim_config *c = shim_config();
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	_cleanup_close_ int fd = -1;
+
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	memcpy(sa.sun_path, c->socket_path, strlen(c->socket_path));
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		return -errno;
+	return TAKE_FD(fd);
+}
+
+static int send_hello(void)
+{
+	const struct shim_config *c = shim_config();
+	const struct real_extra *x = real_extra();
+	struct proto_msg m = {.type = PROTO_HELLO};
+	int n = 0;
+
+	m.hello.pid = (uint32_t)getpid();
+	memcpy(m.hello.engine_id, c->engine_id, sizeof(m.hello.engine_id));
+	m.hello.role = c->role;
+	m.hello.rank = c->rank;
+	shim_busy++;
+	if (x->cuDeviceGetCount && x->cuDeviceGetCount(&n) != CUDA_SUCCESS)
+		n = 0;
+	shim_busy--;
+	n = MIN(n, PROTO_MAX_DEVICES);
+	for (int i = 0; i < n; i++) {
+		CUdevice d = i;
+
+		shim_busy++;
+		if (x->cuDeviceGet)
+			(void)x->cuDeviceGet(&d, i);
+		shim_busy--;
+		shim_device_uuid(d, m.hello.device_uuid[i]);
+	}
+	m.hello.n_devices = (uint32_t)n;
+	return send_msg(&m);
+}
+
+static int announce_all(void)
+{
+	_cleanup_free_ uint64_t *ids = NULL;
+	size_t n = 0;
+	int r;
+
+	r = regions_snapshot(mark_connected, &ids, &n);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < n; i++) {
+		struct proto_msg m;
+
+		if (!regions_build_announce(ids[i], &m))
+			continue;
+		r = send_msg(&m);
+		proto_msg_finish(&m);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+static void sleep_ms(long ms)
+{
+	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+static void *conn_thread(void *arg)
+{
+	long backoff = 50;
+
+	(void)arg;
+	for (;;) {
+		struct proto_msg m;
+		struct item it;
+		bool want_resync;
+		int r;
+
+		if (sock < 0) {
+			r = connect_supervisor();
+			if (r < 0) {
+				if (!warned_absent) {
+					warned_absent = true;
+					log_warning_errno(r,
+							  "No supervisor at %s (%m): running "
+							  "pass-through, will keep trying.",
+							  shim_config()->socket_path);
+				}
+				sleep_ms(backoff);
+				backoff = MIN(backoff * 2, 5000L);
+				continue;
+			}
+			sock = r;
+			backoff = 50;
+			r = send_hello();
+			if (r >= 0)
+				r = announce_all();
+			if (r < 0) {
+				log_debug_errno(r, "Lost the supervisor while announcing: %m");
+				disconnect();
+			}
+			continue;
+		}
+
+		pthread_mutex_lock(&qlock);
+		while (ring_count == 0 && !resync)
+			pthread_cond_wait(&qcond, &qlock);
+		want_resync = resync;
+		if (!want_resync) {
+			it = ring[ring_head];
+			ring_head = (ring_head + 1) % ring_cap;
+			ring_count--;
+		}
+		pthread_mutex_unlock(&qlock);
+
+		if (want_resync) {
+			/* Something was dropped: start a new session, which re-announces all. */
+			log_debug("Queue overflowed, resynchronizing with the supervisor.");
+			disconnect();
+			continue;
+		}
+
+		if (it.type == CONN_ANNOUNCE) {
+			if (!regions_build_announce(it.id, &m))
+				continue;
+		} else {
+			m = (struct proto_msg){.type = PROTO_REGION_RELEASE};
+			m.release.id = it.id;
+		}
+		r = send_msg(&m);
+		proto_msg_finish(&m);
+		if (r < 0) {
+			log_debug_errno(r, "Lost the supervisor: %m");
+			disconnect();
+		}
+	}
+	return NULL;
+}
+
+static void atfork_prepare(void)
+{
+	regions_lock();
+	pthread_mutex_lock(&qlock);
+}
+
+static void atfork_parent(void)
+{
+	pthread_mutex_unlock(&qlock);
+	regions_unlock();
+}
+
+static void atfork_child(void)
+{
+	pthread_mutex_init(&qlock, NULL);
+	pthread_cond_init(&qcond, NULL);
+	ring_head = ring_count = 0;
+	resync = false;
+	connected = false;
+	/* The parent's connection stays the parent's: our copy of the fd is just closed. */
+	sock = safe_close(sock);
+	__atomic_store_n(&thread_started, false, __ATOMIC_RELEASE);
+	warned_absent = false;
+	classify_reset_after_fork();
+	regions_reset_after_fork();
+}
+
+static void register_atfork(void)
+{
+	(void)pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+void conn_start(void)
+{
+	sigset_t all, old;
+	pthread_attr_t attr;
+	pthread_t t;
+	int r;
+
+	if (__atomic_load_n(&thread_started, __ATOMIC_ACQUIRE) ||
+	    __atomic_exchange_n(&thread_started, true, __ATOMIC_ACQ_REL))
+		return;
+	(void)pthread_once(&atfork_once, register_atfork);
+
+	/* The thread must never take a signal the host program expects on its own threads. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, 256 * 1024);
+	r = pthread_create(&t, &attr, conn_thread, NULL);
+	pthread_attr_destroy(&attr);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (r != 0) {
+		log_warning_errno(
+			-r, "Failed to start the supervisor thread (%m): running pass-through.");
+		return;
+	}
+	(void)pthread_setname_np(t, "belayer-shim");
+}

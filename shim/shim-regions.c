@@ -1,0 +1,445 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The process's tracked regions: one record per exportable physical allocation (a converted
+ * cuMemAlloc_v2, or a program's cuMemCreate handle), indexed by id (ids only grow, so the
+ * array is sorted by appending) and, while mapped, by address range for the hot lookups
+ * (cuMemFree_v2, copies). One reader-writer lock: lookups on the free and copy paths take it
+ * shared.
+ *
+ * Announcements are queued as ids, not messages: the connection thread builds each message
+ * when it sends it, so a region announced late carries its current version, and a region
+ * freed before its announcement left the queue is never announced at all. A region has at
+ * most one announcement queued (announce_queued), which bounds what version bumps queue.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "shim.h"
+#include "util.h"
+
+struct range {
+	uint64_t va;
+	uint64_t end;
+	struct region *r;
+};
+
+static pthread_rwlock_t lock = PTHREAD_RWLOCK_INITIALIZER;
+static struct region **by_id;
+static size_t n_regions, cap_regions;
+static struct range *ranges;
+static size_t n_ranges, cap_ranges;
+static uint64_t next_id = 1, next_order;
+static uint64_t weights_version;
+static size_t n_weights_mapped; /* read without the lock as a hint only */
+
+void regions_lock(void)
+{
+	(void)pthread_rwlock_wrlock(&lock);
+}
+
+void regions_unlock(void)
+{
+	(void)pthread_rwlock_unlock(&lock);
+}
+
+static int grow(void **arr, size_t *cap, size_t need, size_t elem)
+{
+	size_t ncap;
+	void *p;
+
+	if (need <= *cap)
+		return 0;
+	ncap = *cap ? *cap * 2 : 64;
+	while (ncap < need)
+		ncap *= 2;
+	p = realloc(*arr, ncap * elem);
+	if (!p)
+		return -ENOMEM;
+	*arr = p;
+	*cap = ncap;
+	return 0;
+}
+
+/* Index of the first range whose end is above va. */
+static size_t range_lower(uint64_t va)
+{
+	size_t lo = 0, hi = n_ranges;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (ranges[mid].end <= va)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static struct range *range_find(uint64_t va)
+{
+	size_t i = range_lower(va);
+
+	if (i < n_ranges && ranges[i].va <= va)
+		return &ranges[i];
+	return NULL;
+}
+
+static int range_insert(struct region *r)
+{
+	size_t i;
+
+	if (grow((void **)&ranges, &cap_ranges, n_ranges + 1, sizeof(*ranges)) < 0)
+		return -ENOMEM;
+	i = range_lower(r->va);
+	memmove(&ranges[i + 1], &ranges[i], (n_ranges - i) * sizeof(*ranges));
+	ranges[i] = (struct range){.va = r->va, .end = r->va + r->size, .r = r};
+	n_ranges++;
+	if (r->cls == REGION_WEIGHTS)
+		__atomic_add_fetch(&n_weights_mapped, 1, __ATOMIC_RELAXED);
+	return 0;
+}
+
+static void range_remove(struct range *rg)
+{
+	size_t i = (size_t)(rg - ranges);
+
+	if (rg->r->cls == REGION_WEIGHTS)
+		__atomic_sub_fetch(&n_weights_mapped, 1, __ATOMIC_RELAXED);
+	memmove(&ranges[i], &ranges[i + 1], (n_ranges - i - 1) * sizeof(*ranges));
+	n_ranges--;
+}
+
+static size_t id_index(uint64_t id)
+{
+	size_t lo = 0, hi = n_regions;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (by_id[mid]->id < id)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static struct region *region_by_id(uint64_t id)
+{
+	size_t i = id_index(id);
+
+	return i < n_regions && by_id[i]->id == id ? by_id[i] : NULL;
+}
+
+static struct region *region_by_handle(CUmemGenericAllocationHandle h)
+{
+	/* Newest first: a handle value may be reused after release. */
+	for (size_t i = n_regions; i > 0; i--)
+		if (by_id[i - 1]->kind == REGION_KIND_USER && by_id[i - 1]->handle == h)
+			return by_id[i - 1];
+	return NULL;
+}
+
+static struct region *region_new(enum region_kind kind, CUmemGenericAllocationHandle h, int dev,
+				 uint64_t size, enum region_class cls, bool exportable)
+{
+	struct region *r;
+
+	if (grow((void **)&by_id, &cap_regions, n_regions + 1, sizeof(*by_id)) < 0)
+		return NULL;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return NULL;
+	*r = (struct region){
+		.id = next_id++,
+		.order = next_order++,
+		.kind = kind,
+		.cls = cls,
+		.handle = h,
+		.dev = dev,
+		.size = size,
+		.req_size = size,
+		.exportable = exportable,
+	};
+	by_id[n_regions++] = r;
+	return r;
+}
+
+static void region_delete(struct region *r)
+{
+	size_t i = id_index(r->id);
+
+	memmove(&by_id[i], &by_id[i + 1], (n_regions - i - 1) * sizeof(*by_id));
+	n_regions--;
+	free(r);
+}
+
+static void announce_locked(struct region *r)
+{
+	if (!r->exportable || r->announce_queued || !conn_active_locked())
+		return;
+	r->announce_queued = true;
+	conn_enqueue_locked(CONN_ANNOUNCE, r->id);
+}
+
+static void release_locked(struct region *r)
+{
+	if (r->exportable && conn_active_locked())
+		conn_enqueue_locked(CONN_RELEASE, r->id);
+	r->announce_queued = false;
+}
+
+int regions_add_converted(CUmemGenericAllocationHandle h, int dev, uint64_t va, uint64_t size,
+			  uint64_t req_size, enum region_class cls, bool exportable)
+{
+	struct region *r;
+	int ret = 0;
+
+	regions_lock();
+	r = region_new(REGION_KIND_CONVERTED, h, dev, size, cls, exportable);
+	if (!r) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	r->va = va;
+	r->req_size = req_size;
+	if (range_insert(r) < 0) {
+		region_delete(r);
+		ret = -ENOMEM;
+		goto out;
+	}
+	announce_locked(r);
+out:
+	regions_unlock();
+	return ret;
+}
+
+int regions_remove_converted(uint64_t va, struct region *ret)
+{
+	struct range *rg;
+	struct region *r;
+
+	regions_lock();
+	rg = range_find(va);
+	if (!rg || rg->r->kind != REGION_KIND_CONVERTED) {
+		regions_unlock();
+		return -ENOENT;
+	}
+	r = rg->r;
+	if (r->va != va) {
+		regions_unlock();
+		return -EINVAL;
+	}
+	range_remove(rg);
+	release_locked(r);
+	*ret = *r;
+	region_delete(r);
+	regions_unlock();
+	return 0;
+}
+
+bool regions_is_converted(uint64_t va)
+{
+	struct range *rg;
+	bool ours;
+
+	/* Nothing converted, nothing to look up: the common small-free path. */
+	if (__atomic_load_n(&n_ranges, __ATOMIC_RELAXED) == 0)
+		return false;
+	(void)pthread_rwlock_rdlock(&lock);
+	rg = range_find(va);
+	ours = rg && rg->r->kind == REGION_KIND_CONVERTED;
+	(void)pthread_rwlock_unlock(&lock);
+	return ours;
+}
+
+int regions_converted_range(uint64_t va, uint64_t *ret_base, uint64_t *ret_size)
+{
+	struct range *rg;
+	int ret = -ENOENT;
+
+	if (__atomic_load_n(&n_ranges, __ATOMIC_RELAXED) == 0)
+		return -ENOENT;
+	(void)pthread_rwlock_rdlock(&lock);
+	rg = range_find(va);
+	/* The caller asked for req_size bytes: the rounding up to the granularity is ours, and
+	 * the driver would not report it. */
+	if (rg && rg->r->kind == REGION_KIND_CONVERTED && va < rg->r->va + rg->r->req_size) {
+		*ret_base = rg->r->va;
+		*ret_size = rg->r->req_size;
+		ret = 0;
+	}
+	(void)pthread_rwlock_unlock(&lock);
+	return ret;
+}
+
+int regions_add_user(CUmemGenericAllocationHandle h, int dev, uint64_t size, enum region_class cls,
+		     bool exportable)
+{
+	struct region *r;
+
+	regions_lock();
+	r = region_new(REGION_KIND_USER, h, dev, size, cls, exportable);
+	regions_unlock();
+	return r ? 0 : -ENOMEM;
+}
+
+void regions_user_mapped(CUmemGenericAllocationHandle h, uint64_t va)
+{
+	struct region *r;
+
+	regions_lock();
+	r = region_by_handle(h);
+	/* Only the first mapping of a handle is its region's address; a handle mapped again
+	 * elsewhere is the same memory. */
+	if (r && r->va == 0) {
+		r->va = va;
+		if (range_insert(r) < 0)
+			r->va = 0;
+		else
+			announce_locked(r);
+	}
+	regions_unlock();
+}
+
+void regions_user_unmapped(uint64_t va, uint64_t size)
+{
+	regions_lock();
+	for (size_t i = range_lower(va); i < n_ranges && ranges[i].va < va + size;) {
+		struct region *r = ranges[i].r;
+
+		if (r->kind != REGION_KIND_USER) {
+			i++;
+			continue;
+		}
+		range_remove(&ranges[i]);
+		release_locked(r);
+		r->va = 0;
+		if (r->released)
+			region_delete(r);
+	}
+	regions_unlock();
+}
+
+void regions_user_released(CUmemGenericAllocationHandle h)
+{
+	struct region *r;
+
+	regions_lock();
+	r = region_by_handle(h);
+	if (r && !r->released) {
+		/* The driver keeps mapped memory alive until it is unmapped, and so do we. */
+		if (r->va == 0)
+			region_delete(r);
+		else
+			r->released = true;
+	}
+	regions_unlock();
+}
+
+bool regions_have_weights(void)
+{
+	return __atomic_load_n(&n_weights_mapped, __ATOMIC_RELAXED) != 0;
+}
+
+void regions_note_write(uint64_t va, uint64_t len)
+{
+	if (len == 0)
+		return;
+	regions_lock();
+	for (size_t i = range_lower(va); i < n_ranges && ranges[i].va < va + len; i++) {
+		struct region *r = ranges[i].r;
+
+		if (r->cls != REGION_WEIGHTS)
+			continue;
+		r->weights_version = ++weights_version;
+		announce_locked(r);
+	}
+	regions_unlock();
+}
+
+bool regions_build_announce(uint64_t id, struct proto_msg *ret)
+{
+	PFN_cuMemExportToShareableHandle_v10020 export_fn = REAL(cuMemExportToShareableHandle);
+	struct region *r;
+	int fd = -1;
+	bool ok = false;
+
+	regions_lock();
+	r = region_by_id(id);
+	if (!r || r->va == 0 || !export_fn)
+		goto out;
+	r->announce_queued = false;
+	shim_busy++;
+	if (export_fn(&fd, r->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != CUDA_SUCCESS)
+		fd = -1;
+	shim_busy--;
+	if (fd < 0) {
+		log_debug("Failed to export region %" PRIu64 ", not announcing it.", id);
+		goto out;
+	}
+	*ret = (struct proto_msg){.type = PROTO_REGION_ANNOUNCE};
+	ret->region = (struct proto_region){
+		.id = r->id,
+		.va = r->va,
+		.size = r->size,
+		.cls = r->cls,
+		.order = r->order,
+		.weights_version = r->weights_version,
+		.fd = fd,
+	};
+	shim_device_uuid(r->dev, ret->region.device_uuid);
+	ok = true;
+out:
+	regions_unlock();
+	return ok;
+}
+
+int regions_snapshot(void (*under_lock)(void), uint64_t **ret_ids, size_t *ret_n)
+{
+	uint64_t *ids = NULL;
+	size_t n = 0;
+
+	regions_lock();
+	under_lock();
+	if (n_regions > 0) {
+		ids = malloc(n_regions * sizeof(*ids));
+		if (!ids) {
+			regions_unlock();
+			return -ENOMEM;
+		}
+	}
+	for (size_t i = 0; i < n_regions; i++) {
+		struct region *r = by_id[i];
+
+		if (!r->exportable || r->va == 0)
+			continue;
+		/* Announced from this list: an update queued later would repeat it. */
+		r->announce_queued = true;
+		ids[n++] = r->id;
+	}
+	regions_unlock();
+	*ret_ids = ids;
+	*ret_n = n;
+	return 0;
+}
+
+void regions_reset_after_fork(void)
+{
+	/* The regions are the parent's: the child owns none of them. Called in the child with
+	 * the lock held by the fork handler. */
+	for (size_t i = 0; i < n_regions; i++)
+		free(by_id[i]);
+	n_regions = 0;
+	n_ranges = 0;
+	__atomic_store_n(&n_weights_mapped, 0, __ATOMIC_RELAXED);
+	next_id = 1;
+	next_order = 0;
+	weights_version = 0;
+	pthread_rwlock_init(&lock, NULL);
+}

@@ -1,0 +1,210 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Internals shared by the shim's modules. The exported wrappers (hooks-*.c) stay thin and call
+ * into the logic declared here; nothing here is exported.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "hooks-table.h"
+#include "proto.h"
+
+/* cuda.h renames cuGetProcAddress to its _v2; the shim exports both under their own names. */
+#undef cuGetProcAddress
+
+/* Every hooked driver symbol, declared with its cudaTypedefs.h type: a wrapper whose
+ * definition disagrees with cuda.h fails to compile. */
+#define X(sym, proc, version, ptds, pfn) \
+	extern __typeof__(*(pfn)0) sym __attribute__((visibility("default")));
+BELAYER_CUDA_HOOKS(X)
+#undef X
+
+/* Set while the shim itself is inside the driver, so a driver that calls its own exported
+ * entry points (or a callback that re-enters us) passes straight through. initial-exec: the
+ * shim is preloaded, and a dynamic TLS lookup would cost every hooked call. */
+extern __thread int shim_busy __attribute__((tls_model("initial-exec")));
+
+/* ---- real functions (shim-real.c) ---- */
+
+enum hook_id {
+#define X(sym, proc, version, ptds, pfn) HOOK_##sym,
+	BELAYER_CUDA_HOOKS(X)
+#undef X
+	_HOOK_CUDA_MAX,
+};
+
+enum nccl_hook_id {
+#define X(sym, ret, params, args) NCCL_HOOK_##sym,
+	BELAYER_NCCL_HOOKS(X)
+#undef X
+	_NCCL_HOOK_MAX,
+};
+
+struct hook_info {
+	const char *name;
+	const char *proc;
+	int version;
+	int ptds;
+	void *wrapper;
+};
+
+extern const struct hook_info cuda_hooks[_HOOK_CUDA_MAX];
+extern const struct hook_info nccl_hooks[_NCCL_HOOK_MAX];
+
+/* Real function of a hooked symbol, resolved on first use; NULL when the driver lacks it. */
+void *real_cuda(enum hook_id id);
+void *real_nccl(enum nccl_hook_id id);
+#define REAL(sym)      ((__typeof__(&sym))real_cuda(HOOK_##sym))
+#define REAL_NCCL(sym) ((__typeof__(&sym))real_nccl(NCCL_HOOK_##sym))
+
+/* Remembers where a hooked symbol really lives when a program found it through dlsym or
+ * cuGetProcAddress, for drivers that are not reachable by name from the shim. */
+void real_cuda_learn(enum hook_id id, void *fn);
+void real_nccl_learn(enum nccl_hook_id id, void *fn);
+
+/* Unhooked driver functions the shim calls itself. Any of them may be NULL. */
+struct real_extra {
+	PFN_cuCtxGetDevice_v2000 cuCtxGetDevice;
+	PFN_cuDeviceGetAttribute_v2000 cuDeviceGetAttribute;
+	PFN_cuDeviceGetCount_v2000 cuDeviceGetCount;
+	PFN_cuDeviceGet_v2000 cuDeviceGet;
+	PFN_cuDeviceGetUuid_v11040 cuDeviceGetUuid_v2;
+	PFN_cuDeviceCanAccessPeer_v4000 cuDeviceCanAccessPeer;
+	PFN_cuMemGetAllocationGranularity_v10020 cuMemGetAllocationGranularity;
+	PFN_cuStreamSynchronize_v2000 cuStreamSynchronize;
+	PFN_cuStreamSynchronize_v7000_ptsz cuStreamSynchronize_ptsz;
+	PFN_cuCtxSynchronize_v2000 cuCtxSynchronize;
+};
+const struct real_extra *real_extra(void);
+
+/* glibc's dlsym, never ours. */
+void *real_dlsym(void *handle, const char *name);
+
+/* ---- configuration (shim-config.c), read once ---- */
+
+enum alloc_policy {
+	ALLOC_POLICY_VMM,
+	ALLOC_POLICY_PASSTHROUGH,
+};
+
+struct shim_config {
+	enum alloc_policy policy;
+	uint64_t alloc_threshold; /* cuMemAlloc_v2 of at least this many bytes is converted */
+	uint64_t kv_min;	  /* the phase heuristic's "large allocation" */
+	uint32_t queue_max;
+	char socket_path[108];
+	char engine_id[PROTO_MAX_STR + 1];
+	enum worker_role role;
+	int32_t rank;
+};
+const struct shim_config *shim_config(void);
+
+/* ---- classification (shim-classify.c) ---- */
+
+/* The class a region created now, by code at caller, of size bytes, gets. */
+enum region_class classify_region(const void *caller, uint64_t size);
+void classify_note_mem_get_info(void);
+void classify_note_tracked_free(void);
+bool classify_load_done(void);
+void classify_reset_after_fork(void);
+/* torch_memory_saver: dlsym of its setters returns these, which record and forward. */
+void *tms_hook_for(const char *name, void *real);
+
+/* ---- regions (shim-regions.c) ---- */
+
+enum region_kind {
+	REGION_KIND_CONVERTED, /* a cuMemAlloc_v2 the shim served with VMM */
+	REGION_KIND_USER,      /* a cuMemCreate handle of the program */
+};
+
+struct region {
+	uint64_t id;
+	uint64_t order;
+	enum region_kind kind;
+	enum region_class cls;
+	CUmemGenericAllocationHandle handle;
+	int dev;
+	uint64_t va;	   /* 0 until mapped (user regions) */
+	uint64_t size;	   /* physical (mapped) size */
+	uint64_t req_size; /* what cuMemAlloc_v2 was asked for */
+	uint64_t weights_version;
+	bool exportable;
+	bool released; /* user region: cuMemRelease seen, waiting for the unmap */
+	bool announce_queued;
+};
+
+/* Converted allocation: inserted mapped. Returns 0 or -ENOMEM. */
+int regions_add_converted(CUmemGenericAllocationHandle h, int dev, uint64_t va, uint64_t size,
+			  uint64_t req_size, enum region_class cls, bool exportable);
+/* Removes the converted allocation based at va into *ret (copy). -ENOENT: not ours;
+ * -EINVAL: va is inside one of ours but not its base. */
+int regions_remove_converted(uint64_t va, struct region *ret);
+/* Base and requested size of the converted allocation holding va; -ENOENT otherwise. */
+int regions_converted_range(uint64_t va, uint64_t *ret_base, uint64_t *ret_size);
+bool regions_is_converted(uint64_t va);
+
+int regions_add_user(CUmemGenericAllocationHandle h, int dev, uint64_t size, enum region_class cls,
+		     bool exportable);
+void regions_user_mapped(CUmemGenericAllocationHandle h, uint64_t va);
+void regions_user_unmapped(uint64_t va, uint64_t size);
+void regions_user_released(CUmemGenericAllocationHandle h);
+
+/* A write of len bytes at va happened: bumps versions of weights regions it touches. */
+void regions_note_write(uint64_t va, uint64_t len);
+bool regions_have_weights(void);
+
+/* For the connection: fills a message for region id; false when it is gone. Exports the fd
+ * (owned by the message). */
+bool regions_build_announce(uint64_t id, struct proto_msg *ret);
+/* Runs under_lock with the regions locked, then lists every region to announce. New regions
+ * after under_lock ran are queued as usual, so nothing is announced twice or missed. */
+int regions_snapshot(void (*under_lock)(void), uint64_t **ret_ids, size_t *ret_n);
+void regions_lock(void);
+void regions_unlock(void);
+void regions_reset_after_fork(void);
+
+/* ---- supervisor connection (shim-conn.c) ---- */
+
+enum conn_item {
+	CONN_ANNOUNCE = 1,
+	CONN_RELEASE = 2,
+};
+
+/* Starts the connection thread once per process (after fork, once per child). */
+void conn_start(void);
+/* Queues an item; called with the regions lock held. Never blocks. */
+void conn_enqueue_locked(enum conn_item item, uint64_t id);
+bool conn_active_locked(void);
+/* With the regions lock held: drop everything queued (a full announce follows). */
+void conn_queue_clear_locked(void);
+
+/* ---- the logic behind the CUDA wrappers (shim-alloc.c) ---- */
+
+void shim_first_use(void);
+/* The device's UUID (cached), zeros when unknown. */
+void shim_device_uuid(CUdevice dev, uint8_t uuid[PROTO_UUID_LEN]);
+CUresult shim_mem_alloc(CUdeviceptr *dptr, size_t bytesize, const void *caller);
+CUresult shim_mem_free(CUdeviceptr dptr);
+CUresult shim_mem_free_async(CUdeviceptr dptr, CUstream stream, bool ptsz);
+CUresult shim_mem_get_address_range(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
+CUresult shim_mem_create(CUmemGenericAllocationHandle *handle, size_t size,
+			 const CUmemAllocationProp *prop, unsigned long long flags,
+			 const void *caller);
+CUresult shim_mem_release(CUmemGenericAllocationHandle handle);
+CUresult shim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
+		      CUmemGenericAllocationHandle handle, unsigned long long flags);
+CUresult shim_mem_unmap(CUdeviceptr ptr, size_t size);
+CUresult shim_ipc_get_mem_handle(CUipcMemHandle *handle, CUdeviceptr dptr);
+CUresult shim_mem_get_info(size_t *free_bytes, size_t *total_bytes);
+void shim_note_write(CUdeviceptr dst, size_t len);
+
+/* cuGetProcAddress post-processing: the wrapper for what the driver returned, or fn. */
+void *shim_proc_address(const char *symbol, void *fn, int version, cuuint64_t flags);
+/* dlsym post-processing: our wrapper when name is hooked (learning fn), else fn. */
+void *shim_dlsym_result(const char *name, void *fn);
