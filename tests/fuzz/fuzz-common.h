@@ -27,8 +27,11 @@
 static int fuzz_devnull = -1;
 static int fuzz_fd_floor = -1;
 
-/* The lowest free fd number once the target's own fds exist: it must be the same after every
- * input, or something leaked. */
+/*
+ * The lowest free fd number when an input starts must be free again when it ends, or the input
+ * leaked an fd. Marked per input, not once: libFuzzer and the sanitizers open fds of their own
+ * between inputs (the symbolizer's pipes, for instance).
+ */
 static inline void fuzz_fd_setup(void)
 {
 	fuzz_devnull = open("/dev/null", O_RDWR | O_CLOEXEC);

@@ -22,7 +22,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	fuzz_fd_setup();
 	FUZZ_CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0);
 	FUZZ_CHECK(setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)) == 0);
-	fuzz_fd_mark();
 	return 0;
 }
 
@@ -37,6 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* An empty packet reads as end of stream; larger than this is refused by the sender. */
 	if (size < 2 || size - 1 > PROTO_MAX_MSG + 64)
 		return 0;
+	fuzz_fd_mark();
 	nfds = data[0] % 4;
 	for (size_t i = 0; i < nfds; i++)
 		fds[i] = fuzz_fd_new();

@@ -12,7 +12,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	fuzz_fd_setup();
-	fuzz_fd_mark();
 	return 0;
 }
 
@@ -25,6 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (size < 1)
 		return 0;
+	fuzz_fd_mark();
 	nfds = data[0] % 3;
 	for (size_t i = 0; i < nfds; i++)
 		fds[i] = fuzz_fd_new();
