@@ -261,11 +261,12 @@ static void invalid_arguments_are_einval(void **state)
 	assert_int_equal(fdpass_recv(sv[1], &b, 1, NULL, 1, NULL, 0), -EINVAL);
 }
 
-static volatile sig_atomic_t signals_seen;
+/* Set in the receiving thread's handler, read by the main thread: atomics, not just volatile. */
+static int signals_seen;
 
 static void on_signal(int sig)
 {
-	signals_seen++;
+	__atomic_fetch_add(&signals_seen, 1, __ATOMIC_RELEASE);
 }
 
 struct receiver {
@@ -332,9 +333,9 @@ static void interrupted_recv_is_retried(void **state)
 	assert_true(wait_thread_sleeping(tid));
 
 	assert_int_equal(pthread_kill(th, SIGUSR1), 0);
-	for (int i = 0; i < 5000 && signals_seen == 0; i++)
+	for (int i = 0; i < 5000 && __atomic_load_n(&signals_seen, __ATOMIC_ACQUIRE) == 0; i++)
 		(void)nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
-	assert_int_equal(signals_seen, 1);
+	assert_int_equal(__atomic_load_n(&signals_seen, __ATOMIC_ACQUIRE), 1);
 	/* Still waiting, not returned with EINTR. */
 	assert_int_equal(__atomic_load_n(&r.done, __ATOMIC_ACQUIRE), 0);
 
