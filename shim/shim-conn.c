@@ -39,6 +39,7 @@ static size_t ring_head, ring_count, ring_cap;
 static bool resync;
 static bool connected; /* written with the regions lock held, read by producers under it */
 static int sock = -1;
+static bool session; /* hello sent on sock; the thread's own */
 static bool thread_started;
 static bool warned_absent;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
@@ -82,6 +83,7 @@ static void mark_connected(void)
 
 static void disconnect(void)
 {
+	session = false;
 	regions_lock();
 	connected = false;
 	conn_queue_clear_locked();
@@ -120,6 +122,25 @@ static int connect_supervisor(void)
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		return -errno;
 	return TAKE_FD(fd);
+}
+
+/* Connects; the first failure in this process is the shim's one log line. */
+static int try_connect(void)
+{
+	int r = connect_supervisor();
+
+	if (r < 0) {
+		if (!warned_absent) {
+			warned_absent = true;
+			log_warning_errno(
+				r,
+				"No supervisor at %s (%m): running pass-through, will keep trying.",
+				shim_config()->socket_path);
+		}
+		return r;
+	}
+	sock = r;
+	return 0;
 }
 
 static int send_hello(void)
@@ -193,28 +214,23 @@ static void *conn_thread(void *arg)
 		int r;
 
 		if (sock < 0) {
-			r = connect_supervisor();
+			r = try_connect();
 			if (r < 0) {
-				if (!warned_absent) {
-					warned_absent = true;
-					log_warning_errno(r,
-							  "No supervisor at %s (%m): running "
-							  "pass-through, will keep trying.",
-							  shim_config()->socket_path);
-				}
 				sleep_ms(backoff);
 				backoff = MIN(backoff * 2, 5000L);
 				continue;
 			}
-			sock = r;
 			backoff = 50;
+		}
+		if (!session) {
 			r = send_hello();
 			if (r >= 0)
 				r = announce_all();
 			if (r < 0) {
 				log_debug_errno(r, "Lost the supervisor while announcing: %m");
 				disconnect();
-			}
+			} else
+				session = true;
 			continue;
 		}
 
@@ -274,6 +290,7 @@ static void atfork_child(void)
 	connected = false;
 	/* The parent's connection stays the parent's: our copy of the fd is just closed. */
 	sock = safe_close(sock);
+	session = false;
 	__atomic_store_n(&thread_started, false, __ATOMIC_RELEASE);
 	warned_absent = false;
 	classify_reset_after_fork();
@@ -296,6 +313,11 @@ void conn_start(void)
 	    __atomic_exchange_n(&thread_started, true, __ATOMIC_ACQ_REL))
 		return;
 	(void)pthread_once(&atfork_once, register_atfork);
+
+	/* The first attempt happens here, on the calling thread (a non-blocking connect to a
+	 * local socket), so whether a supervisor is there is settled before the first CUDA call
+	 * returns; hello and announcements are the thread's work. */
+	(void)try_connect();
 
 	/* The thread must never take a signal the host program expects on its own threads. */
 	sigfillset(&all);

@@ -187,10 +187,13 @@ static void announce_locked(struct region *r)
 	conn_enqueue_locked(CONN_ANNOUNCE, r->id);
 }
 
+/* Only what the supervisor was told about is released: a region freed before its announce
+ * left the queue is never mentioned at all. */
 static void release_locked(struct region *r)
 {
-	if (r->exportable && conn_active_locked())
+	if (r->announced && conn_active_locked())
 		conn_enqueue_locked(CONN_RELEASE, r->id);
+	r->announced = false;
 	r->announce_queued = false;
 }
 
@@ -394,6 +397,7 @@ bool regions_build_announce(uint64_t id, struct proto_msg *ret)
 		.fd = fd,
 	};
 	shim_device_uuid(r->dev, ret->region.device_uuid);
+	r->announced = true;
 	ok = true;
 out:
 	regions_unlock();
@@ -419,8 +423,10 @@ int regions_snapshot(void (*under_lock)(void), uint64_t **ret_ids, size_t *ret_n
 
 		if (!r->exportable || r->va == 0)
 			continue;
-		/* Announced from this list: an update queued later would repeat it. */
+		/* Announced from this list, in a new session: an update queued later would repeat
+		 * it, and a release before then concerns nothing the supervisor knows. */
 		r->announce_queued = true;
+		r->announced = false;
 		ids[n++] = r->id;
 	}
 	regions_unlock();

@@ -135,8 +135,9 @@ struct region {
 	uint64_t req_size; /* what cuMemAlloc_v2 was asked for */
 	uint64_t weights_version;
 	bool exportable;
-	bool released; /* user region: cuMemRelease seen, waiting for the unmap */
-	bool announce_queued;
+	bool released;	      /* user region: cuMemRelease seen, waiting for the unmap */
+	bool announce_queued; /* an announce of it waits in the queue */
+	bool announced;	      /* the current session has been told about it */
 };
 
 /* Converted allocation: inserted mapped. Returns 0 or -ENOMEM. */

@@ -1,0 +1,409 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What the shim tests run under LD_PRELOAD=libbelayer.so: engine-like sequences of driver
+ * calls. It reaches the driver the way the CUDA runtime does (dlopen("libcuda.so.1"), dlsym of
+ * cuGetProcAddress_v2, every entry point resolved by name at a CUDA version) and NCCL the way
+ * vLLM does (dlopen + dlsym). Never linked against either.
+ *
+ * Each scenario prints "ok ..." lines, then holds: it reads stdin line by line ("free" frees
+ * what it holds, where the scenario has something to free) and exits 0 at EOF, so the test
+ * decides when the process may go, after the receiver has what it waits for. Exits 1 with a
+ * message on any unexpected driver result.
+ *
+ * Usage: shim-workload runtime|engine|nccl|storm THREADS COUNT|fork|exec|small|procaddr
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <nccl.h>
+
+#include "hooks-table.h"
+
+#define MIB ((size_t)1 << 20)
+
+static struct {
+	PFN_cuGetProcAddress_v12000 gpa;
+	CUresult (*init)(unsigned);
+	CUresult (*device_get)(CUdevice *, int);
+	CUresult (*primary_retain)(CUcontext *, CUdevice);
+	CUresult (*ctx_set)(CUcontext);
+	CUresult (*alloc)(CUdeviceptr *, size_t);
+	CUresult (*free)(CUdeviceptr);
+	CUresult (*range)(CUdeviceptr *, size_t *, CUdeviceptr);
+	CUresult (*htod)(CUdeviceptr, const void *, size_t);
+	CUresult (*dtoh)(void *, CUdeviceptr, size_t);
+	CUresult (*mem_info)(size_t *, size_t *);
+} d;
+
+static CUcontext ctx;
+
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fprintf(stderr, "shim-workload: ");
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "\n");
+	va_end(ap);
+	exit(1);
+}
+
+#define CHECK(call)                                                               \
+	do {                                                                      \
+		CUresult r_ = (call);                                             \
+		if (r_ != CUDA_SUCCESS)                                           \
+			die("%s failed: %d (line %d)", #call, (int)r_, __LINE__); \
+	} while (0)
+
+static void *resolve(const char *name, int version)
+{
+	CUdriverProcAddressQueryResult status;
+	void *fn = NULL;
+
+	if (d.gpa(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
+	    status != CU_GET_PROC_ADDRESS_SUCCESS || !fn)
+		die("cannot resolve %s at %d", name, version);
+	return fn;
+}
+
+/* As libcudart does it. */
+static void driver_open(void)
+{
+	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	CUdevice dev;
+
+	if (!lib)
+		die("dlopen libcuda.so.1: %s", dlerror());
+	d.gpa = (PFN_cuGetProcAddress_v12000)dlsym(lib, "cuGetProcAddress_v2");
+	if (!d.gpa)
+		die("no cuGetProcAddress_v2");
+	d.init = resolve("cuInit", 2000);
+	d.device_get = resolve("cuDeviceGet", 2000);
+	d.primary_retain = resolve("cuDevicePrimaryCtxRetain", 7000);
+	d.ctx_set = resolve("cuCtxSetCurrent", 4000);
+	d.alloc = resolve("cuMemAlloc", 3020);
+	d.free = resolve("cuMemFree", 3020);
+	d.range = resolve("cuMemGetAddressRange", 3020);
+	d.htod = resolve("cuMemcpyHtoD", 3020);
+	d.dtoh = resolve("cuMemcpyDtoH", 3020);
+	d.mem_info = resolve("cuMemGetInfo", 3020);
+
+	CHECK(d.init(0));
+	CHECK(d.device_get(&dev, 0));
+	CHECK(d.primary_retain(&ctx, dev));
+	CHECK(d.ctx_set(ctx));
+}
+
+/* Waits for the test: returns true on a "free" line, false at EOF. */
+static bool hold(void)
+{
+	char line[64];
+
+	fflush(stdout);
+	while (fgets(line, sizeof(line), stdin))
+		if (strncmp(line, "free", 4) == 0)
+			return true;
+	return false;
+}
+
+static CUdeviceptr alloc(size_t size)
+{
+	CUdeviceptr p;
+
+	CHECK(d.alloc(&p, size));
+	return p;
+}
+
+static void fill(CUdeviceptr p, unsigned char seed)
+{
+	unsigned char buf[16];
+
+	for (int i = 0; i < 16; i++)
+		buf[i] = (unsigned char)(seed + i);
+	CHECK(d.htod(p, buf, sizeof(buf)));
+}
+
+static int run_runtime(void)
+{
+	CUdeviceptr a, b, c, s, base;
+	unsigned char back[16];
+	size_t size;
+
+	driver_open();
+	a = alloc(8 * MIB);
+	b = alloc(8 * MIB);
+	c = alloc(3 * MIB);
+	s = alloc(64 << 10);
+
+	/* Converted memory answers like cudaMalloc memory. */
+	CHECK(d.range(&base, &size, a + 4096));
+	if (base != a || size != 8 * MIB)
+		die("cuMemGetAddressRange: base %llx size %zu", (unsigned long long)base, size);
+	if (d.free(a + 4096) != CUDA_ERROR_INVALID_VALUE)
+		die("cuMemFree of an interior pointer was not rejected");
+	fill(b, 0x30);
+	CHECK(d.dtoh(back, b, sizeof(back)));
+	if (back[0] != 0x30 || back[15] != 0x3f)
+		die("copy round trip");
+	CHECK(d.free(c));
+	CHECK(d.free(s));
+	printf("ok runtime\n");
+	hold();
+	return 0;
+}
+
+static int run_small(void)
+{
+	driver_open();
+	fill(alloc(4 * MIB), 0x50);
+	printf("ok small pid=%d\n", getpid());
+	hold();
+	return 0;
+}
+
+/* vLLM-like: memory query, weights load, KV probe, KV arena, then the rest and an RL update. */
+static int run_engine(void)
+{
+	CUdeviceptr w1, w2;
+	size_t fr, tot;
+
+	driver_open();
+	CHECK(d.mem_info(&fr, &tot)); /* before any weights: not the probe */
+	w1 = alloc(8 * MIB);
+	w2 = alloc(8 * MIB);
+	fill(w1, 1);
+	fill(w2, 2);
+	CHECK(d.mem_info(&fr, &tot)); /* the KV-sizing probe */
+	alloc(16 * MIB);
+	alloc(16 * MIB);
+	alloc(2 * MIB); /* tracked, small: closes the KV window */
+	alloc(16 * MIB);
+	fill(w2, 3); /* a weight update after load */
+	printf("ok engine w1=0x%llx w2=0x%llx\n", (unsigned long long)w1, (unsigned long long)w2);
+	hold();
+	return 0;
+}
+
+static int run_nccl(void)
+{
+	ncclResult_t (*get_id)(ncclUniqueId *);
+	ncclResult_t (*init_rank)(ncclComm_t *, int, ncclUniqueId, int);
+	ncclResult_t (*bcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t,
+			      cudaStream_t);
+	ncclUniqueId id;
+	ncclComm_t comm;
+	CUdeviceptr w;
+	size_t fr, tot;
+	void *lib;
+
+	driver_open();
+	lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL); /* as ctypes.CDLL does */
+	if (!lib)
+		die("dlopen libnccl.so.2: %s", dlerror());
+	get_id = (__typeof__(get_id))dlsym(lib, "ncclGetUniqueId");
+	init_rank = (__typeof__(init_rank))dlsym(lib, "ncclCommInitRank");
+	bcast = (__typeof__(bcast))dlsym(lib, "ncclBroadcast");
+	if (!get_id || !init_rank || !bcast)
+		die("libnccl.so.2 lacks symbols");
+	if (get_id(&id) != ncclSuccess || init_rank(&comm, 1, id, 0) != ncclSuccess)
+		die("ncclCommInitRank failed");
+	w = alloc(8 * MIB);
+	fill(w, 7);
+	CHECK(d.mem_info(&fr, &tot));
+	alloc(16 * MIB);
+	/* The RL weight sync: a broadcast into the weights. */
+	if (bcast((void *)w, (void *)w, 1024, ncclFloat32, 0, comm, NULL) != ncclSuccess)
+		die("ncclBroadcast failed");
+	printf("ok nccl w=0x%llx\n", (unsigned long long)w);
+	hold();
+	return 0;
+}
+
+struct storm {
+	int count;
+	CUdeviceptr *ptrs;
+};
+
+static void *storm_thread(void *arg)
+{
+	struct storm *s = arg;
+
+	CHECK(d.ctx_set(ctx));
+	for (int i = 0; i < s->count; i++)
+		s->ptrs[i] = alloc(2 * MIB);
+	return NULL;
+}
+
+static void *storm_free_thread(void *arg)
+{
+	struct storm *s = arg;
+
+	CHECK(d.ctx_set(ctx));
+	for (int i = 0; i < s->count; i++)
+		CHECK(d.free(s->ptrs[i]));
+	return NULL;
+}
+
+static int run_storm(int nthreads, int count)
+{
+	pthread_t t[64];
+	struct storm s[64];
+
+	if (nthreads < 1 || nthreads > 64 || count < 1)
+		die("bad storm size");
+	driver_open();
+	for (int i = 0; i < nthreads; i++) {
+		s[i] = (struct storm){.count = count, .ptrs = calloc(count, sizeof(CUdeviceptr))};
+		pthread_create(&t[i], NULL, storm_thread, &s[i]);
+	}
+	for (int i = 0; i < nthreads; i++)
+		pthread_join(t[i], NULL);
+	printf("ok allocated %d\n", nthreads * count);
+	if (!hold())
+		return 0;
+	for (int i = 0; i < nthreads; i++)
+		pthread_create(&t[i], NULL, storm_free_thread, &s[i]);
+	for (int i = 0; i < nthreads; i++)
+		pthread_join(t[i], NULL);
+	printf("ok freed %d\n", nthreads * count);
+	hold();
+	return 0;
+}
+
+static int run_fork(void)
+{
+	pid_t child;
+	int status;
+
+	driver_open();
+	fill(alloc(4 * MIB), 0x10);
+	fflush(stdout);
+	child = fork();
+	if (child < 0)
+		die("fork");
+	if (child == 0) {
+		/* CUDA does not survive fork: the child starts over, as a forked worker would. */
+		driver_open();
+		fill(alloc(4 * MIB), 0x20);
+		printf("ok child pid=%d\n", getpid());
+		hold();
+		_exit(0);
+	}
+	printf("ok parent pid=%d child=%d\n", getpid(), child);
+	hold();
+	if (waitpid(child, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		die("child failed");
+	return 0;
+}
+
+static int run_exec(const char *self)
+{
+	pid_t child;
+	int status;
+
+	fflush(stdout);
+	child = fork();
+	if (child < 0)
+		die("fork");
+	if (child == 0) {
+		execl(self, self, "small", (char *)NULL);
+		_exit(127);
+	}
+	if (waitpid(child, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		die("exec'd child failed");
+	printf("ok exec child=%d\n", child);
+	return 0;
+}
+
+static bool in_shim(const void *fn)
+{
+	Dl_info info;
+
+	return fn && dladdr(fn, &info) && info.dli_fname && strstr(info.dli_fname, "libbelayer");
+}
+
+/* Prints one line per mismatch, then "done". */
+static int run_procaddr(void)
+{
+	static const struct {
+		const char *proc;
+		int version;
+		int ptds;
+	} hooks[] = {
+#define X(sym, proc, version, ptds, pfn) {proc, version, ptds},
+		BELAYER_CUDA_HOOKS(X)
+#undef X
+	};
+	void *lib, *fn;
+	int resolved = 0;
+
+	driver_open();
+	for (size_t i = 0; i < sizeof(hooks) / sizeof(hooks[0]); i++) {
+		CUdriverProcAddressQueryResult status;
+
+		fn = NULL;
+		if (d.gpa(hooks[i].proc, &fn, hooks[i].version,
+			  hooks[i].ptds ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+					: CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+			  &status) != CUDA_SUCCESS ||
+		    !fn)
+			continue; /* not in this driver: nothing to hook */
+		resolved++;
+		if (!in_shim(fn))
+			printf("%s at %d (ptds %d) is not the shim's wrapper\n", hooks[i].proc,
+			       hooks[i].version, hooks[i].ptds);
+	}
+	if (resolved < 30)
+		printf("only %d hooked entry points resolved\n", resolved);
+	/* The old 32-bit cuMemAlloc and unhooked functions are the driver's own. */
+	if (d.gpa("cuMemAlloc", &fn, 2000, 0, NULL) == CUDA_SUCCESS && in_shim(fn))
+		printf("cuMemAlloc at 2000 was wrapped\n");
+	if (d.gpa("cuCtxGetDevice", &fn, 12000, 0, NULL) != CUDA_SUCCESS || in_shim(fn))
+		printf("cuCtxGetDevice was not passed through\n");
+	lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+	if (!lib || !in_shim(dlsym(lib, "cuMemAlloc_v2")) || in_shim(dlsym(lib, "cuMemAlloc")) ||
+	    in_shim(dlsym(lib, "cuCtxGetDevice")))
+		printf("dlsym on the driver's handle is wrong\n");
+	/* RTLD_NEXT is relative to the caller (this program), so the first dlsym after it is the
+	 * preloaded shim's; relative to the shim it would be glibc's. */
+	if (!in_shim(dlsym(RTLD_NEXT, "dlsym")))
+		printf("dlsym(RTLD_NEXT) is not relative to its caller\n");
+	printf("done\n");
+	hold();
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc < 2)
+		die("usage: shim-workload SCENARIO");
+	if (strcmp(argv[1], "runtime") == 0)
+		return run_runtime();
+	if (strcmp(argv[1], "small") == 0)
+		return run_small();
+	if (strcmp(argv[1], "engine") == 0)
+		return run_engine();
+	if (strcmp(argv[1], "nccl") == 0)
+		return run_nccl();
+	if (strcmp(argv[1], "storm") == 0 && argc == 4)
+		return run_storm(atoi(argv[2]), atoi(argv[3]));
+	if (strcmp(argv[1], "fork") == 0)
+		return run_fork();
+	if (strcmp(argv[1], "exec") == 0)
+		return run_exec(argv[0]);
+	if (strcmp(argv[1], "procaddr") == 0)
+		return run_procaddr();
+	die("unknown scenario %s", argv[1]);
+	return 1;
+}

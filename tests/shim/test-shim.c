@@ -1,0 +1,577 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libbelayer.so end to end on the emulated driver: real processes run under
+ * LD_PRELOAD=libbelayer.so with the emulated libcuda.so.1/libnccl.so.2 on LD_LIBRARY_PATH,
+ * talking to shim-receiver (a stand-in for the supervisor's socket) whose output the tests
+ * read. Every wait is on a real condition (a line from a process, a count of received
+ * messages, a process exit) with a bounded timeout.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hooks-table.h"
+#include "test-util.h"
+
+#define TIMEOUT_MS 20000
+
+struct proc {
+	pid_t pid;
+	int in;	 /* its stdin */
+	int out; /* its stdout */
+	int err; /* its stderr, when captured */
+};
+
+struct fixture {
+	char *dir;
+	char sock[256];
+	char out[256];
+	struct proc receiver;
+};
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Starts argv with extra environment entries ("NAME=value"); preload adds the shim. */
+static void spawn(struct proc *p, const char *const argv[], const char *const env[], bool preload,
+		  bool capture_err)
+{
+	int in[2], out[2], err[2] = {-1, -1};
+
+	assert_int_equal(pipe2(in, O_CLOEXEC), 0);
+	assert_int_equal(pipe2(out, O_CLOEXEC), 0);
+	if (capture_err)
+		assert_int_equal(pipe2(err, O_CLOEXEC), 0);
+	p->pid = fork();
+	assert_true(p->pid >= 0);
+	if (p->pid == 0) {
+		dup2(in[0], 0);
+		dup2(out[1], 1);
+		if (capture_err)
+			dup2(err[1], 2);
+		setenv("LD_LIBRARY_PATH", EMU_LIB_DIR, 1);
+		if (preload)
+			setenv("LD_PRELOAD", SHIM_PATH, 1);
+		for (size_t i = 0; env && env[i]; i++)
+			putenv((char *)env[i]);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	close(in[0]);
+	close(out[1]);
+	if (capture_err)
+		close(err[1]);
+	p->in = in[1];
+	p->out = out[0];
+	p->err = err[0];
+}
+
+/* Reads one line of a process's stdout (or stderr) within the timeout. */
+static bool read_line(int fd, char *buf, size_t cap)
+{
+	size_t n = 0;
+	uint64_t deadline = now_ms() + TIMEOUT_MS;
+
+	while (n + 1 < cap) {
+		struct pollfd pfd = {.fd = fd, .events = POLLIN};
+		int left = (int)(deadline - now_ms());
+
+		if (left <= 0 || poll(&pfd, 1, left) <= 0)
+			return false;
+		if (read(fd, &buf[n], 1) != 1)
+			return false;
+		if (buf[n] == '\n')
+			break;
+		n++;
+	}
+	buf[n] = '\0';
+	return true;
+}
+
+/* Reads lines until one starts with prefix. */
+static bool expect_line(int fd, const char *prefix, char *buf, size_t cap)
+{
+	while (read_line(fd, buf, cap))
+		if (strncmp(buf, prefix, strlen(prefix)) == 0)
+			return true;
+	return false;
+}
+
+static int wait_exit(pid_t pid)
+{
+	uint64_t deadline = now_ms() + TIMEOUT_MS;
+	int status;
+
+	while (now_ms() < deadline) {
+		pid_t r = waitpid(pid, &status, WNOHANG);
+
+		if (r == pid)
+			return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+		poll(NULL, 0, 10);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, &status, 0);
+	return -1;
+}
+
+static void proc_close(struct proc *p)
+{
+	if (p->in >= 0)
+		close(p->in);
+	if (p->out >= 0)
+		close(p->out);
+	if (p->err >= 0)
+		close(p->err);
+	p->in = p->out = p->err = -1;
+}
+
+/* Counts the receiver's lines containing every one of the NULL-terminated substrings. */
+static int count_lines(const struct fixture *f, ...)
+{
+	char line[512];
+	int n = 0;
+	FILE *in = fopen(f->out, "re");
+
+	if (!in)
+		return 0;
+	while (fgets(line, sizeof(line), in)) {
+		va_list ap;
+		const char *s;
+		bool all = true;
+
+		va_start(ap, f);
+		while ((s = va_arg(ap, const char *)))
+			if (!strstr(line, s))
+				all = false;
+		va_end(ap);
+		n += all;
+	}
+	fclose(in);
+	return n;
+}
+
+#define COUNT(f, ...) count_lines((f), __VA_ARGS__, (const char *)NULL)
+
+/* Waits until at least n receiver lines contain all the substrings. */
+#define WAIT_COUNT(f, n, ...)                                                 \
+	do {                                                                  \
+		uint64_t deadline_ = now_ms() + TIMEOUT_MS;                   \
+		while (COUNT((f), __VA_ARGS__) < (n) && now_ms() < deadline_) \
+			poll(NULL, 0, 10);                                    \
+		assert_true(COUNT((f), __VA_ARGS__) >= (n));                  \
+	} while (0)
+
+static void start_receiver(struct fixture *f, bool map)
+{
+	char line[64];
+	const char *argv[] = {RECEIVER_PATH, map ? "--map" : f->sock, map ? f->sock : f->out,
+			      map ? f->out : NULL, NULL};
+	char envdir[300];
+	const char *env[] = {envdir, NULL};
+
+	snprintf(envdir, sizeof(envdir), "BELAYER_EMU_DIR=%s", f->dir);
+	spawn(&f->receiver, argv, env, false, false);
+	assert_true(read_line(f->receiver.out, line, sizeof(line)));
+	assert_string_equal(line, "ready");
+}
+
+static int setup(void **state)
+{
+	struct fixture *f = calloc(1, sizeof(*f));
+
+	if (!f)
+		return -1;
+	f->dir = test_mkdtemp("belayer-shim");
+	if (!f->dir)
+		return -1;
+	snprintf(f->sock, sizeof(f->sock), "%s/supervisor.sock", f->dir);
+	snprintf(f->out, sizeof(f->out), "%s/received.txt", f->dir);
+	f->receiver.pid = -1;
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct fixture *f = *state;
+
+	if (f->receiver.pid > 0) {
+		kill(f->receiver.pid, SIGTERM);
+		waitpid(f->receiver.pid, NULL, 0);
+		proc_close(&f->receiver);
+	}
+	test_rmtree(f->dir);
+	free(f->dir);
+	free(f);
+	return 0;
+}
+
+/* Environment of a workload: the fixture's socket and emulator run directory. */
+struct wenv {
+	char sock[300];
+	char dir[300];
+	const char *v[8];
+};
+
+static const char *const *workload_env(struct wenv *e, const struct fixture *f, const char *a,
+				       const char *b)
+{
+	size_t n = 0;
+
+	snprintf(e->sock, sizeof(e->sock), "BELAYER_SOCKET=%s", f->sock);
+	snprintf(e->dir, sizeof(e->dir), "BELAYER_EMU_DIR=%s", f->dir);
+	e->v[n++] = e->sock;
+	e->v[n++] = e->dir;
+	if (a)
+		e->v[n++] = a;
+	if (b)
+		e->v[n++] = b;
+	e->v[n] = NULL;
+	return e->v;
+}
+
+/* Ends a held workload and waits until the receiver saw its connection close. */
+static void finish(struct fixture *f, struct proc *w)
+{
+	char eof[64];
+
+	close(w->in);
+	w->in = -1;
+	assert_int_equal(wait_exit(w->pid), 0);
+	snprintf(eof, sizeof(eof), "eof pid=%d\n", w->pid);
+	WAIT_COUNT(f, 1, eof);
+	proc_close(w);
+}
+
+static void test_runtime_loader_tracked(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "runtime", NULL};
+	struct wenv e;
+	struct proc w;
+	char line[256], pid[32];
+
+	start_receiver(f, false);
+	spawn(&w, argv, workload_env(&e, f, "BELAYER_ENGINE_ID=eng-7", "BELAYER_RANK=3"), true,
+	      false);
+	assert_true(expect_line(w.out, "ok runtime", line, sizeof(line)));
+	snprintf(pid, sizeof(pid), "pid=%d ", w.pid);
+	WAIT_COUNT(f, 2, "announce", pid, "size=8388608", "class=weights", "fd=ok");
+	finish(f, &w);
+
+	assert_int_equal(COUNT(f, "hello", pid, "engine=eng-7", "role=primary", "rank=3"), 1);
+	assert_int_equal(COUNT(f, "announce", "size=8388608"), 2);
+	/* The 3 MiB one (4 MiB mapped) was freed at once: announced and released, or neither. */
+	assert_int_equal(COUNT(f, "announce", "size=4194304"), COUNT(f, "release"));
+	assert_true(COUNT(f, "release") <= 1);
+	/* The 64 KiB one stays the driver's. */
+	assert_int_equal(COUNT(f, "announce", "size=65536"), 0);
+	assert_int_equal(COUNT(f, "announce", "size=2097152"), 0);
+}
+
+static void test_runtime_fd_maps_same_bytes(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "runtime", NULL};
+	struct wenv e;
+	struct proc w;
+	char line[256];
+
+	start_receiver(f, true);
+	spawn(&w, argv, workload_env(&e, f, NULL, NULL), true, false);
+	assert_true(expect_line(w.out, "ok runtime", line, sizeof(line)));
+	WAIT_COUNT(f, 2, "announce", "size=8388608");
+	finish(f, &w);
+	/* Buffer b holds 0x30..0x3f; the receiver mapped it after the owner exited. */
+	WAIT_COUNT(f, 1, "bytes", "hex=303132333435363738393a3b3c3d3e3f");
+}
+
+static void test_vmm_create_made_exportable(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {LINKED_PATH, NULL};
+	struct wenv e;
+	struct proc w;
+	char line[256];
+
+	/* The driver alone refuses to export a handle created without handle types... */
+	spawn(&w, argv, workload_env(&e, f, NULL, NULL), false, false);
+	assert_true(expect_line(w.out, "exportable=", line, sizeof(line)));
+	assert_string_equal(line, "exportable=0");
+	close(w.in);
+	w.in = -1;
+	assert_int_equal(wait_exit(w.pid), 0);
+	proc_close(&w);
+
+	/* ...and under the shim the same program gets exportable memory, announced. */
+	start_receiver(f, true);
+	spawn(&w, argv, workload_env(&e, f, NULL, NULL), true, false);
+	assert_true(expect_line(w.out, "exportable=", line, sizeof(line)));
+	assert_string_equal(line, "exportable=1");
+	WAIT_COUNT(f, 1, "announce", "fd=ok");
+	finish(f, &w);
+	WAIT_COUNT(f, 1, "bytes", "hex=a0a1a2a3a4a5a6a7a8a9aaabacadaeaf");
+}
+
+static void test_nccl_allocations_classed_nccl(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "nccl", NULL};
+	struct wenv e;
+	struct proc w;
+	char line[256], wva[64];
+
+	start_receiver(f, false);
+	spawn(&w, argv, workload_env(&e, f, NULL, NULL), true, false);
+	assert_true(expect_line(w.out, "ok nccl", line, sizeof(line)));
+	snprintf(wva, sizeof(wva), "va=%s ", strstr(line, "w=") + 2);
+	WAIT_COUNT(f, 1, "announce", "class=nccl");
+	/* The broadcast into the weights after load is a weight update. */
+	WAIT_COUNT(f, 1, "announce", wva, "class=weights", "version=1");
+	finish(f, &w);
+	assert_int_equal(COUNT(f, "announce", wva, "class=weights", "version=0"), 1);
+	assert_int_equal(COUNT(f, "announce", "class=kv"), 1);
+}
+
+static void test_engine_classification(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "engine", NULL};
+	struct wenv e;
+	struct proc w;
+	char line[256], w1[64], w2[64];
+	unsigned long long a, b;
+
+	start_receiver(f, false);
+	spawn(&w, argv, workload_env(&e, f, NULL, NULL), true, false);
+	assert_true(expect_line(w.out, "ok engine", line, sizeof(line)));
+	assert_int_equal(sscanf(line, "ok engine w1=0x%llx w2=0x%llx", &a, &b), 2);
+	snprintf(w1, sizeof(w1), "va=0x%llx ", a);
+	snprintf(w2, sizeof(w2), "va=0x%llx ", b);
+	WAIT_COUNT(f, 1, "announce", w2, "version=1");
+	finish(f, &w);
+
+	assert_int_equal(COUNT(f, "announce", w1, "class=weights", "order=0 ", "version=0"), 1);
+	assert_int_equal(COUNT(f, "announce", w1), 1); /* never written after load */
+	assert_int_equal(COUNT(f, "announce", w2, "class=weights", "order=1 ", "version=0"), 1);
+	assert_int_equal(COUNT(f, "announce", "class=kv", "size=16777216", "order=2 "), 1);
+	assert_int_equal(COUNT(f, "announce", "class=kv", "size=16777216", "order=3 "), 1);
+	assert_int_equal(COUNT(f, "announce", "class=other", "size=2097152", "order=4 "), 1);
+	assert_int_equal(COUNT(f, "announce", "class=other", "size=16777216", "order=5 "), 1);
+	assert_int_equal(COUNT(f, "announce", "class=kv"), 2);
+}
+
+static void test_no_supervisor_runs_normally(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "runtime", NULL};
+	struct wenv e;
+	struct proc w;
+	char line[512];
+	int lines = 0, shim_lines = 0;
+
+	spawn(&w, argv, workload_env(&e, f, NULL, NULL), true, true);
+	assert_true(expect_line(w.out, "ok runtime", line, sizeof(line)));
+	close(w.in);
+	w.in = -1;
+	assert_int_equal(wait_exit(w.pid), 0);
+	while (read_line(w.err, line, sizeof(line))) {
+		lines++;
+		shim_lines += strstr(line, "No supervisor") != NULL;
+	}
+	assert_int_equal(shim_lines, 1);
+	assert_int_equal(lines, 1);
+	proc_close(&w);
+}
+
+static void test_storm_no_lost_or_duplicated_records(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "storm", "8", "32", NULL};
+	static char ids[256][32];
+	struct wenv e;
+	struct proc w;
+	char line[512];
+	FILE *in;
+	int n = 0;
+
+	start_receiver(f, false);
+	spawn(&w, argv, workload_env(&e, f, NULL, NULL), true, false);
+	assert_true(expect_line(w.out, "ok allocated 256", line, sizeof(line)));
+	WAIT_COUNT(f, 256, "announce", "size=2097152");
+	assert_int_equal(write(w.in, "free\n", 5), 5);
+	assert_true(expect_line(w.out, "ok freed 256", line, sizeof(line)));
+	WAIT_COUNT(f, 256, "release");
+	finish(f, &w);
+	assert_int_equal(COUNT(f, "announce"), 256);
+	assert_int_equal(COUNT(f, "release"), 256);
+	assert_int_equal(COUNT(f, "hello"), 1);
+
+	/* Every id announced once and released once. */
+	in = fopen(f->out, "re");
+	assert_non_null(in);
+	while (fgets(line, sizeof(line), in)) {
+		char *id = strstr(line, " id=");
+
+		if (strncmp(line, "announce", 8) != 0 || !id)
+			continue;
+		assert_true(n < 256);
+		sscanf(id + 4, "%31s", ids[n]);
+		for (int i = 0; i < n; i++)
+			assert_string_not_equal(ids[i], ids[n]);
+		n++;
+	}
+	fclose(in);
+	for (int i = 0; i < n; i++) {
+		char rel[64];
+
+		snprintf(rel, sizeof(rel), "id=%.31s\n", ids[i]);
+		assert_int_equal(COUNT(f, "release", rel), 1);
+	}
+}
+
+static void test_fork_child_announces_with_own_pid(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "fork", NULL};
+	struct wenv e;
+	struct proc w;
+	char line[256], ppid[32], cpid[32], hello[64];
+	int parent = 0, child = 0;
+
+	start_receiver(f, false);
+	spawn(&w, argv, workload_env(&e, f, NULL, NULL), true, false);
+	assert_true(expect_line(w.out, "ok parent", line, sizeof(line)));
+	assert_int_equal(sscanf(line, "ok parent pid=%d child=%d", &parent, &child), 2);
+	assert_int_equal(parent, w.pid);
+	snprintf(ppid, sizeof(ppid), "pid=%d ", parent);
+	snprintf(cpid, sizeof(cpid), "pid=%d ", child);
+	WAIT_COUNT(f, 1, "announce", ppid, "size=4194304");
+	WAIT_COUNT(f, 1, "announce", cpid, "size=4194304");
+	finish(f, &w);
+	/* Each process introduced itself on its own connection, and announced only its own. */
+	snprintf(hello, sizeof(hello), "hello_pid=%d\n", parent);
+	assert_int_equal(COUNT(f, "hello", ppid, hello), 1);
+	snprintf(hello, sizeof(hello), "hello_pid=%d\n", child);
+	assert_int_equal(COUNT(f, "hello", cpid, hello), 1);
+	assert_int_equal(COUNT(f, "announce", ppid), 1);
+	assert_int_equal(COUNT(f, "announce", cpid), 1);
+}
+
+static void test_exec_child_under_preload(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "exec", NULL};
+	struct wenv e;
+	struct proc w;
+	char line[256], cpid[32];
+	int child = 0;
+
+	start_receiver(f, false);
+	spawn(&w, argv, workload_env(&e, f, NULL, NULL), true, false);
+	assert_true(expect_line(w.out, "ok small", line, sizeof(line)));
+	assert_int_equal(sscanf(line, "ok small pid=%d", &child), 1);
+	snprintf(cpid, sizeof(cpid), "pid=%d ", child);
+	WAIT_COUNT(f, 1, "announce", cpid, "size=4194304", "fd=ok");
+	close(w.in);
+	w.in = -1;
+	assert_true(expect_line(w.out, "ok exec", line, sizeof(line)));
+	assert_int_equal(wait_exit(w.pid), 0);
+	proc_close(&w);
+}
+
+static void test_proc_address_and_dlsym(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "procaddr", NULL};
+	struct wenv e;
+	struct proc w;
+	char line[512];
+
+	spawn(&w, argv, workload_env(&e, f, NULL, NULL), true, false);
+	while (read_line(w.out, line, sizeof(line)) && strcmp(line, "done") != 0)
+		fail_msg("%s", line); /* the workload prints only mismatches */
+	close(w.in);
+	w.in = -1;
+	assert_int_equal(wait_exit(w.pid), 0);
+	proc_close(&w);
+}
+
+/* The exports of libbelayer.so are exactly the table's hooks plus the extra exports. */
+static void test_hooked_symbol_table(void **state)
+{
+	static const char *const table[] = {
+#define X(sym, ...) #sym,
+		BELAYER_CUDA_HOOKS(X) BELAYER_NCCL_HOOKS(X)
+#undef X
+#define X(sym) #sym,
+			BELAYER_EXTRA_EXPORTS(X)
+#undef X
+	};
+	bool seen[sizeof(table) / sizeof(table[0])] = {false};
+	char line[256];
+	FILE *nm;
+
+	(void)state;
+	nm = popen("nm -D --defined-only " SHIM_PATH, "r");
+	TEST_REQUIRE(nm != NULL, "nm (binutils) is not available");
+	while (fgets(line, sizeof(line), nm)) {
+		char type, name[200];
+		bool found = false;
+
+		if (sscanf(line, "%*s %c %199s", &type, name) != 2)
+			continue;
+		for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+			if (strcmp(table[i], name) == 0)
+				found = seen[i] = true;
+		if (!found)
+			fail_msg("libbelayer.so exports %s, which is not in hooks-table.h", name);
+	}
+	assert_int_equal(pclose(nm), 0);
+	for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+		if (!seen[i])
+			fail_msg("%s is in hooks-table.h but not exported", table[i]);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_hooked_symbol_table),
+		cmocka_unit_test_setup_teardown(test_proc_address_and_dlsym, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_runtime_loader_tracked, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_runtime_fd_maps_same_bytes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_vmm_create_made_exportable, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_nccl_allocations_classed_nccl, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_engine_classification, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_no_supervisor_runs_normally, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_storm_no_lost_or_duplicated_records, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_fork_child_announces_with_own_pid, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_exec_child_under_preload, setup, teardown),
+	};
+
+	signal(SIGPIPE, SIG_IGN);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
