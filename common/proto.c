@@ -18,6 +18,8 @@
 
 _Static_assert(sizeof(enum region_class) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(enum worker_role) == sizeof(int), "enums are stored as int");
+_Static_assert(sizeof(enum ctl_cmd) == sizeof(int), "enums are stored as int");
+_Static_assert(sizeof(enum event_kind) == sizeof(int), "enums are stored as int");
 _Static_assert(PROTO_MAX_FDS <= FDPASS_MAX_FDS, "fdpass must carry every proto fd");
 
 enum field_kind {
@@ -109,6 +111,93 @@ static const struct field error_fields[] = {
 	F_STR("msg", error.message),
 };
 
+static const struct field fetch_fields[] = {
+	F_U32("pid", fetch.pid, 0, UINT32_MAX),
+	F_U64("id", fetch.id),
+};
+
+static const struct field region_fd_fields[] = {
+	F_U32("pid", region_fd.pid, 0, UINT32_MAX),
+	F_U64("id", region_fd.region.id),
+	F_UUID("dev", region_fd.region.device_uuid),
+	F_U64("va", region_fd.region.va),
+	F_U64("size", region_fd.region.size),
+	F_ENUM("cls", region_fd.region.cls, _REGION_CLASS_MAX),
+	F_U64("ord", region_fd.region.order),
+	F_U64("wver", region_fd.region.weights_version),
+};
+
+static const struct field ctl_fields[] = {
+	F_ENUM("cmd", ctl.cmd, _CTL_CMD_MAX),
+	F_U32("pid", ctl.pid, 0, UINT32_MAX),
+	F_ENUM("act", ctl.act, _CTL_ACT_MAX),
+	F_I32("dev", ctl.dev, -1, INT32_MAX),
+	F_U64("arg", ctl.arg),
+};
+
+static const struct field metric_fields[] = {
+	F_STR("name", metric.name),
+	F_STR("lbl", metric.labels),
+	F_ENUM("kind", metric.kind, _METRIC_KIND_MAX),
+	F_U64("val", metric.value),
+	F_STR("help", metric.help),
+};
+
+static const struct field worker_info_fields[] = {
+	F_U32("pid", worker_info.pid, 0, UINT32_MAX),
+	F_U32("uid", worker_info.uid, 0, UINT32_MAX),
+	F_STR("eng", worker_info.engine_id),
+	F_ENUM("role", worker_info.role, _ROLE_MAX),
+	F_I32("rank", worker_info.rank, -1, INT32_MAX),
+	F_UUID_LIST("devs", worker_info.device_uuid, worker_info.n_devices),
+	F_ENUM("state", worker_info.state, _WORKER_STATE_MAX),
+	F_U32("nreg", worker_info.n_regions, 0, UINT32_MAX),
+	F_U64("bytes", worker_info.bytes),
+	F_U64("ms", worker_info.age_ms),
+};
+
+static const struct field region_info_fields[] = {
+	F_U32("pid", region_info.pid, 0, UINT32_MAX),
+	F_STR("eng", region_info.engine_id),
+	F_U64("id", region_info.id),
+	F_UUID("dev", region_info.device_uuid),
+	F_U64("va", region_info.va),
+	F_U64("size", region_info.size),
+	F_ENUM("cls", region_info.cls, _REGION_CLASS_MAX),
+	F_U64("ord", region_info.order),
+	F_U64("wver", region_info.weights_version),
+	F_ENUM("state", region_info.state, _REGION_STATE_MAX),
+	F_U64("ms", region_info.age_ms),
+	F_U64("sum", region_info.checksum),
+	F_U64("sumv", region_info.checksum_version),
+};
+
+static const struct field config_entry_fields[] = {
+	F_STR("key", config_entry.key),
+	F_STR("val", config_entry.value),
+};
+
+static const struct field event_fields[] = {
+	F_U64("ts", event.ts_us),
+	F_ENUM("kind", event.kind, _EVENT_KIND_MAX),
+	F_U32("pid", event.pid, 0, UINT32_MAX),
+	F_U64("id", event.id),
+	F_STR("msg", event.message),
+};
+
+static const struct field health_fields[] = {
+	F_ENUM("check", health.check, _HEALTH_CHECK_MAX),
+	F_ENUM("verdict", health.verdict, _VERDICT_MAX),
+	F_I32("dev", health.dev, -1, INT32_MAX),
+	F_U32("pid", health.pid, 0, UINT32_MAX),
+	F_STR("msg", health.message),
+};
+
+static const struct field end_fields[] = {
+	F_U32("re", end.in_reply_to, 0, UINT32_MAX),
+	F_U32("n", end.count, 0, UINT32_MAX),
+};
+
 #define FIELDS(a) .fields = (a), .n_fields = ARRAY_SIZE(a)
 
 static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
@@ -117,6 +206,17 @@ static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
 				   .fd_offsets = {AT(region.fd)}},
 	[PROTO_REGION_RELEASE] = {"region-release", FIELDS(release_fields)},
 	[PROTO_ERROR] = {"error", FIELDS(error_fields)},
+	[PROTO_REGION_FETCH] = {"region-fetch", FIELDS(fetch_fields)},
+	[PROTO_REGION_FD] = {"region-fd", FIELDS(region_fd_fields), .nfds = 1,
+			     .fd_offsets = {AT(region_fd.region.fd)}},
+	[PROTO_CTL] = {"ctl", FIELDS(ctl_fields)},
+	[PROTO_METRIC] = {"metric", FIELDS(metric_fields)},
+	[PROTO_WORKER_INFO] = {"worker-info", FIELDS(worker_info_fields)},
+	[PROTO_REGION_INFO] = {"region-info", FIELDS(region_info_fields)},
+	[PROTO_CONFIG_ENTRY] = {"config-entry", FIELDS(config_entry_fields)},
+	[PROTO_EVENT] = {"event", FIELDS(event_fields)},
+	[PROTO_HEALTH_INFO] = {"health-info", FIELDS(health_fields)},
+	[PROTO_END] = {"end", FIELDS(end_fields)},
 };
 
 static const struct msg_type *msg_type_get(uint64_t type)
@@ -151,6 +251,105 @@ static const char *const worker_role_names[_ROLE_MAX] = {
 	[ROLE_PRIMARY] = "primary",
 	[ROLE_SHADOW] = "shadow",
 };
+
+static const char *const ctl_cmd_names[_CTL_CMD_MAX] = {
+	[CTL_STATUS] = "status", [CTL_WORKERS] = "workers", [CTL_REGIONS] = "regions",
+	[CTL_CONFIG] = "config", [CTL_EVENTS] = "events",   [CTL_INJECT] = "inject",
+	[CTL_HEALTH] = "health",
+};
+
+static const char *const ctl_action_names[_CTL_ACT_MAX] = {
+	[CTL_ACT_NONE] = "none",
+	[CTL_ACT_KILL] = "kill",
+	[CTL_ACT_HANG] = "hang",
+	[CTL_ACT_RESUME] = "resume",
+};
+
+static const char *const metric_kind_names[_METRIC_KIND_MAX] = {
+	[METRIC_COUNTER] = "counter",
+	[METRIC_GAUGE] = "gauge",
+};
+
+static const char *const worker_state_names[_WORKER_STATE_MAX] = {
+	[WORKER_ALIVE] = "alive",
+	[WORKER_DEAD] = "dead",
+	[WORKER_UNCONFIRMED] = "unconfirmed",
+};
+
+static const char *const region_state_names[_REGION_STATE_MAX] = {
+	[REGION_OWNED] = "owned",
+	[REGION_RETAINED] = "retained",
+	[REGION_PENDING] = "pending",
+};
+
+static const char *const event_kind_names[_EVENT_KIND_MAX] = {
+	[EVENT_WORKER_HELLO] = "worker-hello",
+	[EVENT_WORKER_EXIT] = "worker-exit",
+	[EVENT_REGION_ANNOUNCE] = "region-announce",
+	[EVENT_REGION_RELEASE] = "region-release",
+	[EVENT_REGION_RETAINED] = "region-retained",
+	[EVENT_REGION_EXPIRED] = "region-expired",
+	[EVENT_REGION_FETCH] = "region-fetch",
+	[EVENT_REFUSED] = "refused",
+	[EVENT_HEALTH] = "health",
+	[EVENT_INJECT] = "inject",
+	[EVENT_RESTORED] = "restored",
+	[EVENT_REGION_LOST] = "region-lost",
+};
+
+static const char *const health_check_names[_HEALTH_CHECK_MAX] = {
+	[HEALTH_OWNER] = "owner",
+	[HEALTH_GPU] = "gpu",
+	[HEALTH_CONTENT] = "content",
+};
+
+static const char *const health_verdict_names[_VERDICT_MAX] = {
+	[VERDICT_OK] = "ok",
+	[VERDICT_FAILED] = "failed",
+	[VERDICT_UNKNOWN] = "unknown",
+};
+
+#define NAME_OF(names, v) ((unsigned)(v) < ARRAY_SIZE(names) ? (names)[v] : NULL)
+
+const char *ctl_cmd_to_string(enum ctl_cmd cmd)
+{
+	return NAME_OF(ctl_cmd_names, cmd);
+}
+
+const char *ctl_action_to_string(enum ctl_action act)
+{
+	return NAME_OF(ctl_action_names, act);
+}
+
+const char *metric_kind_to_string(enum metric_kind kind)
+{
+	return NAME_OF(metric_kind_names, kind);
+}
+
+const char *worker_state_to_string(enum worker_state state)
+{
+	return NAME_OF(worker_state_names, state);
+}
+
+const char *region_state_to_string(enum region_state state)
+{
+	return NAME_OF(region_state_names, state);
+}
+
+const char *event_kind_to_string(enum event_kind kind)
+{
+	return NAME_OF(event_kind_names, kind);
+}
+
+const char *health_check_to_string(enum health_check check)
+{
+	return NAME_OF(health_check_names, check);
+}
+
+const char *health_verdict_to_string(enum health_verdict verdict)
+{
+	return NAME_OF(health_verdict_names, verdict);
+}
 
 static int name_lookup(const char *const *names, size_t n, const char *s)
 {
@@ -189,6 +388,16 @@ int worker_role_from_string(const char *s, enum worker_role *ret)
 	if (i < 0)
 		return i;
 	*ret = (enum worker_role)i;
+	return 0;
+}
+
+int ctl_action_from_string(const char *s, enum ctl_action *ret)
+{
+	int i = name_lookup(ctl_action_names, ARRAY_SIZE(ctl_action_names), s);
+
+	if (i < 0)
+		return i;
+	*ret = (enum ctl_action)i;
 	return 0;
 }
 

@@ -19,7 +19,37 @@
  *     "id": uint64 -> id
  *   PROTO_ERROR (4), no fd:
  *     "code": int 1..INT32_MAX -> code  "re": uint32 -> in_reply_to  "msg": str -> message
- * Strings are msgpack str of at most PROTO_MAX_STR bytes without NUL; the encoder writes the
+ *   PROTO_REGION_FETCH (5), no fd:
+ *     "pid": uint32 -> pid (the region's owner)  "id": uint64 -> id
+ *   PROTO_REGION_FD (6), 1 fd -> region.fd:
+ *     "pid": uint32 -> pid, then the fields of PROTO_REGION_ANNOUNCE -> region
+ *   PROTO_CTL (7), no fd:
+ *     "cmd": uint enum ctl_cmd -> cmd  "pid": uint32 -> pid (0: none)
+ *     "act": uint enum ctl_action -> act  "dev": int -1..INT32_MAX -> dev
+ *     "arg": uint64 -> arg
+ *   PROTO_METRIC (8), no fd:
+ *     "name": str -> name  "lbl": str -> labels  "kind": uint enum metric_kind -> kind
+ *     "val": uint64 -> value  "help": str -> help
+ *   PROTO_WORKER_INFO (9), no fd:
+ *     "pid": uint32  "uid": uint32  "eng": str  "role": enum worker_role  "rank": int
+ *     "devs": array of bin[16]  "state": uint enum worker_state  "nreg": uint32 -> n_regions
+ *     "bytes": uint64  "ms": uint64 -> age_ms (since hello, or since death when dead)
+ *   PROTO_REGION_INFO (10), no fd:
+ *     "pid": uint32  "eng": str  "id" "dev" "va" "size" "cls" "ord" "wver" as in ANNOUNCE
+ *     "state": uint enum region_state  "ms": uint64 -> age_ms  "sum": uint64 -> checksum
+ *     "sumv": uint64 -> checksum_version (the weights version + 1 it was taken at; 0: none)
+ *   PROTO_CONFIG_ENTRY (11), no fd:
+ *     "key": str -> key  "val": str -> value
+ *   PROTO_EVENT (12), no fd:
+ *     "ts": uint64 -> ts_us (CLOCK_REALTIME)  "kind": uint enum event_kind -> kind
+ *     "pid": uint32  "id": uint64  "msg": str -> message
+ *   PROTO_HEALTH_INFO (13), no fd:
+ *     "check": uint enum health_check  "verdict": uint enum health_verdict
+ *     "dev": int -1..INT32_MAX -> dev  "pid": uint32  "msg": str -> message
+ *   PROTO_END (14), no fd:
+ *     "re": uint32 -> in_reply_to (the request's type)  "n": uint32 -> count (items sent)
+ * Strings are msgpack str of at most PROTO_MAX_STR bytes without NUL (METRIC "name" and "lbl":
+ * 95, CONFIG_ENTRY "key": 63); the encoder writes the
  * keys in the order above, integers in their shortest form.
  *
  * Decoders are bounded: at most PROTO_MAX_MSG bytes, at most PROTO_MAX_KEYS keys, strings at
@@ -48,7 +78,89 @@ enum proto_type {
 	PROTO_REGION_ANNOUNCE = 2, /* shim -> supervisor: one tracked region, with its fd */
 	PROTO_REGION_RELEASE = 3,  /* shim -> supervisor: the region was freed */
 	PROTO_ERROR = 4,	   /* either way: a request was refused, and why */
+	PROTO_REGION_FETCH = 5,	   /* peer -> supervisor: send me a retained region's fd */
+	PROTO_REGION_FD = 6,	   /* supervisor -> peer: a region's record, with its fd */
+	PROTO_CTL = 7,		   /* belayerctl -> supervisor: a control request */
+	PROTO_METRIC = 8,	   /* supervisor -> belayerctl: one counter or gauge */
+	PROTO_WORKER_INFO = 9,	   /* supervisor -> belayerctl: one worker */
+	PROTO_REGION_INFO = 10,	   /* supervisor -> belayerctl: one region */
+	PROTO_CONFIG_ENTRY = 11,   /* supervisor -> belayerctl: one effective setting */
+	PROTO_EVENT = 12,	   /* supervisor -> belayerctl: one event of the stream */
+	PROTO_HEALTH_INFO = 13,	   /* supervisor -> belayerctl: one health-check verdict */
+	PROTO_END = 14,		   /* supervisor -> peer: a multi-message reply is complete */
 	_PROTO_TYPE_MAX,
+};
+
+/* What a PROTO_CTL asks for. Replies: a run of *_INFO/METRIC/CONFIG_ENTRY messages closed by
+ * PROTO_END, or PROTO_ERROR. CTL_EVENTS replies with PROTO_END once subscribed, then streams
+ * PROTO_EVENT until the peer disconnects. */
+enum ctl_cmd {
+	CTL_STATUS = 0,	 /* metrics */
+	CTL_WORKERS = 1, /* workers */
+	CTL_REGIONS = 2, /* regions (pid: only that owner's; 0: all) */
+	CTL_CONFIG = 3,	 /* effective configuration */
+	CTL_EVENTS = 4,	 /* subscribe to the event stream (arg: replay that many recent events) */
+	CTL_INJECT = 5,	 /* act on worker pid */
+	CTL_HEALTH = 6,	 /* run health checks: GPU (dev, -1: all), owner + content (pid) */
+	_CTL_CMD_MAX,
+};
+
+enum ctl_action {
+	CTL_ACT_NONE = 0,
+	CTL_ACT_KILL = 1,   /* SIGKILL */
+	CTL_ACT_HANG = 2,   /* SIGSTOP */
+	CTL_ACT_RESUME = 3, /* SIGCONT */
+	_CTL_ACT_MAX,
+};
+
+enum metric_kind {
+	METRIC_COUNTER = 0,
+	METRIC_GAUGE = 1,
+	_METRIC_KIND_MAX,
+};
+
+enum worker_state {
+	WORKER_ALIVE = 0,
+	WORKER_DEAD = 1,
+	WORKER_UNCONFIRMED = 2, /* known from the journal, alive, not yet said hello again */
+	_WORKER_STATE_MAX,
+};
+
+enum region_state {
+	REGION_OWNED = 0,    /* owner alive; the supervisor holds a copy of the fd */
+	REGION_RETAINED = 1, /* owner dead; the supervisor's fd keeps the memory */
+	REGION_PENDING = 2,  /* known from the journal, no fd yet: waits for the re-announce */
+	_REGION_STATE_MAX,
+};
+
+enum event_kind {
+	EVENT_WORKER_HELLO = 0,
+	EVENT_WORKER_EXIT = 1,
+	EVENT_REGION_ANNOUNCE = 2,
+	EVENT_REGION_RELEASE = 3,
+	EVENT_REGION_RETAINED = 4,
+	EVENT_REGION_EXPIRED = 5,
+	EVENT_REGION_FETCH = 6,
+	EVENT_REFUSED = 7,
+	EVENT_HEALTH = 8,
+	EVENT_INJECT = 9,
+	EVENT_RESTORED = 10,
+	EVENT_REGION_LOST = 11,
+	_EVENT_KIND_MAX,
+};
+
+enum health_check {
+	HEALTH_OWNER = 0,
+	HEALTH_GPU = 1,
+	HEALTH_CONTENT = 2,
+	_HEALTH_CHECK_MAX,
+};
+
+enum health_verdict {
+	VERDICT_OK = 0,
+	VERDICT_FAILED = 1,
+	VERDICT_UNKNOWN = 2,
+	_VERDICT_MAX,
 };
 
 enum region_class {
@@ -95,6 +207,88 @@ struct proto_error {
 	char message[PROTO_MAX_STR + 1];
 };
 
+struct proto_region_fetch {
+	uint32_t pid;
+	uint64_t id;
+};
+
+struct proto_region_fd {
+	uint32_t pid;
+	struct proto_region region;
+};
+
+struct proto_ctl {
+	enum ctl_cmd cmd;
+	uint32_t pid;
+	enum ctl_action act;
+	int32_t dev;
+	uint64_t arg;
+};
+
+struct proto_metric {
+	char name[96];
+	char labels[96];
+	enum metric_kind kind;
+	uint64_t value;
+	char help[PROTO_MAX_STR + 1];
+};
+
+struct proto_worker_info {
+	uint32_t pid;
+	uint32_t uid;
+	char engine_id[PROTO_MAX_STR + 1];
+	enum worker_role role;
+	int32_t rank;
+	uint32_t n_devices;
+	uint8_t device_uuid[PROTO_MAX_DEVICES][PROTO_UUID_LEN];
+	enum worker_state state;
+	uint32_t n_regions;
+	uint64_t bytes;
+	uint64_t age_ms;
+};
+
+struct proto_region_info {
+	uint32_t pid;
+	char engine_id[PROTO_MAX_STR + 1];
+	uint64_t id;
+	uint8_t device_uuid[PROTO_UUID_LEN];
+	uint64_t va;
+	uint64_t size;
+	enum region_class cls;
+	uint64_t order;
+	uint64_t weights_version;
+	enum region_state state;
+	uint64_t age_ms;
+	uint64_t checksum;
+	uint64_t checksum_version;
+};
+
+struct proto_config_entry {
+	char key[64];
+	char value[PROTO_MAX_STR + 1];
+};
+
+struct proto_event {
+	uint64_t ts_us;
+	enum event_kind kind;
+	uint32_t pid;
+	uint64_t id;
+	char message[PROTO_MAX_STR + 1];
+};
+
+struct proto_health_info {
+	enum health_check check;
+	enum health_verdict verdict;
+	int32_t dev;
+	uint32_t pid;
+	char message[PROTO_MAX_STR + 1];
+};
+
+struct proto_end {
+	uint32_t in_reply_to;
+	uint32_t count;
+};
+
 struct proto_msg {
 	enum proto_type type;
 	union {
@@ -102,6 +296,16 @@ struct proto_msg {
 		struct proto_region region;
 		struct proto_region_release release;
 		struct proto_error error;
+		struct proto_region_fetch fetch;
+		struct proto_region_fd region_fd;
+		struct proto_ctl ctl;
+		struct proto_metric metric;
+		struct proto_worker_info worker_info;
+		struct proto_region_info region_info;
+		struct proto_config_entry config_entry;
+		struct proto_event event;
+		struct proto_health_info health;
+		struct proto_end end;
 	};
 };
 
@@ -114,6 +318,15 @@ const char *region_class_to_string(enum region_class cls);
 int region_class_from_string(const char *s, enum region_class *ret);
 const char *worker_role_to_string(enum worker_role role);
 int worker_role_from_string(const char *s, enum worker_role *ret);
+const char *ctl_cmd_to_string(enum ctl_cmd cmd);
+const char *ctl_action_to_string(enum ctl_action act);
+int ctl_action_from_string(const char *s, enum ctl_action *ret);
+const char *metric_kind_to_string(enum metric_kind kind);
+const char *worker_state_to_string(enum worker_state state);
+const char *region_state_to_string(enum region_state state);
+const char *event_kind_to_string(enum event_kind kind);
+const char *health_check_to_string(enum health_check check);
+const char *health_verdict_to_string(enum health_verdict verdict);
 
 /* Encodes m into buf. The fds to send beside it (m's fd fields, not duplicated) are put in
  * ret_fds[0..*ret_nfds); both may be NULL for a type that carries no fd. Returns 0, -ENOBUFS

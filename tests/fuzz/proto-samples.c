@@ -95,6 +95,116 @@ static void sample_error_max(struct proto_msg *m)
 	memset(m->error.message, 'm', PROTO_MAX_STR);
 }
 
+static void sample_fetch(struct proto_msg *m)
+{
+	m->type = PROTO_REGION_FETCH;
+	m->fetch.pid = 4242;
+	m->fetch.id = 17;
+}
+
+static void sample_region_fd(struct proto_msg *m, int fd)
+{
+	m->type = PROTO_REGION_FD;
+	m->region_fd.pid = 4242;
+	m->region_fd.region.id = 17;
+	fill_uuid(m->region_fd.region.device_uuid, 1);
+	m->region_fd.region.va = 0x7f0000200000;
+	m->region_fd.region.size = 8u << 20;
+	m->region_fd.region.cls = REGION_WEIGHTS;
+	m->region_fd.region.order = 1;
+	m->region_fd.region.weights_version = 3;
+	m->region_fd.region.fd = fd;
+}
+
+static void sample_ctl(struct proto_msg *m)
+{
+	m->type = PROTO_CTL;
+	m->ctl.cmd = CTL_INJECT;
+	m->ctl.pid = 4242;
+	m->ctl.act = CTL_ACT_HANG;
+	m->ctl.dev = -1;
+	m->ctl.arg = 0;
+}
+
+static void sample_metric(struct proto_msg *m)
+{
+	m->type = PROTO_METRIC;
+	(void)snprintf(m->metric.name, sizeof(m->metric.name), "belayer_health_verdicts_total");
+	(void)snprintf(m->metric.labels, sizeof(m->metric.labels), "check=\"gpu\",verdict=\"ok\"");
+	m->metric.kind = METRIC_COUNTER;
+	m->metric.value = 12;
+	(void)snprintf(m->metric.help, sizeof(m->metric.help), "Health-check verdicts.");
+}
+
+static void sample_worker_info(struct proto_msg *m)
+{
+	m->type = PROTO_WORKER_INFO;
+	m->worker_info.pid = 4242;
+	m->worker_info.uid = 1000;
+	(void)snprintf(m->worker_info.engine_id, sizeof(m->worker_info.engine_id), "vllm-0");
+	m->worker_info.role = ROLE_SHADOW;
+	m->worker_info.rank = 1;
+	m->worker_info.n_devices = 1;
+	fill_uuid(m->worker_info.device_uuid[0], 3);
+	m->worker_info.state = WORKER_DEAD;
+	m->worker_info.n_regions = 6;
+	m->worker_info.bytes = 66u << 20;
+	m->worker_info.age_ms = 1500;
+}
+
+static void sample_region_info(struct proto_msg *m)
+{
+	m->type = PROTO_REGION_INFO;
+	m->region_info.pid = 4242;
+	(void)snprintf(m->region_info.engine_id, sizeof(m->region_info.engine_id), "vllm-0");
+	m->region_info.id = 2;
+	fill_uuid(m->region_info.device_uuid, 3);
+	m->region_info.va = 0x7f0000a00000;
+	m->region_info.size = 16u << 20;
+	m->region_info.cls = REGION_KV;
+	m->region_info.order = 3;
+	m->region_info.weights_version = 1;
+	m->region_info.state = REGION_RETAINED;
+	m->region_info.age_ms = 250;
+	m->region_info.checksum = 0x1234567890abcdefull;
+	m->region_info.checksum_version = 2;
+}
+
+static void sample_config_entry(struct proto_msg *m)
+{
+	m->type = PROTO_CONFIG_ENTRY;
+	(void)snprintf(m->config_entry.key, sizeof(m->config_entry.key), "supervisor.socket");
+	(void)snprintf(m->config_entry.value, sizeof(m->config_entry.value),
+		       "/run/belayer/supervisor.sock");
+}
+
+static void sample_event(struct proto_msg *m)
+{
+	m->type = PROTO_EVENT;
+	m->event.ts_us = 1764500000000000ull;
+	m->event.kind = EVENT_WORKER_EXIT;
+	m->event.pid = 4242;
+	m->event.id = 0;
+	(void)snprintf(m->event.message, sizeof(m->event.message), "killed by signal 9");
+}
+
+static void sample_health(struct proto_msg *m)
+{
+	m->type = PROTO_HEALTH_INFO;
+	m->health.check = HEALTH_GPU;
+	m->health.verdict = VERDICT_FAILED;
+	m->health.dev = 0;
+	m->health.pid = 0;
+	(void)snprintf(m->health.message, sizeof(m->health.message), "fatal XID 79");
+}
+
+static void sample_end(struct proto_msg *m)
+{
+	m->type = PROTO_END;
+	m->end.in_reply_to = PROTO_CTL;
+	m->end.count = 6;
+}
+
 static const struct {
 	const char *name;
 	void (*fill)(struct proto_msg *m);
@@ -108,6 +218,16 @@ static const struct {
 	{"region-release", sample_release, NULL},
 	{"error", sample_error, NULL},
 	{"error-max", sample_error_max, NULL},
+	{"region-fetch", sample_fetch, NULL},
+	{"region-fd", NULL, sample_region_fd},
+	{"ctl", sample_ctl, NULL},
+	{"metric", sample_metric, NULL},
+	{"worker-info", sample_worker_info, NULL},
+	{"region-info", sample_region_info, NULL},
+	{"config-entry", sample_config_entry, NULL},
+	{"event", sample_event, NULL},
+	{"health-info", sample_health, NULL},
+	{"end", sample_end, NULL},
 };
 
 size_t proto_sample_count(void)

@@ -194,17 +194,19 @@ static void send_and_recv_over_a_socket(void **state)
 		(void)proto_sample(i, fd, &m);
 		assert_int_equal(proto_send(sv[0], &m, 0), 0);
 		assert_int_equal(proto_recv(sv[1], &got, 0), 0);
-		if (m.type == PROTO_REGION_ANNOUNCE) {
+		if (m.type == PROTO_REGION_ANNOUNCE || m.type == PROTO_REGION_FD) {
+			int *got_fd = m.type == PROTO_REGION_FD ? &got.region_fd.region.fd
+								: &got.region.fd;
 			struct stat a, b;
 
 			/* A new fd for the same memory. */
-			assert_int_not_equal(got.region.fd, fd);
+			assert_int_not_equal(*got_fd, fd);
 			assert_int_equal(fstat(fd, &a), 0);
-			assert_int_equal(fstat(got.region.fd, &b), 0);
+			assert_int_equal(fstat(*got_fd, &b), 0);
 			assert_int_equal(a.st_ino, b.st_ino);
 			assert_int_equal(b.st_size, 4096);
-			got.region.fd = safe_close(got.region.fd);
-			got.region.fd = fd;
+			*got_fd = safe_close(*got_fd);
+			*got_fd = fd;
 		}
 		assert_memory_equal(&m, &got, sizeof(m));
 	}
@@ -752,6 +754,38 @@ static void names_round_trip(void **state)
 	assert_int_equal(proto_type_nfds(_PROTO_TYPE_MAX), -EINVAL);
 }
 
+/* Every value of every control-plane enum has a name, and nothing past the end does. */
+static void control_names_are_complete(void **state)
+{
+	enum ctl_action act;
+
+	for (int i = 0; i < _CTL_CMD_MAX; i++)
+		assert_non_null(ctl_cmd_to_string(i));
+	for (int i = 0; i < _CTL_ACT_MAX; i++) {
+		assert_int_equal(ctl_action_from_string(ctl_action_to_string(i), &act), 0);
+		assert_int_equal(act, i);
+	}
+	for (int i = 0; i < _METRIC_KIND_MAX; i++)
+		assert_non_null(metric_kind_to_string(i));
+	for (int i = 0; i < _WORKER_STATE_MAX; i++)
+		assert_non_null(worker_state_to_string(i));
+	for (int i = 0; i < _REGION_STATE_MAX; i++)
+		assert_non_null(region_state_to_string(i));
+	for (int i = 0; i < _EVENT_KIND_MAX; i++)
+		assert_non_null(event_kind_to_string(i));
+	for (int i = 0; i < _HEALTH_CHECK_MAX; i++)
+		assert_non_null(health_check_to_string(i));
+	for (int i = 0; i < _VERDICT_MAX; i++)
+		assert_non_null(health_verdict_to_string(i));
+	assert_null(ctl_cmd_to_string(_CTL_CMD_MAX));
+	assert_null(event_kind_to_string(_EVENT_KIND_MAX));
+	assert_null(health_verdict_to_string(-1));
+	assert_int_equal(ctl_action_from_string("explode", &act), -EINVAL);
+	assert_string_equal(health_verdict_to_string(VERDICT_UNKNOWN), "unknown");
+	assert_int_equal(proto_type_nfds(PROTO_REGION_FD), 1);
+	assert_int_equal(proto_type_nfds(PROTO_REGION_FETCH), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -776,6 +810,7 @@ int main(void)
 		cmocka_unit_test(fd_count_must_match_the_type),
 		cmocka_unit_test(finish_closes_owned_fds_once),
 		cmocka_unit_test(names_round_trip),
+		cmocka_unit_test(control_names_are_complete),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
