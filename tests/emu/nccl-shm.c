@@ -84,10 +84,19 @@ static int rendezvous_path(char *buf, size_t len, const uint8_t nonce[NCCL_EMU_N
 	return 0;
 }
 
+/* The flock must be dropped explicitly: the mapping keeps the open file description, and
+ * with it the lock, alive past close(). */
+static void unlock_closep(int *fd)
+{
+	if (*fd >= 0)
+		(void)flock(*fd, LOCK_UN);
+	closep(fd);
+}
+
 int nccl_shm_join(struct nccl_shm *shm, const uint8_t nonce[NCCL_EMU_NONCE_BYTES], int nranks,
 		  int rank, int dev)
 {
-	_cleanup_close_ int fd = -1;
+	_cleanup_(unlock_closep) int fd = -1;
 	char path[PATH_MAX];
 	uint64_t slot_bytes;
 	uint32_t chan_bytes;
