@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * belayer-bench: Belayer's benchmarks. Each subcommand prints a table for people, or JSON
+ * with --json, and measures what it compares side by side in one run.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+#include "log.h"
+#include "util.h"
+
+struct subcommand {
+	const char *name;
+	int (*func)(const struct bench_args *a, int argc, char **argv);
+	const char *help;
+};
+
+static const struct subcommand subcommands[] = {
+	{"shim-overhead", bench_shim_overhead, "ns per driver call with and without libbelayer.so"},
+};
+
+uint64_t bench_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: belayer-bench [--json] [--shim PATH] [--driver-dir DIR] COMMAND\n\n"
+		"  --json            machine-readable output\n"
+		"  --shim PATH       libbelayer.so to measure (default: %s)\n"
+		"  --driver-dir DIR  directory of the libcuda.so.1 to use (default: %s)\n\n"
+		"Commands:\n",
+		BENCH_SHIM_PATH, BENCH_DRIVER_DIR[0] ? BENCH_DRIVER_DIR : "the system's");
+	for (size_t i = 0; i < ARRAY_SIZE(subcommands); i++)
+		fprintf(f, "  %-16s %s\n", subcommands[i].name, subcommands[i].help);
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option options[] = {
+		{"json", no_argument, NULL, 'j'},
+		{"shim", required_argument, NULL, 's'},
+		{"driver-dir", required_argument, NULL, 'd'},
+		{"help", no_argument, NULL, 'h'},
+		{},
+	};
+	struct bench_args a = {
+		.shim = BENCH_SHIM_PATH,
+		.driver = BENCH_DRIVER_DIR[0] ? BENCH_DRIVER_DIR : NULL,
+		.self = "/proc/self/exe",
+	};
+	int c;
+
+	log_setup("belayer-bench", LOG_LEVEL_INFO);
+	/* Internal: the measuring child of a subcommand. */
+	if (argc > 1 && strcmp(argv[1], "--child-shim-overhead") == 0)
+		return bench_shim_overhead_child(argc - 1, argv + 1);
+
+	while ((c = getopt_long(argc, argv, "+h", options, NULL)) >= 0) {
+		switch (c) {
+		case 'j':
+			a.json = true;
+			break;
+		case 's':
+			a.shim = optarg;
+			break;
+		case 'd':
+			a.driver = optarg;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind >= argc) {
+		usage(stderr);
+		return 2;
+	}
+	for (size_t i = 0; i < ARRAY_SIZE(subcommands); i++) {
+		if (strcmp(subcommands[i].name, argv[optind]) == 0) {
+			/* Subcommand options (--json) may also follow the name. */
+			for (int j = optind + 1; j < argc; j++)
+				if (strcmp(argv[j], "--json") == 0)
+					a.json = true;
+			return subcommands[i].func(&a, argc - optind, argv + optind) < 0 ? 1 : 0;
+		}
+	}
+	fprintf(stderr, "belayer-bench: unknown command '%s'\n", argv[optind]);
+	usage(stderr);
+	return 2;
+}

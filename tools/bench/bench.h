@@ -1,0 +1,20 @@
+/* SPDX-License-Identifier: MIT */
+/* belayer-bench: one file per subcommand, dispatched from the table in belayer-bench.c. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct bench_args {
+	bool json;
+	const char *shim; /* libbelayer.so to preload */
+	const char
+		*driver; /* directory prepended to LD_LIBRARY_PATH (the emulated driver), or NULL */
+	const char *self; /* this program, for re-executing itself */
+};
+
+int bench_shim_overhead(const struct bench_args *a, int argc, char **argv);
+/* The measuring side of shim-overhead, run by the bench in a child process. */
+int bench_shim_overhead_child(int argc, char **argv);
+
+uint64_t bench_now_ns(void);
