@@ -118,6 +118,7 @@ CUAPI CUresult cuInit(unsigned int Flags)
 		e = secure_getenv("BELAYER_EMU_HOST_ACCESS");
 		emu_host_access = e && strcmp(e, "1") == 0;
 		ndevices = emu_state_ndevices();
+		emu_va_init();
 		for (int i = 0; i < ndevices; i++)
 			primary[i] = (struct CUctx_st){.dev = i, .primary = true};
 		atomic_store_explicit(&initialized, true, memory_order_release);

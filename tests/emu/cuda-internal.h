@@ -96,6 +96,9 @@ struct emu_reservation {
 /* One lock for the whole address-space model of this process. */
 extern pthread_mutex_t emu_va_lock;
 
+/* Once, from cuInit: fork handling. */
+void emu_va_init(void);
+
 /* All below: caller holds emu_va_lock unless said otherwise. */
 int emu_alloc_create(int dev, size_t size, const CUmemAllocationProp *prop, struct emu_alloc **ret);
 int emu_alloc_import(int fd, struct emu_alloc **ret); /* dups fd */

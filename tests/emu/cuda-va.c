@@ -115,6 +115,43 @@ void emu_alloc_unref(struct emu_alloc *a)
 	free(a);
 }
 
+/* ---- fork ---- */
+
+/* CUDA state does not survive fork(); here a child keeps the driver initialized (tests rely
+ * on it) but starts with no memory: the parent's memfds are closed so that they do not keep
+ * the parent's allocations alive, and the parent's device ranges are released. */
+static void atfork_prepare(void)
+{
+	pthread_mutex_lock(&emu_va_lock);
+}
+
+static void atfork_parent(void)
+{
+	pthread_mutex_unlock(&emu_va_lock);
+}
+
+static void atfork_child(void)
+{
+	for (size_t i = 0; i < nres; i++) {
+		(void)munmap((void *)(uintptr_t)res[i]->base, res[i]->size);
+		free(res[i]->maps);
+		free(res[i]);
+	}
+	nres = 0;
+	while (allocs) {
+		struct emu_alloc *a = allocs;
+		allocs = a->next;
+		safe_close(a->fd);
+		free(a);
+	}
+	pthread_mutex_unlock(&emu_va_lock);
+}
+
+void emu_va_init(void)
+{
+	(void)pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
 /* ---- reservations ---- */
 
 static size_t res_index(CUdeviceptr p)
