@@ -335,8 +335,8 @@ _public_ nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device,
 
 /* The unversioned names the library also exports (nvml.h maps them to the versions above
  * unless NVML_NO_UNVERSIONED_FUNC_DEFS): same behavior here. */
-#define NVML_ALIAS(alias, name) \
-	extern __typeof__(name) alias __attribute__((alias(#name), visibility("default")))
+#define NVML_ALIAS(other, name) \
+	extern __typeof__(name) other __attribute__((alias(#name), visibility("default")))
 NVML_ALIAS(nvmlInit, nvmlInit_v2);
 NVML_ALIAS(nvmlDeviceGetCount, nvmlDeviceGetCount_v2);
 NVML_ALIAS(nvmlDeviceGetHandleByIndex, nvmlDeviceGetHandleByIndex_v2);
