@@ -90,7 +90,9 @@ static void load_kernel_libraries(void)
 	if (!list)
 		return;
 	for (char *p = strtok_r(list, ":", &save); p; p = strtok_r(NULL, ":", &save))
-		if (!dlopen(p, RTLD_NOW | RTLD_GLOBAL))
+		/* RTLD_LOCAL: the library reaches us through its own DT_NEEDED on
+		 * libcuda.so.1, and RTLD_GLOBAL breaks inside a dlmopen() namespace. */
+		if (!dlopen(p, RTLD_NOW | RTLD_LOCAL))
 			fprintf(stderr,
 				"libcuda (belayer emulator): cannot load kernel library %s: %s, "
 				"ignoring.\n",

@@ -9,7 +9,9 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <dlfcn.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -163,6 +165,43 @@ static void test_device_memory_not_host_dereferenceable(void **state)
 	assert_int_equal(test_wait_exit(pid, 10000), 1000 + SIGSEGV);
 }
 
+static void test_host_access_mode(void **state)
+{
+	/* A second copy of the driver, initialized with BELAYER_EMU_HOST_ACCESS=1. */
+	void *lib;
+	PFN_cuGetProcAddress_v12000 gpa;
+	PFN_cuInit_v2000 init;
+	PFN_cuDevicePrimaryCtxRetain_v7000 retain;
+	PFN_cuCtxSetCurrent_v4000 set_current;
+	PFN_cuMemAlloc_v3020 alloc;
+	PFN_cuMemsetD8_v3020 memset8;
+	PFN_cuMemFree_v3020 mem_free;
+	CUcontext ctx;
+	CUdeviceptr p;
+
+	setenv("BELAYER_EMU_HOST_ACCESS", "1", 1);
+	lib = dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	TEST_REQUIRE(lib, "dlmopen(LM_ID_NEWLM) failed: %s", dlerror());
+	gpa = (PFN_cuGetProcAddress_v12000)dlsym(lib, "cuGetProcAddress_v2");
+	assert_non_null(gpa);
+	CU_OK(gpa("cuInit", (void **)&init, 13000, 0, NULL));
+	CU_OK(gpa("cuDevicePrimaryCtxRetain", (void **)&retain, 13000, 0, NULL));
+	CU_OK(gpa("cuCtxSetCurrent", (void **)&set_current, 13000, 0, NULL));
+	CU_OK(gpa("cuMemAlloc", (void **)&alloc, 13000, 0, NULL));
+	CU_OK(gpa("cuMemsetD8", (void **)&memset8, 13000, 0, NULL));
+	CU_OK(gpa("cuMemFree", (void **)&mem_free, 13000, 0, NULL));
+	CU_OK(init(0));
+	unsetenv("BELAYER_EMU_HOST_ACCESS");
+	CU_OK(retain(&ctx, 0));
+	CU_OK(set_current(ctx));
+	CU_OK(alloc(&p, 4096));
+	CU_OK(memset8(p, 42, 4096));
+	/* device memory is host memory in this mode */
+	assert_int_equal(*(volatile char *)(uintptr_t)(p + 100), 42);
+	CU_OK(mem_free(p));
+	dlclose(lib);
+}
+
 /* ---- legacy IPC ---- */
 
 struct ipc_peer {
@@ -297,6 +336,7 @@ int main(void)
 		cmocka_unit_test_setup(test_mem_get_info, setup),
 		cmocka_unit_test_setup(test_streams_events, setup),
 		cmocka_unit_test_setup(test_device_memory_not_host_dereferenceable, setup),
+		cmocka_unit_test_setup(test_host_access_mode, setup),
 		cmocka_unit_test_setup(test_ipc_across_processes, setup),
 		cmocka_unit_test_setup(test_ipc_exporter_death, setup),
 	};

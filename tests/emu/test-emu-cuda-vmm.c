@@ -12,6 +12,7 @@
 
 #include <signal.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -303,6 +304,30 @@ static void test_export_requires_requested_type(void **state)
 	CU_OK(cu.cuMemRelease(h));
 }
 
+static void test_mapping_alone_keeps_memory(void **state)
+{
+	CUmemGenericAllocationHandle h;
+	CUdeviceptr d;
+	int64_t base = live(0, NULL);
+	uint32_t *m;
+	int fd;
+
+	CU_OK(cu_vmm_create(0, GRAN, true, &h));
+	CU_OK(cu_vmm_map(h, GRAN, 0, &d));
+	CU_OK(cu.cuMemsetD32(d, 0x5a5a5a5a, GRAN / 4));
+	CU_OK(cu.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+	/* whoever maps the exported fd holds the memory, even after closing the fd */
+	m = mmap(NULL, GRAN, PROT_READ, MAP_SHARED, fd, 0);
+	assert_true(m != MAP_FAILED);
+	close(fd);
+	cu_vmm_unmap(d, GRAN);
+	CU_OK(cu.cuMemRelease(h));
+	assert_int_equal(live(0, NULL), base + 1);
+	assert_int_equal(m[1000], 0x5a5a5a5a);
+	assert_int_equal(munmap(m, GRAN), 0);
+	assert_int_equal(live(0, NULL), base);
+}
+
 /* ---- across processes ---- */
 
 struct peer {
@@ -528,6 +553,7 @@ int main(void)
 		cmocka_unit_test_setup(test_address_is_only_a_hint, setup),
 		cmocka_unit_test_setup(test_release_while_mapped_keeps_memory, setup),
 		cmocka_unit_test_setup(test_export_requires_requested_type, setup),
+		cmocka_unit_test_setup(test_mapping_alone_keeps_memory, setup),
 		cmocka_unit_test_setup(test_exported_fd_maps_same_bytes, setup),
 		cmocka_unit_test_setup(test_memory_survives_exporter_sigkill, setup),
 		cmocka_unit_test_setup(test_oom_at_capacity, setup),
