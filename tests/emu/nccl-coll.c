@@ -386,7 +386,6 @@ static int run_ops(struct nccl_op *ops, size_t n)
 			/* Pairs with the store in ncclCommAbort: it waits for inflight to drop,
 			 * so nothing below touches a segment it has unmapped. */
 			if (atomic_load(&op->comm->aborted)) {
-				atomic_store(&op->comm->async_error, ncclInternalError);
 				nccl_set_last_error("rank %d: communicator aborted",
 						    op->comm->rank);
 				r = -ECANCELED;
@@ -421,8 +420,16 @@ static int run_ops(struct nccl_op *ops, size_t n)
 			nccl_shm_wait(wait_shm, seen, several ? 1 : WAIT_SLICE_MS);
 	}
 out:
-	for (size_t i = 0; i < n; i++)
+	/* An operation left half done leaves its communicator out of step with the peers: it
+	 * is in error from now on, as NCCL's is after a failed or aborted kernel. */
+	for (size_t i = 0; i < n; i++) {
+		int none = ncclSuccess;
+
+		if (r < 0 && !ops[i].done && ops[i].kind != OP_INIT)
+			(void)atomic_compare_exchange_strong(&ops[i].comm->async_error, &none,
+							     nccl_result_from_errno(r));
 		atomic_fetch_sub(&ops[i].comm->inflight, 1);
+	}
 	return r;
 }
 
@@ -496,6 +503,12 @@ static ncclResult_t submit(struct nccl_op *op, size_t send_elems, size_t recv_el
 	if (!c->initialized && !nccl_in_group()) {
 		nccl_set_last_error("communicator not initialized");
 		return group_fail(ncclInvalidUsage);
+	}
+	/* Like ncclCommEnsureReady: a communicator in error takes no more work. */
+	if (atomic_load(&c->async_error) != ncclSuccess) {
+		nccl_set_last_error("rank %d: communicator is in error %d", c->rank,
+				    atomic_load(&c->async_error));
+		return group_fail((ncclResult_t)atomic_load(&c->async_error));
 	}
 	op->esize = nccl_type_size(op->type);
 	if (op->esize == 0) {

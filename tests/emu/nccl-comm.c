@@ -386,33 +386,18 @@ _public_ ncclResult_t ncclCommFinalize(ncclComm_t comm)
 }
 NCCL_ALIAS(ncclCommFinalize);
 
-_public_ ncclResult_t ncclCommDestroy(ncclComm_t comm)
+/*
+ * Both end a communicator the same way here: raise the abort flag so that an operation still
+ * blocked in it (a peer died, a hang was injected) returns within one wait slice, wait until
+ * no thread is inside, then free. nccl.h, ncclCommAbort: "Frees resources associated with
+ * communicator object and aborts any operations that might still be running on the device";
+ * "Calling ncclCommDestroy while the collective operations are running ... will now result in
+ * the collective operations being aborted" (NVIDIA/nccl pull request 140, which added abort).
+ */
+static ncclResult_t comm_end(ncclComm_t comm)
 {
-	FAULT_POINT("ncclCommDestroy");
 	if (!comm)
 		return ncclSuccess; /* NCCL accepts a NULL communicator here */
-	pthread_mutex_lock(&comm->lock);
-	if (!nccl_comm_valid(comm)) {
-		pthread_mutex_unlock(&comm->lock);
-		return ncclInvalidArgument;
-	}
-	nccl_comm_release(comm);
-	pthread_mutex_unlock(&comm->lock);
-	return ncclSuccess;
-}
-NCCL_ALIAS(ncclCommDestroy);
-
-/*
- * nccl.h: "Frees resources associated with communicator object and aborts any operations
- * that might still be running on the device." An operation blocked in this communicator (a
- * peer died, or a hang was injected) sees the flag within one wait slice and returns; the
- * resources go only once no thread is inside.
- */
-_public_ ncclResult_t ncclCommAbort(ncclComm_t comm)
-{
-	FAULT_POINT("ncclCommAbort");
-	if (!comm)
-		return ncclSuccess;
 	pthread_mutex_lock(&comm->lock);
 	if (!nccl_comm_valid(comm)) {
 		pthread_mutex_unlock(&comm->lock);
@@ -428,6 +413,19 @@ _public_ ncclResult_t ncclCommAbort(ncclComm_t comm)
 	nccl_comm_release(comm);
 	pthread_mutex_unlock(&comm->lock);
 	return ncclSuccess;
+}
+
+_public_ ncclResult_t ncclCommDestroy(ncclComm_t comm)
+{
+	FAULT_POINT("ncclCommDestroy");
+	return comm_end(comm);
+}
+NCCL_ALIAS(ncclCommDestroy);
+
+_public_ ncclResult_t ncclCommAbort(ncclComm_t comm)
+{
+	FAULT_POINT("ncclCommAbort");
+	return comm_end(comm);
 }
 NCCL_ALIAS(ncclCommAbort);
 
