@@ -20,11 +20,15 @@
 
 /* Every CUDA entry point is marked with CUAPI: default visibility, everything else hidden. */
 #define CUAPI _public_
-/* Another exported name for the same implementation (the _ptds/_ptsz per-thread-stream
- * variants, v1 names whose prototype did not change), type-checked against cuda.h's own
- * declaration of alias. */
-#define EMU_ALIAS(name, target) \
-	extern __typeof__(target) name __attribute__((alias(#target), visibility("default")))
+/* Another entry point with the same implementation: the _ptds/_ptsz per-thread-stream
+ * variants, and v1 names whose prototype did not change. A function of its own (not an alias)
+ * so that it has its own address, as in the real driver; type-checked against cuda.h's
+ * declaration of name. */
+#define EMU_VARIANT(name, target, params, args) \
+	CUAPI CUresult name params              \
+	{                                       \
+		return target args;             \
+	}
 
 /* The granularity of cuMemCreate/cuMemMap (minimum and recommended), and of cuMemAlloc's
  * backing (a page: the driver promises 256-byte aligned pointers, a page is more). */

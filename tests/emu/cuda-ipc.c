@@ -140,7 +140,9 @@ out:
 	pthread_mutex_unlock(&emu_va_lock);
 	return ret;
 }
-EMU_ALIAS(cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2);
+EMU_VARIANT(cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2,
+	    (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags),
+	    (pdptr, handle, Flags));
 
 CUAPI CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {

@@ -105,7 +105,8 @@ CUAPI CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStr
 	r = emu_stream_check(hStream);
 	return r != CUDA_SUCCESS ? r : mem_alloc(dptr, bytesize);
 }
-EMU_ALIAS(cuMemAllocAsync_ptsz, cuMemAllocAsync);
+EMU_VARIANT(cuMemAllocAsync_ptsz, cuMemAllocAsync,
+	    (CUdeviceptr * dptr, size_t bytesize, CUstream hStream), (dptr, bytesize, hStream));
 
 CUAPI CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
 				       CUstream hStream)
@@ -119,7 +120,9 @@ CUAPI CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmem
 	r = emu_stream_check(hStream);
 	return r != CUDA_SUCCESS ? r : mem_alloc(dptr, bytesize);
 }
-EMU_ALIAS(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync);
+EMU_VARIANT(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync,
+	    (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream),
+	    (dptr, bytesize, pool, hStream));
 
 CUAPI CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
@@ -129,7 +132,8 @@ CUAPI CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 	r = emu_stream_check(hStream);
 	return r != CUDA_SUCCESS ? r : mem_free(dptr);
 }
-EMU_ALIAS(cuMemFreeAsync_ptsz, cuMemFreeAsync);
+EMU_VARIANT(cuMemFreeAsync_ptsz, cuMemFreeAsync, (CUdeviceptr dptr, CUstream hStream),
+	    (dptr, hStream));
 
 /* The default pool handle of each device: an opaque, stable, non-NULL value. */
 static char pools[EMU_MAX_DEVICES];
@@ -397,28 +401,35 @@ CUAPI CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_
 	EMU_ENTER();
 	return htod(dstDevice, srcHost, ByteCount);
 }
-EMU_ALIAS(cuMemcpyHtoD_v2_ptds, cuMemcpyHtoD_v2);
+EMU_VARIANT(cuMemcpyHtoD_v2_ptds, cuMemcpyHtoD_v2,
+	    (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount),
+	    (dstDevice, srcHost, ByteCount));
 
 CUAPI CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
 	EMU_ENTER();
 	return dtoh(dstHost, srcDevice, ByteCount);
 }
-EMU_ALIAS(cuMemcpyDtoH_v2_ptds, cuMemcpyDtoH_v2);
+EMU_VARIANT(cuMemcpyDtoH_v2_ptds, cuMemcpyDtoH_v2,
+	    (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount),
+	    (dstHost, srcDevice, ByteCount));
 
 CUAPI CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
 {
 	EMU_ENTER();
 	return dtod(dstDevice, srcDevice, ByteCount);
 }
-EMU_ALIAS(cuMemcpyDtoD_v2_ptds, cuMemcpyDtoD_v2);
+EMU_VARIANT(cuMemcpyDtoD_v2_ptds, cuMemcpyDtoD_v2,
+	    (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount),
+	    (dstDevice, srcDevice, ByteCount));
 
 CUAPI CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 {
 	EMU_ENTER();
 	return unified(dst, src, ByteCount);
 }
-EMU_ALIAS(cuMemcpy_ptds, cuMemcpy);
+EMU_VARIANT(cuMemcpy_ptds, cuMemcpy, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount),
+	    (dst, src, ByteCount));
 
 CUAPI CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
 				    CUstream hStream)
@@ -429,7 +440,9 @@ CUAPI CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, 
 	r = emu_stream_check(hStream);
 	return r != CUDA_SUCCESS ? r : htod(dstDevice, srcHost, ByteCount);
 }
-EMU_ALIAS(cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyHtoDAsync_v2);
+EMU_VARIANT(cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyHtoDAsync_v2,
+	    (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream),
+	    (dstDevice, srcHost, ByteCount, hStream));
 
 CUAPI CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
 				    CUstream hStream)
@@ -440,7 +453,9 @@ CUAPI CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t
 	r = emu_stream_check(hStream);
 	return r != CUDA_SUCCESS ? r : dtoh(dstHost, srcDevice, ByteCount);
 }
-EMU_ALIAS(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync_v2);
+EMU_VARIANT(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync_v2,
+	    (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream),
+	    (dstHost, srcDevice, ByteCount, hStream));
 
 CUAPI CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
 				    CUstream hStream)
@@ -451,7 +466,9 @@ CUAPI CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice
 	r = emu_stream_check(hStream);
 	return r != CUDA_SUCCESS ? r : dtod(dstDevice, srcDevice, ByteCount);
 }
-EMU_ALIAS(cuMemcpyDtoDAsync_v2_ptsz, cuMemcpyDtoDAsync_v2);
+EMU_VARIANT(cuMemcpyDtoDAsync_v2_ptsz, cuMemcpyDtoDAsync_v2,
+	    (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream),
+	    (dstDevice, srcDevice, ByteCount, hStream));
 
 CUAPI CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
 {
@@ -461,7 +478,9 @@ CUAPI CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
 	r = emu_stream_check(hStream);
 	return r != CUDA_SUCCESS ? r : unified(dst, src, ByteCount);
 }
-EMU_ALIAS(cuMemcpyAsync_ptsz, cuMemcpyAsync);
+EMU_VARIANT(cuMemcpyAsync_ptsz, cuMemcpyAsync,
+	    (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream),
+	    (dst, src, ByteCount, hStream));
 
 /* ---- memsets ---- */
 
@@ -490,21 +509,24 @@ CUAPI CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 	EMU_ENTER();
 	return memset_n(dstDevice, &uc, 1, N);
 }
-EMU_ALIAS(cuMemsetD8_v2_ptds, cuMemsetD8_v2);
+EMU_VARIANT(cuMemsetD8_v2_ptds, cuMemsetD8_v2, (CUdeviceptr dstDevice, unsigned char uc, size_t N),
+	    (dstDevice, uc, N));
 
 CUAPI CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N)
 {
 	EMU_ENTER();
 	return memset_n(dstDevice, &us, 2, N);
 }
-EMU_ALIAS(cuMemsetD16_v2_ptds, cuMemsetD16_v2);
+EMU_VARIANT(cuMemsetD16_v2_ptds, cuMemsetD16_v2,
+	    (CUdeviceptr dstDevice, unsigned short us, size_t N), (dstDevice, us, N));
 
 CUAPI CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
 {
 	EMU_ENTER();
 	return memset_n(dstDevice, &ui, 4, N);
 }
-EMU_ALIAS(cuMemsetD32_v2_ptds, cuMemsetD32_v2);
+EMU_VARIANT(cuMemsetD32_v2_ptds, cuMemsetD32_v2, (CUdeviceptr dstDevice, unsigned int ui, size_t N),
+	    (dstDevice, ui, N));
 
 CUAPI CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
 {
@@ -514,7 +536,9 @@ CUAPI CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N
 	r = emu_stream_check(hStream);
 	return r != CUDA_SUCCESS ? r : memset_n(dstDevice, &uc, 1, N);
 }
-EMU_ALIAS(cuMemsetD8Async_ptsz, cuMemsetD8Async);
+EMU_VARIANT(cuMemsetD8Async_ptsz, cuMemsetD8Async,
+	    (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream),
+	    (dstDevice, uc, N, hStream));
 
 CUAPI CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N,
 				CUstream hStream)
@@ -525,7 +549,9 @@ CUAPI CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t
 	r = emu_stream_check(hStream);
 	return r != CUDA_SUCCESS ? r : memset_n(dstDevice, &us, 2, N);
 }
-EMU_ALIAS(cuMemsetD16Async_ptsz, cuMemsetD16Async);
+EMU_VARIANT(cuMemsetD16Async_ptsz, cuMemsetD16Async,
+	    (CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream),
+	    (dstDevice, us, N, hStream));
 
 CUAPI CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
 {
@@ -535,4 +561,6 @@ CUAPI CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N
 	r = emu_stream_check(hStream);
 	return r != CUDA_SUCCESS ? r : memset_n(dstDevice, &ui, 4, N);
 }
-EMU_ALIAS(cuMemsetD32Async_ptsz, cuMemsetD32Async);
+EMU_VARIANT(cuMemsetD32Async_ptsz, cuMemsetD32Async,
+	    (CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream),
+	    (dstDevice, ui, N, hStream));

@@ -369,4 +369,9 @@ CUAPI CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int 
 	fn(&l, kernelParams);
 	return CUDA_SUCCESS;
 }
-EMU_ALIAS(cuLaunchKernel_ptsz, cuLaunchKernel);
+EMU_VARIANT(cuLaunchKernel_ptsz, cuLaunchKernel,
+	    (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+	     unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+	     unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra),
+	    (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+	     hStream, kernelParams, extra));

@@ -114,21 +114,21 @@ CUAPI CUresult cuStreamDestroy_v2(CUstream hStream)
 	EMU_ENTER();
 	return stream_destroy(hStream);
 }
-EMU_ALIAS(cuStreamDestroy, cuStreamDestroy_v2);
+EMU_VARIANT(cuStreamDestroy, cuStreamDestroy_v2, (CUstream hStream), (hStream));
 
 CUAPI CUresult cuStreamSynchronize(CUstream hStream)
 {
 	EMU_ENTER();
 	return emu_stream_check(hStream);
 }
-EMU_ALIAS(cuStreamSynchronize_ptsz, cuStreamSynchronize);
+EMU_VARIANT(cuStreamSynchronize_ptsz, cuStreamSynchronize, (CUstream hStream), (hStream));
 
 CUAPI CUresult cuStreamQuery(CUstream hStream)
 {
 	EMU_ENTER();
 	return emu_stream_check(hStream);
 }
-EMU_ALIAS(cuStreamQuery_ptsz, cuStreamQuery);
+EMU_VARIANT(cuStreamQuery_ptsz, cuStreamQuery, (CUstream hStream), (hStream));
 
 CUAPI CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
@@ -137,7 +137,8 @@ CUAPI CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int 
 		return CUDA_ERROR_INVALID_HANDLE;
 	return emu_stream_check(hStream);
 }
-EMU_ALIAS(cuStreamWaitEvent_ptsz, cuStreamWaitEvent);
+EMU_VARIANT(cuStreamWaitEvent_ptsz, cuStreamWaitEvent,
+	    (CUstream hStream, CUevent hEvent, unsigned int Flags), (hStream, hEvent, Flags));
 
 CUAPI CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags)
 {
@@ -153,7 +154,8 @@ CUAPI CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags)
 				 : 0;
 	return r;
 }
-EMU_ALIAS(cuStreamGetFlags_ptsz, cuStreamGetFlags);
+EMU_VARIANT(cuStreamGetFlags_ptsz, cuStreamGetFlags, (CUstream hStream, unsigned int *flags),
+	    (hStream, flags));
 
 CUAPI CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId)
 {
@@ -170,7 +172,8 @@ CUAPI CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId)
 							      : hStream->id;
 	return r;
 }
-EMU_ALIAS(cuStreamGetId_ptsz, cuStreamGetId);
+EMU_VARIANT(cuStreamGetId_ptsz, cuStreamGetId, (CUstream hStream, unsigned long long *streamId),
+	    (hStream, streamId));
 
 /* ---- events ---- */
 
@@ -231,14 +234,16 @@ CUAPI CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 	EMU_ENTER();
 	return event_record(hEvent, hStream);
 }
-EMU_ALIAS(cuEventRecord_ptsz, cuEventRecord);
+EMU_VARIANT(cuEventRecord_ptsz, cuEventRecord, (CUevent hEvent, CUstream hStream),
+	    (hEvent, hStream));
 
 CUAPI CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
 {
 	EMU_ENTER();
 	return event_record(hEvent, hStream);
 }
-EMU_ALIAS(cuEventRecordWithFlags_ptsz, cuEventRecordWithFlags);
+EMU_VARIANT(cuEventRecordWithFlags_ptsz, cuEventRecordWithFlags,
+	    (CUevent hEvent, CUstream hStream, unsigned int flags), (hEvent, hStream, flags));
 
 CUAPI CUresult cuEventQuery(CUevent hEvent)
 {
@@ -270,7 +275,7 @@ CUAPI CUresult cuEventDestroy_v2(CUevent hEvent)
 	pthread_mutex_unlock(&lock);
 	return r;
 }
-EMU_ALIAS(cuEventDestroy, cuEventDestroy_v2);
+EMU_VARIANT(cuEventDestroy, cuEventDestroy_v2, (CUevent hEvent), (hEvent));
 
 CUAPI CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 {
@@ -293,4 +298,5 @@ CUAPI CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUeve
 				 (double)(e->when.tv_nsec - s->when.tv_nsec) / 1e6);
 	return CUDA_SUCCESS;
 }
-EMU_ALIAS(cuEventElapsedTime, cuEventElapsedTime_v2);
+EMU_VARIANT(cuEventElapsedTime, cuEventElapsedTime_v2,
+	    (float *pMilliseconds, CUevent hStart, CUevent hEnd), (pMilliseconds, hStart, hEnd));

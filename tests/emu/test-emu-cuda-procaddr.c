@@ -87,6 +87,9 @@ static void test_stream_flags(void **state)
 	expect("cuMemcpyHtoD", 13000, CU_GET_PROC_ADDRESS_DEFAULT, "cuMemcpyHtoD_v2");
 	expect("cuMemcpyHtoD", 13000, legacy, "cuMemcpyHtoD_v2");
 	expect("cuMemcpyHtoD", 13000, pt, "cuMemcpyHtoD_v2_ptds");
+	/* distinct entry points, as in the real driver */
+	assert_ptr_not_equal(lookup("cuMemcpyHtoD", 13000, pt, NULL),
+			     lookup("cuMemcpyHtoD", 13000, legacy, NULL));
 	expect("cuMemcpyHtoDAsync", 13000, pt, "cuMemcpyHtoDAsync_v2_ptsz");
 	expect("cuLaunchKernel", 13000, pt, "cuLaunchKernel_ptsz");
 	expect("cuLaunchKernel", 13000, legacy, "cuLaunchKernel");
