@@ -189,6 +189,16 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
 	return shim_ipc_get_mem_handle(pHandle, dptr);
 }
 
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+	return shim_ipc_open_mem_handle(pdptr, handle, Flags);
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+	return shim_ipc_close_mem_handle(dptr);
+}
+
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
 	WRITE(cuMemcpyHtoD_v2, dstDevice, ByteCount, dstDevice, srcHost, ByteCount);

@@ -51,6 +51,8 @@
 	X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, 0,               \
 	  PFN_cuMemExportToShareableHandle_v10020)                                              \
 	X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, 0, PFN_cuIpcGetMemHandle_v4010)         \
+	X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, 0, PFN_cuIpcOpenMemHandle_v11000) \
+	X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, 0, PFN_cuIpcCloseMemHandle_v4010)   \
 	X(cuMemcpyHtoD_v2, "cuMemcpyHtoD", 3020, 0, PFN_cuMemcpyHtoD_v3020)                     \
 	X(cuMemcpyHtoD_v2_ptds, "cuMemcpyHtoD", 7000, 1, PFN_cuMemcpyHtoD_v7000_ptds)           \
 	X(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync", 3020, 0, PFN_cuMemcpyHtoDAsync_v3020)      \

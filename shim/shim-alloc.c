@@ -86,7 +86,7 @@ void shim_device_uuid(CUdevice dev, uint8_t uuid[PROTO_UUID_LEN])
 
 /* Access for the owning device and for every device that can reach it as a peer, which is
  * what cudaMalloc memory offers once peer access is enabled. */
-static CUresult set_access(CUdeviceptr va, size_t size, CUdevice dev)
+CUresult shim_set_access(CUdeviceptr va, size_t size, CUdevice dev)
 {
 	const struct real_extra *x = real_extra();
 	CUmemAccessDesc desc[MAX_DEVS];
@@ -160,7 +160,7 @@ static CUresult convert(CUdeviceptr *dptr, size_t bytesize, const void *caller)
 	r = map(va, size, 0, h, 0);
 	if (r != CUDA_SUCCESS)
 		goto fail_create;
-	r = set_access(va, size, dev);
+	r = shim_set_access(va, size, dev);
 	if (r != CUDA_SUCCESS)
 		goto fail_map;
 	if (regions_add_converted(h, dev, va, size, bytesize, classify_region(caller, bytesize),
@@ -351,15 +351,6 @@ CUresult shim_mem_unmap(CUdeviceptr ptr, size_t size)
 	if (r == CUDA_SUCCESS && !shim_busy)
 		regions_user_unmapped(ptr, size);
 	return r;
-}
-
-CUresult shim_ipc_get_mem_handle(CUipcMemHandle *handle, CUdeviceptr dptr)
-{
-	PFN_cuIpcGetMemHandle_v4010 real = REAL(cuIpcGetMemHandle);
-
-	if (!real)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	return real(handle, dptr);
 }
 
 CUresult shim_mem_get_info(size_t *free_bytes, size_t *total_bytes)

@@ -33,7 +33,7 @@ struct item {
 };
 
 static pthread_mutex_t qlock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t qcond = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t qcond;
 static struct item *ring;
 static size_t ring_head, ring_count, ring_cap;
 static bool resync;
@@ -194,6 +194,21 @@ static int announce_all(void)
 	return 0;
 }
 
+/* Reads (and ignores) whatever the supervisor sent; false once it hung up. */
+static bool peer_alive(void)
+{
+	for (;;) {
+		struct proto_msg m;
+		int r = proto_recv(sock, &m, MSG_DONTWAIT);
+
+		if (r == 0) {
+			proto_msg_finish(&m);
+			continue;
+		}
+		return r == -EAGAIN || r == -EWOULDBLOCK || r == -EBADMSG || r == -EPROTONOSUPPORT;
+	}
+}
+
 static void sleep_ms(long ms)
 {
 	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
@@ -235,8 +250,28 @@ static void *conn_thread(void *arg)
 		}
 
 		pthread_mutex_lock(&qlock);
-		while (ring_count == 0 && !resync)
-			pthread_cond_wait(&qcond, &qlock);
+		while (ring_count == 0 && !resync) {
+			struct timespec until;
+
+			clock_gettime(CLOCK_MONOTONIC, &until);
+			until.tv_nsec += 500 * 1000000L;
+			if (until.tv_nsec >= 1000000000L) {
+				until.tv_sec++;
+				until.tv_nsec -= 1000000000L;
+			}
+			if (pthread_cond_timedwait(&qcond, &qlock, &until) == ETIMEDOUT)
+				break;
+		}
+		if (ring_count == 0 && !resync) {
+			pthread_mutex_unlock(&qlock);
+			/* Idle: notice a supervisor that went away, so that its successor gets
+			 * everything again without waiting for our next message. */
+			if (!peer_alive()) {
+				log_debug("The supervisor closed the connection, reconnecting.");
+				disconnect();
+			}
+			continue;
+		}
 		want_resync = resync;
 		if (!want_resync) {
 			it = ring[ring_head];
@@ -269,6 +304,16 @@ static void *conn_thread(void *arg)
 	return NULL;
 }
 
+static void cond_init(void)
+{
+	pthread_condattr_t a;
+
+	pthread_condattr_init(&a);
+	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	pthread_cond_init(&qcond, &a);
+	pthread_condattr_destroy(&a);
+}
+
 static void atfork_prepare(void)
 {
 	regions_lock();
@@ -284,7 +329,7 @@ static void atfork_parent(void)
 static void atfork_child(void)
 {
 	pthread_mutex_init(&qlock, NULL);
-	pthread_cond_init(&qcond, NULL);
+	cond_init();
 	ring_head = ring_count = 0;
 	resync = false;
 	connected = false;
@@ -295,10 +340,12 @@ static void atfork_child(void)
 	warned_absent = false;
 	classify_reset_after_fork();
 	regions_reset_after_fork();
+	ipc_reset_after_fork();
 }
 
 static void register_atfork(void)
 {
+	cond_init();
 	(void)pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 

@@ -59,6 +59,7 @@ static void resolve_cuda(void)
 	E(cuStreamSynchronize, "cuStreamSynchronize");
 	E(cuStreamSynchronize_ptsz, "cuStreamSynchronize_ptsz");
 	E(cuCtxSynchronize, "cuCtxSynchronize");
+	E(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle");
 #undef E
 	/* A driver reachable only through cuGetProcAddress: ask it for what names did not give. */
 	PFN_cuGetProcAddress_v12000 gpa =
@@ -79,6 +80,7 @@ static void resolve_cuda(void)
 		G(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity", 10020);
 		G(cuStreamSynchronize, "cuStreamSynchronize", 2000);
 		G(cuCtxSynchronize, "cuCtxSynchronize", 2000);
+		G(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020);
 #undef G
 	}
 	shim_busy--;

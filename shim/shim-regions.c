@@ -281,6 +281,47 @@ int regions_converted_range(uint64_t va, uint64_t *ret_base, uint64_t *ret_size)
 	return ret;
 }
 
+int regions_converted_info(uint64_t va, uint64_t *ret_base, uint64_t *ret_id, uint64_t *ret_size)
+{
+	struct range *rg;
+	int ret = -ENOENT;
+
+	if (__atomic_load_n(&n_ranges, __ATOMIC_RELAXED) == 0)
+		return -ENOENT;
+	(void)pthread_rwlock_rdlock(&lock);
+	rg = range_find(va);
+	if (rg && rg->r->kind == REGION_KIND_CONVERTED) {
+		*ret_base = rg->r->va;
+		*ret_id = rg->r->id;
+		*ret_size = rg->r->size;
+		ret = 0;
+	}
+	(void)pthread_rwlock_unlock(&lock);
+	return ret;
+}
+
+int regions_export_fd(uint64_t id, uint64_t *ret_size)
+{
+	PFN_cuMemExportToShareableHandle_v10020 export_fn = REAL(cuMemExportToShareableHandle);
+	struct region *r;
+	int fd = -1, ret = -ENOENT;
+
+	regions_lock();
+	r = region_by_id(id);
+	if (r && r->kind == REGION_KIND_CONVERTED && export_fn) {
+		shim_busy++;
+		if (export_fn(&fd, r->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+		    CUDA_SUCCESS) {
+			*ret_size = r->size;
+			ret = fd;
+		} else
+			ret = -EIO;
+		shim_busy--;
+	}
+	regions_unlock();
+	return ret;
+}
+
 int regions_add_user(CUmemGenericAllocationHandle h, int dev, uint64_t size, enum region_class cls,
 		     bool exportable)
 {

@@ -80,6 +80,7 @@ struct real_extra {
 	PFN_cuStreamSynchronize_v2000 cuStreamSynchronize;
 	PFN_cuStreamSynchronize_v7000_ptsz cuStreamSynchronize_ptsz;
 	PFN_cuCtxSynchronize_v2000 cuCtxSynchronize;
+	PFN_cuMemImportFromShareableHandle_v10020 cuMemImportFromShareableHandle;
 };
 const struct real_extra *real_extra(void);
 
@@ -149,6 +150,11 @@ int regions_remove_converted(uint64_t va, struct region *ret);
 /* Base and requested size of the converted allocation holding va; -ENOENT otherwise. */
 int regions_converted_range(uint64_t va, uint64_t *ret_base, uint64_t *ret_size);
 bool regions_is_converted(uint64_t va);
+/* For legacy IPC of converted memory: base, id and mapped size of the converted allocation
+ * holding va; -ENOENT otherwise. */
+int regions_converted_info(uint64_t va, uint64_t *ret_base, uint64_t *ret_id, uint64_t *ret_size);
+/* A fresh POSIX fd of converted region id (still alive, of that size). */
+int regions_export_fd(uint64_t id, uint64_t *ret_size);
 
 int regions_add_user(CUmemGenericAllocationHandle h, int dev, uint64_t size, enum region_class cls,
 		     bool exportable);
@@ -202,6 +208,11 @@ CUresult shim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
 		      CUmemGenericAllocationHandle handle, unsigned long long flags);
 CUresult shim_mem_unmap(CUdeviceptr ptr, size_t size);
 CUresult shim_ipc_get_mem_handle(CUipcMemHandle *handle, CUdeviceptr dptr);
+CUresult shim_ipc_open_mem_handle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags);
+CUresult shim_ipc_close_mem_handle(CUdeviceptr dptr);
+void ipc_reset_after_fork(void);
+/* Access for dev and every peer that can reach it, as cudaMalloc memory offers. */
+CUresult shim_set_access(CUdeviceptr va, size_t size, CUdevice dev);
 CUresult shim_mem_get_info(size_t *free_bytes, size_t *total_bytes);
 void shim_note_write(CUdeviceptr dst, size_t len);
 

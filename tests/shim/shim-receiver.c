@@ -3,12 +3,12 @@
  * A stand-in for the supervisor's shim socket, for tests: listens on a SOCK_SEQPACKET socket,
  * accepts any number of shims, and writes one line per message received to OUTPUT (flushed
  * per line, so a test can wait for a count):
- *   hello pid=P engine=E role=R rank=N ndev=D
- *   announce pid=P id=I va=0xV size=S class=C order=O version=W fd=ok [bytes=HEX]
- *   release pid=P id=I
+ *   hello pid=P conn=C engine=E role=R rank=N ndev=D hello_pid=P
+ *   announce pid=P conn=C id=I va=0xV size=S class=C order=O version=W fd=ok
+ *   release pid=P conn=C id=I
  *   eof pid=P
  *   bytes pid=P id=I hex=HEX        (with --map, after that peer's eof)
- * pid is the peer's, from SO_PEERCRED. With --map the receiver keeps each announced fd and,
+ * pid is the peer's, from SO_PEERCRED; conn numbers connections in the order accepted. With --map the receiver keeps each announced fd and,
  * once the announcing process has gone, imports it through the emulated driver, maps it and
  * prints its first 16 bytes: the fd is the allocation's memory, and it outlived its owner.
  * Prints "ready" on stdout once listening; runs until killed.
@@ -105,20 +105,21 @@ static void print_kept(FILE *out, pid_t pid)
 	fflush(out);
 }
 
-static void print_msg(FILE *out, pid_t pid, struct proto_msg *m)
+static void print_msg(FILE *out, pid_t pid, unsigned conn, struct proto_msg *m)
 {
 	switch (m->type) {
 	case PROTO_HELLO:
-		fprintf(out, "hello pid=%d engine=%s role=%s rank=%d ndev=%u hello_pid=%u\n", pid,
-			m->hello.engine_id[0] ? m->hello.engine_id : "-",
+		fprintf(out,
+			"hello pid=%d conn=%u engine=%s role=%s rank=%d ndev=%u hello_pid=%u\n",
+			pid, conn, m->hello.engine_id[0] ? m->hello.engine_id : "-",
 			worker_role_to_string(m->hello.role), m->hello.rank, m->hello.n_devices,
 			m->hello.pid);
 		break;
 	case PROTO_REGION_ANNOUNCE:
 		fprintf(out,
-			"announce pid=%d id=%" PRIu64 " va=0x%" PRIx64 " size=%" PRIu64
+			"announce pid=%d conn=%u id=%" PRIu64 " va=0x%" PRIx64 " size=%" PRIu64
 			" class=%s order=%" PRIu64 " version=%" PRIu64 " fd=%s\n",
-			pid, m->region.id, m->region.va, m->region.size,
+			pid, conn, m->region.id, m->region.va, m->region.size,
 			region_class_to_string(m->region.cls), m->region.order,
 			m->region.weights_version, m->region.fd >= 0 ? "ok" : "none");
 		if (do_map && m->region.fd >= 0 && n_kept < MAX_KEPT) {
@@ -128,7 +129,7 @@ static void print_msg(FILE *out, pid_t pid, struct proto_msg *m)
 		}
 		break;
 	case PROTO_REGION_RELEASE:
-		fprintf(out, "release pid=%d id=%" PRIu64 "\n", pid, m->release.id);
+		fprintf(out, "release pid=%d conn=%u id=%" PRIu64 "\n", pid, conn, m->release.id);
 		break;
 	default:
 		fprintf(out, "other pid=%d type=%d\n", pid, (int)m->type);
@@ -142,6 +143,7 @@ int main(int argc, char **argv)
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	struct pollfd fds[MAX_CLIENTS + 1];
 	pid_t pids[MAX_CLIENTS + 1];
+	unsigned conns[MAX_CLIENTS + 1], next_conn = 1;
 	size_t n = 1;
 	int argi = 1, lfd;
 	FILE *out;
@@ -184,6 +186,7 @@ int main(int argc, char **argv)
 			if (c >= 0 && n <= MAX_CLIENTS &&
 			    getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
 				fds[n] = (struct pollfd){.fd = c, .events = POLLIN};
+				conns[n] = next_conn++;
 				pids[n++] = cred.pid;
 			} else if (c >= 0)
 				close(c);
@@ -196,7 +199,7 @@ int main(int argc, char **argv)
 				continue;
 			r = proto_recv(fds[i].fd, &m, 0);
 			if (r == 0) {
-				print_msg(out, pids[i], &m);
+				print_msg(out, pids[i], conns[i], &m);
 				proto_msg_finish(&m);
 				continue;
 			}
@@ -209,6 +212,7 @@ int main(int argc, char **argv)
 			close(fds[i].fd);
 			fds[i] = fds[n - 1];
 			pids[i] = pids[n - 1];
+			conns[i] = conns[n - 1];
 			n--;
 			i--;
 		}

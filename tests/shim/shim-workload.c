@@ -10,7 +10,8 @@
  * decides when the process may go, after the receiver has what it waits for. Exits 1 with a
  * message on any unexpected driver result.
  *
- * Usage: shim-workload runtime|engine|nccl|storm THREADS COUNT|fork|exec|small|procaddr
+ * Usage: shim-workload runtime|engine|nccl|storm THREADS COUNT|fork|exec|small|procaddr|
+ *                     ipc-export|ipc-open HANDLE OFFSET
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -325,6 +326,61 @@ static int run_exec(const char *self)
 	return 0;
 }
 
+static void print_hex(const char *label, const void *p, size_t n)
+{
+	printf("%s ", label);
+	for (size_t i = 0; i < n; i++)
+		printf("%02x", ((const unsigned char *)p)[i]);
+	printf("\n");
+}
+
+/* Exports a converted allocation (and, for contrast, a small driver one) with legacy IPC. */
+static int run_ipc_export(void)
+{
+	CUresult (*get)(CUipcMemHandle *, CUdeviceptr);
+	CUipcMemHandle h;
+	CUdeviceptr a, s;
+
+	driver_open();
+	get = resolve("cuIpcGetMemHandle", 4010);
+	a = alloc(8 * MIB);
+	s = alloc(64 << 10);
+	fill(a + MIB, 0x40);
+	fill(s, 0x60);
+	CHECK(get(&h, a));
+	print_hex("handle", &h, sizeof(h));
+	CHECK(get(&h, s));
+	print_hex("native", &h, sizeof(h));
+	hold();
+	return 0;
+}
+
+static int run_ipc_open(const char *hex, size_t offset)
+{
+	CUresult (*open_)(CUdeviceptr *, CUipcMemHandle, unsigned);
+	CUresult (*close_)(CUdeviceptr);
+	CUipcMemHandle h;
+	CUdeviceptr p, q;
+	unsigned char buf[16];
+
+	driver_open();
+	open_ = resolve("cuIpcOpenMemHandle", 11000);
+	close_ = resolve("cuIpcCloseMemHandle", 4010);
+	if (strlen(hex) != 2 * sizeof(h))
+		die("bad handle");
+	for (size_t i = 0; i < sizeof(h); i++)
+		sscanf(hex + 2 * i, "%2hhx", (unsigned char *)&h.reserved[i]);
+	CHECK(open_(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+	CHECK(open_(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+	if (p != q)
+		die("opening a handle twice gave two addresses");
+	CHECK(d.dtoh(buf, p + offset, sizeof(buf)));
+	print_hex("bytes", buf, sizeof(buf));
+	CHECK(close_(q));
+	CHECK(close_(p));
+	return 0;
+}
+
 static bool in_shim(const void *fn)
 {
 	Dl_info info;
@@ -404,6 +460,10 @@ int main(int argc, char **argv)
 		return run_exec(argv[0]);
 	if (strcmp(argv[1], "procaddr") == 0)
 		return run_procaddr();
+	if (strcmp(argv[1], "ipc-export") == 0)
+		return run_ipc_export();
+	if (strcmp(argv[1], "ipc-open") == 0 && argc == 4)
+		return run_ipc_open(argv[2], (size_t)strtoul(argv[3], NULL, 0));
 	die("unknown scenario %s", argv[1]);
 	return 1;
 }
