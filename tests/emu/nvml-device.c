@@ -22,6 +22,7 @@ struct nvmlDevice_st nvml_devices[EMU_MAX_DEVICES] = {
 };
 
 static _Atomic int init_count;
+static _Atomic bool ever_initialized;
 static pthread_once_t state_once = PTHREAD_ONCE_INIT;
 static int state_error;
 
@@ -62,8 +63,9 @@ int nvml_device_index(nvmlDevice_t device)
 	return device->index;
 }
 
-/* "Initialization and Cleanup": "nvmlInit_v2 ... reference counted"; the emulator's
- * "driver" is the run's shared state: without it, NVML_ERROR_DRIVER_NOT_LOADED. */
+/* "Initialization and Cleanup": "A reference count of the number of initializations is
+ * maintained"; the emulator's "driver" is the run's shared state: without it,
+ * NVML_ERROR_DRIVER_NOT_LOADED. */
 static nvmlReturn_t init(const char *name)
 {
 	nvmlReturn_t r;
@@ -73,6 +75,7 @@ static nvmlReturn_t init(const char *name)
 	if (state_get() < 0)
 		return NVML_ERROR_DRIVER_NOT_LOADED;
 	atomic_fetch_add(&init_count, 1);
+	atomic_store(&ever_initialized, true);
 	return NVML_SUCCESS;
 }
 
@@ -88,6 +91,10 @@ _public_ nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 	return init("nvmlInitWithFlags");
 }
 
+/* nvmlShutdown: "A reference count of the number of initializations is maintained. Shutdown
+ * only occurs when the reference count reaches zero. For backwards compatibility, no error is
+ * reported if nvmlShutdown() is called more times than nvmlInit()"; before any init it is
+ * NVML_ERROR_UNINITIALIZED ("if the library has not been successfully initialized"). */
 _public_ nvmlReturn_t nvmlShutdown(void)
 {
 	nvmlReturn_t r;
@@ -95,10 +102,12 @@ _public_ nvmlReturn_t nvmlShutdown(void)
 
 	if (nvml_fault("nvmlShutdown", &r))
 		return r;
+	if (!atomic_load(&ever_initialized))
+		return NVML_ERROR_UNINITIALIZED;
 	n = atomic_load(&init_count);
 	do {
 		if (n <= 0)
-			return NVML_ERROR_UNINITIALIZED;
+			return NVML_SUCCESS;
 	} while (!atomic_compare_exchange_weak(&init_count, &n, n - 1));
 	return NVML_SUCCESS;
 }

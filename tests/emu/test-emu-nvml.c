@@ -267,8 +267,8 @@ static uint64_t now_ms(void)
 
 /* ---- tests ---- */
 
-/* "nvmlInit_v2 ... reference counted": each init needs its shutdown; without one, calls
- * fail with NVML_ERROR_UNINITIALIZED. */
+/* "A reference count of the number of initializations is maintained": each init needs its
+ * shutdown; outside, calls fail with NVML_ERROR_UNINITIALIZED. */
 static void test_init_shutdown_refcount(void **state)
 {
 	unsigned n;
@@ -280,6 +280,9 @@ static void test_init_shutdown_refcount(void **state)
 	assert_nvml(nvml.Shutdown());
 	assert_nvml(nvml.GetCount(&n));
 	assert_int_equal(n, NDEVICES);
+	assert_nvml(nvml.Shutdown());
+	assert_int_equal(nvml.GetCount(&n), NVML_ERROR_UNINITIALIZED);
+	/* "no error is reported if nvmlShutdown() is called more times than nvmlInit()" */
 	assert_nvml(nvml.Shutdown());
 	assert_int_equal(nvml.GetCount(&n), NVML_ERROR_UNINITIALIZED);
 	assert_string_equal(nvml.ErrorString(NVML_ERROR_TIMEOUT), "Timeout");
