@@ -11,9 +11,10 @@
  * message on any unexpected driver result.
  *
  * Usage: shim-workload runtime|engine|nccl|storm THREADS COUNT|fork|exec|small|procaddr|
- *                     ipc-export|ipc-open HANDLE OFFSET
+ *                     ipc-export|ipc-open HANDLE OFFSET|tags TMS_LIBRARY
  */
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -381,6 +382,45 @@ static int run_ipc_open(const char *hex, size_t offset)
 	return 0;
 }
 
+/* Classification by explicit tag (belayer_set_tag) and by torch_memory_saver's tag. */
+static int run_tags(const char *tms_path)
+{
+	int (*set_tag)(const char *) = (__typeof__(set_tag))dlsym(RTLD_DEFAULT, "belayer_set_tag");
+	void (*clear_tag)(void) = (__typeof__(clear_tag))dlsym(RTLD_DEFAULT, "belayer_clear_tag");
+	void (*tms_tag)(const char *), (*tms_region)(bool);
+	const char *(*last_tag)(void);
+	CUdeviceptr a, b, c, dd;
+	void *tms;
+
+	if (!set_tag || !clear_tag)
+		die("belayer_set_tag is not exported");
+	tms = dlopen(tms_path, RTLD_NOW | RTLD_LOCAL);
+	if (!tms)
+		die("dlopen %s: %s", tms_path, dlerror());
+	tms_tag = (__typeof__(tms_tag))dlsym(tms, "tms_set_current_tag");
+	tms_region = (__typeof__(tms_region))dlsym(tms, "tms_set_interesting_region");
+	last_tag = (__typeof__(last_tag))dlsym(tms, "tms_standin_last_tag");
+	if (!tms_tag || !tms_region || !last_tag)
+		die("tms stand-in lacks symbols");
+
+	driver_open();
+	b = alloc(8 * MIB); /* untagged, during load: weights */
+	if (set_tag("no-such-class") != -EINVAL || set_tag("kv") != 0)
+		die("belayer_set_tag");
+	a = alloc(8 * MIB);
+	clear_tag();
+	tms_region(true);
+	tms_tag("kv_cache");
+	c = alloc(8 * MIB);
+	tms_tag("default"); /* says nothing: the next rule decides (after KV: other) */
+	dd = alloc(8 * MIB);
+	tms_region(false);
+	printf("ok tags a=0x%llx b=0x%llx c=0x%llx d=0x%llx forwarded=%s\n", (unsigned long long)a,
+	       (unsigned long long)b, (unsigned long long)c, (unsigned long long)dd, last_tag());
+	hold();
+	return 0;
+}
+
 static bool in_shim(const void *fn)
 {
 	Dl_info info;
@@ -460,6 +500,8 @@ int main(int argc, char **argv)
 		return run_exec(argv[0]);
 	if (strcmp(argv[1], "procaddr") == 0)
 		return run_procaddr();
+	if (strcmp(argv[1], "tags") == 0 && argc == 3)
+		return run_tags(argv[2]);
 	if (strcmp(argv[1], "ipc-export") == 0)
 		return run_ipc_export();
 	if (strcmp(argv[1], "ipc-open") == 0 && argc == 4)

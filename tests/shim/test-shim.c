@@ -522,6 +522,35 @@ static void test_proc_address_and_dlsym(void **state)
 	proc_close(&w);
 }
 
+static void test_explicit_and_tms_tags(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "tags", TMS_STANDIN_PATH, NULL};
+	unsigned long long a, b, c, d;
+	char line[256], va[64], fwd[32];
+	struct wenv e;
+	struct proc w;
+
+	start_receiver(f, false);
+	spawn(&w, argv, workload_env(&e, f, NULL, NULL), true, false);
+	assert_true(expect_line(w.out, "ok tags", line, sizeof(line)));
+	assert_int_equal(sscanf(line, "ok tags a=0x%llx b=0x%llx c=0x%llx d=0x%llx forwarded=%31s",
+				&a, &b, &c, &d, fwd),
+			 5);
+	/* The shim saw torch_memory_saver's setters go by and passed them on. */
+	assert_string_equal(fwd, "default");
+	WAIT_COUNT(f, 4, "announce", "size=8388608");
+	finish(f, &w);
+	snprintf(va, sizeof(va), "va=0x%llx ", a);
+	assert_int_equal(COUNT(f, "announce", va, "class=kv"), 1);
+	snprintf(va, sizeof(va), "va=0x%llx ", b);
+	assert_int_equal(COUNT(f, "announce", va, "class=weights"), 1);
+	snprintf(va, sizeof(va), "va=0x%llx ", c);
+	assert_int_equal(COUNT(f, "announce", va, "class=kv"), 1);
+	snprintf(va, sizeof(va), "va=0x%llx ", d);
+	assert_int_equal(COUNT(f, "announce", va, "class=other"), 1);
+}
+
 /* A supervisor that restarts gets every live region again, from a new hello. */
 static void test_reconnect_reannounces_everything(void **state)
 {
@@ -687,6 +716,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_reconnect_reannounces_everything, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_queue_overflow_resyncs, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_explicit_and_tms_tags, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
