@@ -1,0 +1,916 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The HTTP API on rank 0 (libevent's evhttp, JSON with json-c), token in / token out:
+ *   POST /generate                 SGLang: input_ids, sampling_params, stream, return_logprob
+ *   POST /v1/completions           OpenAI/vLLM: prompt as token ids, max_tokens, stream, ...
+ *   GET  /health, GET /v1/models, GET /get_model_info
+ *   POST /update_weights_from_disk, /init_weights_update_group,
+ *        /update_weights_from_distributed   (SGLang's weight-sync endpoints)
+ *   GET  /debug/kv, POST /debug/pause|resume|step   (--enable-debug-endpoints; tests only)
+ * Requests are validated strictly (unknown fields, wrong types, over-long prompts: 400) and
+ * a rejected request never disturbs the others. Streams are server-sent events.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "engine.h"
+#include "engine-gpu.h"
+#include "engine-kernels.h"
+#include "engine-safetensors.h"
+#include "log.h"
+#include "util.h"
+
+#define BODY_MAX (8u << 20)
+
+enum api {
+	API_GENERATE,
+	API_COMPLETIONS,
+};
+
+/* One HTTP request being served by a struct request. */
+struct job {
+	struct engine *e;
+	struct evhttp_request *hreq; /* NULL once the client went away */
+	enum api api;
+	bool stream, logprobs, return_token_ids;
+	time_t created;
+};
+
+static void send_json(struct evhttp_request *hreq, int code, json_object *o)
+{
+	struct evbuffer *b = evbuffer_new();
+	const char *s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
+
+	evhttp_add_header(evhttp_request_get_output_headers(hreq), "Content-Type",
+			  "application/json");
+	if (b) {
+		evbuffer_add(b, s, strlen(s));
+		evbuffer_add(b, "\n", 1);
+	}
+	evhttp_send_reply(hreq, code, code == 200 ? "OK" : "Error", b);
+	if (b)
+		evbuffer_free(b);
+	json_object_put(o);
+}
+
+_printf_(3, 4) static void send_error(struct evhttp_request *hreq, int code, const char *fmt, ...)
+{
+	json_object *o = json_object_new_object(), *err = json_object_new_object();
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	/* vLLM's shape: {"error": {"message", "type", "code"}}; SGLang clients read "message" */
+	json_object_object_add(err, "message", json_object_new_string(msg));
+	json_object_object_add(
+		err, "type",
+		json_object_new_string(code == 404 ? "NotFoundError" : "BadRequestError"));
+	json_object_object_add(err, "code", json_object_new_int(code));
+	json_object_object_add(o, "error", err);
+	send_json(hreq, code, o);
+}
+
+/* The request body parsed as a JSON object, or NULL after replying 400. */
+static json_object *body_json(struct evhttp_request *hreq)
+{
+	struct evbuffer *in = evhttp_request_get_input_buffer(hreq);
+	size_t len = evbuffer_get_length(in);
+	json_tokener *tok;
+	json_object *o;
+	char *p;
+
+	if (evhttp_request_get_command(hreq) != EVHTTP_REQ_POST) {
+		send_error(hreq, 405, "Method not allowed: use POST");
+		return NULL;
+	}
+	if (len > BODY_MAX) {
+		send_error(hreq, 400, "Request body larger than %u bytes", BODY_MAX);
+		return NULL;
+	}
+	p = (char *)evbuffer_pullup(in, (ssize_t)len);
+	tok = json_tokener_new();
+	if (!tok) {
+		send_error(hreq, 500, "Out of memory");
+		return NULL;
+	}
+	o = len ? json_tokener_parse_ex(tok, p, (int)len) : NULL;
+	if (o && json_tokener_get_parse_end(tok) < len) {
+		/* trailing garbage after the object */
+		size_t end = json_tokener_get_parse_end(tok);
+
+		while (end < len &&
+		       (p[end] == ' ' || p[end] == '\n' || p[end] == '\r' || p[end] == '\t'))
+			end++;
+		if (end < len) {
+			json_object_put(o);
+			o = NULL;
+		}
+	}
+	json_tokener_free(tok);
+	if (!o) {
+		send_error(hreq, 400, "Malformed JSON in the request body");
+		return NULL;
+	}
+	if (!json_object_is_type(o, json_type_object)) {
+		json_object_put(o);
+		send_error(hreq, 400, "The request body must be a JSON object");
+		return NULL;
+	}
+	return o;
+}
+
+/* Rejects fields outside allowed (a NULL-terminated list): true when all are known. */
+static bool known_fields(struct evhttp_request *hreq, json_object *o, const char *what,
+			 const char *const *allowed)
+{
+	json_object_object_foreach(o, key, val)
+	{
+		bool ok = false;
+
+		(void)val;
+		for (size_t i = 0; allowed[i]; i++)
+			ok = ok || strcmp(key, allowed[i]) == 0;
+		if (!ok) {
+			send_error(hreq, 400, "Unknown field \"%s\" in %s", key, what);
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Field helpers: absent -> default kept; wrong type or range -> 400 and false. */
+static bool get_int(struct evhttp_request *hreq, json_object *o, const char *key, int64_t lo,
+		    int64_t hi, int64_t *v)
+{
+	json_object *f;
+
+	if (!json_object_object_get_ex(o, key, &f) || json_object_is_type(f, json_type_null))
+		return true;
+	if (!json_object_is_type(f, json_type_int)) {
+		send_error(hreq, 400, "\"%s\" must be an integer", key);
+		return false;
+	}
+	errno = 0;
+	*v = json_object_get_int64(f);
+	if (errno || *v < lo || *v > hi) {
+		send_error(hreq, 400, "\"%s\" must be in [%" PRId64 ", %" PRId64 "]", key, lo, hi);
+		return false;
+	}
+	return true;
+}
+
+static bool get_num(struct evhttp_request *hreq, json_object *o, const char *key, double lo,
+		    double hi, double *v)
+{
+	json_object *f;
+
+	if (!json_object_object_get_ex(o, key, &f) || json_object_is_type(f, json_type_null))
+		return true;
+	if (!json_object_is_type(f, json_type_int) && !json_object_is_type(f, json_type_double)) {
+		send_error(hreq, 400, "\"%s\" must be a number", key);
+		return false;
+	}
+	*v = json_object_get_double(f);
+	if (!(*v >= lo && *v <= hi)) {
+		send_error(hreq, 400, "\"%s\" must be in [%g, %g]", key, lo, hi);
+		return false;
+	}
+	return true;
+}
+
+static bool get_bool(struct evhttp_request *hreq, json_object *o, const char *key, bool *v)
+{
+	json_object *f;
+
+	if (!json_object_object_get_ex(o, key, &f) || json_object_is_type(f, json_type_null))
+		return true;
+	if (!json_object_is_type(f, json_type_boolean)) {
+		send_error(hreq, 400, "\"%s\" must be true or false", key);
+		return false;
+	}
+	*v = json_object_get_boolean(f);
+	return true;
+}
+
+static const char *get_str(struct evhttp_request *hreq, json_object *o, const char *key,
+			   bool required)
+{
+	json_object *f;
+
+	if (!json_object_object_get_ex(o, key, &f) || json_object_is_type(f, json_type_null)) {
+		if (required)
+			send_error(hreq, 400, "Missing field \"%s\"", key);
+		return required ? NULL : "";
+	}
+	if (!json_object_is_type(f, json_type_string)) {
+		send_error(hreq, 400, "\"%s\" must be a string", key);
+		return NULL;
+	}
+	return json_object_get_string(f);
+}
+
+/* The prompt: a non-empty array of token ids within the vocabulary. */
+static struct request *new_request(struct engine *e, struct evhttp_request *hreq, json_object *ids,
+				   const char *key, int64_t max_new, double temperature,
+				   int64_t seed, bool seeded)
+{
+	const struct model_config *c = &e->m.c;
+	struct request *req;
+	size_t n;
+
+	if (!ids) {
+		send_error(hreq, 400, "Missing field \"%s\" (a list of token ids)", key);
+		return NULL;
+	}
+	if (!json_object_is_type(ids, json_type_array)) {
+		send_error(hreq, 400, "\"%s\" must be a list of token ids", key);
+		return NULL;
+	}
+	n = json_object_array_length(ids);
+	if (n == 0) {
+		send_error(hreq, 400, "\"%s\" must not be empty", key);
+		return NULL;
+	}
+	if (n + (uint64_t)max_new > c->max_pos) {
+		send_error(hreq, 400,
+			   "This model's maximum context length is %u tokens. However, you "
+			   "requested %zu tokens (%zu in the prompt, %" PRId64 " to generate).",
+			   c->max_pos, n + (size_t)max_new, n, max_new);
+		return NULL;
+	}
+	if ((n + (uint64_t)max_new + e->m.block_size - 1) / e->m.block_size > e->m.num_blocks) {
+		send_error(hreq, 400, "Request needs more KV cache than the engine has");
+		return NULL;
+	}
+	req = calloc(1, sizeof(*req));
+	if (req) {
+		req->tok = calloc(n + (size_t)max_new, sizeof(uint32_t));
+		req->logprob = calloc((size_t)max_new, sizeof(float));
+	}
+	if (!req || !req->tok || !req->logprob) {
+		request_free(req);
+		send_error(hreq, 500, "Out of memory");
+		return NULL;
+	}
+	for (size_t i = 0; i < n; i++) {
+		json_object *t = json_object_array_get_idx(ids, i);
+		int64_t v = json_object_get_int64(t);
+
+		if (!json_object_is_type(t, json_type_int) || v < 0 || v >= c->vocab) {
+			request_free(req);
+			send_error(hreq, 400, "\"%s\"[%zu] is not a token id in [0, %u)", key, i,
+				   c->vocab);
+			return NULL;
+		}
+		req->tok[i] = (uint32_t)v;
+	}
+	req->nprompt = req->ntok = (uint32_t)n;
+	req->max_new = (uint32_t)max_new;
+	req->temperature = (float)temperature;
+	req->rng = seeded ? (uint64_t)seed : mix64((uint64_t)time(NULL) ^ (e->next_id << 20));
+	return req;
+}
+
+/* ---- responses ---- */
+
+static json_object *ids_array(const uint32_t *tok, uint32_t n)
+{
+	json_object *a = json_object_new_array();
+
+	for (uint32_t i = 0; i < n; i++)
+		json_object_array_add(a, json_object_new_int64(tok[i]));
+	return a;
+}
+
+static json_object *generate_body(struct request *req, uint32_t from, uint32_t to, bool final,
+				  const struct job *j)
+{
+	json_object *o = json_object_new_object(), *meta = json_object_new_object();
+	uint32_t gen = req->ntok - req->nprompt;
+
+	json_object_object_add(o, "text", json_object_new_string(""));
+	json_object_object_add(o, "output_ids",
+			       ids_array(req->tok + req->nprompt + from, to - from));
+	json_object_object_add(meta, "id", json_object_new_string_len("", 0));
+	json_object_object_add(meta, "prompt_tokens", json_object_new_int64(req->nprompt));
+	json_object_object_add(meta, "completion_tokens", json_object_new_int64(gen));
+	if (final) {
+		json_object *fr = json_object_new_object();
+
+		json_object_object_add(fr, "type", json_object_new_string("length"));
+		json_object_object_add(fr, "length", json_object_new_int64(gen));
+		json_object_object_add(meta, "finish_reason", fr);
+	} else {
+		json_object_object_add(meta, "finish_reason", NULL);
+	}
+	if (j->logprobs) {
+		json_object *lps = json_object_new_array();
+
+		/* SGLang's (logprob, token_id, text) triples */
+		for (uint32_t i = from; i < to; i++) {
+			json_object *t = json_object_new_array();
+
+			json_object_array_add(t, json_object_new_double(req->logprob[i]));
+			json_object_array_add(t, json_object_new_int64(req->tok[req->nprompt + i]));
+			json_object_array_add(t, NULL);
+			json_object_array_add(lps, t);
+		}
+		json_object_object_add(meta, "output_token_logprobs", lps);
+	}
+	json_object_object_add(meta, "weights_version",
+			       json_object_new_int64((int64_t)req->weights_version));
+	json_object_object_add(o, "meta_info", meta);
+	return o;
+}
+
+static json_object *completion_body(struct engine *e, struct request *req, uint32_t from,
+				    uint32_t to, bool final, const struct job *j)
+{
+	json_object *o = json_object_new_object(), *ch = json_object_new_object();
+	json_object *choices = json_object_new_array();
+	char id[32];
+
+	snprintf(id, sizeof(id), "cmpl-%" PRIu64, req->id);
+	json_object_object_add(o, "id", json_object_new_string(id));
+	json_object_object_add(o, "object", json_object_new_string("text_completion"));
+	json_object_object_add(o, "created", json_object_new_int64(j->created));
+	json_object_object_add(o, "model", json_object_new_string(e->o.served_name));
+	json_object_object_add(ch, "index", json_object_new_int(0));
+	json_object_object_add(ch, "text", json_object_new_string(""));
+	/* vLLM's return_token_ids: the generated ids; always present here (text is empty) */
+	json_object_object_add(ch, "token_ids",
+			       ids_array(req->tok + req->nprompt + from, to - from));
+	if (j->return_token_ids && (from == 0 || !j->stream))
+		json_object_object_add(ch, "prompt_token_ids", ids_array(req->tok, req->nprompt));
+	if (j->logprobs) {
+		json_object *lp = json_object_new_object(), *toks = json_object_new_array();
+		json_object *vals = json_object_new_array();
+
+		for (uint32_t i = from; i < to; i++) {
+			char t[32];
+
+			/* vLLM's spelling of a token without a tokenizer */
+			snprintf(t, sizeof(t), "token_id:%" PRIu32, req->tok[req->nprompt + i]);
+			json_object_array_add(toks, json_object_new_string(t));
+			json_object_array_add(vals, json_object_new_double(req->logprob[i]));
+		}
+		json_object_object_add(lp, "tokens", toks);
+		json_object_object_add(lp, "token_logprobs", vals);
+		json_object_object_add(lp, "top_logprobs", NULL);
+		json_object_object_add(lp, "text_offset", json_object_new_array());
+		json_object_object_add(ch, "logprobs", lp);
+	} else {
+		json_object_object_add(ch, "logprobs", NULL);
+	}
+	json_object_object_add(ch, "finish_reason",
+			       final ? json_object_new_string("length") : NULL);
+	json_object_array_add(choices, ch);
+	json_object_object_add(o, "choices", choices);
+	if (final && !j->stream) {
+		json_object *u = json_object_new_object();
+		uint32_t gen = req->ntok - req->nprompt;
+
+		json_object_object_add(u, "prompt_tokens", json_object_new_int64(req->nprompt));
+		json_object_object_add(u, "completion_tokens", json_object_new_int64(gen));
+		json_object_object_add(u, "total_tokens", json_object_new_int64(req->ntok));
+		json_object_object_add(o, "usage", u);
+	}
+	return o;
+}
+
+static void sse_send(struct evhttp_request *hreq, json_object *o)
+{
+	struct evbuffer *b = evbuffer_new();
+
+	if (!b) {
+		json_object_put(o);
+		return;
+	}
+	if (o)
+		evbuffer_add_printf(b, "data: %s\n\n",
+				    json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+	else
+		evbuffer_add_printf(b, "data: [DONE]\n\n");
+	evhttp_send_reply_chunk(hreq, b);
+	evbuffer_free(b);
+	json_object_put(o);
+}
+
+static void on_close(struct evhttp_connection *con, void *arg)
+{
+	struct request *req = arg;
+	struct job *j = req->user;
+
+	(void)con;
+	j->hreq = NULL;
+	req->cancelled = true;
+}
+
+static void job_detach(struct request *req)
+{
+	free(req->user);
+	req->user = NULL;
+}
+
+/* After a step: stream the new tokens, or answer once finished. */
+static void emit(struct request *req)
+{
+	struct job *j = req->user;
+	uint32_t gen = req->ntok - req->nprompt;
+	json_object *o;
+
+	if (!j)
+		return;
+	if (!j->hreq) {
+		req->cancelled = true;
+		return;
+	}
+	if (req->finished)
+		/* the reply below hands the request back to evhttp: no close callback after it */
+		evhttp_connection_set_closecb(evhttp_request_get_connection(j->hreq), NULL, NULL);
+	if (j->stream) {
+		o = j->api == API_GENERATE
+			    ? generate_body(req, req->emitted, gen, req->finished, j)
+			    : completion_body(j->e, req, req->emitted, gen, req->finished, j);
+		sse_send(j->hreq, o);
+		if (req->finished) {
+			sse_send(j->hreq, NULL);
+			evhttp_send_reply_end(j->hreq);
+		}
+	} else if (req->finished) {
+		o = j->api == API_GENERATE ? generate_body(req, 0, gen, true, j)
+					   : completion_body(j->e, req, 0, gen, true, j);
+		send_json(j->hreq, 200, o);
+	}
+	if (req->finished)
+		job_detach(req);
+}
+
+static void start(struct engine *e, struct evhttp_request *hreq, struct request *req, enum api api,
+		  bool stream, bool logprobs, bool return_token_ids)
+{
+	struct job *j = calloc(1, sizeof(*j));
+
+	if (!j) {
+		request_free(req);
+		send_error(hreq, 500, "Out of memory");
+		return;
+	}
+	*j = (struct job){.e = e,
+			  .hreq = hreq,
+			  .api = api,
+			  .stream = stream,
+			  .logprobs = logprobs,
+			  .return_token_ids = return_token_ids,
+			  .created = time(NULL)};
+	req->user = j;
+	req->emit = emit;
+	evhttp_connection_set_closecb(evhttp_request_get_connection(hreq), on_close, req);
+	if (stream) {
+		struct evkeyvalq *h = evhttp_request_get_output_headers(hreq);
+
+		evhttp_add_header(h, "Content-Type", "text/event-stream");
+		evhttp_add_header(h, "Cache-Control", "no-cache");
+		evhttp_send_reply_start(hreq, 200, "OK");
+	}
+	sched_submit(e, req);
+}
+
+static void on_generate(struct evhttp_request *hreq, void *arg)
+{
+	static const char *const top[] = {
+		"input_ids", "sampling_params", "stream", "return_logprob", "rid", NULL};
+	static const char *const sp_keys[] = {"max_new_tokens", "temperature", "seed", NULL};
+	struct engine *e = arg;
+	json_object *o = body_json(hreq), *sp = NULL, *ids = NULL;
+	int64_t max_new = 128, seed = 0;
+	double temperature = 1.0;
+	bool stream = false, logprob = false, seeded = false;
+	struct request *req;
+
+	if (!o)
+		return;
+	if (!known_fields(hreq, o, "the request", top))
+		goto out;
+	if (json_object_object_get_ex(o, "sampling_params", &sp) &&
+	    !json_object_is_type(sp, json_type_null)) {
+		if (!json_object_is_type(sp, json_type_object)) {
+			send_error(hreq, 400, "\"sampling_params\" must be an object");
+			goto out;
+		}
+		if (!known_fields(hreq, sp, "sampling_params", sp_keys) ||
+		    !get_int(hreq, sp, "max_new_tokens", 1, e->m.c.max_pos, &max_new) ||
+		    !get_num(hreq, sp, "temperature", 0.0, 100.0, &temperature) ||
+		    !get_int(hreq, sp, "seed", INT64_MIN, INT64_MAX, &seed))
+			goto out;
+		seeded = json_object_object_get_ex(sp, "seed", NULL);
+	}
+	if (!get_bool(hreq, o, "stream", &stream) ||
+	    !get_bool(hreq, o, "return_logprob", &logprob) || !get_str(hreq, o, "rid", false))
+		goto out;
+	(void)json_object_object_get_ex(o, "input_ids", &ids);
+	req = new_request(e, hreq, ids, "input_ids", max_new, temperature, seed, seeded);
+	if (req)
+		start(e, hreq, req, API_GENERATE, stream, logprob, false);
+out:
+	json_object_put(o);
+}
+
+static void on_completions(struct evhttp_request *hreq, void *arg)
+{
+	static const char *const top[] = {"model", "prompt", "max_tokens", "temperature",
+					  "seed",  "stream", "logprobs",   "return_token_ids",
+					  "n",	   "top_p",  "user",	   NULL};
+	struct engine *e = arg;
+	json_object *o = body_json(hreq), *ids = NULL;
+	int64_t max_tokens = 16, seed = 0, logprobs = -1, n = 1;
+	double temperature = 1.0, top_p = 1.0;
+	bool stream = false, tids = false;
+	const char *model;
+	struct request *req;
+
+	if (!o)
+		return;
+	if (!known_fields(hreq, o, "the request", top))
+		goto out;
+	model = get_str(hreq, o, "model", false);
+	if (!model)
+		goto out;
+	if (*model && strcmp(model, e->o.served_name) != 0) {
+		send_error(hreq, 404, "The model `%s` does not exist.", model);
+		goto out;
+	}
+	if (!get_int(hreq, o, "max_tokens", 1, e->m.c.max_pos, &max_tokens) ||
+	    !get_num(hreq, o, "temperature", 0.0, 100.0, &temperature) ||
+	    !get_int(hreq, o, "seed", INT64_MIN, INT64_MAX, &seed) ||
+	    !get_int(hreq, o, "logprobs", 0, 20, &logprobs) || !get_int(hreq, o, "n", 1, 1, &n) ||
+	    !get_num(hreq, o, "top_p", 1.0, 1.0, &top_p) || !get_bool(hreq, o, "stream", &stream) ||
+	    !get_bool(hreq, o, "return_token_ids", &tids) || !get_str(hreq, o, "user", false))
+		goto out;
+	(void)json_object_object_get_ex(o, "prompt", &ids);
+	req = new_request(e, hreq, ids, "prompt", max_tokens, temperature, seed,
+			  json_object_object_get_ex(o, "seed", NULL));
+	if (req)
+		start(e, hreq, req, API_COMPLETIONS, stream, logprobs >= 0, tids);
+out:
+	json_object_put(o);
+}
+
+static void on_health(struct evhttp_request *hreq, void *arg)
+{
+	(void)arg;
+	evhttp_send_reply(hreq, 200, "OK", NULL);
+}
+
+static void on_models(struct evhttp_request *hreq, void *arg)
+{
+	struct engine *e = arg;
+	json_object *o = json_object_new_object(), *data = json_object_new_array();
+	json_object *m = json_object_new_object();
+
+	json_object_object_add(m, "id", json_object_new_string(e->o.served_name));
+	json_object_object_add(m, "object", json_object_new_string("model"));
+	json_object_object_add(m, "owned_by", json_object_new_string("belayer"));
+	json_object_object_add(m, "max_model_len", json_object_new_int64(e->m.c.max_pos));
+	json_object_array_add(data, m);
+	json_object_object_add(o, "object", json_object_new_string("list"));
+	json_object_object_add(o, "data", data);
+	send_json(hreq, 200, o);
+}
+
+static void on_model_info(struct evhttp_request *hreq, void *arg)
+{
+	struct engine *e = arg;
+	json_object *o = json_object_new_object();
+
+	json_object_object_add(o, "model_path",
+			       json_object_new_string(e->model_path ? e->model_path : ""));
+	json_object_object_add(o, "served_model_name", json_object_new_string(e->o.served_name));
+	json_object_object_add(o, "weights_version",
+			       json_object_new_int64((int64_t)e->m.weights_version));
+	json_object_object_add(o, "tp_size", json_object_new_int64(e->o.tp));
+	json_object_object_add(o, "vocab_size", json_object_new_int64(e->m.c.vocab));
+	json_object_object_add(o, "max_model_len", json_object_new_int64(e->m.c.max_pos));
+	send_json(hreq, 200, o);
+}
+
+static void reply_update(struct engine *e, struct evhttp_request *hreq, int r, const char *ok)
+{
+	json_object *o = json_object_new_object();
+
+	json_object_object_add(o, "success", json_object_new_boolean(r == 0));
+	json_object_object_add(o, "message", json_object_new_string(r == 0 ? ok : strerror(-r)));
+	json_object_object_add(o, "weights_version",
+			       json_object_new_int64((int64_t)e->m.weights_version));
+	send_json(hreq, r == 0 ? 200 : 400, o);
+}
+
+static const char *st_meta_get(void *ud, const char *key)
+{
+	return st_meta(ud, key);
+}
+
+static void on_update_disk(struct evhttp_request *hreq, void *arg)
+{
+	static const char *const top[] = {"model_path", "load_format", NULL};
+	struct engine *e = arg;
+	json_object *o = body_json(hreq);
+	struct ctl c = {.op = CTL_LOAD_FILE};
+	struct model_config mc;
+	struct st_file f;
+	const char *path, *fmt;
+	int r;
+
+	if (!o)
+		return;
+	if (!known_fields(hreq, o, "the request", top) ||
+	    !(path = get_str(hreq, o, "model_path", true)) ||
+	    !(fmt = get_str(hreq, o, "load_format", false)))
+		goto out;
+	if (*fmt && strcmp(fmt, "auto") != 0 && strcmp(fmt, "safetensors") != 0) {
+		send_error(hreq, 400, "Unsupported load_format \"%s\"", fmt);
+		goto out;
+	}
+	if (strlen(path) >= sizeof(c.path)) {
+		send_error(hreq, 400, "\"model_path\" too long");
+		goto out;
+	}
+	/* validated here first so that no rank fails half way */
+	r = st_open(path, &f);
+	if (r == 0) {
+		r = model_config_from_metadata(st_meta_get, &f, &mc);
+		if (r == 0 && memcmp(&mc, &e->m.c, sizeof(mc)) != 0)
+			r = -EINVAL;
+		st_close(&f);
+	}
+	if (r < 0) {
+		send_error(hreq, 400, "Cannot update weights from \"%s\": %s", path,
+			   r == -EINVAL ? "model config differs" : strerror(-r));
+		goto out;
+	}
+	snprintf(c.path, sizeof(c.path), "%s", path);
+	r = ctl_run(e, &c);
+	if (r == 0) {
+		free(e->model_path);
+		e->model_path = strdup(path);
+	}
+	reply_update(e, hreq, r, "Succeeded to update model weights.");
+out:
+	json_object_put(o);
+}
+
+static int unhex(const char *s, uint8_t *out, size_t n)
+{
+	if (strlen(s) != 2 * n)
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++) {
+		unsigned v;
+
+		if (sscanf(s + 2 * i, "%2x", &v) != 1)
+			return -EINVAL;
+		out[i] = (uint8_t)v;
+	}
+	return 0;
+}
+
+static void on_init_group(struct evhttp_request *hreq, void *arg)
+{
+	static const char *const top[] = {"nccl_unique_id", "world_size", "rank_offset",
+					  "group_name",	    "backend",	  NULL};
+	struct engine *e = arg;
+	json_object *o = body_json(hreq);
+	struct ctl c = {.op = CTL_GROUP_INIT};
+	int64_t world = 0, offset = 1;
+	const char *id, *backend;
+	int r;
+
+	if (!o)
+		return;
+	if (!known_fields(hreq, o, "the request", top) ||
+	    !(id = get_str(hreq, o, "nccl_unique_id", true)) ||
+	    !get_int(hreq, o, "world_size", 2, 64, &world) ||
+	    !get_int(hreq, o, "rank_offset", 1, 63, &offset) ||
+	    !get_str(hreq, o, "group_name", false) ||
+	    !(backend = get_str(hreq, o, "backend", false)))
+		goto out;
+	if (*backend && strcmp(backend, "nccl") != 0) {
+		send_error(hreq, 400, "Only the \"nccl\" backend is supported");
+		goto out;
+	}
+	if (offset + e->o.tp > world || unhex(id, c.nccl_id, sizeof(c.nccl_id)) < 0) {
+		send_error(hreq, 400,
+			   "Bad group: world_size %" PRId64 ", rank_offset %" PRId64
+			   ", nccl_unique_id must be %zu hex bytes",
+			   world, offset, sizeof(c.nccl_id));
+		goto out;
+	}
+	c.world = (uint32_t)world;
+	c.rank_offset = (uint32_t)offset;
+	/* blocks until the trainer joins, like SGLang's init_weights_update_group */
+	r = ctl_run(e, &c);
+	reply_update(e, hreq, r, "Succeeded to initialize the weight update group.");
+out:
+	json_object_put(o);
+}
+
+static void on_update_dist(struct evhttp_request *hreq, void *arg)
+{
+	static const char *const top[] = {"names", "dtypes", "shapes", "flush_cache", NULL};
+	struct engine *e = arg;
+	json_object *o = body_json(hreq), *names, *dtypes, *shapes;
+	struct ctl c = {.op = CTL_UPDATE_DIST};
+	bool flush = false;
+	size_t n;
+	int r;
+
+	if (!o)
+		return;
+	if (!known_fields(hreq, o, "the request", top) || !get_bool(hreq, o, "flush_cache", &flush))
+		goto out;
+	if (!json_object_object_get_ex(o, "names", &names) ||
+	    !json_object_object_get_ex(o, "dtypes", &dtypes) ||
+	    !json_object_object_get_ex(o, "shapes", &shapes) ||
+	    !json_object_is_type(names, json_type_array) ||
+	    !json_object_is_type(dtypes, json_type_array) ||
+	    !json_object_is_type(shapes, json_type_array) ||
+	    json_object_array_length(dtypes) != json_object_array_length(names) ||
+	    json_object_array_length(shapes) != json_object_array_length(names)) {
+		send_error(hreq, 400,
+			   "\"names\", \"dtypes\" and \"shapes\" must be lists of one length");
+		goto out;
+	}
+	n = json_object_array_length(names);
+	if (n == 0 || n > CTL_MAX_TENSORS) {
+		send_error(hreq, 400, "Between 1 and %d tensors per update", CTL_MAX_TENSORS);
+		goto out;
+	}
+	if (!e->update_comm) {
+		send_error(hreq, 400, "No weight update group: call /init_weights_update_group");
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		json_object *nm = json_object_array_get_idx(names, i);
+		json_object *dt = json_object_array_get_idx(dtypes, i);
+		json_object *sh = json_object_array_get_idx(shapes, i);
+		int idx = json_object_is_type(nm, json_type_string)
+				  ? model_find(&e->m, json_object_get_string(nm))
+				  : -ENOENT;
+		const struct weight *w = idx >= 0 ? &e->m.w[idx] : NULL;
+
+		if (!w) {
+			send_error(hreq, 400, "names[%zu]: no such tensor", i);
+			goto out;
+		}
+		if (!json_object_is_type(dt, json_type_string) ||
+		    (strcmp(json_object_get_string(dt), "float32") != 0 &&
+		     strcmp(json_object_get_string(dt), "torch.float32") != 0)) {
+			send_error(hreq, 400, "dtypes[%zu]: only float32 tensors", i);
+			goto out;
+		}
+		if (!json_object_is_type(sh, json_type_array) ||
+		    json_object_array_length(sh) != 2 ||
+		    json_object_get_int64(json_object_array_get_idx(sh, 0)) != (int64_t)w->d.rows ||
+		    json_object_get_int64(json_object_array_get_idx(sh, 1)) != (int64_t)w->d.cols) {
+			send_error(hreq, 400, "shapes[%zu]: %s is [%" PRIu64 ", %" PRIu64 "]", i,
+				   w->d.name, w->d.rows, w->d.cols);
+			goto out;
+		}
+		c.idx[i] = (uint16_t)idx;
+	}
+	c.count = (uint32_t)n;
+	r = ctl_run(e, &c);
+	reply_update(e, hreq, r, "Succeeded to update parameter online.");
+out:
+	json_object_put(o);
+}
+
+/* ---- test-only endpoints ---- */
+
+static void on_debug_kv(struct evhttp_request *hreq, void *arg)
+{
+	struct engine *e = arg;
+	json_object *o = json_object_new_object(), *seqs = json_object_new_array();
+	uint64_t id = 0, off = 0;
+	char addr[32];
+
+	snprintf(addr, sizeof(addr), "0x%" PRIx64, (uint64_t)e->m.kv);
+	json_object_object_add(o, "kv_arena", json_object_new_string(addr));
+	json_object_object_add(o, "kv_bytes", json_object_new_int64((int64_t)e->m.kv_bytes));
+	json_object_object_add(o, "block_bytes", json_object_new_int64((int64_t)e->m.block_bytes));
+	json_object_object_add(o, "block_size", json_object_new_int64(e->m.block_size));
+	json_object_object_add(o, "num_blocks", json_object_new_int64(e->m.num_blocks));
+	json_object_object_add(o, "num_layers", json_object_new_int64(e->m.c.layers));
+	json_object_object_add(o, "width", json_object_new_int64(e->m.width_local));
+	/* the emulator's allocation id, for "emu-ctl flip ID OFFSET" */
+	if (gpu.emu_alloc_id && gpu.emu_alloc_id(e->m.kv, &id, &off) == 0) {
+		json_object_object_add(o, "emu_alloc_id", json_object_new_int64((int64_t)id));
+		json_object_object_add(o, "emu_alloc_offset", json_object_new_int64((int64_t)off));
+	}
+	for (uint32_t i = 0; i < e->o.max_num_seqs; i++) {
+		struct request *req = e->running[i];
+		json_object *s;
+
+		if (!req)
+			continue;
+		s = json_object_new_object();
+		json_object_object_add(s, "id", json_object_new_int64((int64_t)req->id));
+		json_object_object_add(s, "tokens", json_object_new_int64(req->ntok));
+		json_object_object_add(s, "computed", json_object_new_int64(req->computed));
+		json_object_object_add(s, "blocks", ids_array(req->blocks, req->nblocks));
+		json_object_array_add(seqs, s);
+	}
+	json_object_object_add(o, "waiting", json_object_new_boolean(e->waiting != NULL));
+	json_object_object_add(o, "seqs", seqs);
+	json_object_object_add(o, "steps", json_object_new_int64((int64_t)e->steps));
+	send_json(hreq, 200, o);
+}
+
+static void on_debug(struct evhttp_request *hreq, void *arg)
+{
+	struct engine *e = arg;
+	const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(hreq));
+	json_object *o;
+	int r = 0;
+
+	if (evhttp_request_get_command(hreq) != EVHTTP_REQ_POST) {
+		send_error(hreq, 405, "Method not allowed: use POST");
+		return;
+	}
+	if (strcmp(path, "/debug/pause") == 0) {
+		e->paused = true;
+	} else if (strcmp(path, "/debug/resume") == 0) {
+		e->paused = false;
+		sched_kick(e);
+	} else if (strcmp(path, "/debug/step") == 0) {
+		r = sched_step(e);
+	}
+	o = json_object_new_object();
+	json_object_object_add(o, "success", json_object_new_boolean(r == 0));
+	json_object_object_add(o, "steps", json_object_new_int64((int64_t)e->steps));
+	send_json(hreq, r == 0 ? 200 : 500, o);
+}
+
+static void on_other(struct evhttp_request *hreq, void *arg)
+{
+	(void)arg;
+	send_error(hreq, 404, "Not found: %s", evhttp_request_get_uri(hreq));
+}
+
+int http_start(struct engine *e)
+{
+	static const struct {
+		const char *path;
+		void (*cb)(struct evhttp_request *, void *);
+		bool debug;
+	} routes[] = {
+		{"/generate", on_generate, false},
+		{"/v1/completions", on_completions, false},
+		{"/health", on_health, false},
+		{"/v1/models", on_models, false},
+		{"/get_model_info", on_model_info, false},
+		{"/update_weights_from_disk", on_update_disk, false},
+		{"/init_weights_update_group", on_init_group, false},
+		{"/update_weights_from_distributed", on_update_dist, false},
+		{"/debug/kv", on_debug_kv, true},
+		{"/debug/pause", on_debug, true},
+		{"/debug/resume", on_debug, true},
+		{"/debug/step", on_debug, true},
+	};
+	struct evhttp_bound_socket *s;
+
+	e->http = evhttp_new(e->base);
+	if (!e->http)
+		return -ENOMEM;
+	evhttp_set_max_body_size(e->http, BODY_MAX + 1);
+	evhttp_set_allowed_methods(e->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST);
+	for (size_t i = 0; i < ARRAY_SIZE(routes); i++)
+		if (!routes[i].debug || e->o.debug_endpoints)
+			evhttp_set_cb(e->http, routes[i].path, routes[i].cb, e);
+	evhttp_set_gencb(e->http, on_other, e);
+	s = evhttp_bind_socket_with_handle(e->http, e->o.host, e->o.port);
+	if (!s)
+		return log_error_errno(-EADDRINUSE, "Failed to listen on %s:%u", e->o.host,
+				       e->o.port);
+	if (e->o.port == 0) {
+		struct sockaddr_storage ss;
+		socklen_t len = sizeof(ss);
+
+		if (getsockname(evhttp_bound_socket_get_fd(s), (struct sockaddr *)&ss, &len) == 0)
+			e->o.port = ntohs(ss.ss_family == AF_INET6
+						  ? ((struct sockaddr_in6 *)&ss)->sin6_port
+						  : ((struct sockaddr_in *)&ss)->sin_port);
+	}
+	return 0;
+}
