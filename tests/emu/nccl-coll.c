@@ -164,7 +164,7 @@ static int reduce_slots(struct nccl_op *op, size_t off, void **ret_acc)
 {
 	struct ncclComm *c = op->comm;
 	size_t bytes = op->len * op->esize;
-	void *acc = nccl_cuda_translate((const void *)(uintptr_t)c->buf, bytes);
+	void *acc = nccl_cuda_translate((const void *)(uintptr_t)c->buf.va, bytes);
 
 	if (!acc) {
 		nccl_set_last_error("rank %d: the communicator's device buffer is not accessible",

@@ -106,7 +106,7 @@ struct ncclComm *nccl_comm_new(int nranks, int rank, int dev,
  */
 void nccl_comm_release(struct ncclComm *comm)
 {
-	nccl_cuda_buffer_free(comm);
+	nccl_cuda_vmm_free(&comm->buf);
 	nccl_shm_unmap(&comm->shm);
 	atomic_store(&comm->magic, NCCL_COMM_DEAD);
 }
@@ -140,7 +140,7 @@ int nccl_comm_finish_init(struct ncclComm *comm)
 			return -EBUSY;
 		}
 	}
-	r = nccl_cuda_buffer_alloc(comm, comm->shm.hdr->slot_bytes);
+	r = nccl_cuda_vmm_alloc(comm->dev, comm->shm.hdr->slot_bytes, &comm->buf);
 	if (r < 0) {
 		nccl_set_last_error("rank %d: allocating the device buffer on device %d failed",
 				    comm->rank, comm->dev);

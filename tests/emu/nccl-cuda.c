@@ -118,12 +118,13 @@ int nccl_cuda_current_device(int *ret_dev)
 	return 0;
 }
 
-int nccl_cuda_buffer_alloc(struct ncclComm *comm, size_t size)
+/* NCCL's cuMem allocation: POSIX-fd shareable, readable and writable from its device. */
+int nccl_cuda_vmm_alloc(int dev, size_t size, struct nccl_vmm *ret)
 {
 	CUmemAllocationProp prop = {
 		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
 		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-		.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = comm->dev},
+		.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev},
 	};
 	CUmemAccessDesc access = {
 		.location = prop.location,
@@ -157,21 +158,18 @@ int nccl_cuda_buffer_alloc(struct ncclComm *comm, size_t size)
 		(void)cuda.address_free(va, size);
 		return -EIO;
 	}
-	comm->buf = va;
-	comm->buf_size = size;
-	comm->buf_handle = handle;
+	*ret = (struct nccl_vmm){.va = va, .size = size, .handle = handle};
 	return 0;
 }
 
-void nccl_cuda_buffer_free(struct ncclComm *comm)
+void nccl_cuda_vmm_free(struct nccl_vmm *vmm)
 {
-	if (!comm->buf)
+	if (!vmm->va)
 		return;
-	(void)cuda.unmap(comm->buf, comm->buf_size);
-	(void)cuda.release(comm->buf_handle);
-	(void)cuda.address_free(comm->buf, comm->buf_size);
-	comm->buf = 0;
-	comm->buf_size = 0;
+	(void)cuda.unmap(vmm->va, vmm->size);
+	(void)cuda.release(vmm->handle);
+	(void)cuda.address_free(vmm->va, vmm->size);
+	*vmm = (struct nccl_vmm){};
 }
 
 void *nccl_cuda_translate(const void *ptr, size_t size)

@@ -65,6 +65,13 @@ struct nccl_shm {
 	uint8_t *chan_data;
 };
 
+/* Device memory NCCL allocates itself: reserve + create + map + set access. */
+struct nccl_vmm {
+	CUdeviceptr va;
+	size_t size;
+	CUmemGenericAllocationHandle handle;
+};
+
 #define NCCL_COMM_MAGIC 0x6e63636c636f6d6dULL /* live communicator */
 #define NCCL_COMM_DEAD	0x6e63636c64656164ULL /* destroyed or aborted: kept as a tombstone */
 
@@ -81,9 +88,7 @@ struct ncclComm {
 	uint64_t step;	  /* collective steps this rank has posted */
 	uint64_t nsplits; /* ncclCommSplit calls, equal on every rank */
 	/* The driver-allocated internal buffer (see nccl-cuda.c). */
-	CUdeviceptr buf;
-	size_t buf_size;
-	CUmemGenericAllocationHandle buf_handle;
+	struct nccl_vmm buf;
 	/* Abort: set by ncclCommAbort, read by every wait; inflight counts threads inside the
 	 * communicator so that abort frees nothing they still use. */
 	_Atomic int aborted;
@@ -124,8 +129,9 @@ static inline uint8_t *nccl_shm_chan_data(const struct nccl_shm *shm, int from, 
 
 /* nccl-cuda.c: the driver, reached as the real NCCL reaches it. */
 int nccl_cuda_current_device(int *ret_dev);
-int nccl_cuda_buffer_alloc(struct ncclComm *comm, size_t size);
-void nccl_cuda_buffer_free(struct ncclComm *comm);
+/* size is rounded up to the allocation granularity. 0 or -EIO. */
+int nccl_cuda_vmm_alloc(int dev, size_t size, struct nccl_vmm *ret);
+void nccl_cuda_vmm_free(struct nccl_vmm *vmm);
 /* Host view of device memory [ptr, ptr + size), NULL when not mapped and accessible. */
 void *nccl_cuda_translate(const void *ptr, size_t size);
 

@@ -84,6 +84,10 @@ static struct {
 	ncclResult_t (*Recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
 	ncclResult_t (*GroupStart)(void);
 	ncclResult_t (*GroupEnd)(void);
+	ncclResult_t (*MemAlloc)(void **, size_t);
+	ncclResult_t (*MemFree)(void *);
+	ncclResult_t (*CommRegister)(const ncclComm_t, void *, size_t, void **);
+	ncclResult_t (*CommDeregister)(const ncclComm_t, void *);
 } api;
 
 #define CHECK(cond)                                                                         \
@@ -178,6 +182,10 @@ static void child_load(void)
 	NCCL_SYM(nccl, Recv, "ncclRecv");
 	NCCL_SYM(nccl, GroupStart, "ncclGroupStart");
 	NCCL_SYM(nccl, GroupEnd, "ncclGroupEnd");
+	NCCL_SYM(nccl, MemAlloc, "ncclMemAlloc");
+	NCCL_SYM(nccl, MemFree, "ncclMemFree");
+	NCCL_SYM(nccl, CommRegister, "ncclCommRegister");
+	NCCL_SYM(nccl, CommDeregister, "ncclCommDeregister");
 	CU_OK(api.cuInit(0));
 }
 
@@ -1026,6 +1034,43 @@ static void test_device_buffer_through_driver(void **state)
 	run_single(driver_buffer_body);
 }
 
+/* ncclMemAlloc: device memory through the driver, granularity-rounded, usable by collectives
+ * and registration; ncclMemFree gives it back. */
+static void mem_alloc_body(void)
+{
+	uint64_t bytes0, bytes1;
+	int64_t n0 = api.live_allocations(0, &bytes0);
+	ncclComm_t comm = solo_comm();
+	int64_t with_comm = api.live_allocations(0, &bytes0);
+	void *p = NULL, *q = &p, *reg = NULL;
+	int32_t v = 7;
+	float host[4];
+
+	CHECK(n0 >= 0 && with_comm == n0 + 1);
+	NCCL_OK(api.MemAlloc(&p, 1000));
+	CHECK(p != NULL);
+	CHECK(api.live_allocations(0, &bytes1) == with_comm + 1);
+	CHECK(bytes1 - bytes0 == 2u << 20); /* one granule */
+	to_dev(p, &v, sizeof(v));
+	NCCL_OK(api.CommRegister(comm, p, 1000, &reg));
+	NCCL_OK(api.AllReduce(p, p, 1, ncclInt32, ncclSum, comm, NULL));
+	from_dev(&v, p, sizeof(v));
+	CHECK(v == 7);
+	CHECK(api.CommRegister(comm, host, sizeof(host), &reg) == ncclInvalidArgument);
+	NCCL_OK(api.CommDeregister(comm, reg));
+	NCCL_OK(api.MemFree(p));
+	CHECK(api.live_allocations(0, NULL) == with_comm);
+	CHECK(api.MemFree(p) == ncclInvalidArgument);
+	NCCL_OK(api.MemAlloc(&q, 0));
+	CHECK(q == NULL);
+	NCCL_OK(api.CommDestroy(comm));
+}
+
+static void test_mem_alloc_and_register(void **state)
+{
+	run_single(mem_alloc_body);
+}
+
 static int group_setup(void **state)
 {
 	run_dir = test_mkdtemp("belayer-emu-nccl");
@@ -1059,6 +1104,7 @@ int main(void)
 		cmocka_unit_test(test_fault_injection),
 		cmocka_unit_test(test_arguments_and_errors),
 		cmocka_unit_test(test_device_buffer_through_driver),
+		cmocka_unit_test(test_mem_alloc_and_register),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
