@@ -24,8 +24,8 @@ void test_precondition_missing(const char *cond, const char *fmt, ...)
 	va_end(ap);
 
 	if (no_skip && strcmp(no_skip, "0") != 0)
-		fail_msg("precondition missing (%s): %s; BELAYER_TEST_NO_SKIP forbids skipping", cond,
-			 reason);
+		fail_msg("precondition missing (%s): %s; BELAYER_TEST_NO_SKIP forbids skipping",
+			 cond, reason);
 	print_message("[ SKIP     ] precondition missing (%s): %s\n", cond, reason);
 	skip();
 }

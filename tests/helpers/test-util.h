@@ -12,12 +12,12 @@
  * Under BELAYER_TEST_NO_SKIP=1 (set by tools/dev test when CI=true) it fails instead: CI
  * provides every precondition, so a skip there is a failure to investigate.
  */
-#define TEST_REQUIRE(cond, ...)                                          \
-	do {                                                             \
-		if (!(cond)) {                                           \
-			test_precondition_missing(#cond, __VA_ARGS__);   \
-			return;                                          \
-		}                                                        \
+#define TEST_REQUIRE(cond, ...)                                        \
+	do {                                                           \
+		if (!(cond)) {                                         \
+			test_precondition_missing(#cond, __VA_ARGS__); \
+			return;                                        \
+		}                                                      \
 	} while (0)
 
 void test_precondition_missing(const char *cond, const char *fmt, ...)
