@@ -672,7 +672,10 @@ static const struct {
 CUAPI CUresult cuGetErrorName(CUresult error, const char **pStr)
 {
 	const char *n = emu_cuda_error_name(error);
+	CUresult r = emu_fault_check(__func__);
 
+	if (r != CUDA_SUCCESS)
+		return r;
 	if (!pStr)
 		return CUDA_ERROR_INVALID_VALUE;
 	/* "If the error code is not recognized, CUDA_ERROR_INVALID_VALUE will be returned
@@ -683,6 +686,10 @@ CUAPI CUresult cuGetErrorName(CUresult error, const char **pStr)
 
 CUAPI CUresult cuGetErrorString(CUresult error, const char **pStr)
 {
+	CUresult r = emu_fault_check(__func__);
+
+	if (r != CUDA_SUCCESS)
+		return r;
 	if (!pStr)
 		return CUDA_ERROR_INVALID_VALUE;
 	for (size_t i = 0; i < ARRAY_SIZE(texts); i++)

@@ -266,6 +266,10 @@ CUAPI CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersi
 
 CUAPI CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)
 {
+	CUresult r = emu_fault_check(__func__);
+
+	if (r != CUDA_SUCCESS)
+		return r;
 	/* The private tables libcudart asks for are undocumented; DESIGN §5. */
 	if (ppExportTable)
 		*ppExportTable = NULL;

@@ -289,7 +289,7 @@ static void test_release_while_mapped_keeps_memory(void **state)
 static void test_export_requires_requested_type(void **state)
 {
 	CUmemGenericAllocationHandle h;
-	int fd = -1;
+	int fd = -1, p[2];
 
 	CU_OK(cu_vmm_create(0, GRAN, false, &h));
 	assert_int_equal(cu.cuMemExportToShareableHandle(
@@ -302,6 +302,14 @@ static void test_export_requires_requested_type(void **state)
 	assert_true(fd >= 0);
 	close(fd);
 	CU_OK(cu.cuMemRelease(h));
+	/* only this driver's memory can be imported */
+	assert_int_equal(pipe(p), 0);
+	assert_int_equal(
+		cu.cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)p[0],
+						  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+		CUDA_ERROR_INVALID_VALUE);
+	close(p[0]);
+	close(p[1]);
 }
 
 static void test_mapping_alone_keeps_memory(void **state)
