@@ -546,6 +546,56 @@ static void test_capacity_shared_across_processes(void **state)
 	CU_OK(cu_use_device(0));
 }
 
+/* Allocates on device 1 until out of memory, reports how many, holds them until told. */
+static int greedy_child(void *arg)
+{
+	struct peer *p = arg;
+	CUmemGenericAllocationHandle h;
+	uint64_t n = 0, word;
+
+	CHILD_CU(cu_use_device(1));
+	while (cu_vmm_create(1, GRAN, false, &h) == CUDA_SUCCESS)
+		n++;
+	CHILD_CHECK(test_send_u64(p->sock, n) == 0);
+	(void)test_recv_u64(p->sock, &word);
+	return 0;
+}
+
+static void test_concurrent_charges_never_exceed_capacity(void **state)
+{
+	enum {
+		N = 4
+	};
+	struct peer peer[N];
+	int sv[N][2];
+	pid_t pid[N];
+	uint64_t total = 0, n;
+	size_t free, size;
+
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv[i]), 0);
+		peer[i].sock = sv[i][1];
+		pid[i] = test_fork(greedy_child, &peer[i]);
+		assert_true(pid[i] > 0);
+		close(sv[i][1]);
+	}
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(test_recv_u64(sv[i][0], &n), 0);
+		total += n;
+	}
+	/* racing processes got exactly the capacity between them */
+	assert_int_equal(total, CAPACITY / GRAN);
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(test_send_u64(sv[i][0], 0), 0);
+		assert_int_equal(test_wait_exit(pid[i], 10000), 0);
+		close(sv[i][0]);
+	}
+	CU_OK(cu_use_device(1));
+	CU_OK(cu.cuMemGetInfo(&free, &size));
+	assert_int_equal(free, CAPACITY);
+	CU_OK(cu_use_device(0));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -566,6 +616,7 @@ int main(void)
 		cmocka_unit_test_setup(test_memory_survives_exporter_sigkill, setup),
 		cmocka_unit_test_setup(test_oom_at_capacity, setup),
 		cmocka_unit_test_setup(test_capacity_shared_across_processes, setup),
+		cmocka_unit_test_setup(test_concurrent_charges_never_exceed_capacity, setup),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
