@@ -252,25 +252,31 @@ static double median(double *v, size_t n)
 	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-int bench_shim_overhead(const struct bench_args *a, int argc, char **argv)
+struct driver_result {
+	const char *label;
+	const char *dir;
+	double med[2][_M_MAX];
+	uint64_t announced, released;
+};
+
+/* Measures one driver: children alternate without and with the shim, RUNS times each. */
+static int measure_driver(const struct bench_args *a, struct driver_result *res)
 {
 	static double results[2][_M_MAX][MAX_ROUNDS];
 	size_t counts[2][_M_MAX] = {};
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	struct listener l = {.fd = -1};
+	struct bench_args ca = *a;
 	char dir[] = "/tmp/belayer-bench-XXXXXX";
-	char sock[sizeof(dir) + 32];
-	double med[2][_M_MAX];
+	char sock[sizeof(dir) + 32], state[sizeof(dir) + 16];
 	pthread_t t;
 	int r = 0;
 
-	(void)argc;
-	(void)argv;
-	if (access(a->shim, R_OK) < 0)
-		return log_error_errno(-errno, "Cannot read the shim %s: %m", a->shim);
+	ca.driver = res->dir;
 	if (!mkdtemp(dir))
 		return log_error_errno(-errno, "Failed to create a temporary directory: %m");
 	snprintf(sock, sizeof(sock), "%s/supervisor.sock", dir);
+	snprintf(state, sizeof(state), "%s/state", dir);
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
 	l.fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (l.fd < 0 || bind(l.fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
@@ -281,49 +287,79 @@ int bench_shim_overhead(const struct bench_args *a, int argc, char **argv)
 
 	for (int run = 0; run < RUNS && r == 0; run++)
 		for (int with = 0; with < 2 && r == 0; with++)
-			r = run_child(a, with, dir, sock, results[with], counts[with]);
+			r = run_child(&ca, with, dir, sock, results[with], counts[with]);
 
-	(void)write(l.stop[1], "x", 1);
+	if (write(l.stop[1], "x", 1) < 0)
+		log_debug_errno(-errno, "Failed to stop the listener: %m");
 	pthread_join(t, NULL);
 	close(l.fd);
 	close(l.stop[0]);
 	close(l.stop[1]);
 	(void)unlink(sock);
-	{
-		char state[sizeof(dir) + 16];
-
-		snprintf(state, sizeof(state), "%s/state", dir);
-		(void)unlink(state);
-	}
+	(void)unlink(state);
 	(void)rmdir(dir);
 	if (r < 0)
 		return r;
-
 	for (int with = 0; with < 2; with++)
 		for (int m = 0; m < _M_MAX; m++)
-			med[with][m] = median(results[with][m], counts[with][m]);
+			res->med[with][m] = median(results[with][m], counts[with][m]);
+	res->announced = l.announced;
+	res->released = l.released;
+	return 0;
+}
+
+int bench_shim_overhead(const struct bench_args *a, int argc, char **argv)
+{
+	struct driver_result res[2] = {
+		{.label = a->driver ? "emulated/configured" : "system", .dir = a->driver},
+		{.label = "null (the shim's own cost)", .dir = BENCH_NULL_DRIVER_DIR},
+	};
+	size_t n = BENCH_NULL_DRIVER_DIR[0] ? 2 : 1;
+	int r;
+
+	(void)argc;
+	(void)argv;
+	if (access(a->shim, R_OK) < 0)
+		return log_error_errno(-errno, "Cannot read the shim %s: %m", a->shim);
+	for (size_t i = 0; i < n; i++) {
+		r = measure_driver(a, &res[i]);
+		if (r < 0)
+			return r;
+	}
 
 	if (a->json) {
-		printf("{\"benchmark\":\"shim-overhead\",\"driver\":\"%s\",\"shim\":\"%s\","
-		       "\"rounds\":%d,\"announced\":%" PRIu64 ",\"released\":%" PRIu64
-		       ",\"results\":[",
-		       a->driver ? a->driver : "system", a->shim, MAX_ROUNDS, l.announced,
-		       l.released);
-		for (int m = 0; m < _M_MAX; m++)
-			printf("%s{\"name\":\"%s\",\"without_ns\":%.2f,\"with_ns\":%.2f,"
-			       "\"added_ns\":%.2f}",
-			       m ? "," : "", measure_keys[m], med[0][m], med[1][m],
-			       med[1][m] - med[0][m]);
+		printf("{\"benchmark\":\"shim-overhead\",\"shim\":\"%s\",\"rounds\":%d,\"drivers\":"
+		       "[",
+		       a->shim, MAX_ROUNDS);
+		for (size_t i = 0; i < n; i++) {
+			printf("%s{\"driver\":\"%s\",\"dir\":\"%s\",\"announced\":%" PRIu64
+			       ",\"released\":%" PRIu64 ",\"results\":[",
+			       i ? "," : "", i ? "null" : "configured",
+			       res[i].dir ? res[i].dir : "system", res[i].announced,
+			       res[i].released);
+			for (int m = 0; m < _M_MAX; m++)
+				printf("%s{\"name\":\"%s\",\"without_ns\":%.2f,\"with_ns\":%.2f,"
+				       "\"added_ns\":%.2f}",
+				       m ? "," : "", measure_keys[m], res[i].med[0][m],
+				       res[i].med[1][m], res[i].med[1][m] - res[i].med[0][m]);
+			printf("]}");
+		}
 		printf("]}\n");
 		return 0;
 	}
-	printf("shim-overhead: median ns per call over %d rounds, driver %s\n\n", MAX_ROUNDS,
-	       a->driver ? a->driver : "(system)");
-	printf("%-64s %14s %14s %12s\n", "call", "without shim", "with shim", "added");
-	for (int m = 0; m < _M_MAX; m++)
-		printf("%-64s %11.1f ns %11.1f ns %+9.1f ns\n", measure_names[m], med[0][m],
-		       med[1][m], med[1][m] - med[0][m]);
-	printf("\nregions announced to the bench's listener: %" PRIu64 ", released: %" PRIu64 "\n",
-	       l.announced, l.released);
+	printf("shim-overhead: median ns per call over %d rounds (%d runs of the child without "
+	       "and with LD_PRELOAD, alternating)\n",
+	       MAX_ROUNDS, RUNS);
+	for (size_t i = 0; i < n; i++) {
+		printf("\ndriver: %s (%s)\n", res[i].label, res[i].dir ? res[i].dir : "system");
+		printf("%-64s %14s %14s %12s\n", "call", "without shim", "with shim", "added");
+		for (int m = 0; m < _M_MAX; m++)
+			printf("%-64s %11.1f ns %11.1f ns %+9.1f ns\n", measure_names[m],
+			       res[i].med[0][m], res[i].med[1][m],
+			       res[i].med[1][m] - res[i].med[0][m]);
+		printf("regions announced to the bench's listener: %" PRIu64 ", released: %" PRIu64
+		       "\n",
+		       res[i].announced, res[i].released);
+	}
 	return 0;
 }
