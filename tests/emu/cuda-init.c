@@ -218,7 +218,7 @@ CUAPI CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
 	size_t b;
 	CUresult r;
 
-	EMU_ENTER();
+	/* cuDeviceTotalMem_v2 does the entry checks (once per call, for fault rules too). */
 	if (!bytes)
 		return CUDA_ERROR_INVALID_VALUE;
 	r = cuDeviceTotalMem_v2(&b, dev);
@@ -698,7 +698,8 @@ CUAPI CUresult cuGetErrorString(CUresult error, const char **pStr)
 			return CUDA_SUCCESS;
 		}
 	/* Codes without their own text read as their name. */
-	return cuGetErrorName(error, pStr);
+	*pStr = emu_cuda_error_name(error);
+	return *pStr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUAPI CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
