@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -388,6 +389,75 @@ static void rank_allreduce_f32(int rank, int n, const ncclUniqueId *id, void *ar
 static void test_allreduce_2_processes(void **state)
 {
 	run_ranks(2, rank_allreduce_f32, NULL);
+}
+
+/* ---- ranks join in any order ---- */
+
+struct gates {
+	int go[MAX_RANKS][2];
+};
+
+static void rank_gated(int rank, int n, const ncclUniqueId *id, void *arg)
+{
+	struct gates *g = arg;
+	ncclComm_t comm;
+	int32_t v = rank, *buf = dev_alloc(sizeof(v));
+	char c;
+
+	CHECK(read(g->go[rank][0], &c, 1) == 1);
+	comm = comm_init(n, id, rank);
+	to_dev(buf, &v, sizeof(v));
+	NCCL_OK(api.AllReduce(buf, buf, 1, ncclInt32, ncclSum, comm, NULL));
+	from_dev(&v, buf, sizeof(v));
+	CHECK(v == n * (n - 1) / 2);
+	NCCL_OK(api.CommDestroy(comm));
+}
+
+/* Waits (bounded, on inotify) until a rendezvous file appears in the run directory. */
+static void wait_rendezvous_created(int ifd)
+{
+	struct pollfd pfd = {.fd = ifd, .events = POLLIN};
+	char events[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+
+	for (;;) {
+		ssize_t len;
+
+		assert_int_equal(poll(&pfd, 1, CHILD_TIMEOUT_MS), 1);
+		len = read(ifd, events, sizeof(events));
+		assert_true(len > 0);
+		for (char *p = events; p < events + len;) {
+			struct inotify_event *ev = (struct inotify_event *)p;
+
+			if (ev->len > 0 && strncmp(ev->name, "nccl-", 5) == 0)
+				return;
+			p += sizeof(*ev) + ev->len;
+		}
+	}
+}
+
+/* The last rank creates the rendezvous and waits there; ranks 0 (which made the id) and 1
+ * join it afterwards: nothing depends on rank 0 arriving first. */
+static void test_ranks_join_in_any_order(void **state)
+{
+	struct gates g;
+	struct ranks rk;
+	int ifd = inotify_init1(IN_CLOEXEC);
+
+	assert_true(ifd >= 0);
+	assert_true(inotify_add_watch(ifd, run_dir, IN_CREATE) >= 0);
+	for (int r = 0; r < 3; r++)
+		assert_int_equal(pipe2(g.go[r], O_CLOEXEC), 0);
+	ranks_spawn(&rk, 3, rank_gated, &g);
+	assert_int_equal(write(g.go[2][1], "g", 1), 1);
+	wait_rendezvous_created(ifd);
+	assert_int_equal(write(g.go[0][1], "g", 1), 1);
+	assert_int_equal(write(g.go[1][1], "g", 1), 1);
+	ranks_expect_success(&rk);
+	for (int r = 0; r < 3; r++) {
+		close(g.go[r][0]);
+		close(g.go[r][1]);
+	}
+	close(ifd);
 }
 
 /* Exact in every type: small integers. */
@@ -1094,6 +1164,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_allreduce_2_processes),
+		cmocka_unit_test(test_ranks_join_in_any_order),
 		cmocka_unit_test(test_allreduce_4_processes_types_ops),
 		cmocka_unit_test(test_broadcast_reduce_allgather_reducescatter),
 		cmocka_unit_test(test_send_recv_ring),
