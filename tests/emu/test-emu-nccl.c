@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include <cudaTypedefs.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -435,6 +436,19 @@ static void wait_rendezvous_created(int ifd)
 	}
 }
 
+static int count_rendezvous_files(void)
+{
+	DIR *d = opendir(run_dir);
+	struct dirent *de;
+	int n = 0;
+
+	assert_non_null(d);
+	while ((de = readdir(d)))
+		n += strncmp(de->d_name, "nccl-", 5) == 0;
+	closedir(d);
+	return n;
+}
+
 /* The last rank creates the rendezvous and waits there; ranks 0 (which made the id) and 1
  * join it afterwards: nothing depends on rank 0 arriving first. */
 static void test_ranks_join_in_any_order(void **state)
@@ -453,6 +467,8 @@ static void test_ranks_join_in_any_order(void **state)
 	assert_int_equal(write(g.go[0][1], "g", 1), 1);
 	assert_int_equal(write(g.go[1][1], "g", 1), 1);
 	ranks_expect_success(&rk);
+	/* The name served its purpose once everyone joined: nothing is left behind. */
+	assert_int_equal(count_rendezvous_files(), 0);
 	for (int r = 0; r < 3; r++) {
 		close(g.go[r][0]);
 		close(g.go[r][1]);
