@@ -64,6 +64,7 @@ __asm__(".text\n"
 	".type dlsym, @function\n"
 	".p2align 4\n"
 	"dlsym:\n"
+	"	endbr64\n"
 	"	cmpq $-1, %rdi\n" /* RTLD_NEXT */
 	"	je 1f\n"
 	"	jmp dlsym_slow\n"
@@ -89,6 +90,7 @@ __asm__(".text\n"
 	".type dlsym, %function\n"
 	".p2align 4\n"
 	"dlsym:\n"
+	"	hint #34\n"   /* bti c */
 	"	cmn x0, #1\n" /* RTLD_NEXT */
 	"	b.eq 1f\n"
 	"	b dlsym_slow\n"

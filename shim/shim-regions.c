@@ -391,9 +391,21 @@ bool regions_have_weights(void)
 	return __atomic_load_n(&n_weights_mapped, __ATOMIC_RELAXED) != 0;
 }
 
+/* Looks with the lock shared first: most copies after load go elsewhere (KV, activations). */
+static bool touches_weights(uint64_t va, uint64_t len)
+{
+	bool hit = false;
+
+	(void)pthread_rwlock_rdlock(&lock);
+	for (size_t i = range_lower(va); i < n_ranges && ranges[i].va < va + len && !hit; i++)
+		hit = ranges[i].r->cls == REGION_WEIGHTS;
+	(void)pthread_rwlock_unlock(&lock);
+	return hit;
+}
+
 void regions_note_write(uint64_t va, uint64_t len)
 {
-	if (len == 0)
+	if (len == 0 || va + len < va || !touches_weights(va, len))
 		return;
 	regions_lock();
 	for (size_t i = range_lower(va); i < n_ranges && ranges[i].va < va + len; i++) {

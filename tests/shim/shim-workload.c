@@ -474,6 +474,15 @@ static int run_procaddr(void)
 	 * preloaded shim's; relative to the shim it would be glibc's. */
 	if (!in_shim(dlsym(RTLD_NEXT, "dlsym")))
 		printf("dlsym(RTLD_NEXT) is not relative to its caller\n");
+	/* Another interposer preloaded after the shim (when the test adds one). */
+	{
+		void *(*check)(void) = (__typeof__(check))dlsym(RTLD_DEFAULT, "next_probe_check");
+
+		if (check && check() != NULL)
+			printf("dlsym(RTLD_NEXT) from a later preload found the caller itself\n");
+		if (check)
+			printf("checked later preload\n");
+	}
 	printf("done\n");
 	hold();
 	return 0;

@@ -513,9 +513,21 @@ static void test_proc_address_and_dlsym(void **state)
 	struct proc w;
 	char line[512];
 
-	spawn(&w, argv, workload_env(&e, f, "BELAYER_LOG_LEVEL=error", NULL), true, false);
-	while (read_line(w.out, line, sizeof(line)) && strcmp(line, "done") != 0)
+	bool later = false;
+
+	/* With a second interposer preloaded after the shim. */
+	spawn(&w, argv,
+	      workload_env(&e, f, "BELAYER_LOG_LEVEL=error",
+			   "LD_PRELOAD=" SHIM_PATH " " NEXT_PROBE_PATH),
+	      false, false);
+	while (read_line(w.out, line, sizeof(line)) && strcmp(line, "done") != 0) {
+		if (strcmp(line, "checked later preload") == 0) {
+			later = true;
+			continue;
+		}
 		fail_msg("%s", line); /* the workload prints only mismatches */
+	}
+	assert_true(later);
 	close(w.in);
 	w.in = -1;
 	assert_int_equal(wait_exit(w.pid), 0);
