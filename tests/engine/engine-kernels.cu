@@ -8,12 +8,12 @@
 
 #include "engine-kernels.h"
 
-#define GPU_KERNEL(name, type)                                        \
-	extern "C" __global__ void name(struct type a)                \
-	{                                                             \
+#define GPU_KERNEL(name, type)                                                \
+	extern "C" __global__ void name(struct type a)                        \
+	{                                                                     \
 		uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; \
-		if (i < name##_count(&a))                             \
-			name##_at(&a, i);                             \
+		if (i < name##_count(&a))                                     \
+			name##_at(&a, i);                                     \
 	}
 
 ENGINE_KERNELS(GPU_KERNEL)

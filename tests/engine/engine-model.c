@@ -78,6 +78,18 @@ int model_create(struct model *m, const struct model_config *c, uint32_t tp, uin
 	return 0;
 }
 
+int model_create_unsharded(const struct model_config *c, struct weight **ret, size_t *ret_n)
+{
+	struct model m = {};
+	int r = model_create(&m, c, 1, 0);
+
+	if (r < 0)
+		return r;
+	*ret = m.w;
+	*ret_n = m.nw;
+	return 0;
+}
+
 int model_find(const struct model *m, const char *name)
 {
 	for (size_t i = 0; i < m->nw; i++)

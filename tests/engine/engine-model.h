@@ -86,6 +86,8 @@ void step_layout(const struct model *m, uint32_t ntok, uint32_t nrows, uint32_t 
 
 /* Allocates the weights (cuMemAlloc per tensor) of config c for rank/tp. */
 int model_create(struct model *m, const struct model_config *c, uint32_t tp, uint32_t rank);
+/* Allocates every tensor whole (a trainer's copy, TP 1): 0 or -errno. */
+int model_create_unsharded(const struct model_config *c, struct weight **ret, size_t *ret_n);
 /* H2D of every tensor's shard from a safetensors file with the same layout. */
 int model_load_file(struct model *m, const char *path);
 /* Initialises every tensor on the device with the fill kernel from seed. */

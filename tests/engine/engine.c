@@ -401,10 +401,11 @@ int main(int argc, char **argv)
 	}
 
 	/* NCCL's id first, so the other ranks start while this one initialises CUDA */
+	/* loaded at any TP degree: weight updates from a trainer use NCCL too */
+	r = gpu_nccl_load();
+	if (r < 0)
+		return EXIT_FAILURE;
 	if (e.o.tp > 1) {
-		r = gpu_nccl_load();
-		if (r < 0)
-			return EXIT_FAILURE;
 		if (e.o.rank == 0) {
 			nr = gpu.ncclGetUniqueId(&e.o.tp_id);
 			if (nr != ncclSuccess) {
