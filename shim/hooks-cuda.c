@@ -184,6 +184,17 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocat
 	PASS(cuMemExportToShareableHandle, shareableHandle, handle, handleType, flags);
 }
 
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+	return shim_pointer_get_attribute(data, attribute, ptr);
+}
+
+CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes,
+				void **data, CUdeviceptr ptr)
+{
+	return shim_pointer_get_attributes(numAttributes, attributes, data, ptr);
+}
+
 CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
 {
 	return shim_ipc_get_mem_handle(pHandle, dptr);

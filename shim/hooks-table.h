@@ -50,6 +50,10 @@
 	X(cuMemSetAccess, "cuMemSetAccess", 10020, 0, PFN_cuMemSetAccess_v10020)                \
 	X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, 0,               \
 	  PFN_cuMemExportToShareableHandle_v10020)                                              \
+	X(cuPointerGetAttribute, "cuPointerGetAttribute", 4000, 0,                              \
+	  PFN_cuPointerGetAttribute_v4000)                                                      \
+	X(cuPointerGetAttributes, "cuPointerGetAttributes", 7000, 0,                            \
+	  PFN_cuPointerGetAttributes_v7000)                                                     \
 	X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, 0, PFN_cuIpcGetMemHandle_v4010)         \
 	X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, 0, PFN_cuIpcOpenMemHandle_v11000) \
 	X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, 0, PFN_cuIpcCloseMemHandle_v4010)   \

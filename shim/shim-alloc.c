@@ -275,6 +275,62 @@ CUresult shim_mem_get_address_range(CUdeviceptr *pbase, size_t *psize, CUdevicep
 	return real(pbase, psize, dptr);
 }
 
+/* What the driver says of cudaMalloc memory, where it differs from what it says of the VMM
+ * memory we serve it with: the allocation's own range, legacy-IPC capable (the shim serves
+ * that, shim-ipc.c), no shareable handle types. */
+static void patch_attribute(CUpointer_attribute attr, void *data, uint64_t base, uint64_t size)
+{
+	switch (attr) {
+	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+		*(CUdeviceptr *)data = base;
+		break;
+	case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+		*(size_t *)data = size;
+		break;
+	case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+		*(int *)data = 1;
+		break;
+	case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+		*(unsigned long long *)data = CU_MEM_HANDLE_TYPE_NONE;
+		break;
+	default:
+		break;
+	}
+}
+
+CUresult shim_pointer_get_attribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr)
+{
+	PFN_cuPointerGetAttribute_v4000 real = REAL(cuPointerGetAttribute);
+	uint64_t base, size;
+	CUresult r;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = real(data, attr, ptr);
+	if (r == CUDA_SUCCESS && data && !shim_busy &&
+	    regions_converted_range(ptr, &base, &size) == 0)
+		patch_attribute(attr, data, base, size);
+	return r;
+}
+
+CUresult shim_pointer_get_attributes(unsigned int n, CUpointer_attribute *attrs, void **data,
+				     CUdeviceptr ptr)
+{
+	PFN_cuPointerGetAttributes_v7000 real = REAL(cuPointerGetAttributes);
+	uint64_t base, size;
+	CUresult r;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = real(n, attrs, data, ptr);
+	if (r == CUDA_SUCCESS && attrs && data && !shim_busy &&
+	    regions_converted_range(ptr, &base, &size) == 0)
+		for (unsigned int i = 0; i < n; i++)
+			if (data[i])
+				patch_attribute(attrs[i], data[i], base, size);
+	return r;
+}
+
 CUresult shim_mem_create(CUmemGenericAllocationHandle *handle, size_t size,
 			 const CUmemAllocationProp *prop, unsigned long long flags,
 			 const void *caller)

@@ -44,6 +44,7 @@ static struct {
 	CUresult (*htod)(CUdeviceptr, const void *, size_t);
 	CUresult (*dtoh)(void *, CUdeviceptr, size_t);
 	CUresult (*mem_info)(size_t *, size_t *);
+	CUresult (*ptr_attr)(void *, CUpointer_attribute, CUdeviceptr);
 } d;
 
 static CUcontext ctx;
@@ -99,6 +100,7 @@ static void driver_open(void)
 	d.htod = resolve("cuMemcpyHtoD", 3020);
 	d.dtoh = resolve("cuMemcpyDtoH", 3020);
 	d.mem_info = resolve("cuMemGetInfo", 3020);
+	d.ptr_attr = resolve("cuPointerGetAttribute", 4000);
 
 	CHECK(d.init(0));
 	CHECK(d.device_get(&dev, 0));
@@ -153,6 +155,25 @@ static int run_runtime(void)
 		die("cuMemGetAddressRange: base %llx size %zu", (unsigned long long)base, size);
 	if (d.free(a + 4096) != CUDA_ERROR_INVALID_VALUE)
 		die("cuMemFree of an interior pointer was not rejected");
+	/* The 3 MiB one is mapped as 4 MiB of VMM memory, which must not show. */
+	{
+		unsigned long long types = 1;
+		CUdeviceptr start = 0;
+		int ipc = 0;
+
+		CHECK(d.range(&base, &size, c + MIB));
+		if (base != c || size != 3 * MIB)
+			die("cuMemGetAddressRange of 3 MiB: base %llx size %zu",
+			    (unsigned long long)base, size);
+		CHECK(d.ptr_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, c + MIB));
+		CHECK(d.ptr_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, c + MIB));
+		CHECK(d.ptr_attr(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, c));
+		CHECK(d.ptr_attr(&types, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, c));
+		if (size != 3 * MIB || start != c || ipc != 1 || types != 0)
+			die("pointer attributes of converted memory: size %zu start %llx ipc %d "
+			    "types %llu",
+			    size, (unsigned long long)start, ipc, types);
+	}
 	fill(b, 0x30);
 	CHECK(d.dtoh(back, b, sizeof(back)));
 	if (back[0] != 0x30 || back[15] != 0x3f)
