@@ -1,0 +1,486 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * One table row per configuration key. Defaults are strings parsed by the same code as the
+ * file, so a default can never be a value the parser would refuse.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ini.h>
+
+#include "log.h"
+#include "proto.h"
+#include "supervisor-config.h"
+
+enum key_type {
+	KEY_STRING, /* char[size] */
+	KEY_U32,    /* uint32_t in [min, max] */
+	KEY_SIZE,   /* uint64_t bytes, K/M/G/T suffixes (powers of 1024) */
+	KEY_SECS,   /* uint64_t seconds, s/m/h/d suffixes */
+	KEY_MODE,   /* uint32_t octal file mode */
+	KEY_BOOL,   /* yes/no, true/false, on/off, 1/0 */
+	KEY_UIDS,   /* comma-separated user names or numbers */
+	KEY_GIDS,   /* comma-separated group names or numbers */
+	KEY_INTS,   /* comma-separated numbers */
+	KEY_CONTENT,
+	KEY_LOGLEVEL,
+};
+
+struct key {
+	const char *section, *name;
+	enum key_type type;
+	size_t offset, size;
+	uint64_t min, max;
+	const char *def;
+	const char *doc;
+};
+
+#define AT(m) offsetof(struct sv_config, m)
+#define SZ(m) sizeof(((struct sv_config *)0)->m)
+#define STR(sec, k, m, d, doc)                                 \
+	{                                                      \
+		sec, k, KEY_STRING, AT(m), SZ(m), 0, 0, d, doc \
+	}
+#define U32(sec, k, m, lo, hi, d, doc)                        \
+	{                                                     \
+		sec, k, KEY_U32, AT(m), SZ(m), lo, hi, d, doc \
+	}
+#define TYPED(sec, k, t, m, d, doc)                   \
+	{                                             \
+		sec, k, t, AT(m), SZ(m), 0, 0, d, doc \
+	}
+
+static const struct key keys[] = {
+	STR("supervisor", "socket", socket, "/run/belayer/supervisor.sock",
+	    "Unix SOCK_SEQPACKET socket for shims and belayerctl; its directory is created 0755."),
+	STR("supervisor", "socket_group", socket_group, "",
+	    "Group owning the socket (empty: the supervisor's own group)."),
+	TYPED("supervisor", "socket_mode", KEY_MODE, socket_mode, "0660",
+	      "Permissions of the socket (octal)."),
+	STR("supervisor", "state_dir", state_dir, "/var/lib/belayer",
+	    "Directory holding the journal (created 0700)."),
+	TYPED("supervisor", "log_level", KEY_LOGLEVEL, log_level, "info",
+	      "error, warning, info or debug (BELAYER_LOG_LEVEL overrides)."),
+
+	U32("limits", "max_connections", max_connections, 1, 1000000, "256",
+	    "Connections served at once; more are refused with an error reply."),
+	U32("limits", "max_regions_per_worker", max_regions_per_worker, 1, 10000000, "4096",
+	    "Regions one worker may announce; more are refused."),
+	U32("limits", "max_fds", max_fds, 1, 10000000, "8192",
+	    "Region fds held in total; announcements past it are refused."),
+	U32("limits", "max_message_size", max_message_size, 64, PROTO_MAX_MSG, "65536",
+	    "Largest packet accepted, in bytes (at most the protocol's 65536)."),
+	TYPED("limits", "max_queued_bytes", KEY_SIZE, max_queued_bytes, "8M",
+	      "Replies/events queued for one slow reader before it is disconnected."),
+	U32("limits", "max_client_errors", max_client_errors, 1, 1000000, "16",
+	    "Malformed or refused messages from one connection before it is closed."),
+
+	TYPED("retention", "timeout", KEY_SECS, retention_timeout, "10m",
+	      "How long a dead worker's regions are retained (0: until consumed)."),
+	TYPED("retention", "memory_budget", KEY_SIZE, memory_budget, "0",
+	      "Bytes of dead workers' regions retained at most; the oldest dead worker's "
+	      "regions are released first (0: no budget)."),
+	TYPED("retention", "resync_grace", KEY_SECS, resync_grace, "30s",
+	      "After a worker (re)connects, how long regions it does not re-announce are kept."),
+
+	TYPED("security", "allowed_uids", KEY_UIDS, allowed_uids, "",
+	      "Users that may connect besides root and the supervisor's user (empty with "
+	      "allowed_gids empty: anyone the socket's permissions let in)."),
+	TYPED("security", "allowed_gids", KEY_GIDS, allowed_gids, "",
+	      "Groups whose members (primary group) may connect, as allowed_uids."),
+	TYPED("security", "fetch_uids", KEY_UIDS, fetch_uids, "",
+	      "Users that may fetch regions owned by another user of the same engine group."),
+	TYPED("security", "fetch_gids", KEY_GIDS, fetch_gids, "",
+	      "Groups whose members may fetch regions owned by another user of the same engine."),
+	TYPED("security", "allow_inject", KEY_BOOL, allow_inject, "yes",
+	      "Whether belayerctl inject works (root or the worker's own user only)."),
+
+	TYPED("health", "interval", KEY_SECS, health_interval, "30s",
+	      "Period of the background GPU health check (0: only on request)."),
+	TYPED("health", "fatal_xids", KEY_INTS, fatal_xids,
+	      "13,31,32,43,45,48,61,62,63,64,68,69,74,79,92,94,95,119,120",
+	      "XIDs that fail the GPU check when seen since the last good check."),
+	STR("health", "nvml_library", nvml_library, "libnvidia-ml.so.1",
+	    "NVML library dlopen()ed for GPU checks (missing: verdict unknown)."),
+	STR("health", "cuda_library", cuda_library, "libcuda.so.1",
+	    "CUDA driver dlopen()ed to read device memory for content checks."),
+	TYPED("health", "content_method", KEY_CONTENT, content_method, "auto",
+	      "How region contents are read for checksums: auto, mmap or driver."),
+
+	TYPED("journal", "enabled", KEY_BOOL, journal, "yes",
+	      "Journal workers and regions so a restarted supervisor knows what to expect."),
+	TYPED("journal", "max_size", KEY_SIZE, journal_max_size, "4M",
+	      "Journal size that triggers compaction into a snapshot."),
+
+	U32("events", "history", event_history, 0, 1000000, "256",
+	    "Recent events kept for `belayerctl events` to replay."),
+
+	STR("metrics", "http_address", http_address, "127.0.0.1",
+	    "Address of the Prometheus listener; only loopback addresses are accepted."),
+	U32("metrics", "http_port", http_port, 0, 65535, "0",
+	    "Port of the Prometheus /metrics listener (0: off)."),
+};
+
+static const char *const content_names[] = {"auto", "mmap", "driver"};
+
+static void *at(struct sv_config *c, const struct key *k)
+{
+	return (char *)c + k->offset;
+}
+
+static const void *at_const(const struct sv_config *c, const struct key *k)
+{
+	return (const char *)c + k->offset;
+}
+
+static int parse_u64(const char *s, uint64_t *ret, char **ret_end)
+{
+	char *end;
+	unsigned long long v;
+
+	while (isspace((unsigned char)*s))
+		s++;
+	if (!isdigit((unsigned char)*s))
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno != 0)
+		return -EINVAL;
+	*ret = v;
+	*ret_end = end;
+	return 0;
+}
+
+static int parse_scaled(const char *s, const char *suffixes, const uint64_t *scales, uint64_t *ret)
+{
+	uint64_t v, scale = 1;
+	char *end;
+	const char *p;
+
+	if (parse_u64(s, &v, &end) < 0)
+		return -EINVAL;
+	if (*end && (p = strchr(suffixes, tolower((unsigned char)*end)))) {
+		scale = scales[p - suffixes];
+		end++;
+		if (*end == 'i' || *end == 'I' || *end == 'b' || *end == 'B')
+			end += *end == 'i' || *end == 'I' ? 1 : 0;
+		if (*end == 'b' || *end == 'B')
+			end++;
+	}
+	while (isspace((unsigned char)*end))
+		end++;
+	if (*end)
+		return -EINVAL;
+	if (v > UINT64_MAX / scale)
+		return -ERANGE;
+	*ret = v * scale;
+	return 0;
+}
+
+static int parse_ids(const char *s, bool users, bool names, struct id_list *ret)
+{
+	char buf[1024], *save = NULL, *tok;
+
+	ret->n = 0;
+	if (strlen(s) >= sizeof(buf))
+		return -EINVAL;
+	strcpy(buf, s);
+	for (tok = strtok_r(buf, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
+		uint64_t v;
+		char *end;
+
+		if (ret->n >= CONFIG_LIST_MAX)
+			return -E2BIG;
+		if (parse_u64(tok, &v, &end) == 0 && *end == '\0') {
+			if (v > UINT32_MAX - 1)
+				return -ERANGE;
+		} else if (!names) {
+			return -EINVAL;
+		} else if (users) {
+			struct passwd *pw = getpwnam(tok);
+
+			if (!pw)
+				return -ENOENT;
+			v = pw->pw_uid;
+		} else {
+			struct group *gr = getgrnam(tok);
+
+			if (!gr)
+				return -ENOENT;
+			v = gr->gr_gid;
+		}
+		ret->ids[ret->n++] = (uint32_t)v;
+	}
+	return 0;
+}
+
+static int key_parse(struct sv_config *c, const struct key *k, const char *value)
+{
+	static const uint64_t size_scales[] = {1ull << 10, 1ull << 20, 1ull << 30, 1ull << 40};
+	static const uint64_t secs_scales[] = {1, 60, 3600, 86400};
+	void *p = at(c, k);
+	enum log_level level;
+	uint64_t v;
+	char *end;
+	int r;
+
+	switch (k->type) {
+	case KEY_STRING:
+		if (strlen(value) >= k->size)
+			return -ENAMETOOLONG;
+		strcpy(p, value);
+		return 0;
+	case KEY_U32:
+		if (parse_u64(value, &v, &end) < 0 || *end)
+			return -EINVAL;
+		if (v < k->min || v > k->max)
+			return -ERANGE;
+		*(uint32_t *)p = (uint32_t)v;
+		return 0;
+	case KEY_SIZE:
+		return parse_scaled(value, "kmgt", size_scales, p);
+	case KEY_SECS:
+		return parse_scaled(value, "smhd", secs_scales, p);
+	case KEY_MODE:
+		errno = 0;
+		v = strtoull(value, &end, 8);
+		if (errno || end == value || *end || v > 07777)
+			return -EINVAL;
+		*(uint32_t *)p = (uint32_t)v;
+		return 0;
+	case KEY_BOOL:
+		if (!strcasecmp(value, "yes") || !strcasecmp(value, "true") ||
+		    !strcasecmp(value, "on") || !strcmp(value, "1"))
+			*(bool *)p = true;
+		else if (!strcasecmp(value, "no") || !strcasecmp(value, "false") ||
+			 !strcasecmp(value, "off") || !strcmp(value, "0"))
+			*(bool *)p = false;
+		else
+			return -EINVAL;
+		return 0;
+	case KEY_UIDS:
+		return parse_ids(value, true, true, p);
+	case KEY_GIDS:
+		return parse_ids(value, false, true, p);
+	case KEY_INTS:
+		return parse_ids(value, false, false, p);
+	case KEY_CONTENT:
+		for (size_t i = 0; i < ARRAY_SIZE(content_names); i++)
+			if (strcmp(value, content_names[i]) == 0) {
+				*(enum content_method *)p = (enum content_method)i;
+				return 0;
+			}
+		return -EINVAL;
+	case KEY_LOGLEVEL:
+		r = log_level_from_string(value, &level);
+		if (r < 0)
+			return r;
+		if (strlen(value) >= k->size)
+			return -EINVAL;
+		strcpy(p, value);
+		return 0;
+	}
+	return -EINVAL;
+}
+
+static const struct key *key_find(const char *section, const char *name)
+{
+	for (size_t i = 0; i < ARRAY_SIZE(keys); i++)
+		if (strcmp(keys[i].section, section) == 0 && strcmp(keys[i].name, name) == 0)
+			return &keys[i];
+	return NULL;
+}
+
+void config_init_defaults(struct sv_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	for (size_t i = 0; i < ARRAY_SIZE(keys); i++) {
+		int r = key_parse(c, &keys[i], keys[i].def);
+
+		/* The table is ours: a default the parser refuses is a bug caught by every test. */
+		if (r < 0) {
+			log_error_errno(r, "Default of %s.%s is invalid: %m", keys[i].section,
+					keys[i].name);
+			abort();
+		}
+	}
+}
+
+int config_set(struct sv_config *c, const char *section, const char *key, const char *value)
+{
+	const struct key *k;
+	char sec[64];
+	const char *dot;
+
+	if (!section) {
+		dot = strchr(key, '.');
+		if (!dot || (size_t)(dot - key) >= sizeof(sec))
+			return -ENOENT;
+		memcpy(sec, key, (size_t)(dot - key));
+		sec[dot - key] = '\0';
+		section = sec;
+		key = dot + 1;
+	}
+	k = key_find(section, key);
+	if (!k)
+		return -ENOENT;
+	return key_parse(c, k, value);
+}
+
+struct load_ctx {
+	struct sv_config *c;
+	const char *path;
+	int error;
+};
+
+/* Debian's libinih is built without INI_HANDLER_LINENO: no line numbers in the callback. */
+static int ini_cb(void *user, const char *section, const char *name, const char *value)
+{
+	struct load_ctx *ctx = user;
+	int r = config_set(ctx->c, section, name, value);
+
+	if (r == -ENOENT) {
+		log_warning("%s: unknown key [%s] %s, ignoring.", ctx->path, section, name);
+		return 1;
+	}
+	if (r < 0) {
+		log_error_errno(r, "%s: invalid value for [%s] %s: \"%s\": %m", ctx->path, section,
+				name, value);
+		ctx->error = r;
+	}
+	return 1;
+}
+
+int config_load(struct sv_config *c, const char *path, bool missing_ok)
+{
+	struct load_ctx ctx = {.c = c, .path = path};
+	_cleanup_fclose_ FILE *f = fopen(path, "re");
+	int r;
+
+	if (!f) {
+		r = negative_errno();
+		if (r == -ENOENT && missing_ok) {
+			log_debug("No %s, using the defaults.", path);
+			return 0;
+		}
+		return log_error_errno(r, "Failed to open %s: %m", path);
+	}
+	r = ini_parse_file(f, ini_cb, &ctx);
+	if (r > 0)
+		return log_error_errno(-EINVAL, "%s:%d: syntax error.", path, r);
+	if (r < 0)
+		return log_error_errno(-EIO, "Failed to parse %s.", path);
+	return ctx.error;
+}
+
+static void format_ids(const struct id_list *l, char *buf, size_t cap)
+{
+	size_t off = 0;
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < l->n && off < cap; i++)
+		off += (size_t)snprintf(buf + off, cap - off, "%s%" PRIu32, i ? "," : "",
+					l->ids[i]);
+}
+
+static void format_scaled(uint64_t v, const char *suffixes, const uint64_t *scales, size_t n,
+			  char *buf, size_t cap)
+{
+	for (size_t i = n; i-- > 0;)
+		if (v && v % scales[i] == 0) {
+			snprintf(buf, cap, "%" PRIu64 "%c", v / scales[i], suffixes[i]);
+			return;
+		}
+	snprintf(buf, cap, "%" PRIu64, v);
+}
+
+static void key_format(const struct sv_config *c, const struct key *k, char *buf, size_t cap)
+{
+	static const uint64_t size_scales[] = {1ull << 10, 1ull << 20, 1ull << 30, 1ull << 40};
+	static const uint64_t secs_scales[] = {60, 3600, 86400};
+	const void *p = at_const(c, k);
+	uint64_t v;
+
+	switch (k->type) {
+	case KEY_STRING:
+	case KEY_LOGLEVEL:
+		snprintf(buf, cap, "%s", (const char *)p);
+		return;
+	case KEY_U32:
+		snprintf(buf, cap, "%" PRIu32, *(const uint32_t *)p);
+		return;
+	case KEY_SIZE:
+		format_scaled(*(const uint64_t *)p, "KMGT", size_scales, 4, buf, cap);
+		return;
+	case KEY_SECS:
+		v = *(const uint64_t *)p;
+		if (v == 0)
+			snprintf(buf, cap, "0");
+		else if (v % 60)
+			snprintf(buf, cap, "%" PRIu64 "s", v);
+		else
+			format_scaled(v, "mhd", secs_scales, 3, buf, cap);
+		return;
+	case KEY_MODE:
+		snprintf(buf, cap, "%04" PRIo32, *(const uint32_t *)p);
+		return;
+	case KEY_BOOL:
+		snprintf(buf, cap, "%s", *(const bool *)p ? "yes" : "no");
+		return;
+	case KEY_UIDS:
+	case KEY_GIDS:
+	case KEY_INTS:
+		format_ids(p, buf, cap);
+		return;
+	case KEY_CONTENT:
+		snprintf(buf, cap, "%s", content_names[*(const enum content_method *)p]);
+		return;
+	}
+	snprintf(buf, cap, "?");
+}
+
+bool config_entry(const struct sv_config *c, size_t i, const char **ret_section,
+		  const char **ret_key, char *ret_value, size_t cap, const char **ret_doc)
+{
+	if (i >= ARRAY_SIZE(keys))
+		return false;
+	*ret_section = keys[i].section;
+	*ret_key = keys[i].name;
+	if (ret_doc)
+		*ret_doc = keys[i].doc;
+	key_format(c, &keys[i], ret_value, cap);
+	return true;
+}
+
+void config_dump(const struct sv_config *c, FILE *f)
+{
+	const char *section = NULL;
+
+	for (size_t i = 0; i < ARRAY_SIZE(keys); i++) {
+		char value[1024];
+
+		if (!section || strcmp(section, keys[i].section) != 0) {
+			section = keys[i].section;
+			fprintf(f, "%s[%s]\n", i ? "\n" : "", section);
+		}
+		key_format(c, &keys[i], value, sizeof(value));
+		fprintf(f, "# %s\n%s =%s%s\n", keys[i].doc, keys[i].name, value[0] ? " " : "",
+			value);
+	}
+}
+
+bool id_list_contains(const struct id_list *l, uint32_t id)
+{
+	for (size_t i = 0; i < l->n; i++)
+		if (l->ids[i] == id)
+			return true;
+	return false;
+}

@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The supervisor's configuration: /etc/belayer/belayer.conf (INI, read with inih). Every key
+ * is a row of one table (supervisor-config.c) with its section, type, default and meaning, so
+ * the defaults, the parser, `belayerctl config` and `--dump-config` cannot disagree.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define CONFIG_DEFAULT_PATH "/etc/belayer/belayer.conf"
+#define CONFIG_LIST_MAX	    64
+
+enum content_method {
+	CONTENT_AUTO = 0,   /* mmap the fd when the kernel allows it, else the driver */
+	CONTENT_MMAP = 1,   /* mmap only (emulator memfds) */
+	CONTENT_DRIVER = 2, /* import through libcuda and copy to the host */
+};
+
+struct id_list {
+	size_t n;
+	uint32_t ids[CONFIG_LIST_MAX];
+};
+
+struct sv_config {
+	/* [supervisor] */
+	char socket[108];
+	char socket_group[64];
+	uint32_t socket_mode;
+	char state_dir[256];
+	char log_level[16];
+	/* [limits] */
+	uint32_t max_connections;
+	uint32_t max_regions_per_worker;
+	uint32_t max_fds;
+	uint32_t max_message_size;
+	uint64_t max_queued_bytes;
+	uint32_t max_client_errors;
+	/* [retention] */
+	uint64_t retention_timeout;
+	uint64_t memory_budget;
+	uint64_t resync_grace;
+	/* [security] */
+	struct id_list allowed_uids, allowed_gids;
+	struct id_list fetch_uids, fetch_gids;
+	bool allow_inject;
+	/* [health] */
+	uint64_t health_interval;
+	struct id_list fatal_xids;
+	char nvml_library[128];
+	char cuda_library[128];
+	enum content_method content_method;
+	/* [journal] */
+	bool journal;
+	uint64_t journal_max_size;
+	/* [events] */
+	uint32_t event_history;
+	/* [metrics] */
+	char http_address[64];
+	uint32_t http_port;
+};
+
+/* Fills c with every default. */
+void config_init_defaults(struct sv_config *c);
+/* Reads path over the current values. A missing file is fine when missing_ok (the defaults
+ * stand); unknown keys are warned about and ignored; an invalid value is an error (-EINVAL,
+ * logged with file and line). */
+int config_load(struct sv_config *c, const char *path, bool missing_ok);
+/* Sets one key ("section.key" or section + key) from a string, as the file would. */
+int config_set(struct sv_config *c, const char *section, const char *key, const char *value);
+
+/* Iterates the effective configuration: i from 0 until it returns false. ret_value holds the
+ * value formatted as the file would take it. */
+bool config_entry(const struct sv_config *c, size_t i, const char **ret_section,
+		  const char **ret_key, char *ret_value, size_t cap, const char **ret_doc);
+/* Writes the effective configuration as an INI file (with each key's documentation). */
+void config_dump(const struct sv_config *c, FILE *f);
+
+bool id_list_contains(const struct id_list *l, uint32_t id);

@@ -1,0 +1,145 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "supervisor-checks.h"
+#include "supervisor-client.h"
+#include "supervisor-ctl.h"
+#include "supervisor-events.h"
+
+static int send_end(struct supervisor *s, struct sv_client *c, uint32_t count)
+{
+	struct proto_msg m = {.type = PROTO_END};
+
+	m.end.in_reply_to = PROTO_CTL;
+	m.end.count = count;
+	return client_send(s, c, &m);
+}
+
+static int ctl_status(struct supervisor *s, struct sv_client *c)
+{
+	struct proto_msg m;
+	uint32_t n = 0;
+
+	for (size_t i = 0; metrics_get(s, i, &m); i++, n++)
+		if (client_send(s, c, &m) < 0)
+			return -ECONNRESET;
+	return send_end(s, c, n);
+}
+
+static int ctl_workers(struct supervisor *s, struct sv_client *c)
+{
+	uint64_t now = now_ms();
+	struct proto_msg m;
+	uint32_t n = 0;
+
+	for (struct sv_worker *w = s->reg.workers; w; w = w->next, n++) {
+		worker_to_info(w, now, &m);
+		if (client_send(s, c, &m) < 0)
+			return -ECONNRESET;
+	}
+	return send_end(s, c, n);
+}
+
+static int ctl_regions(struct supervisor *s, struct sv_client *c, pid_t pid)
+{
+	uint64_t now = now_ms();
+	struct proto_msg m;
+	uint32_t n = 0;
+
+	for (struct sv_worker *w = s->reg.workers; w; w = w->next) {
+		if (pid > 0 && w->pid != pid)
+			continue;
+		for (struct sv_region *rg = w->regions; rg; rg = rg->next, n++) {
+			region_to_info(rg, now, &m);
+			if (client_send(s, c, &m) < 0)
+				return -ECONNRESET;
+		}
+	}
+	return send_end(s, c, n);
+}
+
+static int ctl_config(struct supervisor *s, struct sv_client *c)
+{
+	struct proto_msg m = {.type = PROTO_CONFIG_ENTRY};
+	const char *section, *key;
+	char value[PROTO_MAX_STR + 1];
+	uint32_t n = 0;
+
+	for (size_t i = 0; config_entry(&s->config, i, &section, &key, value, sizeof(value), NULL);
+	     i++, n++) {
+		snprintf(m.config_entry.key, sizeof(m.config_entry.key), "%s.%s", section, key);
+		memcpy(m.config_entry.value, value, sizeof(value));
+		if (client_send(s, c, &m) < 0)
+			return -ECONNRESET;
+	}
+	return send_end(s, c, n);
+}
+
+static int ctl_inject(struct supervisor *s, struct sv_client *c, const struct proto_ctl *ctl)
+{
+	static const int signals[_CTL_ACT_MAX] = {
+		[CTL_ACT_KILL] = SIGKILL, [CTL_ACT_HANG] = SIGSTOP, [CTL_ACT_RESUME] = SIGCONT};
+	struct sv_worker *w = NULL;
+
+	if (!s->config.allow_inject)
+		return client_refuse(s, c, REJECT_UNAUTHORIZED, EPERM, PROTO_CTL,
+				     "inject is off ([security] allow_inject)");
+	for (struct sv_worker *it = s->reg.workers; it; it = it->next)
+		if (it->pid == (pid_t)ctl->pid && it->state != WORKER_DEAD)
+			w = it;
+	/* Only workers: the supervisor is not a way to signal arbitrary processes. */
+	if (!w || w->pidfd < 0)
+		return client_refuse(s, c, REJECT_NOT_FOUND, ESRCH, PROTO_CTL,
+				     "no live worker with pid %u", ctl->pid);
+	if (c->cred.uid != 0 && c->cred.uid != w->uid)
+		return client_refuse(s, c, REJECT_UNAUTHORIZED, EPERM, PROTO_CTL,
+				     "worker %u belongs to uid %u", ctl->pid, w->uid);
+	if (ctl->act == CTL_ACT_NONE)
+		return client_refuse(s, c, REJECT_BAD_MESSAGE, EINVAL, PROTO_CTL, "no action");
+	/* Through the pidfd: the signal cannot reach a process that reused the pid. */
+	if (syscall(SYS_pidfd_send_signal, w->pidfd, signals[ctl->act], NULL, 0) < 0)
+		return client_send_error(s, c, errno, PROTO_CTL, "signal failed: %s",
+					 strerror(errno));
+	s->metrics.injections++;
+	supervisor_emit(s, EVENT_INJECT, (uint32_t)w->pid, 0, "%s (%s) requested by pid %d uid %u",
+			ctl_action_to_string(ctl->act), strsignal(signals[ctl->act]), c->cred.pid,
+			c->cred.uid);
+	return send_end(s, c, 1);
+}
+
+int ctl_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_ctl *ctl)
+{
+	int r;
+
+	switch (ctl->cmd) {
+	case CTL_STATUS:
+		return ctl_status(s, c);
+	case CTL_WORKERS:
+		return ctl_workers(s, c);
+	case CTL_REGIONS:
+		return ctl_regions(s, c, (pid_t)ctl->pid);
+	case CTL_CONFIG:
+		return ctl_config(s, c);
+	case CTL_EVENTS:
+		c->subscribed = true;
+		return send_end(
+			s, c,
+			(uint32_t)events_replay(s, c, (size_t)MIN(ctl->arg, (uint64_t)SIZE_MAX)));
+	case CTL_INJECT:
+		return ctl_inject(s, c, ctl);
+	case CTL_HEALTH:
+		r = checks_request(s, c, (pid_t)ctl->pid, ctl->dev);
+		if (r < 0)
+			return client_refuse(s, c, REJECT_NOT_FOUND, -r, PROTO_CTL,
+					     "no worker with pid %u", ctl->pid);
+		return 0;
+	case _CTL_CMD_MAX:
+		break;
+	}
+	return client_refuse(s, c, REJECT_BAD_MESSAGE, EINVAL, PROTO_CTL, "unknown command");
+}

@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Counters the supervisor keeps, and the one list of every metric it exposes (counters and
+ * gauges computed from the registry), read by `belayerctl status` and the Prometheus text.
+ */
+#pragma once
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "proto.h"
+
+enum reject_reason {
+	REJECT_MAX_CONNECTIONS,
+	REJECT_PEER_NOT_ALLOWED,
+	REJECT_BAD_MESSAGE,
+	REJECT_MESSAGE_SIZE,
+	REJECT_NO_HELLO,
+	REJECT_REGION_LIMIT,
+	REJECT_FD_LIMIT,
+	REJECT_UNAUTHORIZED,
+	REJECT_NOT_FOUND,
+	REJECT_SLOW_READER,
+	REJECT_TOO_MANY_ERRORS,
+	_REJECT_MAX,
+};
+
+enum recovery_outcome {
+	RECOVERY_PROMOTED,
+	RECOVERY_COLD_RESTART,
+	RECOVERY_FAILED,
+	_RECOVERY_MAX,
+};
+
+enum expire_reason {
+	EXPIRE_TIMEOUT,
+	EXPIRE_BUDGET,
+	EXPIRE_RESYNC,
+	_EXPIRE_MAX,
+};
+
+struct sv_metrics {
+	uint64_t connections_total;
+	uint64_t rejected[_REJECT_MAX];
+	uint64_t recoveries[_RECOVERY_MAX];
+	uint64_t verdicts[_HEALTH_CHECK_MAX][_VERDICT_MAX];
+	uint64_t regions_announced;
+	uint64_t regions_released;
+	uint64_t regions_fetched;
+	uint64_t regions_expired[_EXPIRE_MAX];
+	uint64_t regions_lost;
+	uint64_t worker_exits;
+	uint64_t events_total;
+	uint64_t injections;
+	uint64_t offload_jobs;
+};
+
+const char *reject_reason_to_string(enum reject_reason r);
+
+struct supervisor;
+
+/* Metric i (0, 1, ... until false) as a METRIC message, values as of now. */
+bool metrics_get(struct supervisor *s, size_t i, struct proto_msg *ret);
+/* Prometheus text exposition format 0.0.4 of every metric. */
+void metrics_write_prometheus(struct supervisor *s, FILE *f);

@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The supervisor's state, shared by its modules. The event loop (supervisor-server.c) is the
+ * only thread that touches it; blocking work runs on the offload thread with copies of what it
+ * needs (supervisor-offload.c).
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "proto.h"
+#include "util.h"
+#include "supervisor-config.h"
+#include "supervisor-metrics.h"
+#include "supervisor-registry.h"
+
+struct sv_journal;
+struct sv_offload;
+struct health_gpu;
+
+struct sv_packet {
+	struct sv_packet *next;
+	size_t len;
+	int fd;
+	uint8_t data[];
+};
+
+struct sv_client {
+	struct sv_client *next, *prev;
+	uint64_t serial;
+	int fd;
+	struct ucred cred;
+	struct sv_worker *worker; /* after hello */
+	bool subscribed;	  /* receives the event stream */
+	bool closing;		  /* to be closed by the loop once the current callback returns */
+	unsigned errors;
+	struct sv_packet *outq, **outq_tail;
+	uint64_t outq_bytes;
+	void *ev; /* the loop's watch */
+};
+
+/* What the loop provides to the loop-free modules; every hook may be NULL (tests, fuzzing). */
+struct sv_hooks {
+	/* A client has queued output: watch it for writability. */
+	void (*want_write)(struct supervisor *s, struct sv_client *c);
+	/* Watch w->pidfd; call supervisor_worker_died() when it fires. */
+	int (*watch_worker)(struct supervisor *s, struct sv_worker *w);
+	void (*unwatch_worker)(struct supervisor *s, struct sv_worker *w);
+};
+
+struct sv_event_ring {
+	struct proto_event *events;
+	size_t cap, head, count;
+};
+
+struct supervisor {
+	struct sv_config config;
+	struct sv_registry reg;
+	struct sv_metrics metrics;
+	struct sv_event_ring history;
+	struct sv_journal *journal;
+	struct sv_offload *offload;
+	const struct sv_hooks *hooks;
+	struct sv_client *clients;
+	uint32_t n_clients;
+	uint64_t next_serial;
+	uint64_t start_ms;
+	uid_t uid;		/* the supervisor's own */
+	struct health_gpu *gpu; /* the offload thread's alone */
+	/* The latest periodic GPU verdict (the worst device's). */
+	enum health_verdict gpu_verdict;
+	char gpu_message[PROTO_MAX_STR + 1];
+};
+
+uint64_t now_ms(void);
+uint64_t now_realtime_us(void);

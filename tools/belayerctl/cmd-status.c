@@ -1,0 +1,130 @@
+/* SPDX-License-Identifier: MIT */
+/* belayerctl status: the supervisor's metrics, with a summary of workers and retained memory. */
+#include <stdio.h>
+#include <string.h>
+
+#include "belayerctl.h"
+#include "util.h"
+
+struct status {
+	json_object *metrics;
+	uint64_t workers_alive, workers_dead, regions_retained, bytes_retained, regions_owned,
+		bytes_owned, connections, uptime;
+};
+
+static int on_metric(const struct proto_msg *m, void *userdata)
+{
+	struct status *st = userdata;
+	const struct proto_metric *p = &m->metric;
+	json_object *o, *labels;
+	char buf[sizeof(p->labels)];
+	char *save = NULL, *tok;
+
+	if (m->type != PROTO_METRIC)
+		return 0;
+	if (!strcmp(p->name, "belayer_workers") && !strcmp(p->labels, "state=\"alive\""))
+		st->workers_alive = p->value;
+	else if (!strcmp(p->name, "belayer_workers") && !strcmp(p->labels, "state=\"dead\""))
+		st->workers_dead = p->value;
+	else if (!strcmp(p->name, "belayer_regions") && !strcmp(p->labels, "state=\"retained\""))
+		st->regions_retained = p->value;
+	else if (!strcmp(p->name, "belayer_region_bytes") &&
+		 !strcmp(p->labels, "state=\"retained\""))
+		st->bytes_retained = p->value;
+	else if (!strcmp(p->name, "belayer_regions") && !strcmp(p->labels, "state=\"owned\""))
+		st->regions_owned = p->value;
+	else if (!strcmp(p->name, "belayer_region_bytes") && !strcmp(p->labels, "state=\"owned\""))
+		st->bytes_owned = p->value;
+	else if (!strcmp(p->name, "belayer_connections"))
+		st->connections = p->value;
+	else if (!strcmp(p->name, "belayer_uptime_seconds"))
+		st->uptime = p->value;
+
+	o = json_object_new_object();
+	labels = json_object_new_object();
+	/* Labels come as name="value",name="value" (values never hold quotes or commas). */
+	snprintf(buf, sizeof(buf), "%s", p->labels);
+	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		char *eq = strchr(tok, '=');
+		size_t n;
+
+		if (!eq)
+			continue;
+		*eq++ = '\0';
+		n = strlen(eq);
+		if (n >= 2 && eq[0] == '"' && eq[n - 1] == '"') {
+			eq[n - 1] = '\0';
+			eq++;
+		}
+		json_object_object_add(labels, tok, json_object_new_string(eq));
+	}
+	json_object_object_add(o, "name", json_object_new_string(p->name));
+	json_object_object_add(o, "labels", labels);
+	json_object_object_add(o, "kind", json_object_new_string(metric_kind_to_string(p->kind)));
+	json_object_object_add(o, "value", json_u64(p->value));
+	json_object_array_add(st->metrics, o);
+	return 0;
+}
+
+int cmd_status(const struct ctl_options *o, int argc, char **argv)
+{
+	struct status st = {.metrics = json_object_new_array()};
+	char owned[32], retained[32];
+	int r;
+
+	if (argc > 1) {
+		fprintf(stderr, "usage: belayerctl status\n");
+		json_object_put(st.metrics);
+		return -EINVAL;
+	}
+	r = ctl_query(o, CTL_STATUS, 0, CTL_ACT_NONE, -1, 0, on_metric, &st);
+	if (r < 0) {
+		json_object_put(st.metrics);
+		return r;
+	}
+	if (o->json) {
+		json_object *j = json_object_new_object();
+
+		json_object_object_add(j, "workers_alive", json_u64(st.workers_alive));
+		json_object_object_add(j, "workers_dead", json_u64(st.workers_dead));
+		json_object_object_add(j, "regions_owned", json_u64(st.regions_owned));
+		json_object_object_add(j, "bytes_owned", json_u64(st.bytes_owned));
+		json_object_object_add(j, "regions_retained", json_u64(st.regions_retained));
+		json_object_object_add(j, "bytes_retained", json_u64(st.bytes_retained));
+		json_object_object_add(j, "connections", json_u64(st.connections));
+		json_object_object_add(j, "uptime_seconds", json_u64(st.uptime));
+		json_object_object_add(j, "metrics", st.metrics);
+		json_print(j, false);
+		return 0;
+	}
+	format_bytes(st.bytes_owned, owned, sizeof(owned));
+	format_bytes(st.bytes_retained, retained, sizeof(retained));
+	printf("Supervisor at %s, up %llu s\n", o->socket, (unsigned long long)st.uptime);
+	printf("  workers:  %llu alive, %llu dead with retained memory\n",
+	       (unsigned long long)st.workers_alive, (unsigned long long)st.workers_dead);
+	printf("  regions:  %llu owned (%s), %llu retained (%s)\n",
+	       (unsigned long long)st.regions_owned, owned, (unsigned long long)st.regions_retained,
+	       retained);
+	printf("  connections: %llu\n\nMetrics:\n", (unsigned long long)st.connections);
+	for (size_t i = 0; i < json_object_array_length(st.metrics); i++) {
+		json_object *m = json_object_array_get_idx(st.metrics, i), *v, *labels;
+		char lbl[256] = "";
+		size_t off = 0;
+
+		json_object_object_get_ex(m, "labels", &labels);
+		json_object_object_foreach(labels, k, lv)
+		{
+			off += (size_t)snprintf(lbl + off, sizeof(lbl) - MIN(off, sizeof(lbl)),
+						"%s%s=%s", off ? "," : "", k,
+						json_object_get_string(lv));
+			if (off >= sizeof(lbl))
+				break;
+		}
+		json_object_object_get_ex(m, "value", &v);
+		json_object_object_get_ex(m, "name", &labels);
+		printf("  %-36s %-36s %s\n", json_object_get_string(labels), lbl,
+		       json_object_get_string(v));
+	}
+	json_object_put(st.metrics);
+	return 0;
+}
