@@ -112,9 +112,9 @@ CUresult shim_set_access(CUdeviceptr va, size_t size, CUdevice dev)
 			};
 		}
 	}
-	r = REAL(cuMemSetAccess)(va, size, desc, n);
+	r = CALL_REAL(cuMemSetAccess, va, size, desc, n);
 	if (r != CUDA_SUCCESS && n > 1)
-		r = REAL(cuMemSetAccess)(va, size, desc, 1);
+		r = CALL_REAL(cuMemSetAccess, va, size, desc, 1);
 	return r;
 }
 
@@ -218,9 +218,9 @@ static CUresult free_converted(CUdeviceptr dptr, PFN_cuMemFree_v3020 real)
 	shim_busy++;
 	if (real_extra()->cuCtxSynchronize)
 		(void)real_extra()->cuCtxSynchronize();
-	(void)REAL(cuMemUnmap)(r.va, r.size);
-	(void)REAL(cuMemRelease)(r.handle);
-	(void)REAL(cuMemAddressFree)(r.va, r.size);
+	(void)CALL_REAL(cuMemUnmap, r.va, r.size);
+	(void)CALL_REAL(cuMemRelease, r.handle);
+	(void)CALL_REAL(cuMemAddressFree, r.va, r.size);
 	shim_busy--;
 	classify_note_tracked_free();
 	return CUDA_SUCCESS;

@@ -289,11 +289,11 @@ CUresult shim_ipc_open_mem_handle(CUdeviceptr *pdptr, CUipcMemHandle handle, uns
 	return CUDA_SUCCESS;
 
 out_unmap:
-	(void)REAL(cuMemUnmap)(va, size);
+	(void)CALL_REAL(cuMemUnmap, va, size);
 out_free:
-	(void)REAL(cuMemAddressFree)(va, size);
+	(void)CALL_REAL(cuMemAddressFree, va, size);
 out_release:
-	(void)REAL(cuMemRelease)(mh);
+	(void)CALL_REAL(cuMemRelease, mh);
 out:
 	shim_busy--;
 	return r;
@@ -321,9 +321,9 @@ CUresult shim_ipc_close_mem_handle(CUdeviceptr dptr)
 	if (o->refs > 0)
 		return CUDA_SUCCESS;
 	shim_busy++;
-	(void)REAL(cuMemUnmap)(o->va, o->size);
-	(void)REAL(cuMemAddressFree)(o->va, o->size);
-	(void)REAL(cuMemRelease)(o->handle);
+	(void)CALL_REAL(cuMemUnmap, o->va, o->size);
+	(void)CALL_REAL(cuMemAddressFree, o->va, o->size);
+	(void)CALL_REAL(cuMemRelease, o->handle);
 	shim_busy--;
 	free(o);
 	return CUDA_SUCCESS;

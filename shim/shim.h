@@ -62,6 +62,8 @@ void *real_cuda(enum hook_id id);
 void *real_nccl(enum nccl_hook_id id);
 #define REAL(sym)      ((__typeof__(&sym))real_cuda(HOOK_##sym))
 #define REAL_NCCL(sym) ((__typeof__(&sym))real_nccl(NCCL_HOOK_##sym))
+/* Calls the real function, or reports the driver as not initialized when it has none. */
+#define CALL_REAL(sym, ...) (REAL(sym) ? REAL(sym)(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED)
 
 /* Remembers where a hooked symbol really lives when a program found it through dlsym or
  * cuGetProcAddress, for drivers that are not reachable by name from the shim. */
