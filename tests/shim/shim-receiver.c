@@ -3,8 +3,8 @@
  * A stand-in for the supervisor's shim socket, for tests: listens on a SOCK_SEQPACKET socket,
  * accepts any number of shims, and writes one line per message received to OUTPUT (flushed
  * per line, so a test can wait for a count):
- *   hello pid=P conn=C engine=E role=R rank=N ndev=D hello_pid=P
- *   announce pid=P conn=C id=I va=0xV size=S class=C order=O version=W fd=ok
+ *   hello pid=P conn=C engine=E role=R rank=N ndev=D dev0=UUID hello_pid=P
+ *   announce pid=P conn=C id=I va=0xV size=S class=C order=O version=W dev=UUID fd=ok
  *   release pid=P conn=C id=I
  *   eof pid=P
  *   bytes pid=P id=I hex=HEX        (with --map, after that peer's eof)
@@ -105,23 +105,35 @@ static void print_kept(FILE *out, pid_t pid)
 	fflush(out);
 }
 
+static const char *uuid_hex(const uint8_t *u, char buf[2 * PROTO_UUID_LEN + 1])
+{
+	for (int i = 0; i < PROTO_UUID_LEN; i++)
+		snprintf(buf + 2 * i, 3, "%02x", u[i]);
+	return buf;
+}
+
 static void print_msg(FILE *out, pid_t pid, unsigned conn, struct proto_msg *m)
 {
+	char uuid[2 * PROTO_UUID_LEN + 1];
+
 	switch (m->type) {
 	case PROTO_HELLO:
 		fprintf(out,
-			"hello pid=%d conn=%u engine=%s role=%s rank=%d ndev=%u hello_pid=%u\n",
+			"hello pid=%d conn=%u engine=%s role=%s rank=%d ndev=%u dev0=%s "
+			"hello_pid=%u\n",
 			pid, conn, m->hello.engine_id[0] ? m->hello.engine_id : "-",
 			worker_role_to_string(m->hello.role), m->hello.rank, m->hello.n_devices,
+			m->hello.n_devices ? uuid_hex(m->hello.device_uuid[0], uuid) : "-",
 			m->hello.pid);
 		break;
 	case PROTO_REGION_ANNOUNCE:
 		fprintf(out,
 			"announce pid=%d conn=%u id=%" PRIu64 " va=0x%" PRIx64 " size=%" PRIu64
-			" class=%s order=%" PRIu64 " version=%" PRIu64 " fd=%s\n",
+			" class=%s order=%" PRIu64 " version=%" PRIu64 " dev=%s fd=%s\n",
 			pid, conn, m->region.id, m->region.va, m->region.size,
 			region_class_to_string(m->region.cls), m->region.order,
-			m->region.weights_version, m->region.fd >= 0 ? "ok" : "none");
+			m->region.weights_version, uuid_hex(m->region.device_uuid, uuid),
+			m->region.fd >= 0 ? "ok" : "none");
 		if (do_map && m->region.fd >= 0 && n_kept < MAX_KEPT) {
 			kept[n_kept++] =
 				(struct kept){pid, m->region.id, m->region.size, m->region.fd};

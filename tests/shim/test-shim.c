@@ -281,6 +281,21 @@ static void test_runtime_loader_tracked(void **state)
 	finish(f, &w);
 
 	assert_int_equal(COUNT(f, "hello", pid, "engine=eng-7", "role=primary", "rank=3"), 1);
+	/* Regions carry the UUID of the device they live on, as the hello lists it. */
+	{
+		char uuid[64] = "", *p, dev[80];
+		FILE *in = fopen(f->out, "re");
+
+		assert_non_null(in);
+		while (fgets(line, sizeof(line), in))
+			if (strncmp(line, "hello", 5) == 0 && (p = strstr(line, "dev0=")))
+				sscanf(p + 5, "%63s", uuid);
+		fclose(in);
+		assert_int_equal(strlen(uuid), 32);
+		assert_string_not_equal(uuid, "00000000000000000000000000000000");
+		snprintf(dev, sizeof(dev), "dev=%s ", uuid);
+		assert_int_equal(COUNT(f, "announce", dev), COUNT(f, "announce"));
+	}
 	assert_int_equal(COUNT(f, "announce", "size=8388608"), 2);
 	/* The 3 MiB one (4 MiB mapped) was freed at once: announced and released, or neither. */
 	assert_int_equal(COUNT(f, "announce", "size=4194304"), COUNT(f, "release"));
