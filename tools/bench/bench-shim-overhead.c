@@ -108,7 +108,11 @@ int bench_shim_overhead_child(int argc, char **argv)
 			return log_error_errno(-ENOMEM, "Failed to allocate."), 1;
 
 	/* Iteration counts are calibrated in the warm-up round (round -1) so that each
-	 * measurement of a round takes about ROUND_NS, whatever the driver's speed. */
+	 * measurement of a round takes about ROUND_NS (BELAYER_BENCH_ROUND_NS for a quick
+	 * smoke run), whatever the driver's speed. */
+	const char *e = getenv("BELAYER_BENCH_ROUND_NS");
+	double round_ns = e ? strtod(e, NULL) : ROUND_NS;
+
 	long iters[_M_MAX] = {1000, 10, 2};
 	for (int round = -1; round < ROUNDS_PER_RUN; round++) {
 		double per[_M_MAX];
@@ -127,7 +131,7 @@ int bench_shim_overhead_child(int argc, char **argv)
 			}
 			per[m] = (double)(bench_now_ns() - t0) / (double)iters[m];
 			if (round < 0)
-				iters[m] = MAX(1L, (long)(ROUND_NS / MAX(per[m], 1.0)));
+				iters[m] = MAX(1L, (long)(round_ns / MAX(per[m], 1.0)));
 		}
 		if (round >= 0)
 			for (int m = 0; m < _M_MAX; m++)
