@@ -67,7 +67,8 @@ void conn_enqueue_locked(enum conn_item type, uint64_t id)
 	pthread_mutex_unlock(&qlock);
 }
 
-void conn_queue_clear_locked(void)
+/* With the regions lock held: drops everything queued (a full announce follows). */
+static void queue_clear_locked(void)
 {
 	pthread_mutex_lock(&qlock);
 	ring_head = ring_count = 0;
@@ -77,7 +78,7 @@ void conn_queue_clear_locked(void)
 
 static void mark_connected(void)
 {
-	conn_queue_clear_locked();
+	queue_clear_locked();
 	connected = true;
 }
 
@@ -86,7 +87,7 @@ static void disconnect(void)
 	session = false;
 	regions_lock();
 	connected = false;
-	conn_queue_clear_locked();
+	queue_clear_locked();
 	regions_unlock();
 	sock = safe_close(sock);
 }

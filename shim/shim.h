@@ -190,8 +190,6 @@ void conn_start(void);
 /* Queues an item; called with the regions lock held. Never blocks. */
 void conn_enqueue_locked(enum conn_item item, uint64_t id);
 bool conn_active_locked(void);
-/* With the regions lock held: drop everything queued (a full announce follows). */
-void conn_queue_clear_locked(void);
 
 /* ---- the logic behind the CUDA wrappers (shim-alloc.c) ---- */
 
