@@ -305,6 +305,24 @@ static void test_runtime_loader_tracked(void **state)
 	assert_int_equal(COUNT(f, "announce", "size=2097152"), 0);
 }
 
+/* BELAYER_ALLOC_POLICY=passthrough leaves cuMemAlloc to the driver: nothing to announce. */
+static void test_alloc_policy_passthrough(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "runtime", NULL};
+	struct wenv e;
+	struct proc w;
+	char line[256], pid[32];
+
+	start_receiver(f, false);
+	spawn(&w, argv, workload_env(&e, f, "BELAYER_ALLOC_POLICY=passthrough", NULL), true, false);
+	assert_true(expect_line(w.out, "ok runtime", line, sizeof(line)));
+	snprintf(pid, sizeof(pid), "pid=%d ", w.pid);
+	WAIT_COUNT(f, 1, "hello", pid);
+	finish(f, &w);
+	assert_int_equal(COUNT(f, "announce"), 0);
+}
+
 static void test_runtime_fd_maps_same_bytes(void **state)
 {
 	struct fixture *f = *state;
@@ -728,6 +746,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_proc_address_and_dlsym, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_runtime_loader_tracked, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_runtime_fd_maps_same_bytes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_alloc_policy_passthrough, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_vmm_create_made_exportable, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_nccl_allocations_classed_nccl, setup,
 						teardown),
