@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "emu-state.h"
 #include "nccl-internal.h"
@@ -414,10 +415,15 @@ static int run_ops(struct nccl_op *ops, size_t n)
 			break;
 		if (progressed)
 			continue;
-		if (wait_shm)
+		if (wait_shm) {
 			/* Several segments: their doorbells cannot be waited on together, so
 			 * sleep briefly on one and look at all again. */
 			nccl_shm_wait(wait_shm, seen, several ? 1 : WAIT_SLICE_MS);
+		} else {
+			struct timespec ts = {.tv_nsec = 1000000}; /* nothing to wait on: poll */
+
+			(void)nanosleep(&ts, NULL);
+		}
 	}
 out:
 	/* An operation left half done leaves its communicator out of step with the peers: it
