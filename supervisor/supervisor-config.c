@@ -113,7 +113,8 @@ static const struct key keys[] = {
 	STR("health", "cuda_library", cuda_library, "libcuda.so.1",
 	    "CUDA driver dlopen()ed to read device memory for content checks."),
 	TYPED("health", "content_method", KEY_CONTENT, content_method, "auto",
-	      "How region contents are read for checksums: auto, mmap or driver."),
+	      "How region contents are read for checksums: file (the fd is a memfd, as on the "
+	      "emulator), driver (import through libcuda and copy), or auto (file, else driver)."),
 
 	TYPED("journal", "enabled", KEY_BOOL, journal, "yes",
 	      "Journal workers and regions so a restarted supervisor knows what to expect."),
@@ -129,7 +130,7 @@ static const struct key keys[] = {
 	    "Port of the Prometheus /metrics listener (0: off)."),
 };
 
-static const char *const content_names[] = {"auto", "mmap", "driver"};
+static const char *const content_names[] = {"auto", "file", "driver"};
 
 static void *at(struct sv_config *c, const struct key *k)
 {

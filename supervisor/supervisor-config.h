@@ -16,8 +16,8 @@
 #define CONFIG_LIST_MAX	    64
 
 enum content_method {
-	CONTENT_AUTO = 0,   /* mmap the fd when the kernel allows it, else the driver */
-	CONTENT_MMAP = 1,   /* mmap only (emulator memfds) */
+	CONTENT_AUTO = 0,   /* read the fd as a file when it is one, else through the driver */
+	CONTENT_FILE = 1,   /* the fd as a file only (emulator memfds) */
 	CONTENT_DRIVER = 2, /* import through libcuda and copy to the host */
 };
 

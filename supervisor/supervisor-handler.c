@@ -28,6 +28,12 @@ static int on_announce(struct supervisor *s, struct sv_client *c, struct proto_r
 	    S_ISDIR(st.st_mode))
 		return client_refuse(s, c, REJECT_BAD_MESSAGE, EBADF, PROTO_REGION_ANNOUNCE,
 				     "region %" PRIu64 ": the fd is not a memory handle", r->id);
+	/* A file-backed handle must hold what it claims, or the retained bytes are a lie. */
+	if (S_ISREG(st.st_mode) && (uint64_t)st.st_size < r->size)
+		return client_refuse(s, c, REJECT_BAD_MESSAGE, EINVAL, PROTO_REGION_ANNOUNCE,
+				     "region %" PRIu64 ": the fd holds %" PRIu64
+				     " bytes, not %" PRIu64,
+				     r->id, (uint64_t)st.st_size, r->size);
 	rg = registry_region_find(w, r->id);
 	if (!rg) {
 		if (w->n_regions >= s->config.max_regions_per_worker)

@@ -7,7 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cuda.h>
 #include <zlib.h>
@@ -303,17 +304,35 @@ static uint64_t crc_block(uint64_t crc, const uint8_t *p, size_t len)
 	return crc;
 }
 
-static int checksum_mmap(int fd, uint64_t size, uint64_t *ret)
+/* Reads the fd as a file (a memfd on the emulator). pread, not mmap: the fd comes from a peer,
+ * which may shrink the file while we read, and a mapping would answer that with SIGBUS. */
+static int checksum_file(int fd, uint64_t size, uint64_t *ret)
 {
-	void *p;
+	const size_t chunk = 8u << 20;
+	_cleanup_free_ uint8_t *buf = NULL;
+	uint64_t crc = crc32(0, NULL, 0);
+	struct stat st;
 
-	if (size == 0 || size > SIZE_MAX)
-		return -EINVAL;
-	p = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
-	if (p == MAP_FAILED)
+	if (fstat(fd, &st) < 0)
 		return negative_errno();
-	*ret = crc_block(crc32(0, NULL, 0), p, (size_t)size);
-	(void)munmap(p, (size_t)size);
+	if (!S_ISREG(st.st_mode))
+		return -EOPNOTSUPP;
+	if ((uint64_t)st.st_size < size)
+		return -ERANGE;
+	buf = malloc(chunk);
+	if (!buf)
+		return -ENOMEM;
+	for (uint64_t off = 0; off < size;) {
+		ssize_t n = pread(fd, buf, (size_t)MIN((uint64_t)chunk, size - off), (off_t)off);
+
+		if (n < 0)
+			return negative_errno();
+		if (n == 0)
+			return -ERANGE; /* shrunk while we read */
+		crc = crc_block(crc, buf, (size_t)n);
+		off += (uint64_t)n;
+	}
+	*ret = crc;
 	return 0;
 }
 
@@ -469,8 +488,8 @@ int health_content_checksum(enum content_method method, const char *cuda_library
 	int r;
 
 	if (method != CONTENT_DRIVER) {
-		r = checksum_mmap(fd, size, ret_sum);
-		if (r == 0 || method == CONTENT_MMAP)
+		r = checksum_file(fd, size, ret_sum);
+		if (r != -EOPNOTSUPP || method == CONTENT_FILE)
 			return r;
 	}
 	return checksum_driver(cuda_library, fd, size, dev_uuid, ret_sum);

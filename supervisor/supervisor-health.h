@@ -6,8 +6,8 @@
  *   gpu     - NVML (dlopen'ed): the device answers, no fatal XID and no new uncorrected ECC
  *             error since the last good check. No NVML: verdict "unknown", never a crash;
  *   content - a checksum of the region's bytes, recorded per weights version and compared on
- *             later checks. Bytes are read by mmap of the fd (memfd-backed emulator) or
- *             through the CUDA driver (import the fd, map, copy to the host).
+ *             later checks. Bytes are read from the fd as a file (memfd-backed emulator)
+ *             or through the CUDA driver (import the fd, map, copy to the host).
  * The GPU and content checks may block (driver calls, big reads): they run on the offload
  * thread. The owner check reads the registry and runs on the loop.
  */
