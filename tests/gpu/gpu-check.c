@@ -33,34 +33,34 @@ int gpu_cu_open(int dev)
 
 	cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!cu.lib) {
-		printf("dlopen libcuda.so.1: %s\n", dlerror());
+		printf("summary: dlopen libcuda.so.1: %s\n", dlerror());
 		return -1;
 	}
 	get_proc = (PFN_cuGetProcAddress_v12000)dlsym(cu.lib, "cuGetProcAddress_v2");
 	if (!get_proc) {
-		printf("libcuda.so.1 has no cuGetProcAddress_v2\n");
+		printf("summary: libcuda.so.1 has no cuGetProcAddress_v2\n");
 		return -1;
 	}
-#define RESOLVE(name, ver)                                                                      \
-	r = get_proc(#name, (void **)&cu.name, ver, CU_GET_PROC_ADDRESS_DEFAULT, &found);       \
-	if (r != CUDA_SUCCESS || !cu.name) {                                                    \
-		printf("cuGetProcAddress_v2(%s, %d): result %d, query result %d\n", #name, ver, \
-		       (int)r, (int)found);                                                     \
-		return -1;                                                                      \
+#define RESOLVE(name, ver)                                                                   \
+	r = get_proc(#name, (void **)&cu.name, ver, CU_GET_PROC_ADDRESS_DEFAULT, &found);    \
+	if (r != CUDA_SUCCESS || !cu.name) {                                                 \
+		printf("summary: cuGetProcAddress_v2(%s, %d): result %d, query result %d\n", \
+		       #name, ver, (int)r, (int)found);                                      \
+		return -1;                                                                   \
 	}
 	GPU_CU_FUNCS(RESOLVE)
 #undef RESOLVE
 
 	r = cu.cuInit(0);
 	if (r != CUDA_SUCCESS) {
-		printf("cuInit: %s\n", gpu_cu_name(r));
+		printf("summary: cuInit: %s\n", gpu_cu_name(r));
 		return -1;
 	}
 	r = cu.cuDevicePrimaryCtxRetain(&ctx, dev);
 	if (r == CUDA_SUCCESS)
 		r = cu.cuCtxSetCurrent(ctx);
 	if (r != CUDA_SUCCESS) {
-		printf("primary context of device %d: %s\n", dev, gpu_cu_name(r));
+		printf("summary: primary context of device %d: %s\n", dev, gpu_cu_name(r));
 		return -1;
 	}
 	return 0;

@@ -1,0 +1,590 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# tests/gpu/run.sh: the real-GPU validation (tests/gpu/README.md). On a GPU machine it
+# answers what the emulated GPU cannot: does VMM memory survive its creator's SIGKILL, are
+# address hints honored, does NVML answer, does the shim hold up inside PyTorch, how does the
+# engine stand-in start on real kernels. With EMU=1 the same checks run against the emulated
+# stack of the meson build, so the script stays working in CI.
+#
+# Usage:
+#   tests/gpu/run.sh            run every check (EMU=1: on the emulated stack)
+#   tests/gpu/run.sh --bundle   (on the build machine) copy the shared libraries the built
+#                               shim, receiver, engine and tools need beside them, under
+#                               BUILD/gpu-bundle/, for carrying BUILD to a GPU machine
+#
+# Environment:
+#   EMU=1          use the emulated libcuda/libnccl/libnvidia-ml of BUILD/tests/emu
+#   BUILD=DIR      meson build directory (default: build/ at the repository root); on a GPU
+#                  machine, a carried build whose shim/engine/receiver are used if present
+#   RESULTS=FILE   where the results go (default: $OUT/results-DATE-DEVICE.txt when OUT is
+#                  set, else tests/gpu/results-DATE-DEVICE.txt; with EMU=1 under BUILD)
+#   GPU_DEADLINE_S total time budget in seconds (default 480); later checks get what is left
+#   CC, CUDA_INCLUDE  compiler and directory of cuda.h for the check programs (GPU mode)
+#   KEEP_WORK=1    keep the temporary directory (logs of every check)
+#
+# Prints one line per check: "PASS name (Xs): detail", "FAIL name: reason" or
+# "N/A name: reason", then "N passed, N failed". Exits 1 if any check failed. With EMU=1 an
+# N/A is a failure, except for the checks that cannot exist on the emulator (EMU_NA_OK).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+GPU_DIR=$ROOT/tests/gpu
+EMU=${EMU:-0}
+BUILD=${BUILD:-$ROOT/build}
+[[ $BUILD == /* ]] || BUILD=$ROOT/$BUILD
+DEADLINE_S=${GPU_DEADLINE_S:-480}
+
+# The only N/A results allowed on the emulated stack: PyTorch's libcudart cannot run there
+# (DESIGN §5), and shadow promotion does not exist yet.
+EMU_NA_OK=(shim-pytorch/default shim-pytorch/expandable engine-recovery/shadow-promotion)
+
+# Binaries of the meson build that checks use (relative to BUILD).
+SHIM=shim/libbelayer.so
+RECEIVER=tests/shim/shim-receiver
+ENGINE=tests/engine/belayer-test-engine
+GEN_WEIGHTS=tests/engine/gen-weights
+ENGINE_HOST_KERNELS=tests/engine/libengine-kernels-host.so
+BENCH=tools/bench/belayer-bench
+CARRIED=("$SHIM" "$RECEIVER" "$ENGINE" "$GEN_WEIGHTS" "$BENCH")
+CHECK_PROGRAMS=(gpu-vmm-survive gpu-va-hint gpu-nvml)
+
+# Sizes: large enough on the GPU to be a real engine's kind of allocation, small on the
+# emulator (memfds in /dev/shm).
+if [[ $EMU == 1 ]]; then
+	VMM_SIZE=64M VA_TRIES=5 MODEL_SIZE=8M KV_BYTES=64M
+else
+	VMM_SIZE=2G VA_TRIES=10 MODEL_SIZE=512M KV_BYTES=4G
+fi
+
+START=$(date +%s)
+PASSED=0
+FAILED=0
+NOT_APPLICABLE=0
+BG_PIDS=()
+WORK=""
+RESULTS_FILE=""
+EMU_KERNELS=""
+
+# --- output ----------------------------------------------------------------------------------
+
+say() {
+	printf '%s\n' "$*"
+	if [[ -n $RESULTS_FILE ]]; then printf '%s\n' "$*" >>"$RESULTS_FILE"; fi
+}
+
+# Indented detail lines from a file.
+details() {
+	local line
+	[[ -s $1 ]] || return 0
+	while IFS= read -r line; do
+		say "    $line"
+	done <"$1"
+}
+
+pass() {
+	PASSED=$((PASSED + 1))
+	say "PASS $1 ($2s)${3:+: $3}"
+}
+
+fail() {
+	FAILED=$((FAILED + 1))
+	say "FAIL $1: $2"
+}
+
+in_emu_na_ok() {
+	local n
+	for n in "${EMU_NA_OK[@]}"; do [[ $n == "$1" ]] && return 0; done
+	return 1
+}
+
+na() {
+	if [[ $EMU == 1 ]] && ! in_emu_na_ok "$1"; then
+		fail "$1" "not applicable on the emulated stack, which must run it: $2"
+		return
+	fi
+	NOT_APPLICABLE=$((NOT_APPLICABLE + 1))
+	say "N/A $1: $2"
+}
+
+elapsed() { echo $(($(date +%s) - START)); }
+
+# Seconds a step may take: its own limit, capped by what is left of the budget.
+budget() {
+	local left=$((DEADLINE_S - $(elapsed)))
+	if ((left < $1)); then echo "$left"; else echo "$1"; fi
+}
+
+# Seconds since $1 (date +%s.%N), with two decimals.
+since() { awk -v s="$1" -v e="$(date +%s.%N)" 'BEGIN { printf "%.2f", e - s }'; }
+
+cleanup() {
+	local pid
+	for pid in "${BG_PIDS[@]}"; do
+		kill -KILL "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	done
+	if [[ -n $WORK && ${KEEP_WORK:-0} != 1 ]]; then rm -rf "$WORK"; fi
+}
+
+# --- environment ------------------------------------------------------------------------------
+
+# The directory of cuda.h (and cudaTypedefs.h): $CUDA_INCLUDE, beside nvcc, or the usual places.
+cuda_include() {
+	local nvcc beside="" d
+	nvcc=$(command -v nvcc || true)
+	[[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
+	[[ -n $nvcc ]] && beside=$(dirname "$(dirname "$(readlink -f "$nvcc")")")/include
+	for d in "${CUDA_INCLUDE:-}" "$beside" /usr/local/cuda/include \
+		/usr/local/cuda/targets/x86_64-linux/include /usr/local/cuda/targets/sbsa-linux/include; do
+		if [[ -n $d && -r $d/cuda.h && -r $d/cudaTypedefs.h ]]; then
+			printf '%s\n' "$d"
+			return 0
+		fi
+	done
+	return 1
+}
+
+device_name() {
+	local n=""
+	if [[ $EMU == 1 ]]; then
+		n=emulated
+	elif command -v nvidia-smi >/dev/null; then
+		n=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 || true)
+	fi
+	n=${n:-unknown-gpu}
+	n=${n// /-}
+	printf '%s\n' "${n//[^A-Za-z0-9._-]/}"
+}
+
+# A directory to add to LD_LIBRARY_PATH for a carried binary whose libraries are missing
+# here: the copies --bundle made (empty when nothing is missing).
+bundle_dir_for() {
+	local bin=$1 dir
+	dir=$BUILD/gpu-bundle/$(basename "$bin")
+	if ldd "$bin" 2>/dev/null | grep -q 'not found' && [[ -d $dir ]]; then
+		printf '%s\n' "$dir"
+	fi
+}
+
+# LD_LIBRARY_PATH for running carried binary $1: the emulated stack in EMU mode, the bundle
+# when libraries are missing, then what was there.
+lib_path_for() {
+	local p=${LD_LIBRARY_PATH:-} b
+	b=$(bundle_dir_for "$1")
+	[[ -n $b ]] && p=$b${p:+:$p}
+	printf '%s\n' "$p"
+}
+
+# Why carried binary $1 cannot run here, or nothing when it can.
+unloadable() {
+	local out
+	out=$(LD_LIBRARY_PATH=$(lib_path_for "$1") ldd "$1" 2>&1 | grep 'not found' || true)
+	[[ -n $out ]] && printf 'missing libraries: %s\n' "$(tr -s ' \t\n' ' ' <<<"$out")"
+	return 0
+}
+
+# Copies the non-glibc libraries of each carried binary into BUILD/gpu-bundle/NAME/.
+bundle() {
+	local rel bin dir lib n=0
+	for rel in "${CARRIED[@]}"; do
+		bin=$BUILD/$rel
+		[[ -e $bin ]] || { echo "bundle: $rel not built, skipped"; continue; }
+		dir=$BUILD/gpu-bundle/$(basename "$bin")
+		rm -rf "$dir"
+		mkdir -p "$dir"
+		while read -r lib; do
+			case $(basename "$lib") in
+			libc.so.* | libm.so.* | libdl.so.* | libpthread.so.* | librt.so.* | ld-linux* | \
+				libresolv.so.* | libcuda.so.* | libnccl.so.* | libnvidia-ml.so.*) continue ;;
+			esac
+			cp -L "$lib" "$dir/"
+			n=$((n + 1))
+		done < <(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }')
+		echo "bundle: $rel: $(find "$dir" -type f -printf '%f ' | sed 's/ $//')"
+	done
+	echo "bundle: $n libraries under $BUILD/gpu-bundle; $BUILD is $(du -sh "$BUILD" | cut -f1)" \
+		"(the device runner carries at most 64 MiB)"
+}
+
+# --- check programs ---------------------------------------------------------------------------
+
+BIN_DIR=""
+BUILD_ERROR=""
+
+# EMU: the meson build's. GPU: compiled here with cc, CUDA's headers and -ldl; if that is not
+# possible, the carried build's.
+build_check_programs() {
+	local inc p cc=${CC:-cc} log
+	if [[ $EMU == 1 ]]; then
+		BIN_DIR=$BUILD/tests/gpu
+		for p in "${CHECK_PROGRAMS[@]}"; do
+			[[ -x $BIN_DIR/$p ]] || BUILD_ERROR="$BIN_DIR/$p not built (ninja -C $BUILD)"
+		done
+		return 0
+	fi
+	BIN_DIR=$WORK/bin
+	mkdir -p "$BIN_DIR"
+	log=$WORK/cc.log
+	if ! command -v "$cc" >/dev/null; then
+		BUILD_ERROR="no C compiler ($cc)"
+	elif ! inc=$(cuda_include); then
+		BUILD_ERROR="cuda.h/cudaTypedefs.h not found (set CUDA_INCLUDE)"
+	else
+		for p in "${CHECK_PROGRAMS[@]}"; do
+			if ! "$cc" -std=gnu11 -O2 -Wall -D_GNU_SOURCE -I"$inc" -I"$ROOT/common" \
+				-I"$GPU_DIR" -o "$BIN_DIR/$p" "$GPU_DIR/$p.c" "$GPU_DIR/gpu-check.c" \
+				-ldl >>"$log" 2>&1; then
+				BUILD_ERROR="compiling $p: $(grep -m1 'error' "$log" || tail -n1 "$log")"
+				break
+			fi
+		done
+		[[ -z $BUILD_ERROR ]] && say "check programs compiled with $cc against $inc"
+	fi
+	if [[ -n $BUILD_ERROR && -x $BUILD/tests/gpu/gpu-vmm-survive ]]; then
+		say "check programs: $BUILD_ERROR; using the carried $BUILD/tests/gpu"
+		BIN_DIR=$BUILD/tests/gpu
+		BUILD_ERROR=""
+	fi
+}
+
+# run_program NAME LIMIT CMD...: runs a check program, PASS/FAIL/N/A from its exit status
+# (0, 77, other) and its first "summary:" line; its output goes below as details.
+run_program() {
+	local name=$1 limit=$2 t0 rc=0 log summary
+	shift 2
+	if [[ -n $BUILD_ERROR ]]; then
+		fail "$name" "check program not available: $BUILD_ERROR"
+		return
+	fi
+	limit=$(budget "$limit")
+	if ((limit < 5)); then
+		fail "$name" "no time left (GPU_DEADLINE_S=$DEADLINE_S)"
+		return
+	fi
+	log=$WORK/$(tr / - <<<"$name").log
+	t0=$(date +%s.%N)
+	timeout --kill-after=5 "$limit" "$@" >"$log" 2>&1 || rc=$?
+	summary=$(sed -n 's/^summary: //p' "$log" | head -n1)
+	grep -v '^summary: ' "$log" >"$log.details" || true
+	case $rc in
+	0) pass "$name" "$(since "$t0")" "$summary" ;;
+	77) na "$name" "${summary:-not applicable}" ;;
+	124 | 137) fail "$name" "timed out after ${limit}s${summary:+ ($summary)}" ;;
+	*) fail "$name" "${summary:-exit status $rc: $(tail -n1 "$log")}" ;;
+	esac
+	details "$log.details"
+}
+
+# Waits until file $1 has a line matching $2, process $3 lives and $4 seconds have not
+# passed. Returns 0 when the line came.
+wait_for_line() {
+	local end=$(($(date +%s) + $4))
+	while (($(date +%s) < end)); do
+		grep -q -- "$2" "$1" 2>/dev/null && return 0
+		kill -0 "$3" 2>/dev/null || { grep -q -- "$2" "$1" 2>/dev/null; return; }
+		sleep 0.05
+	done
+	return 1
+}
+
+# --- checks -----------------------------------------------------------------------------------
+
+check_vmm_survive() {
+	local c
+	for c in fd-only imported; do
+		run_program "vmm-survive/$c" 120 "$BIN_DIR/gpu-vmm-survive" --case "$c" \
+			--size "$VMM_SIZE"
+	done
+}
+
+check_va_hint() {
+	run_program va-hint 120 "$BIN_DIR/gpu-va-hint" --tries "$VA_TRIES"
+}
+
+check_nvml() {
+	run_program nvml 60 "$BIN_DIR/gpu-nvml"
+}
+
+# "ok|detail" from shim-torch.py's JSON line in file $1 (with the baseline's in $2, or "").
+torch_report() {
+	python3 - "$1" "$2" <<'EOF'
+import json, sys
+def load(p):
+    if not p:
+        return None
+    for line in reversed(open(p, errors="replace").read().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return None
+r, b = load(sys.argv[1]), load(sys.argv[2])
+if r is None:
+    print("bad|no result line")
+    sys.exit()
+d = []
+if "announced" in r:
+    d.append(f"{r['segments']} segments ({r['segment_bytes'] >> 20} MiB) >= threshold, "
+             f"{r['announced']} regions announced, classes {r['classes']}")
+if b:
+    def pct(x, y):
+        return f"{100.0 * (x - y) / y:+.1f}%" if y else "n/a"
+    d.append(f"loop {r['loop_s']:.3f}s vs {b['loop_s']:.3f}s without the shim "
+             f"({pct(r['loop_s'], b['loop_s'])}), large allocations {r['alloc_s']:.3f}s vs "
+             f"{b['alloc_s']:.3f}s ({pct(r['alloc_s'], b['alloc_s'])})")
+if r["errors"]:
+    d.insert(0, "; ".join(r["errors"]))
+print(("ok|" if r["ok"] else "bad|") + "; ".join(d))
+EOF
+}
+
+# One PyTorch run of shim-torch.py: with_shim (0/1), allocator conf, output file. Returns the
+# program's exit status.
+torch_run() {
+	local with_shim=$1 conf=$2 out=$3 limit store rc=0
+	local -a env=(env)
+	limit=$(budget 180)
+	store=$(mktemp -d "$WORK/store.XXXXXX")
+	[[ $conf == expandable ]] && env+=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+	if [[ $with_shim == 1 ]]; then
+		env+=(LD_PRELOAD="$BUILD/$SHIM" LD_LIBRARY_PATH="$(lib_path_for "$BUILD/$SHIM")"
+			BELAYER_SOCKET="$WORK/shim.sock" BELAYER_ENGINE_ID=gpu-check)
+		timeout --kill-after=5 "$limit" "${env[@]}" python3 "$GPU_DIR/shim-torch.py" \
+			--store "$store" --receiver-log "$WORK/receiver.out" >"$out" 2>&1 || rc=$?
+	else
+		timeout --kill-after=5 "$limit" "${env[@]}" python3 "$GPU_DIR/shim-torch.py" \
+			--store "$store" >"$out" 2>&1 || rc=$?
+	fi
+	return "$rc"
+}
+
+check_shim_pytorch() {
+	local conf why pid t0 rc res
+	local -a names=(shim-pytorch/default shim-pytorch/expandable)
+	why=""
+	if [[ $EMU == 1 ]]; then
+		why="PyTorch's libcudart cannot run on the emulated driver (DESIGN §5); real GPU only"
+	elif ! command -v python3 >/dev/null ||
+		! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
+			>/dev/null 2>&1; then
+		why="python3 with a CUDA-enabled torch not found"
+	elif [[ ! -e $BUILD/$SHIM ]]; then
+		why="shim not built ($BUILD/$SHIM missing: carry a build, see tests/gpu/README.md)"
+	elif [[ ! -x $BUILD/$RECEIVER ]]; then
+		why="the shim's test receiver is not built ($BUILD/$RECEIVER)"
+	else
+		why=$(unloadable "$BUILD/$SHIM")
+		[[ -z $why ]] && why=$(unloadable "$BUILD/$RECEIVER")
+	fi
+	if [[ -n $why ]]; then
+		for conf in "${names[@]}"; do na "$conf" "$why"; done
+		return
+	fi
+
+	LD_LIBRARY_PATH=$(lib_path_for "$BUILD/$RECEIVER") \
+		"$BUILD/$RECEIVER" "$WORK/shim.sock" "$WORK/receiver.out" >"$WORK/receiver.stdout" \
+		2>&1 &
+	pid=$!
+	BG_PIDS+=("$pid")
+	if ! wait_for_line "$WORK/receiver.stdout" '^ready' "$pid" 10; then
+		for conf in "${names[@]}"; do
+			fail "$conf" "shim-receiver did not start: $(tail -n1 "$WORK/receiver.stdout")"
+		done
+		return
+	fi
+
+	for conf in default expandable; do
+		t0=$(date +%s.%N)
+		rc=0
+		torch_run 0 "$conf" "$WORK/torch-$conf-base.out" || rc=$?
+		if ((rc != 0)); then
+			fail "shim-pytorch/$conf" "the program fails even without the shim (exit $rc)"
+			details "$WORK/torch-$conf-base.out"
+			continue
+		fi
+		rc=0
+		torch_run 1 "$conf" "$WORK/torch-$conf-shim.out" || rc=$?
+		res=$(torch_report "$WORK/torch-$conf-shim.out" "$WORK/torch-$conf-base.out" || true)
+		if ((rc == 0)) && [[ $res == ok\|* ]]; then
+			pass "shim-pytorch/$conf" "$(since "$t0")" "${res#ok|}"
+		elif ((rc > 128 && rc != 137)); then
+			fail "shim-pytorch/$conf" "crashed under the shim (signal $((rc - 128)))"
+		elif ((rc == 124 || rc == 137)); then
+			fail "shim-pytorch/$conf" "timed out under the shim"
+		else
+			fail "shim-pytorch/$conf" "${res#*|} (exit $rc)"
+		fi
+		grep -v '^{' "$WORK/torch-$conf-shim.out" | tail -n 20 >"$WORK/torch-$conf.details" || true
+		grep '^{' "$WORK/torch-$conf-shim.out" >>"$WORK/torch-$conf.details" || true
+		details "$WORK/torch-$conf.details"
+	done
+	say "    receiver: $(grep -c '^announce' "$WORK/receiver.out" || true) announcements in all runs"
+}
+
+# Where libnccl.so.2 is: nothing printed when the loader finds it, else the lib directory of
+# PyTorch's nvidia-nccl wheel. Fails when it is in neither place.
+nccl_dir() {
+	local d=""
+	[[ -n $(ldconfig -p 2>/dev/null | grep 'libnccl\.so\.2 ' || true) ]] && return 0
+	if command -v python3 >/dev/null; then
+		d=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' \
+			2>/dev/null || true)
+	fi
+	[[ -n $d && -e $d/libnccl.so.2 ]] || return 1
+	printf '%s\n' "$d"
+}
+
+# The engine stand-in's cold start on this device, one request, then shadow promotion.
+check_engine_recovery() {
+	local why="" lp nccl pid t0 port ready limit body reply help
+	if [[ ! -x $BUILD/$ENGINE || ! -x $BUILD/$GEN_WEIGHTS ]]; then
+		why="engine stand-in not built ($BUILD/$ENGINE)"
+	elif [[ $EMU == 1 && ! -e $BUILD/$ENGINE_HOST_KERNELS ]]; then
+		why="host kernels for the emulated driver not built ($BUILD/$ENGINE_HOST_KERNELS)"
+	else
+		why=$(unloadable "$BUILD/$ENGINE")
+		[[ -z $why ]] && why=$(unloadable "$BUILD/$GEN_WEIGHTS")
+	fi
+	lp=$(lib_path_for "$BUILD/$ENGINE")
+	if [[ -z $why && $EMU != 1 ]]; then
+		if nccl=$(nccl_dir); then
+			[[ -n $nccl ]] && lp=$nccl${lp:+:$lp}
+		else
+			why="libnccl.so.2 not found (neither in the loader cache nor PyTorch's nvidia-nccl)"
+		fi
+	fi
+	if [[ -n $why ]]; then
+		na engine-recovery/cold-start "$why"
+	else
+		t0=$(date +%s.%N)
+		if ! LD_LIBRARY_PATH=$(lib_path_for "$BUILD/$GEN_WEIGHTS") \
+			timeout "$(budget 120)" "$BUILD/$GEN_WEIGHTS" --out "$WORK/model.safetensors" \
+			--size "$MODEL_SIZE" >"$WORK/gen-weights.log" 2>&1; then
+			fail engine-recovery/cold-start "gen-weights: $(tail -n1 "$WORK/gen-weights.log")"
+		else
+			limit=$(budget 120)
+			env LD_LIBRARY_PATH="$lp" \
+				${EMU_KERNELS:+BELAYER_EMU_KERNELS="$EMU_KERNELS"} \
+				"$BUILD/$ENGINE" --model "$WORK/model.safetensors" --port 0 \
+				--kv-cache-bytes "$KV_BYTES" >"$WORK/engine.out" 2>"$WORK/engine.err" &
+			pid=$!
+			BG_PIDS+=("$pid")
+			if wait_for_line "$WORK/engine.out" '"event":"ready"' "$pid" "$limit"; then
+				ready=$(grep -m1 '"event":"ready"' "$WORK/engine.out")
+				port=$(sed -n 's/.*"port":\([0-9]*\).*/\1/p' <<<"$ready")
+				body='{"input_ids":[1,2,3,4],"sampling_params":{"max_new_tokens":8,"temperature":0}}'
+				reply=$(http_post "$port" /generate "$body" || true)
+				if [[ $reply == *'"output_ids":['* ]]; then
+					pass engine-recovery/cold-start "$(since "$t0")" \
+						"ready in $(sed -n 's/.*"total_s":\([0-9.]*\).*/\1/p' <<<"$ready") s (weights $MODEL_SIZE, KV $KV_BYTES); one greedy /generate answered"
+				else
+					fail engine-recovery/cold-start "ready, but /generate failed: ${reply:-no reply}"
+				fi
+				say "    $ready"
+				say "    /generate: $(grep -o '"output_ids":\[[0-9,]*\]' <<<"$reply" || true)"
+			else
+				fail engine-recovery/cold-start "no ready line: $(tail -n1 "$WORK/engine.err")"
+				details "$WORK/engine.err"
+			fi
+			kill -TERM "$pid" 2>/dev/null || true
+			wait "$pid" 2>/dev/null || true
+		fi
+	fi
+
+	# The subcommand list of belayer-bench --help says whether recovery exists yet.
+	help=""
+	if [[ -x $BUILD/$BENCH ]]; then
+		help=$(LD_LIBRARY_PATH=$(lib_path_for "$BUILD/$BENCH") "$BUILD/$BENCH" --help 2>&1 || true)
+	fi
+	if grep -q '^ *recovery ' <<<"$help"; then
+		run_program engine-recovery/shadow-promotion 240 env \
+			LD_LIBRARY_PATH="$(lib_path_for "$BUILD/$BENCH")" "$BUILD/$BENCH" \
+			--shim "$BUILD/$SHIM" recovery
+	else
+		na engine-recovery/shadow-promotion \
+			"belayer-bench recovery does not exist yet (the shadow-worker recovery issue)"
+	fi
+}
+
+# POSTs JSON $3 to 127.0.0.1:$1$2 with bash's /dev/tcp; prints the response body.
+http_post() {
+	local fd
+	exec {fd}<>"/dev/tcp/127.0.0.1/$1" || return 1
+	printf 'POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s' \
+		"$2" "${#3}" "$3" >&"$fd"
+	timeout 60 cat <&"$fd" | sed -n '/^\r\{0,1\}$/,$p' | tail -n +2
+	exec {fd}<&-
+}
+
+# --- main -------------------------------------------------------------------------------------
+
+main() {
+	local device date commit
+	case ${1:-} in
+	--bundle)
+		bundle
+		return 0
+		;;
+	-h | --help)
+		sed -n '3,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'
+		return 0
+		;;
+	"") ;;
+	*)
+		echo "usage: tests/gpu/run.sh [--bundle]" >&2
+		return 2
+		;;
+	esac
+
+	WORK=$(mktemp -d "${TMPDIR:-/tmp}/belayer-gpu.XXXXXX")
+	trap cleanup EXIT
+	if [[ $EMU == 1 ]]; then
+		if [[ ! -e $BUILD/tests/emu/libcuda.so.1 ]]; then
+			echo "run.sh: EMU=1 needs the emulated stack in $BUILD/tests/emu (ninja -C $BUILD)" >&2
+			return 1
+		fi
+		export LD_LIBRARY_PATH=$BUILD/tests/emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+		export BELAYER_EMU_DIR=$WORK/emu EMU_CTL=$BUILD/tests/emu/emu-ctl
+		EMU_KERNELS=$BUILD/$ENGINE_HOST_KERNELS
+		mkdir -p "$BELAYER_EMU_DIR"
+	fi
+
+	device=$(device_name)
+	date=$(date -u +%Y-%m-%d)
+	if [[ -n ${RESULTS:-} ]]; then
+		RESULTS_FILE=$RESULTS
+	elif [[ -n ${OUT:-} ]]; then
+		RESULTS_FILE=$OUT/results-$date-$device.txt
+	elif [[ $EMU == 1 ]]; then
+		RESULTS_FILE=$BUILD/tests/gpu/results-$date-$device.txt
+	else
+		RESULTS_FILE=$GPU_DIR/results-$date-$device.txt
+	fi
+	mkdir -p "$(dirname "$RESULTS_FILE")"
+	: >"$RESULTS_FILE"
+
+	commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+	say "# Belayer real-GPU checks (tests/gpu/run.sh), $(date -u '+%Y-%m-%d %H:%M UTC')"
+	say "# mode: $([[ $EMU == 1 ]] && echo "emulated stack ($BUILD/tests/emu)" || echo "real GPU")," \
+		"device: $device, host: $(hostname), commit: $commit, build: $BUILD"
+	if [[ $EMU != 1 ]] && command -v nvidia-smi >/dev/null; then
+		say "# driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null |
+			head -n1 || true), $(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' || true)," \
+			"GPUs: $(nvidia-smi -L 2>/dev/null | wc -l)"
+	fi
+	if [[ $EMU != 1 ]] && command -v python3 >/dev/null; then
+		say "# python: $(python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo "no torch")"
+	fi
+
+	build_check_programs
+	check_vmm_survive
+	check_va_hint
+	check_nvml
+	check_shim_pytorch
+	check_engine_recovery
+
+	say "results: $RESULTS_FILE"
+	say "$PASSED passed, $FAILED failed, $NOT_APPLICABLE not applicable ($(elapsed)s)"
+	((FAILED == 0))
+}
+
+main "$@"
