@@ -817,6 +817,70 @@ static void events_follow(void **state)
 	close(out[0]);
 }
 
+/* Past the memory budget the oldest dead worker's regions go first, whole; the rest go when
+ * the retention timeout passes. */
+static void retention_budget_and_timeout(void **state)
+{
+	static const char *const settings[] = {"retention.memory_budget=6M", "retention.timeout=3s",
+					       NULL};
+	struct worker a, b;
+	pid_t pa, pb;
+	uint64_t died;
+
+	sv_start(&sv, settings);
+	worker_start(&a, &sv, "engine-r", "small");
+	worker_start(&b, &sv, "engine-r", "small");
+	assert_true(wait_regions(&sv, a.pid, REGION_OWNED, 1));
+	assert_true(wait_regions(&sv, b.pid, REGION_OWNED, 1));
+	pa = a.pid;
+	pb = b.pid;
+	(void)worker_kill(&a, SIGKILL);
+	assert_true(wait_regions(&sv, pa, REGION_RETAINED, 1));
+	/* 4 MiB + 4 MiB > 6 MiB: a, the older, is released. */
+	died = mono_ms();
+	(void)worker_kill(&b, SIGKILL);
+	assert_true(wait_regions(&sv, pb, REGION_RETAINED, 1));
+	assert_true(wait_regions(&sv, pa, -1, 0));
+	assert_int_equal(metric(&sv, "belayer_regions_expired_total", "reason=\"budget\""), 1);
+	/* b goes after the 3 s timeout, not before. */
+	assert_int_equal(count_regions(&sv, pb, REGION_RETAINED), 1);
+	assert_true(wait_regions(&sv, pb, -1, 0));
+	assert_true(mono_ms() - died >= 3000);
+	assert_int_equal(metric(&sv, "belayer_regions_expired_total", "reason=\"timeout\""), 1);
+	assert_int_equal(metric(&sv, "belayer_workers", "state=\"dead\""), 0);
+}
+
+/* A worker that reconnects re-announces what it still has; what it does not re-announce
+ * within the resync grace was released while the supervisor could not hear it. */
+static void resync_drops_what_is_not_reannounced(void **state)
+{
+	static const char *const settings[] = {"retention.resync_grace=1s", NULL};
+	struct proto_msg a = {.type = PROTO_REGION_ANNOUNCE};
+	int fd, mfd = memfd_create("resync", MFD_CLOEXEC);
+
+	assert_int_equal(ftruncate(mfd, 4096), 0);
+	sv_start(&sv, settings);
+	fd = client_hello(&sv, "engine-s");
+	a.region.size = 4096;
+	a.region.fd = mfd;
+	for (uint64_t id = 1; id <= 3; id++) {
+		a.region.id = id;
+		assert_int_equal(proto_send(fd, &a, 0), 0);
+	}
+	assert_true(wait_regions(&sv, getpid(), REGION_OWNED, 3));
+	close(fd);
+	/* A new session re-announces 1 and 3 only. */
+	fd = client_hello(&sv, "engine-s");
+	for (uint64_t id = 1; id <= 3; id += 2) {
+		a.region.id = id;
+		assert_int_equal(proto_send(fd, &a, 0), 0);
+	}
+	assert_true(wait_regions(&sv, getpid(), REGION_OWNED, 2));
+	assert_int_equal(metric(&sv, "belayer_regions_expired_total", "reason=\"resync\""), 1);
+	close(fd);
+	close(mfd);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -832,6 +896,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(owner_and_content_checks, setup, teardown),
 		cmocka_unit_test_setup_teardown(belayerctl_commands, setup, teardown),
 		cmocka_unit_test_setup_teardown(events_follow, setup, teardown),
+		cmocka_unit_test_setup_teardown(retention_budget_and_timeout, setup, teardown),
+		cmocka_unit_test_setup_teardown(resync_drops_what_is_not_reannounced, setup,
+						teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

@@ -1,0 +1,148 @@
+/* SPDX-License-Identifier: MIT */
+/* supervisor-config: defaults, parsing of every key type, errors, unknown keys. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "supervisor-config.h"
+#include "test-util.h"
+#include "util.h"
+
+static void defaults_are_documented_values(void **state)
+{
+	struct sv_config c;
+
+	config_init_defaults(&c);
+	assert_string_equal(c.socket, "/run/belayer/supervisor.sock");
+	assert_int_equal(c.socket_mode, 0660);
+	assert_int_equal(c.max_message_size, 65536);
+	assert_int_equal(c.retention_timeout, 600);
+	assert_int_equal(c.memory_budget, 0);
+	assert_int_equal(c.max_queued_bytes, 8u << 20);
+	assert_true(c.journal);
+	assert_int_equal(c.http_port, 0);
+	assert_string_equal(c.http_address, "127.0.0.1");
+	assert_true(id_list_contains(&c.fatal_xids, 79));
+	assert_true(id_list_contains(&c.fatal_xids, 48));
+	assert_false(id_list_contains(&c.fatal_xids, 31 + 1000));
+	assert_int_equal(c.content_method, CONTENT_AUTO);
+}
+
+static void values_parse_by_type(void **state)
+{
+	struct sv_config c;
+
+	config_init_defaults(&c);
+	assert_int_equal(config_set(&c, "retention", "timeout", "90s"), 0);
+	assert_int_equal(c.retention_timeout, 90);
+	assert_int_equal(config_set(&c, NULL, "retention.timeout", "2h"), 0);
+	assert_int_equal(c.retention_timeout, 7200);
+	assert_int_equal(config_set(&c, "retention", "memory_budget", "3G"), 0);
+	assert_int_equal(c.memory_budget, 3ull << 30);
+	assert_int_equal(config_set(&c, "retention", "memory_budget", "512MiB"), 0);
+	assert_int_equal(c.memory_budget, 512ull << 20);
+	assert_int_equal(config_set(&c, "supervisor", "socket_mode", "0600"), 0);
+	assert_int_equal(c.socket_mode, 0600);
+	assert_int_equal(config_set(&c, "journal", "enabled", "off"), 0);
+	assert_false(c.journal);
+	assert_int_equal(config_set(&c, "security", "allowed_uids", "0, root,1000"), 0);
+	assert_int_equal(c.allowed_uids.n, 3);
+	assert_true(id_list_contains(&c.allowed_uids, 1000));
+	assert_int_equal(config_set(&c, "health", "fatal_xids", "79"), 0);
+	assert_int_equal(c.fatal_xids.n, 1);
+	assert_int_equal(config_set(&c, "health", "content_method", "driver"), 0);
+	assert_int_equal(c.content_method, CONTENT_DRIVER);
+}
+
+static void bad_values_refused(void **state)
+{
+	struct sv_config c;
+
+	config_init_defaults(&c);
+	assert_int_equal(config_set(&c, "limits", "max_connections", "0"), -ERANGE);
+	assert_int_equal(config_set(&c, "limits", "max_connections", "many"), -EINVAL);
+	assert_int_equal(config_set(&c, "limits", "max_message_size", "70000"), -ERANGE);
+	assert_int_equal(config_set(&c, "retention", "timeout", "5 parsecs"), -EINVAL);
+	assert_int_equal(config_set(&c, "retention", "memory_budget", "99999999999T"), -ERANGE);
+	assert_int_equal(config_set(&c, "supervisor", "socket_mode", "999"), -EINVAL);
+	assert_int_equal(config_set(&c, "journal", "enabled", "perhaps"), -EINVAL);
+	assert_int_equal(config_set(&c, "health", "fatal_xids", "79,x"), -EINVAL);
+	assert_int_equal(config_set(&c, "security", "allowed_uids", "no-such-user-belayer"),
+			 -ENOENT);
+	assert_int_equal(config_set(&c, "nosuch", "key", "1"), -ENOENT);
+	assert_int_equal(config_set(&c, NULL, "nodot", "1"), -ENOENT);
+	/* Failed sets leave the value alone. */
+	assert_int_equal(c.max_connections, 256);
+}
+
+static void file_loads_and_warns_on_unknown_keys(void **state)
+{
+	char *dir = test_mkdtemp("belayer-conf");
+	char path[512];
+	struct sv_config c;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/belayer.conf", dir);
+	f = fopen(path, "w");
+	assert_non_null(f);
+	fprintf(f, "# comment\n[limits]\nmax_connections = 12\nfrobnicate = yes\n"
+		   "; another comment\n[metrics]\nhttp_port = 9400\n");
+	fclose(f);
+	config_init_defaults(&c);
+	assert_int_equal(config_load(&c, path, false), 0);
+	assert_int_equal(c.max_connections, 12);
+	assert_int_equal(c.http_port, 9400);
+
+	f = fopen(path, "w");
+	fprintf(f, "[limits]\nmax_fds = -3\n");
+	fclose(f);
+	assert_int_equal(config_load(&c, path, false), -EINVAL);
+
+	unlink(path);
+	assert_int_equal(config_load(&c, path, true), 0);
+	assert_int_equal(config_load(&c, path, false), -ENOENT);
+	test_rmtree(dir);
+	free(dir);
+}
+
+static void entries_round_trip(void **state)
+{
+	struct sv_config a, b;
+	const char *section, *key, *doc;
+	char value[256];
+	size_t n = 0;
+
+	config_init_defaults(&a);
+	assert_int_equal(config_set(&a, "retention", "timeout", "45s"), 0);
+	assert_int_equal(config_set(&a, "security", "fetch_gids", "5,6"), 0);
+	config_init_defaults(&b);
+	/* What config_entry prints, config_set takes back to the same configuration. */
+	for (size_t i = 0; config_entry(&a, i, &section, &key, value, sizeof(value), &doc); i++) {
+		assert_true(strlen(doc) > 10);
+		assert_int_equal(config_set(&b, section, key, value), 0);
+		n++;
+	}
+	assert_true(n >= 25);
+	assert_memory_equal(&a, &b, sizeof(a));
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(defaults_are_documented_values),
+		cmocka_unit_test(values_parse_by_type),
+		cmocka_unit_test(bad_values_refused),
+		cmocka_unit_test(file_loads_and_warns_on_unknown_keys),
+		cmocka_unit_test(entries_round_trip),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
