@@ -124,6 +124,12 @@ cleanup() {
 		kill -KILL "$pid" 2>/dev/null || true
 		wait "$pid" 2>/dev/null || true
 	done
+	# The device runner brings back only $OUT: keep the checks' logs (text, small) there.
+	if [[ -n ${OUT:-} && -n $WORK && -d $WORK ]]; then
+		mkdir -p "$OUT/gpu-logs"
+		find "$WORK" -maxdepth 1 -type f \( -name '*.log' -o -name '*.out' -o -name '*.err' \
+			-o -name '*.details' -o -name '*.stdout' \) -size -4M -exec cp {} "$OUT/gpu-logs/" \;
+	fi
 	if [[ -n $WORK && ${KEEP_WORK:-0} != 1 ]]; then rm -rf "$WORK"; fi
 }
 
@@ -205,6 +211,55 @@ bundle() {
 	done
 	echo "bundle: $n libraries under $BUILD/gpu-bundle; $BUILD is $(du -sh "$BUILD" | cut -f1)" \
 		"(the device runner carries at most 64 MiB)"
+}
+
+# --- the project's binaries on a GPU machine -------------------------------------------------
+
+# Why the shim/engine are not available, for the N/A lines ("" when BUILD has them).
+NOT_BUILT=""
+
+# The meson entry point: a meson binary, or the Python package's module.
+meson_cmd() {
+	if command -v meson >/dev/null; then
+		echo meson
+	elif command -v python3 >/dev/null && python3 -c 'import mesonbuild' 2>/dev/null; then
+		echo "python3 -m mesonbuild.mesonmain"
+	else
+		return 1
+	fi
+}
+
+# GPU mode, when BUILD holds no shim: configure and build just the needed targets in WORK with
+# what exists here. The project's Debian dependencies (msgpack, libevent, json-c, cmocka, BPF
+# tools) are usually absent on GPU machines, so this mostly explains why carrying a build is
+# the way (tests/gpu/README.md).
+build_project() {
+	local meson inc log=$WORK/meson.log dir=$WORK/build t0 err rel
+	local -a targets=()
+	[[ $EMU == 1 || -e $BUILD/$SHIM ]] && return 0
+	t0=$(date +%s.%N)
+	if ! meson=$(meson_cmd); then
+		NOT_BUILT="no carried build in $BUILD and meson is not available"
+		return 0
+	fi
+	if ! inc=$(cuda_include); then
+		NOT_BUILT="no carried build in $BUILD and cuda.h not found (set CUDA_INCLUDE)"
+		return 0
+	fi
+	# shellcheck disable=SC2086 # $meson is a command with arguments
+	if ! timeout "$(budget 120)" $meson setup "$dir" "$ROOT" -Dcuda-include="$inc" >"$log" 2>&1; then
+		err=$(grep -m1 'ERROR:' "$log" || tail -n1 "$log")
+		NOT_BUILT="no carried build in $BUILD; meson setup here failed: ${err#*ERROR: }"
+		return 0
+	fi
+	for rel in "$SHIM" "$RECEIVER" "$ENGINE" "$GEN_WEIGHTS" "$BENCH"; do targets+=("$rel"); done
+	if ! timeout "$(budget 240)" ninja -C "$dir" "${targets[@]}" >>"$log" 2>&1; then
+		err=$(grep -m1 -E 'error|FAILED' "$log" || tail -n1 "$log")
+		NOT_BUILT="no carried build in $BUILD; building here failed: $err"
+		return 0
+	fi
+	say "built the shim, receiver and engine stand-in here in $(since "$t0")s ($dir)"
+	BUILD=$dir
 }
 
 # --- check programs ---------------------------------------------------------------------------
@@ -368,7 +423,7 @@ check_shim_pytorch() {
 			>/dev/null 2>&1; then
 		why="python3 with a CUDA-enabled torch not found"
 	elif [[ ! -e $BUILD/$SHIM ]]; then
-		why="shim not built ($BUILD/$SHIM missing: carry a build, see tests/gpu/README.md)"
+		why="shim not built: ${NOT_BUILT:-$BUILD/$SHIM missing} (see tests/gpu/README.md)"
 	elif [[ ! -x $BUILD/$RECEIVER ]]; then
 		why="the shim's test receiver is not built ($BUILD/$RECEIVER)"
 	else
@@ -437,7 +492,7 @@ nccl_dir() {
 check_engine_recovery() {
 	local why="" lp nccl pid t0 port ready limit body reply help
 	if [[ ! -x $BUILD/$ENGINE || ! -x $BUILD/$GEN_WEIGHTS ]]; then
-		why="engine stand-in not built ($BUILD/$ENGINE)"
+		why="engine stand-in not built: ${NOT_BUILT:-$BUILD/$ENGINE missing} (see tests/gpu/README.md)"
 	elif [[ $EMU == 1 && ! -e $BUILD/$ENGINE_HOST_KERNELS ]]; then
 		why="host kernels for the emulated driver not built ($BUILD/$ENGINE_HOST_KERNELS)"
 	else
@@ -576,6 +631,7 @@ main() {
 	fi
 
 	build_check_programs
+	build_project
 	check_vmm_survive
 	check_va_hint
 	check_nvml
