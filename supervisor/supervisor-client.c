@@ -184,6 +184,9 @@ int client_send(struct supervisor *s, struct sv_client *c, const struct proto_ms
 }
 
 static int vsend_error(struct supervisor *s, struct sv_client *c, int code,
+		       enum proto_type in_reply_to, const char *fmt, va_list ap) _printf_(5, 0);
+
+static int vsend_error(struct supervisor *s, struct sv_client *c, int code,
 		       enum proto_type in_reply_to, const char *fmt, va_list ap)
 {
 	struct proto_msg m = {.type = PROTO_ERROR};

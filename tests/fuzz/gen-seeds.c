@@ -8,6 +8,10 @@
  *
  * Every seed is decoded before it is written: "valid-*" must decode, "bad-*" must not, so a
  * protocol change that breaks a seed's meaning fails here rather than quietly weakening fuzzing.
+ *
+ * fuzz-supervisor takes sessions: a sequence of packets, each framed as
+ *   fd count (1 byte) | length (2 bytes, big-endian) | packet
+ * Its seeds are conversations a shim, a shadow and belayerctl have with the supervisor.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -160,7 +164,7 @@ static void build_seeds(void)
 static int verify_seed(const struct seed *s)
 {
 	bool want_ok = strncmp(s->name, "valid-", 6) == 0;
-	int fds[PROTO_MAX_FDS + 1];
+	int fds[PROTO_MAX_FDS + 1] = {-1, -1};
 	struct proto_msg m;
 	size_t nfds = s->data[0];
 	int r;
@@ -206,20 +210,198 @@ static int check_file(const char *path, const struct seed *s)
 	return n == s->len && memcmp(have, s->data, n) == 0 ? 0 : -ESTALE;
 }
 
-static bool is_seed(const char *name)
+/* ---- fuzz-supervisor sessions ----------------------------------------------------------- */
+
+static struct seed sessions[MAX_SEEDS];
+static size_t n_sessions;
+
+static void session_add(struct seed *s, const struct proto_msg *m)
 {
-	for (size_t i = 0; i < n_seeds; i++)
-		if (strcmp(seeds[i].name, name) == 0)
+	uint8_t buf[PROTO_MAX_MSG];
+	int fds[PROTO_MAX_FDS] = {-1};
+	size_t len, nfds;
+
+	if (proto_encode(m, buf, sizeof(buf), &len, fds, &nfds) < 0 ||
+	    s->len + 3 + len > sizeof(s->data)) {
+		fprintf(stderr, "gen-seeds: session %s: cannot add %s\n", s->name,
+			proto_type_to_string(m->type));
+		exit(EXIT_FAILURE);
+	}
+	s->data[s->len++] = (uint8_t)nfds;
+	s->data[s->len++] = (uint8_t)(len >> 8);
+	s->data[s->len++] = (uint8_t)len;
+	memcpy(s->data + s->len, buf, len);
+	s->len += len;
+}
+
+static struct seed *session_new(const char *name)
+{
+	struct seed *s = &sessions[n_sessions++];
+
+	(void)snprintf(s->name, sizeof(s->name), "%s", name);
+	s->len = 0;
+	return s;
+}
+
+static void ctl(struct proto_msg *m, enum ctl_cmd cmd, uint32_t pid, enum ctl_action act)
+{
+	memset(m, 0, sizeof(*m));
+	m->type = PROTO_CTL;
+	m->ctl.cmd = cmd;
+	m->ctl.pid = pid;
+	m->ctl.act = act;
+	m->ctl.dev = -1;
+	m->ctl.arg = 8;
+}
+
+static void build_sessions(void)
+{
+	struct proto_msg m;
+	struct seed *s;
+
+	/* A shim: hello, regions, a version update, a release. */
+	s = session_new("valid-shim");
+	(void)proto_sample(sample_index("hello"), 0, &m);
+	session_add(s, &m);
+	(void)proto_sample(sample_index("region-announce"), 0, &m);
+	session_add(s, &m);
+	m.region.id = 18;
+	m.region.cls = REGION_WEIGHTS;
+	session_add(s, &m);
+	m.region.weights_version = 3;
+	session_add(s, &m);
+	(void)proto_sample(sample_index("region-release"), 0, &m);
+	session_add(s, &m);
+
+	/* A shadow: hello, then fetches (its own region and an unknown one). */
+	s = session_new("valid-fetch");
+	(void)proto_sample(sample_index("hello"), 0, &m);
+	session_add(s, &m);
+	(void)proto_sample(sample_index("region-announce"), 0, &m);
+	session_add(s, &m);
+	(void)proto_sample(sample_index("region-fetch"), 0, &m);
+	m.fetch.pid = 0; /* the target replaces pid 0 by its own */
+	session_add(s, &m);
+	m.fetch.id = 17;
+	session_add(s, &m);
+
+	/* belayerctl: every query, and a health check of a worker. */
+	s = session_new("valid-ctl");
+	for (int c = 0; c < _CTL_CMD_MAX; c++) {
+		ctl(&m, (enum ctl_cmd)c, 0, CTL_ACT_NONE);
+		session_add(s, &m);
+	}
+	s = session_new("valid-ctl-health-worker");
+	(void)proto_sample(sample_index("hello"), 0, &m);
+	session_add(s, &m);
+	(void)proto_sample(sample_index("region-fd"), 0, &m);
+	session_add(s, &m); /* a reply sent as a request */
+	(void)proto_sample(sample_index("region-announce"), 0, &m);
+	m.region.cls = REGION_WEIGHTS;
+	session_add(s, &m);
+	ctl(&m, CTL_HEALTH, 0, CTL_ACT_NONE);
+	session_add(s, &m);
+	ctl(&m, CTL_INJECT, 0, CTL_ACT_HANG);
+	session_add(s, &m);
+
+	/* Requests before hello, and hello twice. */
+	s = session_new("valid-out-of-order");
+	(void)proto_sample(sample_index("region-release"), 0, &m);
+	session_add(s, &m);
+	(void)proto_sample(sample_index("region-announce"), 0, &m);
+	session_add(s, &m);
+	(void)proto_sample(sample_index("hello"), 0, &m);
+	session_add(s, &m);
+	session_add(s, &m);
+	(void)proto_sample(sample_index("error"), 0, &m);
+	session_add(s, &m);
+}
+
+/* Every packet of a "valid-" session decodes. */
+static int verify_session(const struct seed *s)
+{
+	for (size_t off = 0; off < s->len;) {
+		int fds[PROTO_MAX_FDS + 1] = {-1, -1};
+		struct proto_msg m;
+		size_t nfds, len;
+		int r;
+
+		if (s->len - off < 3)
+			return -EINVAL;
+		nfds = s->data[off];
+		len = (size_t)s->data[off + 1] << 8 | s->data[off + 2];
+		off += 3;
+		if (len > s->len - off || nfds > PROTO_MAX_FDS)
+			return -EINVAL;
+		for (size_t i = 0; i < nfds; i++)
+			fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		r = proto_decode(s->data + off, len, fds, nfds, &m);
+		if (r == 0)
+			proto_msg_finish(&m);
+		else
+			for (size_t i = 0; i < nfds; i++)
+				(void)safe_close(fds[i]);
+		if (r < 0) {
+			fprintf(stderr, "gen-seeds: session %s: packet at %zu: %s\n", s->name, off,
+				strerror(-r));
+			return r;
+		}
+		off += len;
+	}
+	return 0;
+}
+
+static bool in_set(const struct seed *set, size_t n, const char *name)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(set[i].name, name) == 0)
 			return true;
 	return false;
+}
+
+/* Writes (or checks) one target's corpus: exactly the seeds of set, nothing else. */
+static int corpus(const char *dir, const char *target, const struct seed *set, size_t n, bool check)
+{
+	char path[4096];
+	struct dirent *de;
+	int failed = 0, r;
+	DIR *d;
+
+	(void)snprintf(path, sizeof(path), "%s/%s", dir, target);
+	if (!check && mkdir(path, 0755) < 0 && errno != EEXIST) {
+		fprintf(stderr, "gen-seeds: mkdir %s: %m\n", path);
+		return 1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		(void)snprintf(path, sizeof(path), "%s/%s/%s", dir, target, set[i].name);
+		r = check ? check_file(path, &set[i]) : write_file(path, set[i].data, set[i].len);
+		if (r < 0) {
+			fprintf(stderr, "gen-seeds: %s: %s\n", path,
+				r == -ESTALE ? "differs from the generated seed" : strerror(-r));
+			failed++;
+		}
+	}
+	(void)snprintf(path, sizeof(path), "%s/%s", dir, target);
+	d = opendir(path);
+	if (!d) {
+		fprintf(stderr, "gen-seeds: %s: %m\n", path);
+		return failed + 1;
+	}
+	while ((de = readdir(d)))
+		if (de->d_name[0] != '.' && !in_set(set, n, de->d_name)) {
+			fprintf(stderr, "gen-seeds: %s/%s is not a generated seed%s\n", path,
+				de->d_name, check ? "" : "; remove it");
+			failed++;
+		}
+	(void)closedir(d);
+	return failed;
 }
 
 int main(int argc, char **argv)
 {
 	bool check = argc == 3 && strcmp(argv[1], "--check") == 0;
 	const char *dir = check ? argv[2] : argc == 2 ? argv[1] : NULL;
-	char path[4096];
-	int failed = 0, r;
+	int failed = 0;
 
 	if (!dir) {
 		fprintf(stderr, "usage: gen-seeds [--check] CORPUS_DIR\n");
@@ -227,49 +409,19 @@ int main(int argc, char **argv)
 	}
 
 	build_seeds();
+	build_sessions();
 	for (size_t i = 0; i < n_seeds; i++)
 		if (verify_seed(&seeds[i]) < 0)
+			failed++;
+	for (size_t i = 0; i < n_sessions; i++)
+		if (verify_session(&sessions[i]) < 0)
 			failed++;
 	if (failed)
 		return EXIT_FAILURE;
 
-	for (size_t t = 0; t < ARRAY_SIZE(targets); t++) {
-		DIR *d;
-		struct dirent *de;
-
-		(void)snprintf(path, sizeof(path), "%s/%s", dir, targets[t]);
-		if (!check && mkdir(path, 0755) < 0 && errno != EEXIST) {
-			fprintf(stderr, "gen-seeds: mkdir %s: %m\n", path);
-			return EXIT_FAILURE;
-		}
-		for (size_t i = 0; i < n_seeds; i++) {
-			(void)snprintf(path, sizeof(path), "%s/%s/%s", dir, targets[t],
-				       seeds[i].name);
-			r = check ? check_file(path, &seeds[i])
-				  : write_file(path, seeds[i].data, seeds[i].len);
-			if (r < 0) {
-				fprintf(stderr, "gen-seeds: %s: %s\n", path,
-					r == -ESTALE ? "differs from the generated seed"
-						     : strerror(-r));
-				failed++;
-			}
-		}
-		/* Nothing else belongs there: the corpus is exactly what this program writes. */
-		(void)snprintf(path, sizeof(path), "%s/%s", dir, targets[t]);
-		d = opendir(path);
-		if (!d) {
-			fprintf(stderr, "gen-seeds: %s: %m\n", path);
-			failed++;
-			continue;
-		}
-		while ((de = readdir(d)))
-			if (de->d_name[0] != '.' && !is_seed(de->d_name)) {
-				fprintf(stderr, "gen-seeds: %s/%s is not a generated seed%s\n",
-					path, de->d_name, check ? "" : "; remove it");
-				failed++;
-			}
-		(void)closedir(d);
-	}
+	for (size_t t = 0; t < ARRAY_SIZE(targets); t++)
+		failed += corpus(dir, targets[t], seeds, n_seeds, check);
+	failed += corpus(dir, "fuzz-supervisor", sessions, n_sessions, check);
 	if (failed && check)
 		fprintf(stderr, "gen-seeds: regenerate with: gen-seeds %s\n", dir);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
