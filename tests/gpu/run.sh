@@ -135,9 +135,17 @@ cleanup() {
 
 # --- environment ------------------------------------------------------------------------------
 
-# The directory of cuda.h (and cudaTypedefs.h): $CUDA_INCLUDE, beside nvcc, or the usual places.
+# The site-packages directory PyTorch is installed in (its nvidia-* wheels are beside it).
+torch_site() {
+	command -v python3 >/dev/null || return 0
+	python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' \
+		2>/dev/null || true
+}
+
+# The directory of cuda.h (and cudaTypedefs.h): $CUDA_INCLUDE, beside nvcc, the usual
+# places, else the headers of PyTorch's nvidia-* wheels.
 cuda_include() {
-	local nvcc beside="" d
+	local nvcc beside="" d site
 	nvcc=$(command -v nvcc || true)
 	[[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
 	[[ -n $nvcc ]] && beside=$(dirname "$(dirname "$(readlink -f "$nvcc")")")/include
@@ -148,6 +156,15 @@ cuda_include() {
 			return 0
 		fi
 	done
+	site=$(torch_site)
+	[[ -n $site && -d $site/nvidia ]] || return 1
+	while read -r d; do
+		d=$(dirname "$d")
+		if [[ -r $d/cuda.h ]]; then
+			printf '%s\n' "$d"
+			return 0
+		fi
+	done < <(find "$site/nvidia" -name cudaTypedefs.h 2>/dev/null)
 	return 1
 }
 
@@ -166,9 +183,10 @@ device_name() {
 # A directory to add to LD_LIBRARY_PATH for a carried binary whose libraries are missing
 # here: the copies --bundle made (empty when nothing is missing).
 bundle_dir_for() {
-	local bin=$1 dir
+	local bin=$1 dir deps
 	dir=$BUILD/gpu-bundle/$(basename "$bin")
-	if ldd "$bin" 2>/dev/null | grep -q 'not found' && [[ -d $dir ]]; then
+	deps=$(ldd "$bin" 2>/dev/null || true)
+	if grep -q 'not found' <<<"$deps" && [[ -d $dir ]]; then
 		printf '%s\n' "$dir"
 	fi
 }
@@ -320,7 +338,7 @@ run_program() {
 	log=$WORK/$(tr / - <<<"$name").log
 	t0=$(date +%s.%N)
 	timeout --kill-after=5 "$limit" "$@" >"$log" 2>&1 || rc=$?
-	summary=$(sed -n 's/^summary: //p' "$log" | head -n1)
+	summary=$(sed -n 's/^summary: //p' "$log" | head -n1 || true)
 	grep -v '^summary: ' "$log" >"$log.details" || true
 	case $rc in
 	0) pass "$name" "$(since "$t0")" "$summary" ;;
@@ -475,17 +493,17 @@ check_shim_pytorch() {
 	say "    receiver: $(grep -c '^announce' "$WORK/receiver.out" || true) announcements in all runs"
 }
 
-# Where libnccl.so.2 is: nothing printed when the loader finds it, else the lib directory of
-# PyTorch's nvidia-nccl wheel. Fails when it is in neither place.
+# Where libnccl.so.2 is: nothing printed when the loader finds it, else the directory of the
+# one PyTorch ships (its nvidia-nccl wheel, or torch/lib). Fails when it is in neither place.
 nccl_dir() {
-	local d=""
-	[[ -n $(ldconfig -p 2>/dev/null | grep 'libnccl\.so\.2 ' || true) ]] && return 0
-	if command -v python3 >/dev/null; then
-		d=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' \
-			2>/dev/null || true)
-	fi
-	[[ -n $d && -e $d/libnccl.so.2 ]] || return 1
-	printf '%s\n' "$d"
+	local site lib cache
+	cache=$(ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true)
+	grep -q 'libnccl\.so\.2 ' <<<"$cache" && return 0
+	site=$(torch_site)
+	[[ -n $site ]] || return 1
+	lib=$(find "$site/nvidia" "$site/torch/lib" -name libnccl.so.2 -print -quit 2>/dev/null || true)
+	[[ -n $lib ]] || return 1
+	dirname "$lib"
 }
 
 # The engine stand-in's cold start on this device, one request, then shadow promotion.
@@ -620,7 +638,7 @@ main() {
 	commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 	say "# Belayer real-GPU checks (tests/gpu/run.sh), $(date -u '+%Y-%m-%d %H:%M UTC')"
 	say "# mode: $([[ $EMU == 1 ]] && echo "emulated stack ($BUILD/tests/emu)" || echo "real GPU")," \
-		"device: $device, host: $(hostname), commit: $commit, build: $BUILD"
+		"device: $device, host: $(uname -n), commit: $commit, build: $BUILD"
 	if [[ $EMU != 1 ]] && command -v nvidia-smi >/dev/null; then
 		say "# driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null |
 			head -n1 || true), $(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' || true)," \
@@ -643,4 +661,5 @@ main() {
 	((FAILED == 0))
 }
 
-main "$@"
+# Sourcing defines the functions only (for trying them by hand).
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then main "$@"; fi
