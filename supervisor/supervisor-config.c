@@ -106,8 +106,10 @@ static const struct key keys[] = {
 	TYPED("health", "interval", KEY_SECS, health_interval, "30s",
 	      "Period of the background GPU health check (0: only on request)."),
 	TYPED("health", "fatal_xids", KEY_INTS, fatal_xids,
-	      "13,31,32,43,45,48,61,62,63,64,68,69,74,79,92,94,95,119,120",
-	      "XIDs that fail the GPU check when seen since the last good check."),
+	      "48,61,62,63,64,74,79,92,94,95,119,120,140",
+	      "XIDs that fail the GPU check when seen since the last good check. Hardware and "
+	      "driver faults only: application faults (13, 31, 43, 45) are what a crashing worker "
+	      "causes, and leave the memory of other allocations intact."),
 	STR("health", "nvml_library", nvml_library, "libnvidia-ml.so.1",
 	    "NVML library dlopen()ed for GPU checks (missing: verdict unknown)."),
 	STR("health", "cuda_library", cuda_library, "libcuda.so.1",
