@@ -47,6 +47,7 @@ enum {
 };
 
 #define STEP_TIMEOUT_MS 60000
+#define CONTROL_BYTES	(2u << 20) /* the smallest granularity: always within the allocation */
 
 struct opts {
 	bool fd_only;
@@ -119,6 +120,14 @@ static int exporter(void *arg)
 		       gpu_cu_name(r), r == CUDA_SUCCESS ? bad : 0);
 		goto fail;
 	}
+	/* Control: the checker must see a different pattern (another seed) as all wrong. */
+	r = gpu_pattern_check(va, CONTROL_BYTES, seed ^ 1, &bad, &first);
+	if (r != CUDA_SUCCESS || bad != CONTROL_BYTES / 8) {
+		printf("summary: exporter: the pattern checker missed a wrong pattern (%" PRIu64
+		       " of %u words flagged)\n",
+		       bad, CONTROL_BYTES / 8);
+		goto fail;
+	}
 	r = cu.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
 	if (r != CUDA_SUCCESS || fd < 0) {
 		printf("summary: exporter: cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR): "
@@ -132,7 +141,8 @@ static int exporter(void *arg)
 	}
 	(void)close(fd);
 	printf("exporter (pid %d): %" PRIu64 " bytes (granularity %zu) at 0x%llx, POSIX fd "
-	       "exported and sent to the holder; pattern written and read back: 0 mismatches\n",
+	       "exported and sent to the holder; pattern written and read back: 0 mismatches "
+	       "(control: another pattern mismatches in every word)\n",
 	       (int)getpid(), size, gran, (unsigned long long)va);
 	fflush(stdout);
 	ctl_send(p->ctl, MSG_READY);

@@ -430,8 +430,29 @@ torch_run() {
 	return "$rc"
 }
 
+# The shim's test receiver (tests/shim/shim-receiver) on $WORK/shim.sock, writing one line per
+# message to $WORK/receiver.out; started once. Returns 1 with RECEIVER_ERROR set on failure.
+RECEIVER_PID=""
+RECEIVER_ERROR=""
+start_receiver() {
+	[[ -n $RECEIVER_PID ]] && return 0
+	[[ -z $RECEIVER_ERROR ]] || return 1
+	RECEIVER_ERROR=$(unloadable "$BUILD/$RECEIVER")
+	[[ -x $BUILD/$RECEIVER ]] || RECEIVER_ERROR="the shim's test receiver is not built ($BUILD/$RECEIVER)"
+	[[ -z $RECEIVER_ERROR ]] || return 1
+	LD_LIBRARY_PATH=$(lib_path_for "$BUILD/$RECEIVER") \
+		"$BUILD/$RECEIVER" "$WORK/shim.sock" "$WORK/receiver.out" >"$WORK/receiver.stdout" \
+		2>&1 &
+	BG_PIDS+=("$!")
+	if ! wait_for_line "$WORK/receiver.stdout" '^ready' "$!" 10; then
+		RECEIVER_ERROR="shim-receiver did not start: $(tail -n1 "$WORK/receiver.stdout")"
+		return 1
+	fi
+	RECEIVER_PID=$!
+}
+
 check_shim_pytorch() {
-	local conf why pid t0 rc res
+	local conf why t0 rc res
 	local -a names=(shim-pytorch/default shim-pytorch/expandable)
 	why=""
 	if [[ $EMU == 1 ]]; then
@@ -453,15 +474,8 @@ check_shim_pytorch() {
 		return
 	fi
 
-	LD_LIBRARY_PATH=$(lib_path_for "$BUILD/$RECEIVER") \
-		"$BUILD/$RECEIVER" "$WORK/shim.sock" "$WORK/receiver.out" >"$WORK/receiver.stdout" \
-		2>&1 &
-	pid=$!
-	BG_PIDS+=("$pid")
-	if ! wait_for_line "$WORK/receiver.stdout" '^ready' "$pid" 10; then
-		for conf in "${names[@]}"; do
-			fail "$conf" "shim-receiver did not start: $(tail -n1 "$WORK/receiver.stdout")"
-		done
+	if ! start_receiver; then
+		for conf in "${names[@]}"; do fail "$conf" "$RECEIVER_ERROR"; done
 		return
 	fi
 
@@ -506,9 +520,39 @@ nccl_dir() {
 	dirname "$lib"
 }
 
-# The engine stand-in's cold start on this device, one request, then shadow promotion.
+# Starts the engine stand-in on the model in $WORK (extra env in "$@", e.g. LD_PRELOAD), waits
+# for its ready line, asks one greedy /generate and stops it. Sets ENGINE_READY (the JSON ready
+# line), ENGINE_TOKENS (the output ids), ENGINE_PID; returns 1 with ENGINE_ERROR on failure.
+ENGINE_READY="" ENGINE_TOKENS="" ENGINE_PID="" ENGINE_ERROR="" ENGINE_LIB_PATH=""
+engine_run() {
+	local tag=$1 pid port reply body
+	shift
+	ENGINE_READY="" ENGINE_TOKENS="" ENGINE_ERROR=""
+	env LD_LIBRARY_PATH="$ENGINE_LIB_PATH" ${EMU_KERNELS:+BELAYER_EMU_KERNELS="$EMU_KERNELS"} \
+		"$@" "$BUILD/$ENGINE" --model "$WORK/model.safetensors" --port 0 \
+		--kv-cache-bytes "$KV_BYTES" >"$WORK/engine-$tag.out" 2>"$WORK/engine-$tag.err" &
+	pid=$!
+	ENGINE_PID=$pid
+	BG_PIDS+=("$pid")
+	if wait_for_line "$WORK/engine-$tag.out" '"event":"ready"' "$pid" "$(budget 120)"; then
+		ENGINE_READY=$(grep -m1 '"event":"ready"' "$WORK/engine-$tag.out")
+		port=$(sed -n 's/.*"port":\([0-9]*\).*/\1/p' <<<"$ENGINE_READY")
+		body='{"input_ids":[1,2,3,4],"sampling_params":{"max_new_tokens":8,"temperature":0}}'
+		reply=$(http_post "$port" /generate "$body" || true)
+		ENGINE_TOKENS=$(grep -o '"output_ids":\[[0-9,]*\]' <<<"$reply" || true)
+		[[ -n $ENGINE_TOKENS ]] || ENGINE_ERROR="ready, but /generate failed: ${reply:-no reply}"
+	else
+		ENGINE_ERROR="no ready line: $(tail -n1 "$WORK/engine-$tag.err")"
+	fi
+	kill -TERM "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+	[[ -z $ENGINE_ERROR ]]
+}
+
+# The engine stand-in's cold start on this device (PTX kernels), the same engine under the
+# shim (its regions announced and classified, the same tokens), then shadow promotion.
 check_engine_recovery() {
-	local why="" lp nccl pid t0 port ready limit body reply help
+	local why="" nccl t0 help
 	if [[ ! -x $BUILD/$ENGINE || ! -x $BUILD/$GEN_WEIGHTS ]]; then
 		why="engine stand-in not built: ${NOT_BUILT:-$BUILD/$ENGINE missing} (see tests/gpu/README.md)"
 	elif [[ $EMU == 1 && ! -e $BUILD/$ENGINE_HOST_KERNELS ]]; then
@@ -517,50 +561,39 @@ check_engine_recovery() {
 		why=$(unloadable "$BUILD/$ENGINE")
 		[[ -z $why ]] && why=$(unloadable "$BUILD/$GEN_WEIGHTS")
 	fi
-	lp=$(lib_path_for "$BUILD/$ENGINE")
+	ENGINE_LIB_PATH=$(lib_path_for "$BUILD/$ENGINE")
 	if [[ -z $why && $EMU != 1 ]]; then
 		if nccl=$(nccl_dir); then
-			[[ -n $nccl ]] && lp=$nccl${lp:+:$lp}
+			[[ -n $nccl ]] && ENGINE_LIB_PATH=$nccl${ENGINE_LIB_PATH:+:$ENGINE_LIB_PATH}
 		else
-			why="libnccl.so.2 not found (neither in the loader cache nor PyTorch's nvidia-nccl)"
+			why="libnccl.so.2 not found (neither in the loader cache nor PyTorch's wheels)"
 		fi
 	fi
-	if [[ -n $why ]]; then
+	t0=$(date +%s.%N)
+	if [[ -z $why ]] && ! LD_LIBRARY_PATH=$(lib_path_for "$BUILD/$GEN_WEIGHTS") \
+		timeout "$(budget 120)" "$BUILD/$GEN_WEIGHTS" --out "$WORK/model.safetensors" \
+		--size "$MODEL_SIZE" >"$WORK/gen-weights.log" 2>&1; then
+		why="gen-weights failed: $(tail -n1 "$WORK/gen-weights.log")"
+		fail engine-recovery/cold-start "$why"
+		fail shim-engine "$why"
+		why=skip
+	fi
+
+	if [[ $why == skip ]]; then
+		:
+	elif [[ -n $why ]]; then
 		na engine-recovery/cold-start "$why"
+		na shim-engine "$why"
 	else
-		t0=$(date +%s.%N)
-		if ! LD_LIBRARY_PATH=$(lib_path_for "$BUILD/$GEN_WEIGHTS") \
-			timeout "$(budget 120)" "$BUILD/$GEN_WEIGHTS" --out "$WORK/model.safetensors" \
-			--size "$MODEL_SIZE" >"$WORK/gen-weights.log" 2>&1; then
-			fail engine-recovery/cold-start "gen-weights: $(tail -n1 "$WORK/gen-weights.log")"
+		if engine_run plain; then
+			pass engine-recovery/cold-start "$(since "$t0")" \
+				"ready in $(sed -n 's/.*"total_s":\([0-9.]*\).*/\1/p' <<<"$ENGINE_READY") s (weights $MODEL_SIZE, KV $KV_BYTES); greedy /generate: $ENGINE_TOKENS"
+			say "    $ENGINE_READY"
 		else
-			limit=$(budget 120)
-			env LD_LIBRARY_PATH="$lp" \
-				${EMU_KERNELS:+BELAYER_EMU_KERNELS="$EMU_KERNELS"} \
-				"$BUILD/$ENGINE" --model "$WORK/model.safetensors" --port 0 \
-				--kv-cache-bytes "$KV_BYTES" >"$WORK/engine.out" 2>"$WORK/engine.err" &
-			pid=$!
-			BG_PIDS+=("$pid")
-			if wait_for_line "$WORK/engine.out" '"event":"ready"' "$pid" "$limit"; then
-				ready=$(grep -m1 '"event":"ready"' "$WORK/engine.out")
-				port=$(sed -n 's/.*"port":\([0-9]*\).*/\1/p' <<<"$ready")
-				body='{"input_ids":[1,2,3,4],"sampling_params":{"max_new_tokens":8,"temperature":0}}'
-				reply=$(http_post "$port" /generate "$body" || true)
-				if [[ $reply == *'"output_ids":['* ]]; then
-					pass engine-recovery/cold-start "$(since "$t0")" \
-						"ready in $(sed -n 's/.*"total_s":\([0-9.]*\).*/\1/p' <<<"$ready") s (weights $MODEL_SIZE, KV $KV_BYTES); one greedy /generate answered"
-				else
-					fail engine-recovery/cold-start "ready, but /generate failed: ${reply:-no reply}"
-				fi
-				say "    $ready"
-				say "    /generate: $(grep -o '"output_ids":\[[0-9,]*\]' <<<"$reply" || true)"
-			else
-				fail engine-recovery/cold-start "no ready line: $(tail -n1 "$WORK/engine.err")"
-				details "$WORK/engine.err"
-			fi
-			kill -TERM "$pid" 2>/dev/null || true
-			wait "$pid" 2>/dev/null || true
+			fail engine-recovery/cold-start "$ENGINE_ERROR"
+			details "$WORK/engine-plain.err"
 		fi
+		check_shim_engine "$ENGINE_TOKENS"
 	fi
 
 	# The subcommand list of belayer-bench --help says whether recovery exists yet.
@@ -576,6 +609,49 @@ check_engine_recovery() {
 		na engine-recovery/shadow-promotion \
 			"belayer-bench recovery does not exist yet (the shadow-worker recovery issue)"
 	fi
+}
+
+# The engine stand-in under LD_PRELOAD=libbelayer.so: it must start, answer with the tokens it
+# gave without the shim ($1), and its regions must reach the receiver classified the way the
+# phase heuristic promises (weights before the cuMemGetInfo probe, kv after).
+check_shim_engine() {
+	local plain=$1 t0 why="" ann weights kv
+	t0=$(date +%s.%N)
+	if [[ ! -e $BUILD/$SHIM ]]; then
+		why="shim not built: ${NOT_BUILT:-$BUILD/$SHIM missing} (see tests/gpu/README.md)"
+	else
+		why=$(unloadable "$BUILD/$SHIM")
+	fi
+	if [[ -n $why ]]; then
+		na shim-engine "$why"
+		return
+	fi
+	if ! start_receiver; then
+		fail shim-engine "$RECEIVER_ERROR"
+		return
+	fi
+	if ! engine_run shim LD_PRELOAD="$BUILD/$SHIM" BELAYER_SOCKET="$WORK/shim.sock" \
+		BELAYER_ENGINE_ID=gpu-check-engine; then
+		fail shim-engine "under the shim: $ENGINE_ERROR"
+		details "$WORK/engine-shim.err"
+		return
+	fi
+	# The receiver writes as messages arrive; the engine has exited, so everything it sent is
+	# there once its eof line is.
+	wait_for_line "$WORK/receiver.out" "^eof pid=$ENGINE_PID\$" "$RECEIVER_PID" 10 || true
+	ann=$(grep "^announce pid=$ENGINE_PID " "$WORK/receiver.out" || true)
+	weights=$(grep -c ' class=weights ' <<<"$ann" || true)
+	kv=$(grep -c ' class=kv ' <<<"$ann" || true)
+	if [[ -n $plain && $ENGINE_TOKENS != "$plain" ]]; then
+		fail shim-engine "different tokens under the shim: $ENGINE_TOKENS vs $plain"
+	elif ((weights < 1 || kv < 1)); then
+		fail shim-engine "regions announced: $weights weights, $kv kv (want at least one of each)"
+	else
+		pass shim-engine "$(since "$t0")" \
+			"$(grep -c . <<<"$ann") regions announced ($weights weights, $kv kv), same tokens as without the shim; ready in $(sed -n 's/.*"total_s":\([0-9.]*\).*/\1/p' <<<"$ENGINE_READY") s"
+	fi
+	grep "^announce pid=$ENGINE_PID " "$WORK/receiver.out" >"$WORK/engine-shim.announced" || true
+	details "$WORK/engine-shim.announced"
 }
 
 # POSTs JSON $3 to 127.0.0.1:$1$2 with bash's /dev/tcp; prints the response body.
