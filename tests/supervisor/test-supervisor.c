@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -776,7 +777,8 @@ static void belayerctl_commands(void **state)
 /* belayerctl events follows: a running follower sees an event that happens after it started. */
 static void events_follow(void **state)
 {
-	const char *argv[] = {BELAYERCTL_PATH, "--json", "events", NULL};
+	/* --replay: whichever comes first, the subscription or the event, the event is seen. */
+	const char *argv[] = {BELAYERCTL_PATH, "--json", "events", "--replay", "64", NULL};
 	char buf[8192];
 	size_t len = 0;
 	uint64_t deadline;
@@ -881,6 +883,50 @@ static void resync_drops_what_is_not_reannounced(void **state)
 	close(mfd);
 }
 
+/* Under systemd (Type=notify): READY=1 once the socket listens, a STATUS= line, and
+ * WATCHDOG=1 at half of WATCHDOG_USEC. systemd's side is a datagram socket we hold. */
+static void systemd_notify_protocol(void **state)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	char path[sizeof(sa.sun_path)], buf[4096];
+	bool ready = false, status = false;
+	int ns, watchdogs = 0, one = 1;
+	uint64_t deadline;
+
+	snprintf(path, sizeof(path), "%s/notify", sv.dir);
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	ns = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	assert_true(ns >= 0);
+	assert_int_equal(bind(ns, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(setsockopt(ns, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)), 0);
+	setenv("NOTIFY_SOCKET", path, 1);
+	setenv("WATCHDOG_USEC", "200000", 1);
+	sv_start(&sv, NULL);
+	unsetenv("NOTIFY_SOCKET");
+	unsetenv("WATCHDOG_USEC");
+
+	deadline = mono_ms() + SV_WAIT_MS;
+	while (!(ready && status && watchdogs >= 3)) {
+		struct pollfd p = {.fd = ns, .events = POLLIN};
+		ssize_t n;
+
+		assert_true(mono_ms() < deadline);
+		if (poll(&p, 1, 100) <= 0)
+			continue;
+		n = recv(ns, buf, sizeof(buf) - 1, 0);
+		assert_true(n > 0);
+		buf[n] = '\0';
+		ready |= strstr(buf, "READY=1") != NULL;
+		status |= strstr(buf, "STATUS=") != NULL;
+		/* The watchdog pings only once the daemon is ready. */
+		if (strstr(buf, "WATCHDOG=1")) {
+			assert_true(ready);
+			watchdogs++;
+		}
+	}
+	close(ns);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -899,6 +945,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(retention_budget_and_timeout, setup, teardown),
 		cmocka_unit_test_setup_teardown(resync_drops_what_is_not_reannounced, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(systemd_notify_protocol, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
