@@ -831,7 +831,13 @@ static void on_debug_kv(struct evhttp_request *hreq, void *arg)
 		json_object_object_add(s, "blocks", ids_array(req->blocks, req->nblocks));
 		json_object_array_add(seqs, s);
 	}
-	json_object_object_add(o, "waiting", json_object_new_boolean(e->waiting != NULL));
+	{
+		int64_t nwaiting = 0;
+
+		for (struct request *w = e->waiting; w; w = w->next)
+			nwaiting++;
+		json_object_object_add(o, "waiting", json_object_new_int64(nwaiting));
+	}
 	json_object_object_add(o, "seqs", seqs);
 	json_object_object_add(o, "steps", json_object_new_int64((int64_t)e->steps));
 	send_json(hreq, 200, o);
