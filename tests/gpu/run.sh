@@ -693,7 +693,10 @@ main() {
 		fi
 		export LD_LIBRARY_PATH=$BUILD/tests/emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 		export BELAYER_EMU_DIR=$WORK/emu EMU_CTL=$BUILD/tests/emu/emu-ctl
+		# The engine stand-in's kernels for the emulated driver (and for anything later that
+		# starts the engine, such as belayer-bench recovery).
 		EMU_KERNELS=$BUILD/$ENGINE_HOST_KERNELS
+		export BELAYER_EMU_KERNELS=$EMU_KERNELS
 		mkdir -p "$BELAYER_EMU_DIR"
 	fi
 
