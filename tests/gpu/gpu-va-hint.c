@@ -11,7 +11,8 @@
  * VA as the hint. Both are new executions of this program (not forks), so each gets its own
  * address-space layout as a restarted worker would. The coordinator never touches CUDA.
  *
- * Usage: gpu-va-hint [--tries N] [--size N[KMG]] [--device N]
+ * Usage: gpu-va-hint [--tries N] [--max-seconds S] [--size N[KMG]] [--device N]
+ * --max-seconds stops starting tries after S seconds (the rate is over the tries done).
  * Internal: gpu-va-hint --reserve SIZE HINT DEVICE (socket on fd 3)
  */
 #include <errno.h>
@@ -35,6 +36,7 @@ extern char **environ;
 
 struct opts {
 	unsigned tries;
+	double max_s;
 	uint64_t size;
 	int dev;
 };
@@ -108,12 +110,14 @@ int main(int argc, char **argv)
 {
 	static const struct option options[] = {
 		{"tries", required_argument, NULL, 'n'},
+		{"max-seconds", required_argument, NULL, 't'},
 		{"size", required_argument, NULL, 's'},
 		{"device", required_argument, NULL, 'd'},
 		{},
 	};
 	struct opts o = {.tries = 10, .size = 1ull << 30};
 	unsigned same = 0, done = 0;
+	double t0 = gpu_now();
 	int c;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -124,6 +128,9 @@ int main(int argc, char **argv)
 		switch (c) {
 		case 'n':
 			o.tries = (unsigned)strtoul(optarg, NULL, 10);
+			break;
+		case 't':
+			o.max_s = strtod(optarg, NULL);
 			break;
 		case 's':
 			if (gpu_parse_size(optarg, &o.size) < 0 || !o.size)
@@ -140,7 +147,14 @@ int main(int argc, char **argv)
 		goto usage;
 
 	for (unsigned i = 0; i < o.tries; i++) {
-		CUdeviceptr dead = run_reserver(&o, 0, true), got;
+		CUdeviceptr dead, got;
+
+		if (o.max_s > 0 && done && gpu_now() - t0 > o.max_s) {
+			printf("stopping after %u tries: --max-seconds %.0f reached\n", done,
+			       o.max_s);
+			break;
+		}
+		dead = run_reserver(&o, 0, true);
 
 		if (!dead) {
 			printf("summary: try %u: the first process could not reserve %" PRIu64
@@ -165,6 +179,7 @@ int main(int argc, char **argv)
 	       same, done, 100.0 * same / done, o.size);
 	return 0;
 usage:
-	fprintf(stderr, "usage: gpu-va-hint [--tries N] [--size N[KMG]] [--device N]\n");
+	fprintf(stderr, "usage: gpu-va-hint [--tries N] [--max-seconds S] [--size N[KMG]] "
+			"[--device N]\n");
 	return 2;
 }
