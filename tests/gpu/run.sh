@@ -227,6 +227,9 @@ bundle() {
 		done < <(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }')
 		echo "bundle: $rel: $(find "$dir" -type f -printf '%f ' | sed 's/ $//')"
 	done
+	# The device runner copies the working tree without .git: record what was built.
+	mkdir -p "$BUILD/gpu-bundle"
+	git -C "$ROOT" describe --always --dirty >"$BUILD/gpu-bundle/commit" 2>/dev/null || true
 	echo "bundle: $n libraries under $BUILD/gpu-bundle; $BUILD is $(du -sh "$BUILD" | cut -f1)" \
 		"(the device runner carries at most 64 MiB)"
 }
@@ -718,7 +721,8 @@ main() {
 	mkdir -p "$(dirname "$RESULTS_FILE")"
 	: >"$RESULTS_FILE"
 
-	commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+	commit=$(git -C "$ROOT" describe --always --dirty 2>/dev/null ||
+		cat "$BUILD/gpu-bundle/commit" 2>/dev/null || echo unknown)
 	say "# Belayer real-GPU checks (tests/gpu/run.sh), $(date -u '+%Y-%m-%d %H:%M UTC')"
 	say "# mode: $([[ $EMU == 1 ]] && echo "emulated stack ($BUILD/tests/emu)" || echo "real GPU")," \
 		"device: $device, host: $(uname -n), commit: $commit, build: $BUILD"
