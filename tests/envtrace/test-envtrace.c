@@ -564,6 +564,12 @@ static int check_entry(const struct sidelog_entry *e, void *userdata)
 	return 0;
 }
 
+static int count_entry(const struct sidelog_entry *e, void *userdata)
+{
+	(*(int *)userdata)++;
+	return 0;
+}
+
 static void test_exec_log_has_argv(void **state)
 {
 	struct fixture fx;
@@ -807,6 +813,68 @@ static void test_reset_keeps_open_writers(void **state)
 	fixture_teardown(&fx);
 }
 
+static void test_cli_run_prints_dirty_set(void **state)
+{
+	struct fixture fx;
+	char cmd[PATH_MAX * 2], out[65536], want[PATH_MAX];
+	size_t n;
+	FILE *f;
+
+	FIXTURE(&fx, 0);
+	/* The CLI loads its own copy of the programs (no pins) and watches the same cgroup. */
+	snprintf(cmd, sizeof(cmd),
+		 "%s --pin-dir '' --json --log '%s/cli.log' run '%s' -- /bin/sh -c "
+		 "'echo x > %s/cli-file && mkdir %s/cli-dir'",
+		 ENVTRACE_CLI, fx.tmp, fx.cgroup, fx.tmp, fx.tmp);
+	f = popen(cmd, "r");
+	assert_non_null(f);
+	n = fread(out, 1, sizeof(out) - 1, f);
+	out[n] = 0;
+	assert_int_equal(pclose(f), 0);
+	snprintf(want, sizeof(want), "{\"path\":\"%s/cli-file\",\"subtree\":true}", fx.tmp);
+	assert_non_null(strstr(out, want));
+	snprintf(want, sizeof(want), "{\"path\":\"%s/cli-dir\",\"subtree\":true}", fx.tmp);
+	assert_non_null(strstr(out, want));
+	assert_non_null(strstr(out, "\"full_diff\":false"));
+	assert_non_null(strstr(out, "\"drops\":0,"));
+
+	/* Its log reads back with the shell's command line. */
+	snprintf(cmd, sizeof(cmd), "%s --json log '%s/cli.log'", ENVTRACE_CLI, fx.tmp);
+	f = popen(cmd, "r");
+	assert_non_null(f);
+	n = fread(out, 1, sizeof(out) - 1, f);
+	out[n] = 0;
+	assert_int_equal(pclose(f), 0);
+	assert_non_null(strstr(out, "\"argv\":[\"/bin/sh\",\"-c\","));
+	fixture_teardown(&fx);
+}
+
+static void test_sidelog_rejects_malformed(void **state)
+{
+	char *dir = test_mkdtemp("belayer-sidelog");
+	char path[PATH_MAX];
+	/* A record that is not a map, then a map without its kind. */
+	static const unsigned char not_map[] = {0x93, 0x01, 0x02, 0x03};
+	static const unsigned char no_kind[] = {0x81, 0xa3, 'p', 'i', 'd', 0x05};
+	int fd, count = 0;
+
+	assert_non_null(dir);
+	snprintf(path, sizeof(path), "%s/bad", dir);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, not_map, sizeof(not_map)), sizeof(not_map));
+	close(fd);
+	assert_int_equal(sidelog_read(path, count_entry, &count), -EBADMSG);
+	fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, no_kind, sizeof(no_kind)), sizeof(no_kind));
+	close(fd);
+	assert_int_equal(sidelog_read(path, count_entry, &count), -EBADMSG);
+	assert_int_equal(count, 0);
+	test_rmtree(dir);
+	free(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -818,6 +886,8 @@ int main(void)
 		cmocka_unit_test(test_io_uring_and_shared_mmap_force_full_diff),
 		cmocka_unit_test(test_pinned_maps_visible),
 		cmocka_unit_test(test_reset_keeps_open_writers),
+		cmocka_unit_test(test_cli_run_prints_dirty_set),
+		cmocka_unit_test(test_sidelog_rejects_malformed),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
