@@ -21,6 +21,7 @@ struct subcommand {
 
 static const struct subcommand subcommands[] = {
 	{"shim-overhead", bench_shim_overhead, "ns per driver call with and without libbelayer.so"},
+	{"bpf-overhead", bench_bpf_overhead, "workload wall time with and without envtrace (BPF)"},
 };
 
 uint64_t bench_now_ns(void)
