@@ -38,7 +38,7 @@
 extern char **environ;
 
 static char *dir;
-static char w1[512], w2[512], emu_dir[512];
+static char w1[512], w2[512], big1[512], big2[512], emu_dir[512];
 
 struct engine {
 	pid_t pid;
@@ -749,6 +749,132 @@ static void concurrent_streaming_clients(void **state)
 	engine_stop(&e);
 }
 
+/* Spawns the shim's test receiver (a stand-in for the supervisor socket) and waits for it. */
+static pid_t receiver_start(const char *sock, const char *out)
+{
+	int p[2];
+	char buf[64];
+	size_t len = 0;
+	int64_t deadline = now_ms() + START_TIMEOUT_MS;
+	pid_t pid;
+
+	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		dup2(p[1], STDOUT_FILENO);
+		execl(RECEIVER_PATH, RECEIVER_PATH, sock, out, (char *)NULL);
+		_exit(127);
+	}
+	close(p[1]);
+	live_add(pid);
+	while (!memmem(buf, len, "ready", 5)) {
+		struct pollfd pfd = {.fd = p[0], .events = POLLIN};
+		ssize_t k;
+
+		assert_true(now_ms() < deadline && len < sizeof(buf));
+		if (poll(&pfd, 1, (int)(deadline - now_ms())) <= 0)
+			continue;
+		k = read(p[0], buf + len, sizeof(buf) - len);
+		assert_true(k > 0);
+		len += (size_t)k;
+	}
+	close(p[0]);
+	return pid;
+}
+
+/* The receiver's announce lines of class cls: their count, and the largest version seen. */
+static int announces(const char *out, const char *cls, int64_t *ret_max_version)
+{
+	char line[512];
+	FILE *f = fopen(out, "re");
+	int n = 0;
+
+	*ret_max_version = -1;
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f)) {
+		const char *v = strstr(line, " version=");
+
+		if (strncmp(line, "announce ", 9) != 0 || !strstr(line, cls) || !v)
+			continue;
+		n++;
+		if (atoll(v + 9) > *ret_max_version)
+			*ret_max_version = atoll(v + 9);
+	}
+	fclose(f);
+	return n;
+}
+
+static void runs_under_the_shim(void **state)
+{
+	static const char *const tp2[] = {"--tp", "2", NULL};
+	char sock[600], out[600], sock_env[700], body[1024];
+	const char *env[] = {"LD_PRELOAD=" SHIM_PATH, sock_env, NULL};
+	struct output base1, base2, got;
+	int64_t v_before, v_after, deadline, ignored;
+	struct engine e;
+	json_object *o;
+	pid_t receiver;
+
+	(void)state;
+	/* weights tensors above the shim's 2 MiB threshold, so it serves and tracks them */
+	engine_start(&e, big1, NULL, NULL);
+	greedy(e.port, prompt_b, ARRAY_SIZE(prompt_b), &base1);
+	engine_stop(&e);
+	engine_start(&e, big2, NULL, NULL);
+	greedy(e.port, prompt_b, ARRAY_SIZE(prompt_b), &base2);
+	engine_stop(&e);
+
+	snprintf(sock, sizeof(sock), "%s/shim.sock", dir);
+	snprintf(out, sizeof(out), "%s/receiver.out", dir);
+	snprintf(sock_env, sizeof(sock_env), "BELAYER_SOCKET=%s", sock);
+	receiver = receiver_start(sock, out);
+
+	/* the same tokens with the shim in the process, at TP 1 and 2 */
+	engine_start(&e, big1, tp2, env);
+	greedy(e.port, prompt_b, ARRAY_SIZE(prompt_b), &got);
+	assert_same(&base1, &got);
+	engine_stop(&e);
+	engine_start(&e, big1, NULL, env);
+	greedy(e.port, prompt_b, ARRAY_SIZE(prompt_b), &got);
+	assert_same(&base1, &got);
+
+	/* the shim saw weights before the cuMemGetInfo probe and the KV arena after it */
+	deadline = now_ms() + START_TIMEOUT_MS;
+	while (announces(out, "class=weights", &v_before) == 0 ||
+	       announces(out, "class=kv", &ignored) == 0) {
+		assert_true(now_ms() < deadline);
+		poll(NULL, 0, 10); /* the receiver writes its lines asynchronously */
+	}
+	/* let the announcements of the load settle: the version stops moving */
+	for (int64_t prev = -2; prev != v_before;) {
+		prev = v_before;
+		poll(NULL, 0, 200);
+		(void)announces(out, "class=weights", &v_before);
+		assert_true(now_ms() < deadline);
+	}
+
+	snprintf(body, sizeof(body), "{\"model_path\":\"%s\"}", big2);
+	o = post(e.port, "/update_weights_from_disk", body, 200);
+	json_object_put(o);
+	greedy(e.port, prompt_b, ARRAY_SIZE(prompt_b), &got);
+	assert_same(&base2, &got);
+	/* the H2D copies into the weights bumped the version the shim reports */
+	deadline = now_ms() + START_TIMEOUT_MS;
+	for (;;) {
+		(void)announces(out, "class=weights", &v_after);
+		if (v_after > v_before)
+			break;
+		assert_true(now_ms() < deadline);
+		poll(NULL, 0, 10);
+	}
+	engine_stop(&e);
+	live_del(receiver);
+	(void)kill(receiver, SIGTERM);
+	assert_true(wait_exit(receiver, 10000) >= 0);
+}
+
 static int group_setup(void **state)
 {
 	char env_dir[600];
@@ -763,6 +889,8 @@ static int group_setup(void **state)
 		return -1;
 	snprintf(w1, sizeof(w1), "%s/w1.safetensors", dir);
 	snprintf(w2, sizeof(w2), "%s/w2.safetensors", dir);
+	snprintf(big1, sizeof(big1), "%s/big1.safetensors", dir);
+	snprintf(big2, sizeof(big2), "%s/big2.safetensors", dir);
 	snprintf(emu_dir, sizeof(emu_dir), "%s/emu", dir);
 	if (mkdir(emu_dir, 0700) < 0)
 		return -1;
@@ -771,7 +899,13 @@ static int group_setup(void **state)
 	if (!getenv("BELAYER_EMU_DEVICES"))
 		setenv("BELAYER_EMU_DEVICES", "4", 1);
 	signal(SIGPIPE, SIG_IGN);
-	return run(g1, NULL, 60000) == 0 && run(g2, NULL, 60000) == 0 ? 0 : -1;
+	const char *g3[] = {GEN_PATH, "--out", big1, "--size", "24M", "--seed", "1", NULL};
+	const char *g4[] = {GEN_PATH, "--out", big2, "--size", "24M", "--seed", "2", NULL};
+
+	return run(g1, NULL, 60000) == 0 && run(g2, NULL, 60000) == 0 &&
+			       run(g3, NULL, 60000) == 0 && run(g4, NULL, 60000) == 0
+		       ? 0
+		       : -1;
 }
 
 static int group_teardown(void **state)
@@ -795,6 +929,7 @@ int main(void)
 		cmocka_unit_test_teardown(weights_update_from_trainer, kill_leftovers),
 		cmocka_unit_test_teardown(bad_requests_rejected, kill_leftovers),
 		cmocka_unit_test_teardown(concurrent_streaming_clients, kill_leftovers),
+		cmocka_unit_test_teardown(runs_under_the_shim, kill_leftovers),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
