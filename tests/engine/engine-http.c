@@ -818,6 +818,32 @@ static void on_debug_kv(struct evhttp_request *hreq, void *arg)
 		json_object_object_add(o, "emu_alloc_id", json_object_new_int64((int64_t)id));
 		json_object_object_add(o, "emu_alloc_offset", json_object_new_int64((int64_t)off));
 	}
+	/* ?block=N: an FNV-1a hash of block N's bytes (D2H), to see a corruption land */
+	{
+		const char *q = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(hreq));
+		struct evkeyvalq params;
+		const char *b;
+
+		if (q && evhttp_parse_query_str(q, &params) == 0) {
+			b = evhttp_find_header(&params, "block");
+			if (b && strtoul(b, NULL, 10) < e->m.num_blocks) {
+				uint64_t blk = strtoul(b, NULL, 10), h = 0xcbf29ce484222325ull;
+				uint8_t *buf = malloc(e->m.block_bytes);
+				char hex[24];
+
+				if (buf && gpu.cuMemcpyDtoH(buf, e->m.kv + blk * e->m.block_bytes,
+							    e->m.block_bytes) == CUDA_SUCCESS) {
+					for (uint64_t i = 0; i < e->m.block_bytes; i++)
+						h = (h ^ buf[i]) * 0x100000001b3ull;
+					snprintf(hex, sizeof(hex), "%016" PRIx64, h);
+					json_object_object_add(o, "block_hash",
+							       json_object_new_string(hex));
+				}
+				free(buf);
+			}
+			evhttp_clear_headers(&params);
+		}
+	}
 	for (uint32_t i = 0; i < e->o.max_num_seqs; i++) {
 		struct request *req = e->running[i];
 		json_object *s;

@@ -445,7 +445,7 @@ static void kv_corruption_changes_output(void **state)
 	struct http_response r = {};
 	json_object *kv, *seqs, *seq;
 	uint64_t id, off, block_bytes, width, block;
-	char body[1024], ids[256], idbuf[32], offbuf[32];
+	char body[1024], ids[256], idbuf[32], offbuf[32], query[64], hash[24];
 	int64_t deadline;
 	struct engine e;
 	int fd;
@@ -489,6 +489,12 @@ static void kv_corruption_changes_output(void **state)
 	width = (uint64_t)json_object_get_int64(get_path(kv, "width", NULL));
 	json_object_put(kv);
 
+	snprintf(query, sizeof(query), "/debug/kv?block=%" PRIu64, block);
+	kv = get_json(e.port, query);
+	snprintf(hash, sizeof(hash), "%s",
+		 json_object_get_string(get_path(kv, "block_hash", NULL)));
+	json_object_put(kv);
+
 	/* flip the sign of every key of position 0, layer 0, in the sequence's first block
 	 * (layout [block][layer][k|v][block_size][width] floats; byte 3 holds the sign) */
 	snprintf(idbuf, sizeof(idbuf), "%" PRIu64, id);
@@ -499,6 +505,10 @@ static void kv_corruption_changes_output(void **state)
 			 off + block * block_bytes + j * sizeof(float) + 3);
 		assert_int_equal(run(argv, NULL, 10000), 0);
 	}
+	/* the flips landed in the sequence's block */
+	kv = get_json(e.port, query);
+	assert_string_not_equal(hash, json_object_get_string(get_path(kv, "block_hash", NULL)));
+	json_object_put(kv);
 	json_object_put(post(e.port, "/debug/resume", "{}", 200));
 	assert_int_equal(client_recv(fd, REQ_TIMEOUT_MS, &r), 0);
 	close(fd);
