@@ -295,6 +295,28 @@ int envtrace_ncpus(struct sv_envtrace *et)
 	return et->ncpus;
 }
 
+int envtrace_prog_runtime(struct sv_envtrace *et, uint64_t *ret_ns, uint64_t *ret_count)
+{
+	struct bpf_program *prog;
+	uint64_t ns = 0, count = 0;
+
+	bpf_object__for_each_program(prog, et->skel->obj)
+	{
+		struct bpf_prog_info info = {0};
+		uint32_t len = sizeof(info);
+
+		if (bpf_program__fd(prog) < 0)
+			continue;
+		if (bpf_obj_get_info_by_fd(bpf_program__fd(prog), &info, &len) < 0)
+			return negative_errno();
+		ns += info.run_time_ns;
+		count += info.run_cnt;
+	}
+	*ret_ns = ns;
+	*ret_count = count;
+	return 0;
+}
+
 const char *envtrace_pin_dir(struct sv_envtrace *et)
 {
 	return et->pin_dir;

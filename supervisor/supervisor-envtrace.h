@@ -90,6 +90,10 @@ int envtrace_env_stats(struct sv_envtrace *et, uint32_t env_id, struct envtrace_
 /* Ring-buffer drops: per CPU into per_cpu[0..n) (may be NULL), total in *ret_total. */
 int envtrace_drops(struct sv_envtrace *et, uint64_t *per_cpu, size_t n, uint64_t *ret_total);
 int envtrace_ncpus(struct sv_envtrace *et);
+/* Time spent in the programs and how often they ran, summed over all of them: counted by the
+ * kernel only while BPF run-time statistics are enabled (kernel.bpf_stats_enabled, or an fd
+ * from bpf_enable_stats(BPF_STATS_RUN_TIME) held open). */
+int envtrace_prog_runtime(struct sv_envtrace *et, uint64_t *ret_ns, uint64_t *ret_count);
 const char *envtrace_pin_dir(struct sv_envtrace *et);
 
 const char *envtrace_op_to_string(unsigned int op);

@@ -11,7 +11,10 @@
  *              every other process on the node pays)
  *   watched    the cgroup watched; this process consumes the ring buffer into a dirty set
  *              and a side-effect log while the workload runs, as the supervisor would
- * Reported: median wall time per configuration, slowdown against "off", records/s, drops.
+ * Reported, as medians: wall time; the CPU time of the workload's processes (user + system:
+ * the programs run in their context, so it shows the tracing's cost even when the machine's
+ * other load makes wall time noisy); the time spent in the BPF programs (kernel run-time
+ * statistics); and for "watched" records/s, drops and this process's CPU as the consumer.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +22,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +31,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 
 #include "bench.h"
@@ -51,6 +56,9 @@ static const char *const cfg_names[CONFIGS] = {"off", "loaded", "watched"};
 
 struct run {
 	double wall_s;
+	double workload_cpu_s; /* user + system time of the workload's processes */
+	double bpf_s; /* time in the BPF programs (all processes), from the kernel's stats */
+	uint64_t bpf_runs;
 	uint64_t records;
 	uint64_t drops;
 	size_t dirty;
@@ -184,11 +192,11 @@ static int move_self(const char *cgroup)
 	return 0;
 }
 
-static double cpu_seconds(void)
+static double cpu_seconds(int who)
 {
 	struct rusage ru;
 
-	getrusage(RUSAGE_SELF, &ru);
+	getrusage(who, &ru);
 	return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
 	       ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
 }
@@ -205,7 +213,7 @@ static int run_once(const char *base, const char *cgroup, int cfg, struct run *r
 	struct consumer c = {0};
 	char work[PATH_MAX], script[PATH_MAX], logp[PATH_MAX];
 	uint64_t t0, t1;
-	double cpu0;
+	double cpu0, child0;
 	int status = 0, r = 0;
 	pid_t pid;
 
@@ -230,7 +238,8 @@ static int run_once(const char *base, const char *cgroup, int cfg, struct run *r
 			goto out;
 	}
 
-	cpu0 = cpu_seconds();
+	cpu0 = cpu_seconds(RUSAGE_SELF);
+	child0 = cpu_seconds(RUSAGE_CHILDREN);
 	t0 = bench_now_ns();
 	pid = fork();
 	if (pid < 0) {
@@ -243,18 +252,18 @@ static int run_once(const char *base, const char *cgroup, int cfg, struct run *r
 		execl("/bin/sh", "sh", script, work, (char *)NULL);
 		_exit(127);
 	}
+	/* The same loop in every configuration (a 50 ms poll, then a reap attempt), so that this
+	 * process wakes the CPUs alike; only "watched" has a ring buffer to read. */
 	for (;;) {
-		if (cfg == CFG_WATCHED) {
-			struct pollfd p = {.fd = envtrace_fd(et), .events = POLLIN};
+		struct pollfd p = {.fd = et ? envtrace_fd(et) : -1, .events = POLLIN};
 
-			(void)poll(&p, 1, 50);
+		(void)poll(&p, 1, 50);
+		if (cfg == CFG_WATCHED) {
 			while (envtrace_consume(et, on_record, &c) > 0)
 				;
-			if (waitpid(pid, &status, WNOHANG) == pid)
-				break;
-		} else if (waitpid(pid, &status, 0) == pid) {
-			break;
 		}
+		if (waitpid(pid, &status, WNOHANG) == pid)
+			break;
 	}
 	t1 = bench_now_ns();
 	if (cfg == CFG_WATCHED) {
@@ -270,7 +279,14 @@ static int run_once(const char *base, const char *cgroup, int cfg, struct run *r
 		ret->dirty = dirty_count(c.dirty);
 		ret->full_diff = dirty_needs_full_diff(c.dirty, NULL);
 	}
-	ret->consumer_cpu_s = cpu_seconds() - cpu0;
+	ret->consumer_cpu_s = cpu_seconds(RUSAGE_SELF) - cpu0;
+	ret->workload_cpu_s = cpu_seconds(RUSAGE_CHILDREN) - child0;
+	if (et) {
+		uint64_t ns = 0;
+
+		(void)envtrace_prog_runtime(et, &ns, &ret->bpf_runs);
+		ret->bpf_s = (double)ns / 1e9;
+	}
 	ret->wall_s = (double)(t1 - t0) / 1e9;
 	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
 		log_error("The workload failed (status %d) under '%s'", status, cfg_names[cfg]);
@@ -290,12 +306,13 @@ static int cmp_double(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-static double median(const struct run *runs, int n)
+/* field: offset of a double in struct run. */
+static double median(const struct run *runs, int n, size_t field)
 {
 	double v[MAX_ROUNDS];
 
 	for (int i = 0; i < n; i++)
-		v[i] = runs[i].wall_s;
+		v[i] = *(const double *)((const char *)&runs[i] + field);
 	qsort(v, (size_t)n, sizeof(double), cmp_double);
 	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
@@ -329,11 +346,12 @@ int bench_bpf_overhead(const struct bench_args *a, int argc, char **argv)
 	struct run runs[CONFIGS][MAX_ROUNDS];
 	char base[] = "/var/tmp/belayer-bpf-overhead-XXXXXX", cg2[256], cgroup[PATH_MAX],
 	     cmd[PATH_MAX + 32];
-	double med[CONFIGS];
+	double med[CONFIGS], cpu[CONFIGS], bpf[CONFIGS];
 	uint64_t records = 0, drops = 0;
 	double watched_wall = 0, consumer_cpu = 0;
 	size_t dirty = 0;
 	bool full_diff = false;
+	_cleanup_close_ int stats_fd = -1;
 	int rounds = 3, o, r = 0;
 
 	optind = 1;
@@ -367,6 +385,11 @@ int bench_bpf_overhead(const struct bench_args *a, int argc, char **argv)
 		log_error_errno(r, "Failed to generate the source tree: %m");
 		goto out;
 	}
+	/* The kernel counts the programs' run time while this fd is open. */
+	stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
+	if (stats_fd < 0)
+		log_warning_errno(stats_fd,
+				  "Failed to enable BPF run-time statistics: %m, ignoring.");
 	/* A warm-up run (page cache, git's first start) that is not counted. */
 	r = run_once(base, cgroup, CFG_OFF, &runs[0][0]);
 	if (r < 0)
@@ -384,8 +407,11 @@ int bench_bpf_overhead(const struct bench_args *a, int argc, char **argv)
 					runs[cfg][i].wall_s);
 		}
 	}
-	for (int k = 0; k < CONFIGS; k++)
-		med[k] = median(runs[k], rounds);
+	for (int k = 0; k < CONFIGS; k++) {
+		med[k] = median(runs[k], rounds, offsetof(struct run, wall_s));
+		cpu[k] = median(runs[k], rounds, offsetof(struct run, workload_cpu_s));
+		bpf[k] = median(runs[k], rounds, offsetof(struct run, bpf_s));
+	}
 	for (int i = 0; i < rounds; i++) {
 		records += runs[CFG_WATCHED][i].records;
 		drops += runs[CFG_WATCHED][i].drops;
@@ -398,12 +424,15 @@ int bench_bpf_overhead(const struct bench_args *a, int argc, char **argv)
 		printf("{\"benchmark\":\"bpf-overhead\",\"rounds\":%d,\"files\":%d,\"tests\":%d,",
 		       rounds, NFILES, NTESTS);
 		for (int k = 0; k < CONFIGS; k++)
-			printf("\"%s_wall_s\":%.4f,", cfg_names[k], med[k]);
+			printf("\"%s_wall_s\":%.4f,\"%s_workload_cpu_s\":%.4f,\"%s_bpf_s\":%.4f,",
+			       cfg_names[k], med[k], cfg_names[k], cpu[k], cfg_names[k], bpf[k]);
 		printf("\"loaded_slowdown_pct\":%.2f,\"watched_slowdown_pct\":%.2f,"
+		       "\"watched_cpu_overhead_pct\":%.2f,"
 		       "\"records_per_run\":%" PRIu64 ",\"records_per_s\":%.0f,\"drops\":%" PRIu64
 		       ",\"dirty_paths\":%zu,\"full_diff\":%s,\"consumer_cpu_pct\":%.2f}\n",
 		       (med[CFG_LOADED] / med[CFG_OFF] - 1) * 100,
-		       (med[CFG_WATCHED] / med[CFG_OFF] - 1) * 100, records / (uint64_t)rounds,
+		       (med[CFG_WATCHED] / med[CFG_OFF] - 1) * 100,
+		       (cpu[CFG_WATCHED] / cpu[CFG_OFF] - 1) * 100, records / (uint64_t)rounds,
 		       watched_wall > 0 ? (double)records / watched_wall : 0.0, drops, dirty,
 		       full_diff ? "true" : "false",
 		       watched_wall > 0 ? consumer_cpu / watched_wall * 100 : 0.0);
@@ -411,10 +440,12 @@ int bench_bpf_overhead(const struct bench_args *a, int argc, char **argv)
 		printf("bpf-overhead: unpack %d C files, make -j2, %d test processes, git, rm -rf; "
 		       "median of %d rounds\n",
 		       NFILES, NTESTS, rounds);
-		printf("  %-8s %10s %10s\n", "config", "wall s", "slowdown");
+		printf("  %-8s %9s %9s %14s %9s %12s\n", "config", "wall s", "vs off",
+		       "workload cpu s", "vs off", "in BPF s");
 		for (int k = 0; k < CONFIGS; k++)
-			printf("  %-8s %10.3f %9.2f%%\n", cfg_names[k], med[k],
-			       (med[k] / med[CFG_OFF] - 1) * 100);
+			printf("  %-8s %9.3f %8.2f%% %14.3f %8.2f%% %12.4f\n", cfg_names[k], med[k],
+			       (med[k] / med[CFG_OFF] - 1) * 100, cpu[k],
+			       (cpu[k] / cpu[CFG_OFF] - 1) * 100, bpf[k]);
 		printf("  watched: %" PRIu64 " records/run, %.0f records/s, %" PRIu64
 		       " drops, %zu dirty paths%s, consumer CPU %.2f%% of wall\n",
 		       records / (uint64_t)rounds,
