@@ -69,6 +69,10 @@ static const struct key keys[] = {
 	    "Directory holding the journal (created 0700)."),
 	TYPED("supervisor", "log_level", KEY_LOGLEVEL, log_level, "info",
 	      "error, warning, info or debug (BELAYER_LOG_LEVEL overrides)."),
+	TYPED("supervisor", "fd_store", KEY_BOOL, fd_store, "yes",
+	      "Under systemd, also keep every region fd in the service's fd store "
+	      "(FileDescriptorStoreMax=), so a restarted supervisor gets all retained memory "
+	      "back, even that of workers that died before the restart."),
 
 	U32("limits", "max_connections", max_connections, 1, 1000000, "256",
 	    "Connections served at once; more are refused with an error reply."),

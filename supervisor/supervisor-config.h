@@ -33,6 +33,7 @@ struct sv_config {
 	uint32_t socket_mode;
 	char state_dir[256];
 	char log_level[16];
+	bool fd_store;
 	/* [limits] */
 	uint32_t max_connections;
 	uint32_t max_regions_per_worker;

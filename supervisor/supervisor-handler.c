@@ -10,6 +10,7 @@
 #include "supervisor-client.h"
 #include "supervisor-ctl.h"
 #include "supervisor-events.h"
+#include "supervisor-fdstore.h"
 #include "supervisor-handler.h"
 #include "supervisor-workers.h"
 
@@ -55,6 +56,7 @@ static int on_announce(struct supervisor *s, struct sv_client *c, struct proto_r
 	r->fd = -1; /* the registry's now */
 	s->metrics.regions_announced++;
 	workers_journal_region(s, rg);
+	fdstore_put(s, rg);
 	supervisor_emit(s, EVENT_REGION_ANNOUNCE, (uint32_t)w->pid, rg->id,
 			"%s %" PRIu64 " bytes at 0x%" PRIx64 ", weights version %" PRIu64,
 			region_class_to_string(rg->cls), rg->size, rg->va, rg->weights_version);

@@ -21,6 +21,7 @@
 #include "supervisor-checks.h"
 #include "supervisor-client.h"
 #include "supervisor-events.h"
+#include "supervisor-fdstore.h"
 #include "supervisor-handler.h"
 #include "supervisor-health.h"
 #include "supervisor-journal.h"
@@ -181,9 +182,8 @@ static void update_status(struct supervisor *s)
 		workers += w->state != WORKER_DEAD;
 	registry_totals(&s->reg, REGION_RETAINED, &n, &bytes);
 	snprintf(status, sizeof(status),
-		 "STATUS=%" PRIu64 " live workers, %" PRIu64 " regions retained (%" PRIu64
-		 " MiB), %u connections",
-		 workers, n, bytes >> 20, s->n_clients);
+		 "STATUS=%" PRIu64 " live workers, %" PRIu64 " regions retained (%" PRIu64 " MiB)",
+		 workers, n, bytes >> 20);
 	if (strcmp(status, last_status) != 0) {
 		(void)sd_notify(0, status);
 		memcpy(last_status, status, sizeof(status));
@@ -408,6 +408,7 @@ int server_run(struct supervisor *s)
 		r = journal_open(s->config.state_dir, workers_restore_record, s, &s->journal);
 		if (r < 0)
 			goto out;
+		(void)fdstore_restore(s);
 		workers_restore_finish(s);
 	}
 	r = offload_start(s);

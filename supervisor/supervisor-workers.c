@@ -12,6 +12,7 @@
 #include "log.h"
 #include "supervisor-checks.h"
 #include "supervisor-events.h"
+#include "supervisor-fdstore.h"
 #include "supervisor-journal.h"
 #include "supervisor-workers.h"
 
@@ -123,6 +124,7 @@ static void unwatch(struct supervisor *s, struct sv_worker *w)
 
 void workers_region_drop(struct supervisor *s, struct sv_region *rg)
 {
+	fdstore_remove(s, rg);
 	journal_simple(s, JOURNAL_REGION_GONE, rg->owner->pid, rg->id);
 	registry_region_remove(&s->reg, rg);
 }
@@ -132,6 +134,8 @@ void workers_forget(struct supervisor *s, struct sv_worker *w)
 	unwatch(s, w);
 	if (w->client)
 		w->client->worker = NULL;
+	for (struct sv_region *rg = w->regions; rg; rg = rg->next)
+		fdstore_remove(s, rg);
 	journal_simple(s, JOURNAL_WORKER_GONE, w->pid, 0);
 	registry_worker_remove(&s->reg, w);
 }
@@ -395,15 +399,30 @@ void workers_restore_finish(struct supervisor *s)
 				continue;
 			}
 		}
-		/* Its regions were held by the supervisor that died: that memory is gone. */
-		s->metrics.regions_lost += w->n_regions;
-		if (w->n_regions > 0)
-			supervisor_emit(
-				s, EVENT_REGION_LOST, (uint32_t)w->pid, 0,
-				"engine \"%s\": owner gone while the supervisor was down; %u "
-				"regions lost",
+		/* The owner is gone. Regions whose fd came back from the fd store are retained as
+		 * if it had died just now; the others were held by the supervisor that died, and
+		 * their memory went with it. */
+		w->state = WORKER_DEAD;
+		for (struct sv_region *rg = w->regions, *rn; rg; rg = rn) {
+			rn = rg->next;
+			rg->since_ms = now;
+			if (rg->fd >= 0) {
+				rg->state = REGION_RETAINED;
+				continue;
+			}
+			s->metrics.regions_lost++;
+			supervisor_emit(s, EVENT_REGION_LOST, (uint32_t)w->pid, rg->id,
+					"engine \"%s\": owner gone while the supervisor was down",
+					worker_engine(w));
+			registry_region_remove(&s->reg, rg);
+		}
+		if (w->n_regions == 0) {
+			registry_worker_remove(&s->reg, w);
+			continue;
+		}
+		supervisor_emit(s, EVENT_RESTORED, (uint32_t)w->pid, 0,
+				"engine \"%s\": owner gone, %u regions retained from the fd store",
 				worker_engine(w), w->n_regions);
-		registry_worker_remove(&s->reg, w);
 	}
 	(void)workers_journal_compact(s);
 }

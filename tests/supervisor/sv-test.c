@@ -71,7 +71,39 @@ static bool answers(const struct sv *sv)
 	return ctl_collect(sv, CTL_CONFIG, 0, CTL_ACT_NONE, -1, m, 0) >= 0;
 }
 
+/* In the child: fds[i] becomes fd 3 + i, announced as systemd does (LISTEN_FDS, LISTEN_PID,
+ * LISTEN_FDNAMES). */
+static void pass_fds(const int *fds, const char *const *names, size_t n)
+{
+	char buf[64], all[8192] = "";
+	int high[256];
+
+	if (n == 0 || n > ARRAY_SIZE(high))
+		return;
+	/* Out of the way first: a stored fd may already sit where another one must go. */
+	for (size_t i = 0; i < n; i++)
+		high[i] = fcntl(fds[i], F_DUPFD, 1000);
+	for (size_t i = 0; i < n; i++) {
+		dup2(high[i], 3 + (int)i);
+		close(high[i]);
+		if (i)
+			strncat(all, ":", sizeof(all) - strlen(all) - 1);
+		strncat(all, names[i], sizeof(all) - strlen(all) - 1);
+	}
+	snprintf(buf, sizeof(buf), "%zu", n);
+	setenv("LISTEN_FDS", buf, 1);
+	snprintf(buf, sizeof(buf), "%d", getpid());
+	setenv("LISTEN_PID", buf, 1);
+	setenv("LISTEN_FDNAMES", all, 1);
+}
+
 void sv_start(struct sv *sv, const char *const *settings)
+{
+	sv_start_with_fds(sv, settings, NULL, NULL, 0);
+}
+
+void sv_start_with_fds(struct sv *sv, const char *const *settings, const int *fds,
+		       const char *const *names, size_t n_fds)
 {
 	const char *argv[64] = {SUPERVISOR_PATH, "--config", "/dev/null",
 				"--socket",	 sv->sock,   "--state-dir",
@@ -89,6 +121,7 @@ void sv_start(struct sv *sv, const char *const *settings)
 	sv->pid = fork();
 	assert_true(sv->pid >= 0);
 	if (sv->pid == 0) {
+		pass_fds(fds, names, n_fds);
 		execv(argv[0], (char **)argv);
 		_exit(127);
 	}

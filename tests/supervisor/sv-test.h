@@ -36,6 +36,9 @@ void sv_teardown(struct sv *sv);
 /* Starts the supervisor with extra "-o SECTION.KEY=VALUE" settings (NULL-terminated) and
  * waits until it answers on its socket. */
 void sv_start(struct sv *sv, const char *const *settings);
+/* The same, passing fds as systemd passes its fd store (fds[i] as 3 + i, named names[i]). */
+void sv_start_with_fds(struct sv *sv, const char *const *settings, const int *fds,
+		       const char *const *names, size_t n_fds);
 /* Sends sig and reaps it; returns the wait status. */
 int sv_kill(struct sv *sv, int sig);
 /* Number of fds the supervisor has open, sockets excepted (connections have a metric). */

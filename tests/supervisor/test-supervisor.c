@@ -927,6 +927,130 @@ static void systemd_notify_protocol(void **state)
 	close(ns);
 }
 
+/* The part of systemd's service manager that keeps a service's fd store. */
+struct fd_store {
+	int sock;
+	size_t n;
+	int fds[64];
+	char names[64][64];
+	const char *name_ptrs[64];
+};
+
+static void fd_store_open(struct fd_store *st, const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+
+	memset(st, 0, sizeof(*st));
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	st->sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	assert_true(st->sock >= 0);
+	assert_int_equal(bind(st->sock, (struct sockaddr *)&sa, sizeof(sa)), 0);
+}
+
+/* Takes every pending notification: FDSTORE=1 adds its fd under FDNAME, FDSTOREREMOVE=1
+ * drops every fd of that name. */
+static void fd_store_drain(struct fd_store *st)
+{
+	for (;;) {
+		char buf[4096], *name;
+		union {
+			struct cmsghdr h;
+			char b[CMSG_SPACE(sizeof(int) * 16)];
+		} ctl;
+		struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf) - 1};
+		struct msghdr mh = {.msg_iov = &iov,
+				    .msg_iovlen = 1,
+				    .msg_control = &ctl,
+				    .msg_controllen = sizeof(ctl)};
+		int fd = -1;
+		ssize_t n = recvmsg(st->sock, &mh, MSG_CMSG_CLOEXEC);
+
+		if (n < 0) {
+			assert_int_equal(errno, EAGAIN);
+			return;
+		}
+		buf[n] = '\0';
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+			if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+				memcpy(&fd, CMSG_DATA(c), sizeof(int));
+		name = strstr(buf, "FDNAME=");
+		if (!name) {
+			(void)safe_close(fd);
+			continue;
+		}
+		name += 7;
+		name[strcspn(name, "\n")] = '\0';
+		if (strstr(buf, "FDSTOREREMOVE=1")) {
+			for (size_t i = 0; i < st->n; i++)
+				if (strcmp(st->names[i], name) == 0) {
+					close(st->fds[i]);
+					st->fds[i] = st->fds[st->n - 1];
+					memcpy(st->names[i], st->names[st->n - 1], 64);
+					st->n--;
+					i--;
+				}
+		} else if (strstr(buf, "FDSTORE=1") && fd >= 0) {
+			assert_true(st->n < 64);
+			st->fds[st->n] = fd;
+			snprintf(st->names[st->n], 64, "%s", name);
+			st->n++;
+		} else {
+			(void)safe_close(fd);
+		}
+	}
+}
+
+/* Under systemd the fd store keeps the region fds: a supervisor that is SIGKILLed and restarted
+ * gets back even the memory of a worker that died before the restart, bytes intact. */
+static void fd_store_survives_restart(void **state)
+{
+	struct fd_store st;
+	char path[256];
+	struct proto_msg r;
+	struct worker w;
+	uint64_t deadline;
+	uint8_t got[16];
+	pid_t dead;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/notify", sv.dir);
+	fd_store_open(&st, path);
+	setenv("NOTIFY_SOCKET", path, 1);
+	/* Like systemd, take notifications as they come: sd_notify blocks on a full socket. */
+	deadline = mono_ms() + SV_WAIT_MS;
+	sv_start(&sv, NULL);
+	worker_start(&w, &sv, "engine-f", "engine");
+	for (fd_store_drain(&st); count_regions(&sv, w.pid, REGION_OWNED) != 6; fd_store_drain(&st))
+		assert_true(mono_ms() < deadline);
+	dead = w.pid;
+	(void)worker_kill(&w, SIGKILL);
+	for (fd_store_drain(&st); st.n != 6 || count_regions(&sv, dead, REGION_RETAINED) != 6;
+	     fd_store_drain(&st))
+		assert_true(mono_ms() < deadline);
+
+	assert_true(WIFSIGNALED(sv_kill(&sv, SIGKILL)));
+	fd_store_drain(&st);
+	assert_int_equal(st.n, 6);
+	for (size_t i = 0; i < st.n; i++)
+		st.name_ptrs[i] = st.names[i];
+	sv_start_with_fds(&sv, NULL, st.fds, st.name_ptrs, st.n);
+	unsetenv("NOTIFY_SOCKET");
+
+	/* Journal + fd store: the dead worker's regions are retained again, nothing lost. */
+	assert_true(wait_regions(&sv, dead, REGION_RETAINED, 6));
+	assert_int_equal(metric(&sv, "belayer_regions_lost_total", ""), 0);
+	assert_int_equal(metric(&sv, "belayer_fds_held", ""), 6);
+	fd = client_hello(&sv, "engine-f");
+	assert_int_equal(fetch(fd, dead, 1, &r), 0);
+	read_through_driver(r.region_fd.region.fd, r.region_fd.region.size, got, NULL);
+	expect_fill(got, 1);
+	proto_msg_finish(&r);
+	close(fd);
+	for (size_t i = 0; i < st.n; i++)
+		close(st.fds[i]);
+	close(st.sock);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -946,6 +1070,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(resync_drops_what_is_not_reannounced, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(systemd_notify_protocol, setup, teardown),
+		cmocka_unit_test_setup_teardown(fd_store_survives_restart, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
