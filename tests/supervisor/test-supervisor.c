@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <cuda.h>
+#include <zlib.h>
 
 #include "belayer-emu.h"
 #include "fdpass.h"
@@ -1051,6 +1052,46 @@ static void fd_store_survives_restart(void **state)
 	close(st.sock);
 }
 
+/* The content check's driver path (what a real GPU needs: import the fd through libcuda, map,
+ * copy to the host) computes the same checksum as reading the memfd directly. */
+static void content_checksum_through_driver(void **state)
+{
+	static const char *const settings[] = {"health.content_method=driver", NULL};
+	struct proto_msg m[16], r;
+	struct worker w;
+	uint8_t *buf;
+	uLong crc;
+	pid_t dead;
+	int n, fd;
+
+	sv_start(&sv, settings);
+	worker_start(&w, &sv, "engine-g", "engine");
+	assert_true(wait_regions(&sv, w.pid, REGION_OWNED, 6));
+	dead = w.pid;
+	(void)worker_kill(&w, SIGKILL);
+	assert_true(wait_regions(&sv, dead, REGION_RETAINED, 6));
+	/* Recorded at death through the driver; a check now compares through it again. */
+	n = ctl_collect(&sv, CTL_HEALTH, (uint32_t)dead, CTL_ACT_NONE, -1, m, 16);
+	assert_int_equal(health(HEALTH_CONTENT, m, n, -1), VERDICT_OK);
+	n = ctl_collect(&sv, CTL_REGIONS, (uint32_t)dead, CTL_ACT_NONE, -1, m, 16);
+	assert_int_equal(n, 6);
+	assert_int_equal(m[0].region_info.cls, REGION_WEIGHTS);
+	assert_int_equal(m[0].region_info.checksum_version, m[0].region_info.weights_version + 1);
+
+	/* The same bytes read as a file give the same CRC32. */
+	fd = client_hello(&sv, "engine-g");
+	assert_int_equal(fetch(fd, dead, m[0].region_info.id, &r), 0);
+	buf = malloc(r.region_fd.region.size);
+	assert_non_null(buf);
+	assert_int_equal(pread(r.region_fd.region.fd, buf, r.region_fd.region.size, 0),
+			 (ssize_t)r.region_fd.region.size);
+	crc = crc32(crc32(0, NULL, 0), buf, (uInt)r.region_fd.region.size);
+	assert_int_equal(m[0].region_info.checksum, crc);
+	free(buf);
+	proto_msg_finish(&r);
+	close(fd);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1071,6 +1112,7 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(systemd_notify_protocol, setup, teardown),
 		cmocka_unit_test_setup_teardown(fd_store_survives_restart, setup, teardown),
+		cmocka_unit_test_setup_teardown(content_checksum_through_driver, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
