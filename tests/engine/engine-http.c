@@ -40,7 +40,8 @@ enum api {
 /* One HTTP request being served by a struct request. */
 struct job {
 	struct engine *e;
-	struct evhttp_request *hreq; /* NULL once the client went away */
+	struct evhttp_request *hreq;
+	bool closed; /* the client went away: evhttp detached hreq, ending it frees it */
 	enum api api;
 	bool stream, logprobs, return_token_ids;
 	time_t created;
@@ -414,7 +415,8 @@ static void on_close(struct evhttp_connection *con, void *arg)
 	struct job *j = req->user;
 
 	(void)con;
-	j->hreq = NULL;
+	/* libevent keeps a request whose reply is unfinished (evcon NULL) for its owner to end */
+	j->closed = true;
 	req->cancelled = true;
 }
 
@@ -422,6 +424,20 @@ static void job_detach(struct request *req)
 {
 	free(req->user);
 	req->user = NULL;
+}
+
+/* An unfinished request goes away: end its reply (which frees a detached one). */
+static void release_job(struct request *req)
+{
+	struct job *j = req->user;
+
+	if (!j->closed)
+		evhttp_connection_set_closecb(evhttp_request_get_connection(j->hreq), NULL, NULL);
+	if (j->stream)
+		evhttp_send_reply_end(j->hreq);
+	else
+		send_error(j->hreq, 503, "The request was aborted");
+	job_detach(req);
 }
 
 /* After a step: stream the new tokens, or answer once finished. */
@@ -433,7 +449,7 @@ static void emit(struct request *req)
 
 	if (!j)
 		return;
-	if (!j->hreq) {
+	if (j->closed) {
 		req->cancelled = true;
 		return;
 	}
@@ -477,6 +493,7 @@ static void start(struct engine *e, struct evhttp_request *hreq, struct request 
 			  .created = time(NULL)};
 	req->user = j;
 	req->emit = emit;
+	req->release_user = release_job;
 	evhttp_connection_set_closecb(evhttp_request_get_connection(hreq), on_close, req);
 	if (stream) {
 		struct evkeyvalq *h = evhttp_request_get_output_headers(hreq);

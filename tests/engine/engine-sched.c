@@ -37,6 +37,26 @@ int sched_init(struct engine *e)
 	return 0;
 }
 
+void sched_finish(struct engine *e)
+{
+	for (uint32_t i = 0; e->running && i < e->o.max_num_seqs; i++)
+		request_free(e->running[i]);
+	while (e->waiting) {
+		struct request *req = e->waiting;
+
+		e->waiting = req->next;
+		request_free(req);
+	}
+	free(e->running);
+	free(e->free_blocks);
+	free(e->logits);
+	free(e->step_host);
+	e->running = NULL;
+	e->free_blocks = NULL;
+	e->logits = NULL;
+	e->step_host = NULL;
+}
+
 void request_free(struct request *req)
 {
 	if (!req)
@@ -44,7 +64,8 @@ void request_free(struct request *req)
 	free(req->tok);
 	free(req->logprob);
 	free(req->blocks);
-	free(req->user); /* the HTTP job of a request whose client went away */
+	if (req->user && req->release_user)
+		req->release_user(req); /* the HTTP side of an unfinished request */
 	free(req);
 }
 

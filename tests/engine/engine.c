@@ -456,6 +456,11 @@ int main(int argc, char **argv)
 
 	if (e.o.rank > 0) {
 		r = ctl_follow(&e);
+		if (e.update_comm)
+			(void)gpu.ncclCommDestroy(e.update_comm);
+		(void)gpu.ncclCommDestroy(e.m.comm);
+		free(e.m.w);
+		free(e.model_path);
 		return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 	}
 
@@ -506,5 +511,19 @@ fail:
 				(void)kill(pids[i], SIGTERM);
 			(void)waitpid(pids[i], NULL, 0);
 		}
+	/* in-flight requests are aborted (their replies ended) before the server goes */
+	sched_finish(&e);
+	if (e.update_comm)
+		(void)gpu.ncclCommDestroy(e.update_comm);
+	if (e.m.comm)
+		(void)gpu.ncclCommDestroy(e.m.comm);
+	if (e.http)
+		evhttp_free(e.http);
+	if (e.step_ev)
+		event_free(e.step_ev);
+	if (e.base)
+		event_base_free(e.base);
+	free(e.m.w);
+	free(e.model_path);
 	return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -48,6 +48,8 @@ struct request {
 	bool finished, cancelled;
 	uint64_t weights_version; /* at the first step */
 	request_emit_fn emit;
+	/* Releases user when the request goes away unfinished (client gone, shutdown). */
+	void (*release_user)(struct request *req);
 	void *user;
 };
 
@@ -76,6 +78,8 @@ struct engine {
 
 /* ---- engine-sched.c (rank 0) ---- */
 int sched_init(struct engine *e);
+/* Frees the scheduler's state and every request it holds (at exit). */
+void sched_finish(struct engine *e);
 /* Validated request: queues it and schedules a step. Takes ownership of req. */
 void sched_submit(struct engine *e, struct request *req);
 /* Releases a request that the scheduler does not hold (never submitted). */

@@ -192,5 +192,8 @@ int main(int argc, char **argv)
 		 json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN), broadcast_all, &g);
 	json_object_put(req);
 	(void)gpu.ncclCommDestroy(g.comm);
+	for (size_t i = 0; i < g.nw; i++)
+		(void)gpu.cuMemFree(g.w[i].ptr);
+	free(g.w);
 	return r < 0 ? 1 : 0;
 }
