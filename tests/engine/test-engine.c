@@ -879,6 +879,31 @@ static void runs_under_the_shim(void **state)
 		assert_true(now_ms() < deadline);
 		poll(NULL, 0, 10);
 	}
+	/* and so does a trainer's NCCL broadcast into them (back to the first weights) */
+	{
+		char port[16];
+		const char *argv[] = {TRAINER_PATH, "--port", port, "--weights", big1, NULL};
+		int64_t v_nccl;
+
+		for (int64_t prev = -2; prev != v_after;) {
+			prev = v_after;
+			poll(NULL, 0, 200); /* the update's announcements settle */
+			(void)announces(out, "class=weights", &v_after);
+			assert_true(now_ms() < deadline);
+		}
+		snprintf(port, sizeof(port), "%u", e.port);
+		assert_int_equal(run(argv, NULL, REQ_TIMEOUT_MS), 0);
+		greedy(e.port, prompt_b, ARRAY_SIZE(prompt_b), &got);
+		assert_same(&base1, &got);
+		deadline = now_ms() + START_TIMEOUT_MS;
+		for (;;) {
+			(void)announces(out, "class=weights", &v_nccl);
+			if (v_nccl > v_after)
+				break;
+			assert_true(now_ms() < deadline);
+			poll(NULL, 0, 10);
+		}
+	}
 	engine_stop(&e);
 	live_del(receiver);
 	(void)kill(receiver, SIGTERM);
