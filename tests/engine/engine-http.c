@@ -3,10 +3,8 @@
  * The HTTP API on rank 0 (libevent's evhttp, JSON with json-c), token in / token out:
  *   POST /generate                 SGLang: input_ids, sampling_params, stream, return_logprob
  *   POST /v1/completions           OpenAI/vLLM: prompt as token ids, max_tokens, stream, ...
- *   GET  /health, GET /v1/models, GET /get_model_info
- *   POST /update_weights_from_disk, /init_weights_update_group,
- *        /update_weights_from_distributed   (SGLang's weight-sync endpoints)
- *   GET  /debug/kv, POST /debug/pause|resume|step   (--enable-debug-endpoints; tests only)
+ *   GET  /health, GET /v1/models
+ * and the server with its routes; weights and debug endpoints are in engine-http-admin.c.
  * Requests are validated strictly (unknown fields, wrong types, over-long prompts: 400) and
  * a rejected request never disturbs the others. Streams are server-sent events.
  */
@@ -24,9 +22,8 @@
 #include <event2/keyvalq_struct.h>
 
 #include "engine.h"
-#include "engine-gpu.h"
+#include "engine-http.h"
 #include "engine-kernels.h"
-#include "engine-safetensors.h"
 #include "log.h"
 #include "util.h"
 
@@ -47,7 +44,7 @@ struct job {
 	time_t created;
 };
 
-static void send_json(struct evhttp_request *hreq, int code, json_object *o)
+void send_json(struct evhttp_request *hreq, int code, json_object *o)
 {
 	struct evbuffer *b = evbuffer_new();
 	const char *s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
@@ -64,7 +61,7 @@ static void send_json(struct evhttp_request *hreq, int code, json_object *o)
 	json_object_put(o);
 }
 
-_printf_(3, 4) static void send_error(struct evhttp_request *hreq, int code, const char *fmt, ...)
+void send_error(struct evhttp_request *hreq, int code, const char *fmt, ...)
 {
 	json_object *o = json_object_new_object(), *err = json_object_new_object();
 	char msg[512];
@@ -84,7 +81,7 @@ _printf_(3, 4) static void send_error(struct evhttp_request *hreq, int code, con
 }
 
 /* The request body parsed as a JSON object, or NULL after replying 400. */
-static json_object *body_json(struct evhttp_request *hreq)
+json_object *body_json(struct evhttp_request *hreq)
 {
 	struct evbuffer *in = evhttp_request_get_input_buffer(hreq);
 	size_t len = evbuffer_get_length(in);
@@ -133,8 +130,8 @@ static json_object *body_json(struct evhttp_request *hreq)
 }
 
 /* Rejects fields outside allowed (a NULL-terminated list): true when all are known. */
-static bool known_fields(struct evhttp_request *hreq, json_object *o, const char *what,
-			 const char *const *allowed)
+bool known_fields(struct evhttp_request *hreq, json_object *o, const char *what,
+		  const char *const *allowed)
 {
 	json_object_object_foreach(o, key, val)
 	{
@@ -152,8 +149,8 @@ static bool known_fields(struct evhttp_request *hreq, json_object *o, const char
 }
 
 /* Field helpers: absent -> default kept; wrong type or range -> 400 and false. */
-static bool get_int(struct evhttp_request *hreq, json_object *o, const char *key, int64_t lo,
-		    int64_t hi, int64_t *v)
+bool get_int(struct evhttp_request *hreq, json_object *o, const char *key, int64_t lo, int64_t hi,
+	     int64_t *v)
 {
 	json_object *f;
 
@@ -172,8 +169,8 @@ static bool get_int(struct evhttp_request *hreq, json_object *o, const char *key
 	return true;
 }
 
-static bool get_num(struct evhttp_request *hreq, json_object *o, const char *key, double lo,
-		    double hi, double *v)
+bool get_num(struct evhttp_request *hreq, json_object *o, const char *key, double lo, double hi,
+	     double *v)
 {
 	json_object *f;
 
@@ -191,7 +188,7 @@ static bool get_num(struct evhttp_request *hreq, json_object *o, const char *key
 	return true;
 }
 
-static bool get_bool(struct evhttp_request *hreq, json_object *o, const char *key, bool *v)
+bool get_bool(struct evhttp_request *hreq, json_object *o, const char *key, bool *v)
 {
 	json_object *f;
 
@@ -205,8 +202,7 @@ static bool get_bool(struct evhttp_request *hreq, json_object *o, const char *ke
 	return true;
 }
 
-static const char *get_str(struct evhttp_request *hreq, json_object *o, const char *key,
-			   bool required)
+const char *get_str(struct evhttp_request *hreq, json_object *o, const char *key, bool required)
 {
 	json_object *f;
 
@@ -286,7 +282,7 @@ static struct request *new_request(struct engine *e, struct evhttp_request *hreq
 
 /* ---- responses ---- */
 
-static json_object *ids_array(const uint32_t *tok, uint32_t n)
+json_object *ids_array(const uint32_t *tok, uint32_t n)
 {
 	json_object *a = json_object_new_array();
 
@@ -607,310 +603,6 @@ static void on_models(struct evhttp_request *hreq, void *arg)
 	send_json(hreq, 200, o);
 }
 
-static void on_model_info(struct evhttp_request *hreq, void *arg)
-{
-	struct engine *e = arg;
-	json_object *o = json_object_new_object();
-
-	json_object_object_add(o, "model_path",
-			       json_object_new_string(e->model_path ? e->model_path : ""));
-	json_object_object_add(o, "served_model_name", json_object_new_string(e->o.served_name));
-	json_object_object_add(o, "weights_version",
-			       json_object_new_int64((int64_t)e->m.weights_version));
-	json_object_object_add(o, "tp_size", json_object_new_int64(e->o.tp));
-	json_object_object_add(o, "vocab_size", json_object_new_int64(e->m.c.vocab));
-	json_object_object_add(o, "max_model_len", json_object_new_int64(e->m.c.max_pos));
-	send_json(hreq, 200, o);
-}
-
-static void reply_update(struct engine *e, struct evhttp_request *hreq, int r, const char *ok)
-{
-	json_object *o = json_object_new_object();
-
-	json_object_object_add(o, "success", json_object_new_boolean(r == 0));
-	json_object_object_add(o, "message", json_object_new_string(r == 0 ? ok : strerror(-r)));
-	json_object_object_add(o, "weights_version",
-			       json_object_new_int64((int64_t)e->m.weights_version));
-	send_json(hreq, r == 0 ? 200 : 400, o);
-}
-
-static const char *st_meta_get(void *ud, const char *key)
-{
-	return st_meta(ud, key);
-}
-
-static void on_update_disk(struct evhttp_request *hreq, void *arg)
-{
-	static const char *const top[] = {"model_path", "load_format", NULL};
-	struct engine *e = arg;
-	json_object *o = body_json(hreq);
-	struct ctl c = {.op = CTL_LOAD_FILE};
-	struct model_config mc;
-	struct st_file f;
-	const char *path, *fmt;
-	int r;
-
-	if (!o)
-		return;
-	if (!known_fields(hreq, o, "the request", top) ||
-	    !(path = get_str(hreq, o, "model_path", true)) ||
-	    !(fmt = get_str(hreq, o, "load_format", false)))
-		goto out;
-	if (*fmt && strcmp(fmt, "auto") != 0 && strcmp(fmt, "safetensors") != 0) {
-		send_error(hreq, 400, "Unsupported load_format \"%s\"", fmt);
-		goto out;
-	}
-	if (strlen(path) >= sizeof(c.path)) {
-		send_error(hreq, 400, "\"model_path\" too long");
-		goto out;
-	}
-	/* validated here first so that no rank fails half way */
-	r = st_open(path, &f);
-	if (r == 0) {
-		r = model_config_from_metadata(st_meta_get, &f, &mc);
-		if (r == 0 && memcmp(&mc, &e->m.c, sizeof(mc)) != 0)
-			r = -EINVAL;
-		st_close(&f);
-	}
-	if (r < 0) {
-		send_error(hreq, 400, "Cannot update weights from \"%s\": %s", path,
-			   r == -EINVAL ? "model config differs" : strerror(-r));
-		goto out;
-	}
-	snprintf(c.path, sizeof(c.path), "%s", path);
-	r = ctl_run(e, &c);
-	if (r == 0) {
-		free(e->model_path);
-		e->model_path = strdup(path);
-	}
-	reply_update(e, hreq, r, "Succeeded to update model weights.");
-out:
-	json_object_put(o);
-}
-
-static int unhex(const char *s, uint8_t *out, size_t n)
-{
-	if (strlen(s) != 2 * n)
-		return -EINVAL;
-	for (size_t i = 0; i < n; i++) {
-		unsigned v;
-
-		if (sscanf(s + 2 * i, "%2x", &v) != 1)
-			return -EINVAL;
-		out[i] = (uint8_t)v;
-	}
-	return 0;
-}
-
-static void on_init_group(struct evhttp_request *hreq, void *arg)
-{
-	static const char *const top[] = {"nccl_unique_id", "world_size", "rank_offset",
-					  "group_name",	    "backend",	  NULL};
-	struct engine *e = arg;
-	json_object *o = body_json(hreq);
-	struct ctl c = {.op = CTL_GROUP_INIT};
-	int64_t world = 0, offset = 1;
-	const char *id, *backend;
-	int r;
-
-	if (!o)
-		return;
-	if (!known_fields(hreq, o, "the request", top) ||
-	    !(id = get_str(hreq, o, "nccl_unique_id", true)) ||
-	    !get_int(hreq, o, "world_size", 2, 64, &world) ||
-	    !get_int(hreq, o, "rank_offset", 1, 63, &offset) ||
-	    !get_str(hreq, o, "group_name", false) ||
-	    !(backend = get_str(hreq, o, "backend", false)))
-		goto out;
-	if (*backend && strcmp(backend, "nccl") != 0) {
-		send_error(hreq, 400, "Only the \"nccl\" backend is supported");
-		goto out;
-	}
-	if (offset + e->o.tp > world || unhex(id, c.nccl_id, sizeof(c.nccl_id)) < 0) {
-		send_error(hreq, 400,
-			   "Bad group: world_size %" PRId64 ", rank_offset %" PRId64
-			   ", nccl_unique_id must be %zu hex bytes",
-			   world, offset, sizeof(c.nccl_id));
-		goto out;
-	}
-	c.world = (uint32_t)world;
-	c.rank_offset = (uint32_t)offset;
-	/* blocks until the trainer joins, like SGLang's init_weights_update_group */
-	r = ctl_run(e, &c);
-	reply_update(e, hreq, r, "Succeeded to initialize the weight update group.");
-out:
-	json_object_put(o);
-}
-
-static void on_update_dist(struct evhttp_request *hreq, void *arg)
-{
-	static const char *const top[] = {"names", "dtypes", "shapes", "flush_cache", NULL};
-	struct engine *e = arg;
-	json_object *o = body_json(hreq), *names, *dtypes, *shapes;
-	struct ctl c = {.op = CTL_UPDATE_DIST};
-	bool flush = false;
-	size_t n;
-	int r;
-
-	if (!o)
-		return;
-	if (!known_fields(hreq, o, "the request", top) || !get_bool(hreq, o, "flush_cache", &flush))
-		goto out;
-	if (!json_object_object_get_ex(o, "names", &names) ||
-	    !json_object_object_get_ex(o, "dtypes", &dtypes) ||
-	    !json_object_object_get_ex(o, "shapes", &shapes) ||
-	    !json_object_is_type(names, json_type_array) ||
-	    !json_object_is_type(dtypes, json_type_array) ||
-	    !json_object_is_type(shapes, json_type_array) ||
-	    json_object_array_length(dtypes) != json_object_array_length(names) ||
-	    json_object_array_length(shapes) != json_object_array_length(names)) {
-		send_error(hreq, 400,
-			   "\"names\", \"dtypes\" and \"shapes\" must be lists of one length");
-		goto out;
-	}
-	n = json_object_array_length(names);
-	if (n == 0 || n > CTL_MAX_TENSORS) {
-		send_error(hreq, 400, "Between 1 and %d tensors per update", CTL_MAX_TENSORS);
-		goto out;
-	}
-	if (!e->update_comm) {
-		send_error(hreq, 400, "No weight update group: call /init_weights_update_group");
-		goto out;
-	}
-	for (size_t i = 0; i < n; i++) {
-		json_object *nm = json_object_array_get_idx(names, i);
-		json_object *dt = json_object_array_get_idx(dtypes, i);
-		json_object *sh = json_object_array_get_idx(shapes, i);
-		int idx = json_object_is_type(nm, json_type_string)
-				  ? model_find(&e->m, json_object_get_string(nm))
-				  : -ENOENT;
-		const struct weight *w = idx >= 0 ? &e->m.w[idx] : NULL;
-
-		if (!w) {
-			send_error(hreq, 400, "names[%zu]: no such tensor", i);
-			goto out;
-		}
-		if (!json_object_is_type(dt, json_type_string) ||
-		    (strcmp(json_object_get_string(dt), "float32") != 0 &&
-		     strcmp(json_object_get_string(dt), "torch.float32") != 0)) {
-			send_error(hreq, 400, "dtypes[%zu]: only float32 tensors", i);
-			goto out;
-		}
-		if (!json_object_is_type(sh, json_type_array) ||
-		    json_object_array_length(sh) != 2 ||
-		    json_object_get_int64(json_object_array_get_idx(sh, 0)) != (int64_t)w->d.rows ||
-		    json_object_get_int64(json_object_array_get_idx(sh, 1)) != (int64_t)w->d.cols) {
-			send_error(hreq, 400, "shapes[%zu]: %s is [%" PRIu64 ", %" PRIu64 "]", i,
-				   w->d.name, w->d.rows, w->d.cols);
-			goto out;
-		}
-		c.idx[i] = (uint16_t)idx;
-	}
-	c.count = (uint32_t)n;
-	r = ctl_run(e, &c);
-	reply_update(e, hreq, r, "Succeeded to update parameter online.");
-out:
-	json_object_put(o);
-}
-
-/* ---- test-only endpoints ---- */
-
-static void on_debug_kv(struct evhttp_request *hreq, void *arg)
-{
-	struct engine *e = arg;
-	json_object *o = json_object_new_object(), *seqs = json_object_new_array();
-	uint64_t id = 0, off = 0;
-	char addr[32];
-
-	snprintf(addr, sizeof(addr), "0x%" PRIx64, (uint64_t)e->m.kv);
-	json_object_object_add(o, "kv_arena", json_object_new_string(addr));
-	json_object_object_add(o, "kv_bytes", json_object_new_int64((int64_t)e->m.kv_bytes));
-	json_object_object_add(o, "block_bytes", json_object_new_int64((int64_t)e->m.block_bytes));
-	json_object_object_add(o, "block_size", json_object_new_int64(e->m.block_size));
-	json_object_object_add(o, "num_blocks", json_object_new_int64(e->m.num_blocks));
-	json_object_object_add(o, "num_layers", json_object_new_int64(e->m.c.layers));
-	json_object_object_add(o, "width", json_object_new_int64(e->m.width_local));
-	/* the emulator's allocation id, for "emu-ctl flip ID OFFSET" */
-	if (gpu.emu_alloc_id && gpu.emu_alloc_id(e->m.kv, &id, &off) == 0) {
-		json_object_object_add(o, "emu_alloc_id", json_object_new_int64((int64_t)id));
-		json_object_object_add(o, "emu_alloc_offset", json_object_new_int64((int64_t)off));
-	}
-	/* ?block=N: an FNV-1a hash of block N's bytes (D2H), to see a corruption land */
-	{
-		const char *q = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(hreq));
-		struct evkeyvalq params;
-		const char *b;
-
-		if (q && evhttp_parse_query_str(q, &params) == 0) {
-			b = evhttp_find_header(&params, "block");
-			if (b && strtoul(b, NULL, 10) < e->m.num_blocks) {
-				uint64_t blk = strtoul(b, NULL, 10), h = 0xcbf29ce484222325ull;
-				uint8_t *buf = malloc(e->m.block_bytes);
-				char hex[24];
-
-				if (buf && gpu.cuMemcpyDtoH(buf, e->m.kv + blk * e->m.block_bytes,
-							    e->m.block_bytes) == CUDA_SUCCESS) {
-					for (uint64_t i = 0; i < e->m.block_bytes; i++)
-						h = (h ^ buf[i]) * 0x100000001b3ull;
-					snprintf(hex, sizeof(hex), "%016" PRIx64, h);
-					json_object_object_add(o, "block_hash",
-							       json_object_new_string(hex));
-				}
-				free(buf);
-			}
-			evhttp_clear_headers(&params);
-		}
-	}
-	for (uint32_t i = 0; i < e->o.max_num_seqs; i++) {
-		struct request *req = e->running[i];
-		json_object *s;
-
-		if (!req)
-			continue;
-		s = json_object_new_object();
-		json_object_object_add(s, "id", json_object_new_int64((int64_t)req->id));
-		json_object_object_add(s, "tokens", json_object_new_int64(req->ntok));
-		json_object_object_add(s, "computed", json_object_new_int64(req->computed));
-		json_object_object_add(s, "blocks", ids_array(req->blocks, req->nblocks));
-		json_object_array_add(seqs, s);
-	}
-	{
-		int64_t nwaiting = 0;
-
-		for (struct request *w = e->waiting; w; w = w->next)
-			nwaiting++;
-		json_object_object_add(o, "waiting", json_object_new_int64(nwaiting));
-	}
-	json_object_object_add(o, "seqs", seqs);
-	json_object_object_add(o, "steps", json_object_new_int64((int64_t)e->steps));
-	send_json(hreq, 200, o);
-}
-
-static void on_debug(struct evhttp_request *hreq, void *arg)
-{
-	struct engine *e = arg;
-	const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(hreq));
-	json_object *o;
-	int r = 0;
-
-	if (evhttp_request_get_command(hreq) != EVHTTP_REQ_POST) {
-		send_error(hreq, 405, "Method not allowed: use POST");
-		return;
-	}
-	if (strcmp(path, "/debug/pause") == 0) {
-		e->paused = true;
-	} else if (strcmp(path, "/debug/resume") == 0) {
-		e->paused = false;
-		sched_kick(e);
-	} else if (strcmp(path, "/debug/step") == 0) {
-		r = sched_step(e);
-	}
-	o = json_object_new_object();
-	json_object_object_add(o, "success", json_object_new_boolean(r == 0));
-	json_object_object_add(o, "steps", json_object_new_int64((int64_t)e->steps));
-	send_json(hreq, r == 0 ? 200 : 500, o);
-}
-
 static void on_other(struct evhttp_request *hreq, void *arg)
 {
 	(void)arg;
@@ -928,14 +620,14 @@ int http_start(struct engine *e)
 		{"/v1/completions", on_completions, false},
 		{"/health", on_health, false},
 		{"/v1/models", on_models, false},
-		{"/get_model_info", on_model_info, false},
-		{"/update_weights_from_disk", on_update_disk, false},
-		{"/init_weights_update_group", on_init_group, false},
-		{"/update_weights_from_distributed", on_update_dist, false},
-		{"/debug/kv", on_debug_kv, true},
-		{"/debug/pause", on_debug, true},
-		{"/debug/resume", on_debug, true},
-		{"/debug/step", on_debug, true},
+		{"/get_model_info", http_on_model_info, false},
+		{"/update_weights_from_disk", http_on_update_disk, false},
+		{"/init_weights_update_group", http_on_init_group, false},
+		{"/update_weights_from_distributed", http_on_update_dist, false},
+		{"/debug/kv", http_on_debug_kv, true},
+		{"/debug/pause", http_on_debug, true},
+		{"/debug/resume", http_on_debug, true},
+		{"/debug/step", http_on_debug, true},
 	};
 	struct evhttp_bound_socket *s;
 
