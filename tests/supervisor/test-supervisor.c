@@ -21,6 +21,8 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1099,6 +1101,88 @@ static void content_checksum_through_driver(void **state)
 	close(fd);
 }
 
+/* A free TCP port on the loopback (the kernel's choice; free again once we close it). */
+static int free_port(void)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	assert_true(fd >= 0);
+	assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	close(fd);
+	return ntohs(a.sin_port);
+}
+
+static char *http_get(int port, const char *path)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET,
+				.sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+				.sin_port = htons((uint16_t)port)};
+	static char buf[65536];
+	size_t len = 0;
+	char req[256];
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	assert_true(fd >= 0);
+	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n", path);
+	assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+	for (;;) {
+		ssize_t n = read(fd, buf + len, sizeof(buf) - 1 - len);
+
+		assert_true(n >= 0);
+		if (n == 0)
+			break;
+		len += (size_t)n;
+	}
+	close(fd);
+	buf[len] = '\0';
+	return buf;
+}
+
+/* Prometheus text on the optional loopback listener; never on another address. */
+static void prometheus_listener(void **state)
+{
+	char port_setting[64];
+	const char *settings[] = {port_setting, NULL};
+	const char *public[] = {SUPERVISOR_PATH,
+				"--config",
+				"/dev/null",
+				"--socket",
+				sv.sock,
+				"--state-dir",
+				sv.state,
+				"-o",
+				"metrics.http_port=9",
+				"-o",
+				"metrics.http_address=0.0.0.0",
+				NULL};
+	struct worker w;
+	const char *text;
+	int port = free_port();
+
+	snprintf(port_setting, sizeof(port_setting), "metrics.http_port=%d", port);
+	sv_start(&sv, settings);
+	worker_start(&w, &sv, "engine-h", "small");
+	assert_true(wait_regions(&sv, w.pid, REGION_OWNED, 1));
+	text = http_get(port, "/metrics");
+	assert_non_null(strstr(text, "HTTP/1.0 200") ? text : strstr(text, "HTTP/1.1 200"));
+	assert_non_null(strstr(text, "text/plain; version=0.0.4"));
+	assert_non_null(strstr(text, "# TYPE belayer_workers gauge"));
+	assert_non_null(strstr(text, "belayer_workers{state=\"alive\"} 1"));
+	assert_non_null(strstr(text, "belayer_region_bytes{state=\"owned\"} 4194304"));
+	assert_non_null(strstr(text, "# TYPE belayer_rejected_total counter"));
+	text = http_get(port, "/other");
+	assert_non_null(strstr(text, " 404 "));
+	worker_end(&w);
+	assert_int_equal(sv_kill(&sv, SIGTERM), 0);
+
+	/* 0.0.0.0 is refused: the daemon does not start. */
+	assert_int_not_equal(run_tool(&sv, public, NULL), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1120,6 +1204,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(systemd_notify_protocol, setup, teardown),
 		cmocka_unit_test_setup_teardown(fd_store_survives_restart, setup, teardown),
 		cmocka_unit_test_setup_teardown(content_checksum_through_driver, setup, teardown),
+		cmocka_unit_test_setup_teardown(prometheus_listener, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
