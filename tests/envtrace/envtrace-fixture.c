@@ -61,14 +61,51 @@ static int quiet_print(enum libbpf_print_level level, const char *fmt, va_list a
 	return vfprintf(stderr, fmt, ap);
 }
 
+/* One tracer for the whole executable: attaching the ~90 tracepoints takes seconds on a small
+ * VM (each enables a syscall event), so the tests share it, each with its own cgroup and env
+ * id. Tests that need another configuration (a tiny ring buffer) load their own. */
+static struct sv_envtrace *shared;
+static char shared_pins[256];
+static int shared_error;
+
+int fixture_group_setup(void **state)
+{
+	struct envtrace_options opts = {.pin_dir = shared_pins};
+
+	if (geteuid() != 0) {
+		shared_error = -EPERM;
+		return 0;
+	}
+	libbpf_set_print(quiet_print);
+	snprintf(shared_pins, sizeof(shared_pins), "/sys/fs/bpf/belayer/envtrace-test-%d",
+		 getpid());
+	shared_error = envtrace_create(&opts, &shared);
+	if (shared_error < 0)
+		fprintf(stderr, "envtrace_create: %s\n", strerror(-shared_error));
+	return 0;
+}
+
+int fixture_group_teardown(void **state)
+{
+	char cmd[300];
+
+	envtrace_destroy(shared);
+	shared = NULL;
+	if (shared_pins[0]) {
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", shared_pins);
+		(void)!system(cmd);
+	}
+	return 0;
+}
+
 int fixture_setup(struct fixture *fx, size_t ringbuf_bytes, const char **why)
 {
 	static unsigned int seq;
-	struct envtrace_options opts = {.ringbuf_bytes = ringbuf_bytes};
 	const char *cg2 = fixture_cgroup2_root();
 	int r;
 
 	memset(fx, 0, sizeof(*fx));
+	fx->env_id = 1 + seq % (ENVTRACE_MAX_ENVS - 1);
 	if (geteuid() != 0) {
 		*why = "tracing with BPF and creating cgroups needs root";
 		return -EPERM;
@@ -77,30 +114,40 @@ int fixture_setup(struct fixture *fx, size_t ringbuf_bytes, const char **why)
 		*why = "no cgroup2 file system mounted";
 		return -ENOENT;
 	}
-	libbpf_set_print(quiet_print);
 	snprintf(fx->cgroup, sizeof(fx->cgroup), "%s/belayer-envtrace-test-%d-%u", cg2, getpid(),
 		 seq++);
 	if (mkdir(fx->cgroup, 0755) < 0) {
+		fx->cgroup[0] = 0;
 		*why = "cannot create a cgroup v2 directory";
 		return -errno;
 	}
-	snprintf(fx->pin_dir, sizeof(fx->pin_dir), "/sys/fs/bpf/belayer/envtrace-test-%d",
-		 getpid());
-	opts.pin_dir = fx->pin_dir;
-	r = envtrace_create(&opts, &fx->et);
-	if (r < 0) {
-		*why = "the envtrace BPF programs do not load/attach (root, tracefs, BTF?)";
-		fprintf(stderr, "envtrace_create: %s\n", strerror(-r));
-		return r;
+	if (ringbuf_bytes == 0) {
+		if (!shared) {
+			*why = "the envtrace BPF programs do not load/attach (root, tracefs, BTF?)";
+			return shared_error < 0 ? shared_error : -ENOENT;
+		}
+		fx->et = shared;
+		snprintf(fx->pin_dir, sizeof(fx->pin_dir), "%s", shared_pins);
+	} else {
+		struct envtrace_options opts = {.ringbuf_bytes = ringbuf_bytes, .pin_dir = ""};
+
+		r = envtrace_create(&opts, &fx->et);
+		if (r < 0) {
+			*why = "the envtrace BPF programs do not load/attach (root, tracefs, BTF?)";
+			fprintf(stderr, "envtrace_create: %s\n", strerror(-r));
+			return r;
+		}
+		fx->own_et = true;
 	}
 	fx->tmp = test_mkdtemp("belayer-envtrace");
 	if (!fx->tmp)
 		return -errno;
-	r = envtrace_watch_add(fx->et, fx->cgroup, NULL, FIXTURE_ENV_ID);
+	r = envtrace_watch_add(fx->et, fx->cgroup, NULL, fx->env_id);
 	if (r < 0) {
 		*why = "cannot watch the cgroup";
 		return r;
 	}
+	fx->watching = true;
 	r = dirty_create(&fx->dirty);
 	if (r < 0)
 		return r;
@@ -114,7 +161,10 @@ void fixture_teardown(struct fixture *fx)
 
 	sidelog_close(fx->log);
 	dirty_destroy(fx->dirty);
-	envtrace_destroy(fx->et);
+	if (fx->watching)
+		(void)envtrace_watch_remove(fx->et, fx->env_id);
+	if (fx->own_et)
+		envtrace_destroy(fx->et);
 	if (fx->tmp) {
 		(void)test_rmtree(fx->tmp);
 		free(fx->tmp);
@@ -124,10 +174,6 @@ void fixture_teardown(struct fixture *fx)
 		snprintf(path, sizeof(path), "%s/sub", fx->cgroup);
 		(void)rmdir(path);
 		(void)rmdir(fx->cgroup);
-	}
-	if (fx->pin_dir[0]) {
-		snprintf(path, sizeof(path), "rm -rf '%s'", fx->pin_dir);
-		(void)!system(path);
 	}
 	memset(fx, 0, sizeof(*fx));
 }
@@ -146,7 +192,7 @@ static int on_record(const struct envtrace_record *rec, void *userdata)
 			rec->alias[0][0] ? rec->alias[0][0] : "-",
 			rec->path[1] ? rec->path[1] : "-",
 			rec->alias[1][0] ? rec->alias[1][0] : "-");
-	if (rec->env_id != FIXTURE_ENV_ID)
+	if (rec->env_id != fx->env_id)
 		return 0;
 	if (fx->outsider && rec->pid == fx->outsider)
 		fx->foreign_records++;

@@ -14,10 +14,11 @@
 #include "supervisor-envtrace.h"
 #include "supervisor-sidelog.h"
 
-#define FIXTURE_ENV_ID 7
-
 struct fixture {
 	struct sv_envtrace *et;
+	bool own_et; /* else the executable's shared tracer */
+	bool watching;
+	uint32_t env_id;
 	struct sv_dirty *dirty;
 	struct sv_sidelog *log;
 	char cgroup[256];
@@ -36,7 +37,11 @@ struct fixture {
  * hybrid layout), or NULL. */
 const char *fixture_cgroup2_root(void);
 
-/* ringbuf_bytes 0: the default size. Returns 0, or a reason in *why for TEST_REQUIRE. */
+/* cmocka group setup/teardown: load (and finally destroy) the tracer the tests share. */
+int fixture_group_setup(void **state);
+int fixture_group_teardown(void **state);
+
+/* ringbuf_bytes 0: the shared tracer (default size); else a tracer of the test's own. Returns 0, or a reason in *why for TEST_REQUIRE. */
 int fixture_setup(struct fixture *fx, size_t ringbuf_bytes, const char **why);
 void fixture_teardown(struct fixture *fx);
 

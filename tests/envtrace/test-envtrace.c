@@ -584,7 +584,7 @@ static void test_exec_log_has_argv(void **state)
 	assert_true(seen.true_argv);
 	assert_true(seen.file);
 	assert_true(seen.exit);
-	assert_int_equal(envtrace_env_stats(fx.et, FIXTURE_ENV_ID, &st), 0);
+	assert_int_equal(envtrace_env_stats(fx.et, fx.env_id, &st), 0);
 	assert_true(st.execs >= 2);
 	assert_int_equal(st.drops, 0);
 	fixture_teardown(&fx);
@@ -619,7 +619,7 @@ static void test_ringbuf_overflow_forces_full_diff(void **state)
 	FIXTURE(&fx, (size_t)sysconf(_SC_PAGESIZE));
 	assert_int_equal(fixture_run(&fx, NULL, many_creates, fx.tmp, false), 0);
 	fixture_drain(&fx);
-	assert_int_equal(envtrace_env_stats(fx.et, FIXTURE_ENV_ID, &st), 0);
+	assert_int_equal(envtrace_env_stats(fx.et, fx.env_id, &st), 0);
 	assert_true(st.drops > 0);
 	assert_int_equal(envtrace_drops(fx.et, per_cpu, ARRAY_SIZE(per_cpu), &total), 0);
 	assert_true(total >= st.drops);
@@ -884,11 +884,12 @@ int main(void)
 		cmocka_unit_test(test_exec_log_has_argv),
 		cmocka_unit_test(test_ringbuf_overflow_forces_full_diff),
 		cmocka_unit_test(test_io_uring_and_shared_mmap_force_full_diff),
-		cmocka_unit_test(test_pinned_maps_visible),
 		cmocka_unit_test(test_reset_keeps_open_writers),
 		cmocka_unit_test(test_cli_run_prints_dirty_set),
 		cmocka_unit_test(test_sidelog_rejects_malformed),
+		/* Last: it replaces the shared tracer's pins with another load's. */
+		cmocka_unit_test(test_pinned_maps_visible),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return cmocka_run_group_tests(tests, fixture_group_setup, fixture_group_teardown);
 }
