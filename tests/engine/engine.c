@@ -335,8 +335,9 @@ static int size_kv(struct engine *e, uint32_t *ret)
 		budget = allowed > used ? (uint64_t)(allowed - used) : 0;
 	}
 	blocks = budget / bb;
-	if (blocks > UINT32_MAX)
-		blocks = UINT32_MAX;
+	/* slots (block * block_size + offset) are 32-bit in the step's inputs */
+	if (blocks > UINT32_MAX / m->block_size)
+		blocks = UINT32_MAX / m->block_size;
 	if (e->o.tp > 1) {
 		ncclResult_t nr;
 
