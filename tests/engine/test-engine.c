@@ -759,6 +759,41 @@ static void concurrent_streaming_clients(void **state)
 	engine_stop(&e);
 }
 
+/* The other ranks are rank 0's children and do not outlive it (vLLM's workers die with the
+ * driver process): a supervisor recovers the TP group as a whole. */
+static void tp_ranks_follow_rank0(void **state)
+{
+	static const char *const tp2[] = {"--tp", "2", NULL};
+	char path[64], buf[64];
+	struct engine e;
+	struct output a;
+	pid_t follower;
+	int64_t deadline;
+	FILE *f;
+
+	(void)state;
+	engine_start(&e, w1, tp2, NULL);
+	greedy(e.port, prompt_a, ARRAY_SIZE(prompt_a), &a);
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)e.pid, (int)e.pid);
+	f = fopen(path, "re");
+	assert_non_null(f);
+	assert_non_null(fgets(buf, sizeof(buf), f));
+	fclose(f);
+	follower = (pid_t)atoi(buf);
+	assert_true(follower > 0);
+	live_add(follower);
+
+	live_del(e.pid);
+	assert_int_equal(kill(e.pid, SIGKILL), 0);
+	assert_int_equal(wait_exit(e.pid, 10000), 1000 + SIGKILL);
+	deadline = now_ms() + 30000;
+	while (kill(follower, 0) == 0) {
+		assert_true(now_ms() < deadline);
+		poll(NULL, 0, 10); /* a non-child's exit has no fd to wait on here */
+	}
+	live_del(follower);
+}
+
 /* Spawns the shim's test receiver (a stand-in for the supervisor socket) and waits for it. */
 static pid_t receiver_start(const char *sock, const char *out)
 {
@@ -964,6 +999,7 @@ int main(void)
 		cmocka_unit_test_teardown(weights_update_from_trainer, kill_leftovers),
 		cmocka_unit_test_teardown(bad_requests_rejected, kill_leftovers),
 		cmocka_unit_test_teardown(concurrent_streaming_clients, kill_leftovers),
+		cmocka_unit_test_teardown(tp_ranks_follow_rank0, kill_leftovers),
 		cmocka_unit_test_teardown(runs_under_the_shim, kill_leftovers),
 	};
 
