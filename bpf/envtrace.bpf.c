@@ -792,10 +792,13 @@ ENTER(bind)
 {
 	unsigned short family = 0;
 	const char *addr = UPTR(1);
+	char first = 0;
 
 	if (ARG(2) <= 2 || bpf_probe_read_user(&family, sizeof(family), addr) || family != AF_UNIX)
 		return 0;
-	/* An abstract address (leading NUL) reads as "" and resolves to the cwd: harmless. */
+	/* An abstract address (leading NUL) creates no file. */
+	if (bpf_probe_read_user(&first, 1, addr + 2) == 0 && first == 0)
+		return 0;
 	return stash(ENVTRACE_OP_BIND, AT_FDCWD, addr + 2, AT_FDCWD, NULL, 0);
 }
 EXIT(bind)

@@ -222,9 +222,15 @@ int envtrace_create(const struct envtrace_options *opts, struct sv_envtrace **re
 		r = et->ncpus < 0 ? et->ncpus : -EINVAL;
 		goto fail;
 	}
-	r = envtrace_setup_fs();
+	/* tracefs is needed to attach; bpffs only to pin. */
+	r = ensure_fs("/sys/kernel/tracing", TRACEFS_MAGIC, "tracefs", NULL);
 	if (r < 0)
 		goto fail;
+	if (et->pin_dir[0]) {
+		r = ensure_fs("/sys/fs/bpf", BPF_FS_MAGIC, "bpf", "mode=0700");
+		if (r < 0)
+			goto fail;
+	}
 
 	et->skel = envtrace__open();
 	if (!et->skel) {

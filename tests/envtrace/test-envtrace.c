@@ -389,6 +389,11 @@ static int script(void *arg)
 	CHECK((sk = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) >= 0);
 	snprintf(sun.sun_path, sizeof(sun.sun_path), "pre/sock");
 	CHECK(bind(sk, (struct sockaddr *)&sun, sizeof(sun)) == 0 && close(sk) == 0);
+	/* An abstract socket creates no file: the cwd must not become dirty (pre/untouched). */
+	CHECK((sk = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) >= 0);
+	memset(sun.sun_path, 0, sizeof(sun.sun_path));
+	snprintf(sun.sun_path + 1, sizeof(sun.sun_path) - 1, "belayer-envtrace-%d", getpid());
+	CHECK(bind(sk, (struct sockaddr *)&sun, sizeof(sun)) == 0 && close(sk) == 0);
 
 	/* created and deleted after the checkpoint: no trace in the diff, still in the set */
 	CHECK((fd = open("pre/tmpnew", O_WRONLY | O_CREAT | O_CLOEXEC, 0644)) >= 0);
