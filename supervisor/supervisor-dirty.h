@@ -8,6 +8,10 @@
  * that gained or lost an entry is in the set too, for itself only (its mtime changed). When some change
  * cannot be named (io_uring, a writable shared mapping of a file, a lost ring-buffer record,
  * an unresolvable path), the set says "needs full diff" instead, until the next reset.
+ *
+ * Hard links made before the checkpoint are the caller's to handle: a change through one name
+ * is recorded under that name only (links made after it are traced, and both names are in the
+ * set). Whoever copies the dirty paths should treat a regular file with st_nlink > 1 by inode.
  */
 #pragma once
 

@@ -10,7 +10,8 @@
  *               event_add() a persistent EV_READ on envtrace_fd(et) whose callback calls
  *               envtrace_consume(et, on_record, sv) until it returns 0.
  *   env watch:  envtrace_watch_add(et, cgroup_path, root_path, env_id) with a fresh env id
- *               (1..ENVTRACE_MAX_ENVS-1), dirty_create() and sidelog_open() for the env;
+ *               (1..ENVTRACE_MAX_ENVS-1), dirty_create() and sidelog_open() for the env,
+ *               then dirty_rescan_writers() (fds opened for writing before the watch);
  *               on_record() looks the env up by rec->env_id and calls dirty_apply() and
  *               sidelog_append().
  *   checkpoint: envtrace_consume() until 0 (drain), envtrace_env_stats() ->
