@@ -198,6 +198,38 @@ static const struct field end_fields[] = {
 	F_U32("n", end.count, 0, UINT32_MAX),
 };
 
+static const struct field shadow_region_fields[] = {
+	F_U64("id", shadow_region.id),	   F_U64("va", shadow_region.va),
+	F_U64("size", shadow_region.size), F_ENUM("cls", shadow_region.cls, _REGION_CLASS_MAX),
+	F_U64("ord", shadow_region.order), F_UUID("dev", shadow_region.device_uuid),
+};
+
+static const struct field shadow_parked_fields[] = {
+	F_U32("n", shadow_parked.n_entries, 0, UINT32_MAX),
+	F_U64("hash", shadow_parked.hash),
+};
+
+static const struct field promote_map_fields[] = {
+	F_U64("sid", promote_map.shadow_id),
+	F_U32("pid", promote_map.primary_pid, 0, UINT32_MAX),
+	F_U64("pidr", promote_map.primary_id),
+	F_U64("size", promote_map.size),
+	F_U64("wver", promote_map.weights_version),
+};
+
+static const struct field promote_commit_fields[] = {
+	F_U32("n", promote_commit.n_regions, 0, UINT32_MAX),
+	F_U64("hash", promote_commit.hash),
+	F_U64("wver", promote_commit.weights_version),
+};
+
+static const struct field promote_done_fields[] = {
+	F_I32("code", promote_done.code, 0, INT32_MAX),
+	F_U32("n", promote_done.n_regions, 0, UINT32_MAX),
+	F_U64("ns", promote_done.ns),
+	F_STR("msg", promote_done.message),
+};
+
 #define FIELDS(a) .fields = (a), .n_fields = ARRAY_SIZE(a)
 
 static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
@@ -217,6 +249,12 @@ static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
 	[PROTO_EVENT] = {"event", FIELDS(event_fields)},
 	[PROTO_HEALTH_INFO] = {"health-info", FIELDS(health_fields)},
 	[PROTO_END] = {"end", FIELDS(end_fields)},
+	[PROTO_SHADOW_REGION] = {"shadow-region", FIELDS(shadow_region_fields)},
+	[PROTO_SHADOW_PARKED] = {"shadow-parked", FIELDS(shadow_parked_fields)},
+	[PROTO_PROMOTE_MAP] = {"promote-map", FIELDS(promote_map_fields), .nfds = 1,
+			       .fd_offsets = {AT(promote_map.fd)}},
+	[PROTO_PROMOTE_COMMIT] = {"promote-commit", FIELDS(promote_commit_fields)},
+	[PROTO_PROMOTE_DONE] = {"promote-done", FIELDS(promote_done_fields)},
 };
 
 static const struct msg_type *msg_type_get(uint64_t type)

@@ -48,6 +48,26 @@
  *     "dev": int -1..INT32_MAX -> dev  "pid": uint32  "msg": str -> message
  *   PROTO_END (14), no fd:
  *     "re": uint32 -> in_reply_to (the request's type)  "n": uint32 -> count (items sent)
+ * Shadow promotion (types 20-29; DESIGN §1.2):
+ *   PROTO_SHADOW_REGION (20), shadow -> supervisor, no fd: one scratch-backed weights/kv region
+ *     "id": uint64  "va": uint64  "size": uint64  "cls": uint enum region_class
+ *     "ord": uint64 -> order  "dev": bin[16] -> device_uuid
+ *   PROTO_SHADOW_PARKED (21), shadow -> supervisor, no fd: initialization looks done
+ *     "n": uint32 -> n_entries (layout entries)  "hash": uint64 -> hash (common/layout.h)
+ *   PROTO_PROMOTE_MAP (22), supervisor -> shadow, 1 fd -> fd (the primary region's memory):
+ *     "sid": uint64 -> shadow_id  "pid": uint32 -> primary_pid  "pidr": uint64 -> primary_id
+ *     "size": uint64  "wver": uint64 -> weights_version
+ *     May come early (before any failure); a later MAP for the same "sid" replaces it.
+ *   PROTO_PROMOTE_COMMIT (23), supervisor -> shadow, no fd:
+ *     "n": uint32 -> n_regions (regions that must be mapped)  "hash": uint64 (expected layout)
+ *     "wver": uint64 -> weights_version (now held by the memory)
+ *   PROTO_PROMOTE_DONE (24), shadow -> supervisor, no fd:
+ *     "code": int 0..INT32_MAX (0: ok, else errno)  "n": uint32 -> n_regions (mapped)
+ *     "ns": uint64 (remap time)  "msg": str -> message
+ *   After a PROMOTE_DONE with code 0 the shim is a primary: on the same connection it sends
+ *   a fresh PROTO_HELLO with role primary, then one PROTO_REGION_ANNOUNCE (with fd) per
+ *   promoted region (cls, ord, va as in its SHADOW_REGION, "wver" from the COMMIT), and from
+ *   then on behaves as any primary. A failed COMMIT leaves it a parked shadow on scratch.
  * Strings are msgpack str of at most PROTO_MAX_STR bytes without NUL (METRIC "name" and "lbl":
  * 95, CONFIG_ENTRY "key": 63); the encoder writes the
  * keys in the order above, integers in their shortest form.
@@ -88,6 +108,12 @@ enum proto_type {
 	PROTO_EVENT = 12,	   /* supervisor -> belayerctl: one event of the stream */
 	PROTO_HEALTH_INFO = 13,	   /* supervisor -> belayerctl: one health-check verdict */
 	PROTO_END = 14,		   /* supervisor -> peer: a multi-message reply is complete */
+	/* 15-19 unassigned: the decoder refuses them. */
+	PROTO_SHADOW_REGION = 20,  /* shadow -> supervisor: a scratch-backed region */
+	PROTO_SHADOW_PARKED = 21,  /* shadow -> supervisor: parked, with its layout hash */
+	PROTO_PROMOTE_MAP = 22,	   /* supervisor -> shadow: a primary region's fd for a region */
+	PROTO_PROMOTE_COMMIT = 23, /* supervisor -> shadow: remap everything now */
+	PROTO_PROMOTE_DONE = 24,   /* shadow -> supervisor: the commit's outcome */
 	_PROTO_TYPE_MAX,
 };
 
@@ -289,6 +315,42 @@ struct proto_end {
 	uint32_t count;
 };
 
+struct proto_shadow_region {
+	uint64_t id;
+	uint64_t va;
+	uint64_t size;
+	enum region_class cls;
+	uint64_t order;
+	uint8_t device_uuid[PROTO_UUID_LEN];
+};
+
+struct proto_shadow_parked {
+	uint32_t n_entries;
+	uint64_t hash;
+};
+
+struct proto_promote_map {
+	uint64_t shadow_id;
+	uint32_t primary_pid;
+	uint64_t primary_id;
+	uint64_t size;
+	uint64_t weights_version;
+	int fd; /* owned by the message after decode */
+};
+
+struct proto_promote_commit {
+	uint32_t n_regions;
+	uint64_t hash;
+	uint64_t weights_version;
+};
+
+struct proto_promote_done {
+	int32_t code; /* 0 or a positive errno value */
+	uint32_t n_regions;
+	uint64_t ns;
+	char message[PROTO_MAX_STR + 1];
+};
+
 struct proto_msg {
 	enum proto_type type;
 	union {
@@ -306,6 +368,11 @@ struct proto_msg {
 		struct proto_event event;
 		struct proto_health_info health;
 		struct proto_end end;
+		struct proto_shadow_region shadow_region;
+		struct proto_shadow_parked shadow_parked;
+		struct proto_promote_map promote_map;
+		struct proto_promote_commit promote_commit;
+		struct proto_promote_done promote_done;
 	};
 };
 

@@ -205,6 +205,62 @@ static void sample_end(struct proto_msg *m)
 	m->end.count = 6;
 }
 
+static void sample_shadow_region(struct proto_msg *m)
+{
+	m->type = PROTO_SHADOW_REGION;
+	m->shadow_region.id = 3;
+	m->shadow_region.va = 0x7f0040000000;
+	m->shadow_region.size = 1u << 30;
+	m->shadow_region.cls = REGION_WEIGHTS;
+	m->shadow_region.order = 2;
+	fill_uuid(m->shadow_region.device_uuid, 4);
+}
+
+static void sample_shadow_parked(struct proto_msg *m)
+{
+	m->type = PROTO_SHADOW_PARKED;
+	m->shadow_parked.n_entries = 2;
+	m->shadow_parked.hash = 0x8b2a6f1e0d4c3b79ull;
+}
+
+static void sample_promote_map(struct proto_msg *m, int fd)
+{
+	m->type = PROTO_PROMOTE_MAP;
+	m->promote_map.shadow_id = 3;
+	m->promote_map.primary_pid = 4242;
+	m->promote_map.primary_id = 7;
+	m->promote_map.size = 1u << 30;
+	m->promote_map.weights_version = 5;
+	m->promote_map.fd = fd;
+}
+
+static void sample_promote_commit(struct proto_msg *m)
+{
+	m->type = PROTO_PROMOTE_COMMIT;
+	m->promote_commit.n_regions = 2;
+	m->promote_commit.hash = 0x8b2a6f1e0d4c3b79ull;
+	m->promote_commit.weights_version = 5;
+}
+
+static void sample_promote_done(struct proto_msg *m)
+{
+	m->type = PROTO_PROMOTE_DONE;
+	m->promote_done.code = 0;
+	m->promote_done.n_regions = 2;
+	m->promote_done.ns = 180000;
+	(void)snprintf(m->promote_done.message, sizeof(m->promote_done.message),
+		       "2 regions mapped");
+}
+
+static void sample_promote_done_failed(struct proto_msg *m)
+{
+	m->type = PROTO_PROMOTE_DONE;
+	m->promote_done.code = EXDEV;
+	m->promote_done.n_regions = 0;
+	m->promote_done.ns = UINT64_MAX;
+	memset(m->promote_done.message, 'p', PROTO_MAX_STR);
+}
+
 static const struct {
 	const char *name;
 	void (*fill)(struct proto_msg *m);
@@ -228,6 +284,12 @@ static const struct {
 	{"event", sample_event, NULL},
 	{"health-info", sample_health, NULL},
 	{"end", sample_end, NULL},
+	{"shadow-region", sample_shadow_region, NULL},
+	{"shadow-parked", sample_shadow_parked, NULL},
+	{"promote-map", NULL, sample_promote_map},
+	{"promote-commit", sample_promote_commit, NULL},
+	{"promote-done", sample_promote_done, NULL},
+	{"promote-done-failed", sample_promote_done_failed, NULL},
 };
 
 size_t proto_sample_count(void)

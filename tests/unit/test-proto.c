@@ -138,7 +138,7 @@ static void every_type_round_trips(void **state)
 			(void)safe_close(fd);
 	}
 	for (int t = 1; t < _PROTO_TYPE_MAX; t++)
-		if (!type_seen[t])
+		if (proto_type_to_string(t) && !type_seen[t])
 			fail_msg("no sample of type %s", proto_type_to_string(t));
 }
 
@@ -194,9 +194,10 @@ static void send_and_recv_over_a_socket(void **state)
 		(void)proto_sample(i, fd, &m);
 		assert_int_equal(proto_send(sv[0], &m, 0), 0);
 		assert_int_equal(proto_recv(sv[1], &got, 0), 0);
-		if (m.type == PROTO_REGION_ANNOUNCE || m.type == PROTO_REGION_FD) {
-			int *got_fd = m.type == PROTO_REGION_FD ? &got.region_fd.region.fd
-								: &got.region.fd;
+		if (proto_type_nfds(m.type) == 1) {
+			int *got_fd = m.type == PROTO_REGION_FD	    ? &got.region_fd.region.fd
+				      : m.type == PROTO_PROMOTE_MAP ? &got.promote_map.fd
+								    : &got.region.fd;
 			struct stat a, b;
 
 			/* A new fd for the same memory. */
@@ -602,6 +603,19 @@ static void out_of_range_values_are_rejected(void **state)
 		{"error", "code", UINT(1ull << 31)},
 		{"error", "re", UINT(1ull << 32)},
 		{"error", "msg", STR(PROTO_MAX_STR + 1)},
+		{"hello", "t", UINT(15)}, /* unassigned types between the ranges */
+		{"hello", "t", UINT(19)},
+		{"shadow-region", "cls", UINT(_REGION_CLASS_MAX)},
+		{"shadow-region", "dev", BIN(15)},
+		{"shadow-region", "va", NINT(-1)},
+		{"shadow-parked", "n", UINT(1ull << 32)},
+		{"shadow-parked", "hash", STR(8)},
+		{"promote-map", "pid", UINT(1ull << 32)},
+		{"promote-map", "sid", NINT(-1)},
+		{"promote-commit", "n", NINT(-1)},
+		{"promote-done", "code", NINT(-1)},
+		{"promote-done", "code", UINT(1ull << 31)},
+		{"promote-done", "msg", STR(PROTO_MAX_STR + 1)},
 	};
 
 	memset(filler, 'f', sizeof(filler));
@@ -636,6 +650,11 @@ static void in_range_edges_are_accepted(void **state)
 		{"region-announce", "cls", UINT(_REGION_CLASS_MAX - 1)},
 		{"error", "code", UINT(INT32_MAX)},
 		{"error", "re", UINT(UINT32_MAX)},
+		{"promote-done", "code", UINT(0)},
+		{"promote-done", "code", UINT(INT32_MAX)},
+		{"promote-done", "msg", STR(PROTO_MAX_STR)},
+		{"shadow-parked", "n", UINT(UINT32_MAX)},
+		{"promote-map", "pid", UINT(0)},
 	};
 
 	memset(filler, 'f', sizeof(filler));
@@ -724,6 +743,26 @@ static void finish_closes_owned_fds_once(void **state)
 	proto_msg_finish(NULL);
 }
 
+static void promote_map_owns_its_fd(void **state)
+{
+	int fd = new_memfd();
+	struct proto_msg m;
+	size_t len;
+
+	for (size_t i = 0; i < proto_sample_count(); i++)
+		if (strcmp(proto_sample(i, fd, &m), "promote-map") == 0)
+			break;
+	assert_int_equal(m.type, PROTO_PROMOTE_MAP);
+	len = encode(&m, buf, sizeof(buf));
+	assert_int_equal(proto_decode(buf, len, NULL, 0, &m), -EBADMSG);
+	assert_int_equal(proto_decode(buf, len, &fd, 1, &m), 0);
+	assert_int_equal(m.promote_map.fd, fd);
+	assert_int_equal(m.promote_map.shadow_id, 3);
+	proto_msg_finish(&m);
+	assert_int_equal(m.promote_map.fd, -1);
+	assert_false(fd_is_open(fd));
+}
+
 static void names_round_trip(void **state)
 {
 	enum region_class cls;
@@ -738,8 +777,17 @@ static void names_round_trip(void **state)
 		assert_int_equal(worker_role_from_string(worker_role_to_string(i), &role), 0);
 		assert_int_equal(role, i);
 	}
-	for (int t = 1; t < _PROTO_TYPE_MAX; t++)
+	for (int t = 1; t <= PROTO_END; t++)
 		assert_non_null(proto_type_to_string(t));
+	for (int t = PROTO_END + 1; t < PROTO_SHADOW_REGION; t++) {
+		assert_null(proto_type_to_string(t));
+		assert_int_equal(proto_type_nfds(t), -EINVAL);
+	}
+	for (int t = PROTO_SHADOW_REGION; t <= PROTO_PROMOTE_DONE; t++)
+		assert_non_null(proto_type_to_string(t));
+	assert_string_equal(proto_type_to_string(PROTO_PROMOTE_COMMIT), "promote-commit");
+	assert_int_equal(proto_type_nfds(PROTO_PROMOTE_MAP), 1);
+	assert_int_equal(proto_type_nfds(PROTO_PROMOTE_COMMIT), 0);
 	assert_string_equal(region_class_to_string(REGION_KV), "kv");
 	assert_string_equal(worker_role_to_string(ROLE_SHADOW), "shadow");
 	assert_null(region_class_to_string(_REGION_CLASS_MAX));
@@ -809,6 +857,7 @@ int main(void)
 		cmocka_unit_test(odd_keys_are_rejected),
 		cmocka_unit_test(fd_count_must_match_the_type),
 		cmocka_unit_test(finish_closes_owned_fds_once),
+		cmocka_unit_test(promote_map_owns_its_fd),
 		cmocka_unit_test(names_round_trip),
 		cmocka_unit_test(control_names_are_complete),
 	};
