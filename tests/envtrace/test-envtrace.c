@@ -38,6 +38,18 @@
 #ifndef SYS_fchmodat2
 #define SYS_fchmodat2 452
 #endif
+/* Linux 6.13; the build machine's headers may predate them. */
+#ifndef SYS_setxattrat
+#define SYS_setxattrat 463
+#endif
+#ifndef SYS_removexattrat
+#define SYS_removexattrat 466
+#endif
+struct xattr_args_compat {
+	uint64_t value;
+	uint32_t size;
+	uint32_t flags;
+};
 
 /* ---- the oracle: a full snapshot of a tree, and its diff ---- */
 
@@ -237,15 +249,16 @@ static void make_dir(const char *root, const char *rel)
 static void populate(const char *t)
 {
 	static const char *const files[] = {
-		"pre/a.txt",	 "pre/b.txt",	   "pre/c.txt",		"pre/d.txt",
-		"pre/e.txt",	 "pre/dir1/f.txt", "pre/g.txt",		"pre/dir1/h.txt",
-		"pre/x1",	 "pre/x2",	   "pre/i.txt",		"pre/dir1/j.txt",
-		"pre/k.txt",	 "pre/l.txt",	   "pre/dir1/m.txt",	"pre/n.txt",
-		"pre/o.txt",	 "pre/p.txt",	   "pre/dir1/q.txt",	"pre/r.txt",
-		"pre/s.txt",	 "pre/t.txt",	   "pre/dir1/u.txt",	"pre/v.txt",
-		"pre/w.txt",	 "pre/x.txt",	   "pre/y.txt",		"pre/z.txt",
-		"pre/lk.txt",	 "pre/tree/one",   "pre/tree/deep/two", "pre/dir2/sub/keep",
-		"pre/untouched", "pre/tgt-chmod",  "pre/tgt-xattr"};
+		"pre/a.txt",	   "pre/b.txt",	     "pre/c.txt",	  "pre/d.txt",
+		"pre/e.txt",	   "pre/dir1/f.txt", "pre/g.txt",	  "pre/dir1/h.txt",
+		"pre/x1",	   "pre/x2",	     "pre/i.txt",	  "pre/dir1/j.txt",
+		"pre/k.txt",	   "pre/l.txt",	     "pre/dir1/m.txt",	  "pre/n.txt",
+		"pre/o.txt",	   "pre/p.txt",	     "pre/dir1/q.txt",	  "pre/r.txt",
+		"pre/s.txt",	   "pre/t.txt",	     "pre/dir1/u.txt",	  "pre/v.txt",
+		"pre/w.txt",	   "pre/x.txt",	     "pre/y.txt",	  "pre/z.txt",
+		"pre/lk.txt",	   "pre/tree/one",   "pre/tree/deep/two", "pre/dir2/sub/keep",
+		"pre/untouched",   "pre/tgt-chmod",  "pre/tgt-xattr",	  "pre/lx.txt",
+		"pre/dir1/xa.txt", "pre/xr.txt",     "pre/ut.txt"};
 	char path[PATH_MAX];
 
 	make_dir(t, "pre");
@@ -261,6 +274,10 @@ static void populate(const char *t)
 	snprintf(path, sizeof(path), "%s/pre/x.txt", t);
 	assert_int_equal(setxattr(path, "user.old", "1", 1, 0), 0);
 	snprintf(path, sizeof(path), "%s/pre/y.txt", t);
+	assert_int_equal(setxattr(path, "user.old", "1", 1, 0), 0);
+	snprintf(path, sizeof(path), "%s/pre/lx.txt", t);
+	assert_int_equal(setxattr(path, "user.old", "1", 1, 0), 0);
+	snprintf(path, sizeof(path), "%s/pre/xr.txt", t);
 	assert_int_equal(setxattr(path, "user.old", "1", 1, 0), 0);
 	/* Symlinks the script goes through: to a file, to a directory. */
 	snprintf(path, sizeof(path), "%s/pre/link-chmod", t);
@@ -372,6 +389,15 @@ static int script(void *arg)
 	CHECK(futimens(fd, ts) == 0 && close(fd) == 0);
 	CHECK(syscall(SYS_utimes, "pre/t.txt", tv) == 0);
 	CHECK(syscall(SYS_futimesat, d1, "u.txt", tv) == 0);
+#ifdef SYS_utime
+	{
+		struct utimbuf_compat {
+			long actime, modtime;
+		} ub = {3000000, 3000000};
+
+		CHECK(syscall(SYS_utime, "pre/ut.txt", &ub) == 0);
+	}
+#endif
 
 	/* xattrs, including through a symlink */
 	CHECK(setxattr("pre/v.txt", "user.k", "v", 1, 0) == 0);
@@ -382,6 +408,15 @@ static int script(void *arg)
 	CHECK((fd = open("pre/y.txt", O_RDONLY | O_CLOEXEC)) >= 0);
 	CHECK(fremovexattr(fd, "user.old") == 0 && close(fd) == 0);
 	CHECK(setxattr("pre/link-xattr", "user.k", "l", 1, 0) == 0);
+	CHECK(lremovexattr("pre/lx.txt", "user.old") == 0);
+	{
+		struct xattr_args_compat xa = {.value = (uintptr_t) "at", .size = 2};
+
+		CHECK(syscall(SYS_setxattrat, d1, "xa.txt", 0, "user.k", &xa, sizeof(xa)) == 0 ||
+		      errno == ENOSYS);
+		CHECK(syscall(SYS_removexattrat, AT_FDCWD, "pre/xr.txt", 0, "user.old") == 0 ||
+		      errno == ENOSYS);
+	}
 
 	/* special files */
 	CHECK(syscall(SYS_mknod, "pre/fifo", S_IFIFO | 0644, 0) == 0);
@@ -686,6 +721,26 @@ static int do_mmap_shared(void *arg)
 	return 0;
 }
 
+static int do_open_by_handle(void *arg)
+{
+	const char *path = arg;
+	struct {
+		struct file_handle fh;
+		unsigned char bytes[MAX_HANDLE_SZ];
+	} h = {.fh.handle_bytes = MAX_HANDLE_SZ};
+	int mount_id, mfd, fd;
+
+	if (name_to_handle_at(AT_FDCWD, path, &h.fh, &mount_id, 0) < 0)
+		return 1;
+	mfd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	fd = open_by_handle_at(mfd, &h.fh, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 1;
+	close(fd);
+	close(mfd);
+	return 0;
+}
+
 static void test_io_uring_and_shared_mmap_force_full_diff(void **state)
 {
 	struct fixture fx;
@@ -710,6 +765,12 @@ static void test_io_uring_and_shared_mmap_force_full_diff(void **state)
 	assert_int_equal(fixture_run(&fx, NULL, do_mmap_shared, path, true), 0);
 	assert_true(dirty_needs_full_diff(fx.dirty, &reason));
 	assert_string_equal(reason, "shared writable mapping");
+
+	/* A file handle names no path: opening one for writing forces a full diff too. */
+	dirty_reset(fx.dirty);
+	assert_int_equal(fixture_run(&fx, NULL, do_open_by_handle, path, true), 0);
+	assert_true(dirty_needs_full_diff(fx.dirty, &reason));
+	assert_string_equal(reason, "open_by_handle_at for writing");
 	fixture_teardown(&fx);
 }
 
