@@ -37,6 +37,7 @@ struct sv_envtrace {
 	struct envtrace *skel;
 	struct ring_buffer *rb;
 	char *pin_dir;
+	bool pinned;
 	int ncpus;
 	struct watch_entry watches[ENVTRACE_MAX_ENVS];
 	/* Decode state for the callback in flight. */
@@ -261,6 +262,7 @@ int envtrace_create(const struct envtrace_options *opts, struct sv_envtrace **re
 		goto fail;
 	}
 	if (et->pin_dir[0]) {
+		et->pinned = true;
 		r = pin_all(et);
 		if (r < 0)
 			goto fail;
@@ -282,6 +284,17 @@ void envtrace_destroy(struct sv_envtrace *et)
 	if (!et)
 		return;
 	ring_buffer__free(et->rb);
+	/* A clean stop leaves no pins behind (they would keep the ring buffer's memory); after a
+	 * crash the next start replaces them. */
+	if (et->pinned) {
+		char progs[PATH_MAX];
+
+		snprintf(progs, sizeof(progs), "%s/progs", et->pin_dir);
+		unpin_dir(progs);
+		(void)rmdir(progs);
+		unpin_dir(et->pin_dir);
+		(void)rmdir(et->pin_dir);
+	}
 	envtrace__destroy(et->skel);
 	for (size_t i = 0; i < ARRAY_SIZE(et->watches); i++) {
 		safe_close(et->watches[i].root_fd);

@@ -811,7 +811,10 @@ static void test_pinned_maps_visible(void **state)
 		assert_int_equal(envtrace_create(&opts, &again), 0);
 		snprintf(path, sizeof(path), "%s/watched", fx.pin_dir);
 		assert_int_equal(stat(path, &st), 0);
+		/* A clean stop removes its pins. */
 		envtrace_destroy(again);
+		assert_int_equal(stat(path, &st), -1);
+		assert_int_equal(errno, ENOENT);
 	}
 	fixture_teardown(&fx);
 }
