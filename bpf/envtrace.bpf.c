@@ -52,6 +52,11 @@
 /* argv bytes kept per exec (<= ENVTRACE_ARGV_MAX); set before load. */
 const volatile __u32 argv_max = ENVTRACE_ARGV_MAX;
 
+/* 0: wake the consumer for every record (the kernel's default). Else wake it only once this
+ * many bytes wait: each wakeup is an irq_work self-IPI in the traced process, a VM exit on
+ * virtual machines; the consumer then also drains on a timer. Set before load. */
+const volatile __u32 wakeup_bytes = 0;
+
 /* Bumped by user space after each change of `watched`. */
 __u32 watch_gen = 0;
 
@@ -165,7 +170,7 @@ static __always_inline __u32 current_env(void)
 static __always_inline void emit(struct scratch *s, __u32 data_len)
 {
 	struct envtrace_env_stats *st = stats_of(s->ev.env_id);
-	__u64 size;
+	__u64 size, flags = 0;
 
 	if (data_len > ENVTRACE_DATA_SIZE)
 		data_len = ENVTRACE_DATA_SIZE;
@@ -175,7 +180,11 @@ static __always_inline void emit(struct scratch *s, __u32 data_len)
 	barrier_var(size);
 	if (size > sizeof(*s))
 		size = sizeof(*s);
-	if (bpf_ringbuf_output(&events, s, size, 0) == 0) {
+	if (wakeup_bytes)
+		flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) + size >= wakeup_bytes
+				? BPF_RB_FORCE_WAKEUP
+				: BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_output(&events, s, size, flags) == 0) {
 		if (st)
 			st->events++;
 	} else {

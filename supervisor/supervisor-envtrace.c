@@ -246,6 +246,13 @@ int envtrace_create(const struct envtrace_options *opts, struct sv_envtrace **re
 	}
 	if (opts->argv_max)
 		et->skel->rodata->argv_max = MIN(opts->argv_max, ENVTRACE_ARGV_MAX);
+	if (opts->wakeup_bytes == 0) {
+		uint64_t ring = bpf_map__max_entries(et->skel->maps.events);
+
+		et->skel->rodata->wakeup_bytes = (uint32_t)MIN(256 * 1024, ring / 4);
+	} else if (opts->wakeup_bytes > 0) {
+		et->skel->rodata->wakeup_bytes = (uint32_t)MIN(opts->wakeup_bytes, UINT32_MAX);
+	}
 	bpf_object__for_each_program(prog, et->skel->obj)
 	{
 		if (!tracepoint_exists(bpf_program__section_name(prog)))

@@ -7,8 +7,9 @@
  * Integration into the supervisor (the daemon's event loop is not touched here):
  *   at start:   r = envtrace_create(&opts, &et);
  *               on error: log once ("BPF unavailable: ...") and run without tracing.
- *               event_add() a persistent EV_READ on envtrace_fd(et) whose callback calls
- *               envtrace_consume(et, on_record, sv) until it returns 0.
+ *               event_add() a persistent EV_READ on envtrace_fd(et), and a persistent timer of
+ *               ENVTRACE_DRAIN_INTERVAL_MS (records below the wakeup threshold wake nobody),
+ *               both calling envtrace_consume(et, on_record, sv) until it returns 0.
  *   env watch:  envtrace_watch_add(et, cgroup_path, root_path, env_id) with a fresh env id
  *               (1..ENVTRACE_MAX_ENVS-1), dirty_create() and sidelog_open() for the env,
  *               then dirty_rescan_writers() (fds opened for writing before the watch);
@@ -38,7 +39,14 @@ struct envtrace_options {
 	const char *pin_dir;   /* NULL: ENVTRACE_PIN_DIR_DEFAULT; "" pins nothing */
 	size_t ringbuf_bytes;  /* 0: the program's default (8 MiB); a power of 2 >= page size */
 	unsigned int argv_max; /* 0: ENVTRACE_ARGV_MAX */
+	/* Wake the reader of envtrace_fd() only once this many bytes wait (0: min(256 KiB, a
+	 * quarter of the ring); -1: for every record). Waking is costly in the traced process
+	 * (a self-IPI, a VM exit on virtual machines); the reader must then also drain on a
+	 * timer (ENVTRACE_DRAIN_INTERVAL_MS). */
+	int64_t wakeup_bytes;
 };
+
+#define ENVTRACE_DRAIN_INTERVAL_MS 100
 
 /* One decoded event; pointers are valid during the callback only. */
 struct envtrace_record {

@@ -4,13 +4,15 @@
  *
  * One file- and process-heavy workload (unpack a generated C source tree, build it with
  * make -j2, run its tests, git init/add/commit/diff/commit, rebuild, delete it) runs in a real
- * cgroup v2 directory under three configurations, interleaved round by round so that drift
+ * cgroup v2 directory under four configurations, interleaved round by round so that drift
  * hits all alike:
  *   off        no BPF program loaded
  *   loaded     envtrace loaded and attached, the workload's cgroup not watched (the cost
  *              every other process on the node pays)
  *   watched    the cgroup watched; this process consumes the ring buffer into a dirty set
  *              and a side-effect log while the workload runs, as the supervisor would
+ *              (woken when 256 KiB wait, else draining every 50 ms)
+ *   wake_all   the same, the consumer woken for every record (the kernel's default)
  * Reported, as medians: wall time; the CPU time of the workload's processes (user + system:
  * the programs run in their context, so it shows the tracing's cost even when the machine's
  * other load makes wall time noisy); the time spent in the BPF programs (kernel run-time
@@ -44,15 +46,16 @@
 #define ENV_ID	   1
 #define NFILES	   160 /* C files in the generated tree */
 #define NTESTS	   120 /* test runs in "make check" */
-#define CONFIGS	   3
+#define CONFIGS	   4
 #define MAX_ROUNDS 15
 
 enum {
 	CFG_OFF,
 	CFG_LOADED,
-	CFG_WATCHED
+	CFG_WATCHED,
+	CFG_WAKE_ALL,
 };
-static const char *const cfg_names[CONFIGS] = {"off", "loaded", "watched"};
+static const char *const cfg_names[CONFIGS] = {"off", "loaded", "watched", "wake_all"};
 
 struct run {
 	double wall_s;
@@ -208,6 +211,7 @@ static int silent_print(enum libbpf_print_level level, const char *fmt, va_list 
 
 static int run_once(const char *base, const char *cgroup, int cfg, struct run *ret)
 {
+	bool watched = cfg == CFG_WATCHED || cfg == CFG_WAKE_ALL;
 	struct envtrace_options opts = {.pin_dir = ""};
 	struct sv_envtrace *et = NULL;
 	struct consumer c = {0};
@@ -223,12 +227,14 @@ static int run_once(const char *base, const char *cgroup, int cfg, struct run *r
 	snprintf(logp, sizeof(logp), "%s/sidelog", base);
 	(void)mkdir(work, 0755);
 	(void)unlink(logp);
+	if (cfg == CFG_WAKE_ALL)
+		opts.wakeup_bytes = -1;
 	if (cfg != CFG_OFF) {
 		r = envtrace_create(&opts, &et);
 		if (r < 0)
 			return log_error_errno(r, "Failed to load the envtrace programs: %m");
 	}
-	if (cfg == CFG_WATCHED) {
+	if (watched) {
 		r = envtrace_watch_add(et, cgroup, NULL, ENV_ID);
 		if (r >= 0)
 			r = dirty_create(&c.dirty);
@@ -258,7 +264,7 @@ static int run_once(const char *base, const char *cgroup, int cfg, struct run *r
 		struct pollfd p = {.fd = et ? envtrace_fd(et) : -1, .events = POLLIN};
 
 		(void)poll(&p, 1, 50);
-		if (cfg == CFG_WATCHED) {
+		if (watched) {
 			while (envtrace_consume(et, on_record, &c) > 0)
 				;
 		}
@@ -266,7 +272,7 @@ static int run_once(const char *base, const char *cgroup, int cfg, struct run *r
 			break;
 	}
 	t1 = bench_now_ns();
-	if (cfg == CFG_WATCHED) {
+	if (watched) {
 		struct envtrace_env_stats st;
 
 		while (envtrace_consume(et, on_record, &c) > 0)
