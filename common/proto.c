@@ -39,6 +39,7 @@ struct field {
 	size_t size;   /* FIELD_STR: buffer size; FIELD_UUID_LIST: capacity in entries */
 	size_t count_offset;
 	int64_t min, max;
+	bool optional; /* may be absent on the wire (added to a type later) */
 };
 
 struct msg_type {
@@ -133,6 +134,11 @@ static const struct field ctl_fields[] = {
 	F_ENUM("act", ctl.act, _CTL_ACT_MAX),
 	F_I32("dev", ctl.dev, -1, INT32_MAX),
 	F_U64("arg", ctl.arg),
+	{.key = "eng",
+	 .kind = FIELD_STR,
+	 .offset = AT(ctl.engine_id),
+	 .size = MEMBER_SIZE(ctl.engine_id),
+	 .optional = true},
 };
 
 static const struct field metric_fields[] = {
@@ -154,6 +160,27 @@ static const struct field worker_info_fields[] = {
 	F_U32("nreg", worker_info.n_regions, 0, UINT32_MAX),
 	F_U64("bytes", worker_info.bytes),
 	F_U64("ms", worker_info.age_ms),
+	{.key = "lay", .kind = FIELD_U64, .offset = AT(worker_info.layout_hash), .optional = true},
+	{.key = "nlay",
+	 .kind = FIELD_U32,
+	 .offset = AT(worker_info.layout_n),
+	 .max = UINT32_MAX,
+	 .optional = true},
+	{.key = "park",
+	 .kind = FIELD_U32,
+	 .offset = AT(worker_info.parked),
+	 .max = 1,
+	 .optional = true},
+	{.key = "port",
+	 .kind = FIELD_U32,
+	 .offset = AT(worker_info.port),
+	 .max = 65535,
+	 .optional = true},
+	{.key = "rdy",
+	 .kind = FIELD_U32,
+	 .offset = AT(worker_info.ready),
+	 .max = 1,
+	 .optional = true},
 };
 
 static const struct field region_info_fields[] = {
@@ -293,7 +320,7 @@ static const char *const worker_role_names[_ROLE_MAX] = {
 static const char *const ctl_cmd_names[_CTL_CMD_MAX] = {
 	[CTL_STATUS] = "status", [CTL_WORKERS] = "workers", [CTL_REGIONS] = "regions",
 	[CTL_CONFIG] = "config", [CTL_EVENTS] = "events",   [CTL_INJECT] = "inject",
-	[CTL_HEALTH] = "health",
+	[CTL_HEALTH] = "health", [CTL_PROMOTE] = "promote",
 };
 
 static const char *const ctl_action_names[_CTL_ACT_MAX] = {
@@ -333,6 +360,9 @@ static const char *const event_kind_names[_EVENT_KIND_MAX] = {
 	[EVENT_INJECT] = "inject",
 	[EVENT_RESTORED] = "restored",
 	[EVENT_REGION_LOST] = "region-lost",
+	[EVENT_SHADOW_PARKED] = "shadow-parked",
+	[EVENT_RECOVERY] = "recovery",
+	[EVENT_ENGINE] = "engine",
 };
 
 static const char *const health_check_names[_HEALTH_CHECK_MAX] = {
@@ -818,6 +848,8 @@ static int decode_object(const msgpack_object *root, const int *fds, size_t nfds
 
 	for (size_t i = 0; i < mt->n_fields; i++) {
 		o = map_get(map, mt->fields[i].key);
+		if (!o && mt->fields[i].optional)
+			continue;
 		if (!o)
 			return -EBADMSG;
 		r = field_unpack(o, &mt->fields[i], m);

@@ -26,7 +26,7 @@
  *   PROTO_CTL (7), no fd:
  *     "cmd": uint enum ctl_cmd -> cmd  "pid": uint32 -> pid (0: none)
  *     "act": uint enum ctl_action -> act  "dev": int -1..INT32_MAX -> dev
- *     "arg": uint64 -> arg
+ *     "arg": uint64 -> arg  "eng": str -> engine_id (optional; CTL_PROMOTE's engine)
  *   PROTO_METRIC (8), no fd:
  *     "name": str -> name  "lbl": str -> labels  "kind": uint enum metric_kind -> kind
  *     "val": uint64 -> value  "help": str -> help
@@ -34,6 +34,8 @@
  *     "pid": uint32  "uid": uint32  "eng": str  "role": enum worker_role  "rank": int
  *     "devs": array of bin[16]  "state": uint enum worker_state  "nreg": uint32 -> n_regions
  *     "bytes": uint64  "ms": uint64 -> age_ms (since hello, or since death when dead)
+ *     optional: "lay": uint64 -> layout_hash  "nlay": uint32 -> layout_n
+ *     "park": uint32 0..1 -> parked  "port": uint32 0..65535  "rdy": uint32 0..1 -> ready
  *   PROTO_REGION_INFO (10), no fd:
  *     "pid": uint32  "eng": str  "id" "dev" "va" "size" "cls" "ord" "wver" as in ANNOUNCE
  *     "state": uint enum region_state  "ms": uint64 -> age_ms  "sum": uint64 -> checksum
@@ -76,7 +78,8 @@
  * most PROTO_MAX_STR bytes, arrays at most PROTO_MAX_DEVICES entries, every field type- and
  * range-checked, every required field present, no key twice, nothing after the map, the fd
  * count exact. Anything else is -EBADMSG (-EPROTONOSUPPORT for a version we do not speak);
- * the decoder never crashes and never leaks. Unknown keys (of any value type) are ignored so
+ * the decoder never crashes and never leaks. Fields marked optional may be absent (zero then);
+ * the encoder always writes them. Unknown keys (of any value type) are ignored so
  * a newer peer of the same version can add optional fields.
  */
 #pragma once
@@ -128,6 +131,7 @@ enum ctl_cmd {
 	CTL_EVENTS = 4,	 /* subscribe to the event stream (arg: replay that many recent events) */
 	CTL_INJECT = 5,	 /* act on worker pid */
 	CTL_HEALTH = 6,	 /* run health checks: GPU (dev, -1: all), owner + content (pid) */
+	CTL_PROMOTE = 7, /* fail engine "eng" over to its shadow group now (manual promotion) */
 	_CTL_CMD_MAX,
 };
 
@@ -172,6 +176,9 @@ enum event_kind {
 	EVENT_INJECT = 9,
 	EVENT_RESTORED = 10,
 	EVENT_REGION_LOST = 11,
+	EVENT_SHADOW_PARKED = 12, /* id: the layout hash */
+	EVENT_RECOVERY = 13,	  /* a recovery's steps, outcome and phase durations */
+	EVENT_ENGINE = 14,	  /* a configured engine's process group started, ready or exited */
 	_EVENT_KIND_MAX,
 };
 
@@ -249,6 +256,7 @@ struct proto_ctl {
 	enum ctl_action act;
 	int32_t dev;
 	uint64_t arg;
+	char engine_id[PROTO_MAX_STR + 1]; /* optional "eng" ("" when absent) */
 };
 
 struct proto_metric {
@@ -271,6 +279,12 @@ struct proto_worker_info {
 	uint32_t n_regions;
 	uint64_t bytes;
 	uint64_t age_ms;
+	/* Optional (absent: 0): shadow promotion's view of the worker. */
+	uint64_t layout_hash; /* "lay": a shadow's parked layout, a primary's computed one */
+	uint32_t layout_n;    /* "nlay": entries of that layout */
+	uint32_t parked;      /* "park": 1 when a shadow has parked */
+	uint32_t port;	      /* "port": the HTTP port of its engine group (configured engines) */
+	uint32_t ready;	      /* "rdy": 1 when that group serves (its probe answered) */
 };
 
 struct proto_region_info {
