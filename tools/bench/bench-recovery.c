@@ -49,6 +49,7 @@ struct rec_opts {
 	size_t ntps;
 	const char *plot;
 	bool quick;
+	bool paths[PATH_COUNT];
 };
 
 static int parse_size(const char *s, uint64_t *ret)
@@ -386,6 +387,28 @@ static int parse_list(const char *arg, bool sizes, struct rec_opts *o)
 	return (sizes ? o->nsizes : o->ntps) ? 0 : -EINVAL;
 }
 
+static int parse_paths(const char *arg, bool *ret)
+{
+	_cleanup_free_ char *copy = strdup(arg);
+	static const char *const keys[PATH_COUNT] = {"cold", "sampled", "full"};
+	char *save = NULL;
+	bool any = false;
+
+	if (!copy)
+		return -ENOMEM;
+	memset(ret, 0, PATH_COUNT * sizeof(*ret));
+	for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		int k = 0;
+
+		while (k < PATH_COUNT && strcmp(keys[k], t) != 0)
+			k++;
+		if (k == PATH_COUNT)
+			return -EINVAL;
+		ret[k] = any = true;
+	}
+	return any ? 0 : -EINVAL;
+}
+
 static void paths_init(struct rec_paths *p, const struct bench_args *a, const char *build)
 {
 	snprintf(p->engine, sizeof(p->engine), "%s/tests/engine/belayer-test-engine", build);
@@ -402,6 +425,7 @@ static void usage(FILE *f)
 {
 	fprintf(f, "Usage: belayer-bench recovery [--json] [--sizes 256M,1G,4G] [--tp 1,2]\n"
 		   "                              [--quick] [--plot FILE.png] [--build-dir DIR]\n"
+		   "                              [--paths cold,sampled,full]\n"
 		   "  --quick      CI size: 8M,32M at TP 1,2\n"
 		   "  --plot       where the PNG goes (default ./belayer-bench-recovery.png)\n"
 		   "  --build-dir  build tree holding the engine stand-in and the supervisor\n");
@@ -410,10 +434,15 @@ static void usage(FILE *f)
 int bench_recovery(const struct bench_args *a, int argc, char **argv)
 {
 	static const struct option options[] = {
-		{"json", no_argument, NULL, 'j'},	{"sizes", required_argument, NULL, 's'},
-		{"tp", required_argument, NULL, 't'},	{"quick", no_argument, NULL, 'q'},
-		{"plot", required_argument, NULL, 'p'}, {"build-dir", required_argument, NULL, 'B'},
-		{"help", no_argument, NULL, 'h'},	{},
+		{"json", no_argument, NULL, 'j'},
+		{"sizes", required_argument, NULL, 's'},
+		{"tp", required_argument, NULL, 't'},
+		{"quick", no_argument, NULL, 'q'},
+		{"plot", required_argument, NULL, 'p'},
+		{"build-dir", required_argument, NULL, 'B'},
+		{"paths", required_argument, NULL, 'P'},
+		{"help", no_argument, NULL, 'h'},
+		{},
 	};
 	struct rec_opts o = {.sizes = {256ull << 20, 1ull << 30, 4ull << 30},
 			     .nsizes = 3,
@@ -454,6 +483,13 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 			break;
 		case 'B':
 			build = optarg;
+			break;
+		case 'P':
+			if (parse_paths(optarg, o.paths) < 0) {
+				fprintf(stderr, "recovery: bad --paths '%s' (cold,sampled,full)\n",
+					optarg);
+				return -EINVAL;
+			}
 			break;
 		case 'h':
 			usage(stdout);
@@ -503,6 +539,8 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 
 				*cs = (struct rec_case){
 					.bytes = o.sizes[s], .tp = o.tps[t], .path = pth};
+				if (!o.paths[pth])
+					continue;
 				if (pth != PATH_COLD && !shadow) {
 					cs->ran = true;
 					snprintf(cs->note, sizeof(cs->note),
