@@ -130,6 +130,7 @@ static CUresult convert(CUdeviceptr *dptr, size_t bytesize, const void *caller)
 	PFN_cuMemUnmap_v10020 unmap = REAL(cuMemUnmap);
 	const struct dev_info *d;
 	CUmemGenericAllocationHandle h;
+	enum region_class cls;
 	CUdeviceptr va = 0;
 	CUdevice dev;
 	size_t size;
@@ -154,6 +155,20 @@ static CUresult convert(CUdeviceptr *dptr, size_t bytesize, const void *caller)
 	r = reserve(&va, size, 0, 0, 0);
 	if (r != CUDA_SUCCESS)
 		return r;
+	cls = classify_region(caller, bytesize);
+	if (shadow_wants_scratch(cls)) {
+		/* Same reservation and size as a primary's, so the layouts match; scratch inside. */
+		r = shadow_scratch_map(dev, va, size);
+		if (r != CUDA_SUCCESS)
+			goto fail_reserve;
+		if (regions_add_converted(0, dev, va, size, bytesize, cls, false, true) < 0) {
+			(void)shadow_scratch_unmap(dev, va, size);
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+			goto fail_reserve;
+		}
+		*dptr = va;
+		return CUDA_SUCCESS;
+	}
 	r = create(&h, size, &prop, 0);
 	if (r != CUDA_SUCCESS)
 		goto fail_reserve;
@@ -163,8 +178,7 @@ static CUresult convert(CUdeviceptr *dptr, size_t bytesize, const void *caller)
 	r = shim_set_access(va, size, dev);
 	if (r != CUDA_SUCCESS)
 		goto fail_map;
-	if (regions_add_converted(h, dev, va, size, bytesize, classify_region(caller, bytesize),
-				  true) < 0) {
+	if (regions_add_converted(h, dev, va, size, bytesize, cls, true, false) < 0) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto fail_map;
 	}
@@ -218,8 +232,12 @@ static CUresult free_converted(CUdeviceptr dptr, PFN_cuMemFree_v3020 real)
 	shim_busy++;
 	if (real_extra()->cuCtxSynchronize)
 		(void)real_extra()->cuCtxSynchronize();
-	(void)CALL_REAL(cuMemUnmap, r.va, r.size);
-	(void)CALL_REAL(cuMemRelease, r.handle);
+	if (r.scratch)
+		(void)shadow_scratch_unmap(r.dev, r.va, r.size);
+	else {
+		(void)CALL_REAL(cuMemUnmap, r.va, r.size);
+		(void)CALL_REAL(cuMemRelease, r.handle);
+	}
 	(void)CALL_REAL(cuMemAddressFree, r.va, r.size);
 	shim_busy--;
 	classify_note_tracked_free();
@@ -338,6 +356,7 @@ CUresult shim_mem_create(CUmemGenericAllocationHandle *handle, size_t size,
 	PFN_cuMemCreate_v10020 real = REAL(cuMemCreate);
 	const struct dev_info *d;
 	CUmemAllocationProp p;
+	enum region_class cls;
 	bool exportable;
 	CUresult r;
 
@@ -351,6 +370,22 @@ CUresult shim_mem_create(CUmemGenericAllocationHandle *handle, size_t size,
 	shim_busy++;
 	d = dev_info(prop->location.id);
 	shim_busy--;
+	cls = classify_region(caller, size);
+	if (shadow_wants_scratch(cls)) {
+		size_t g = shadow_granularity(prop->location.id);
+
+		/* A handle of nothing: cuMemMap of it maps scratch (shim_mem_map). Sizes are
+		 * checked as the driver would, so the program sees the same errors. */
+		if (g == 0)
+			goto real_create;
+		if (size == 0 || size % g)
+			return CUDA_ERROR_INVALID_VALUE;
+		*handle = shadow_fake_handle();
+		if (regions_add_user(*handle, prop->location.id, size, cls, false, true) < 0)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		return CUDA_SUCCESS;
+	}
+real_create:
 	p = *prop;
 	if (d && d->posix_fd)
 		p.requestedHandleTypes |= CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
@@ -363,8 +398,7 @@ CUresult shim_mem_create(CUmemGenericAllocationHandle *handle, size_t size,
 	}
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (regions_add_user(*handle, prop->location.id, size, classify_region(caller, size),
-			     exportable) < 0)
+	if (regions_add_user(*handle, prop->location.id, size, cls, exportable, false) < 0)
 		log_debug("Out of memory tracking a cuMemCreate handle, ignoring.");
 	return r;
 }
@@ -372,10 +406,27 @@ CUresult shim_mem_create(CUmemGenericAllocationHandle *handle, size_t size,
 CUresult shim_mem_release(CUmemGenericAllocationHandle handle)
 {
 	PFN_cuMemRelease_v10020 real = REAL(cuMemRelease);
+	CUmemGenericAllocationHandle backing;
 	CUresult r;
 
 	if (!real)
 		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!shim_busy && shadow_handle_is_fake(handle)) {
+		/* Promoted: the memory the fake handle stands for is released as the program
+		 * asks (it stays while mapped, as any released handle). */
+		backing = regions_user_backing(handle);
+		if (!backing && !regions_user_is_scratch(handle))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (backing) {
+			shim_busy++;
+			r = real(backing);
+			shim_busy--;
+			if (r != CUDA_SUCCESS)
+				return r;
+		}
+		regions_user_released(handle);
+		return CUDA_SUCCESS;
+	}
 	r = real(handle);
 	if (r == CUDA_SUCCESS && !shim_busy)
 		regions_user_released(handle);
@@ -386,10 +437,33 @@ CUresult shim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
 		      CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
 	PFN_cuMemMap_v10020 real = REAL(cuMemMap);
+	CUmemGenericAllocationHandle backing;
+	CUdevice dev;
 	CUresult r;
 
 	if (!real)
 		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!shim_busy && shadow_handle_is_fake(handle)) {
+		backing = regions_user_backing(handle);
+		if (backing) {
+			r = real(ptr, size, offset, backing, flags);
+		} else if (!regions_user_is_scratch(handle)) {
+			return CUDA_ERROR_INVALID_VALUE;
+		} else if (offset != 0 || flags != 0) {
+			return CUDA_ERROR_INVALID_VALUE;
+		} else {
+			/* The device of the handle's region; the current one as a fallback. */
+			dev = 0;
+			if (real_extra()->cuCtxGetDevice)
+				(void)real_extra()->cuCtxGetDevice(&dev);
+			shim_busy++;
+			r = shadow_scratch_map(regions_user_device(handle, dev), ptr, size);
+			shim_busy--;
+		}
+		if (r == CUDA_SUCCESS)
+			regions_user_mapped(handle, ptr);
+		return r;
+	}
 	r = real(ptr, size, offset, handle, flags);
 	if (r == CUDA_SUCCESS && !shim_busy)
 		regions_user_mapped(handle, ptr);
@@ -400,9 +474,18 @@ CUresult shim_mem_unmap(CUdeviceptr ptr, size_t size)
 {
 	PFN_cuMemUnmap_v10020 real = REAL(cuMemUnmap);
 	CUresult r;
+	int dev;
 
 	if (!real)
 		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!shim_busy && regions_user_scratch_at(ptr, &dev)) {
+		shim_busy++;
+		r = shadow_scratch_unmap(dev, ptr, size);
+		shim_busy--;
+		if (r == CUDA_SUCCESS)
+			regions_user_unmapped(ptr, size);
+		return r;
+	}
 	r = real(ptr, size);
 	if (r == CUDA_SUCCESS && !shim_busy)
 		regions_user_unmapped(ptr, size);

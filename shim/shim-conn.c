@@ -12,6 +12,10 @@
  *
  * fork(): the child gets an empty queue, no socket, no thread; its first CUDA use connects
  * with its own pid. The parent's socket is never used by the child.
+ *
+ * The thread also reads what the supervisor sends (promotion, shim-shadow.c): while the
+ * queue is empty it polls the socket and an eventfd the producers poke (a non-blocking
+ * write, so producers still never wait), and runs the shadow's park timer.
  */
 #include <errno.h>
 #include <poll.h>
@@ -19,6 +23,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -33,7 +38,7 @@ struct item {
 };
 
 static pthread_mutex_t qlock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t qcond;
+static int wake_fd = -1;
 static struct item *ring;
 static size_t ring_head, ring_count, ring_cap;
 static bool resync;
@@ -63,8 +68,9 @@ void conn_enqueue_locked(enum conn_item type, uint64_t id)
 		ring[(ring_head + ring_count) % ring_cap] = (struct item){type, id};
 		ring_count++;
 	}
-	pthread_cond_signal(&qcond);
 	pthread_mutex_unlock(&qlock);
+	if (wake_fd >= 0)
+		(void)eventfd_write(wake_fd, 1); /* non-blocking: at worst the counter saturates */
 }
 
 /* With the regions lock held: drops everything queued (a full announce follows). */
@@ -153,7 +159,7 @@ static int send_hello(void)
 
 	m.hello.pid = (uint32_t)getpid();
 	memcpy(m.hello.engine_id, c->engine_id, sizeof(m.hello.engine_id));
-	m.hello.role = c->role;
+	m.hello.role = shim_role(); /* a promoted shadow says hello again as a primary */
 	m.hello.rank = c->rank;
 	shim_busy++;
 	if (x->cuDeviceGetCount && x->cuDeviceGetCount(&n) != CUDA_SUCCESS)
@@ -175,13 +181,23 @@ static int send_hello(void)
 
 static int announce_all(void)
 {
-	_cleanup_free_ uint64_t *ids = NULL;
-	size_t n = 0;
+	_cleanup_free_ uint64_t *ids = NULL, *sids = NULL;
+	size_t n = 0, ns = 0;
 	int r;
 
-	r = regions_snapshot(mark_connected, &ids, &n);
+	r = regions_snapshot(mark_connected, &ids, &n, &sids, &ns);
 	if (r < 0)
 		return r;
+	shadow_session_reset();
+	for (size_t i = 0; i < ns; i++) {
+		struct proto_msg m;
+
+		if (!regions_build_shadow_region(sids[i], &m))
+			continue;
+		r = send_msg(&m);
+		if (r < 0)
+			return r;
+	}
 	for (size_t i = 0; i < n; i++) {
 		struct proto_msg m;
 
@@ -195,19 +211,49 @@ static int announce_all(void)
 	return 0;
 }
 
-/* Reads (and ignores) whatever the supervisor sent; false once it hung up. */
-static bool peer_alive(void)
+/* Handles whatever the supervisor sent. Returns 0, 1 when this process just became a
+ * primary, or -errno once the supervisor hung up or the connection failed. */
+static int read_incoming(void)
 {
+	int promoted = 0;
+
 	for (;;) {
 		struct proto_msg m;
 		int r = proto_recv(sock, &m, MSG_DONTWAIT);
 
-		if (r == 0) {
-			proto_msg_finish(&m);
-			continue;
-		}
-		return r == -EAGAIN || r == -EWOULDBLOCK || r == -EBADMSG || r == -EPROTONOSUPPORT;
+		if (r == -EAGAIN || r == -EWOULDBLOCK)
+			return promoted;
+		if (r == -EBADMSG || r == -EPROTONOSUPPORT)
+			continue; /* a message we cannot read is dropped, the connection stays */
+		if (r < 0)
+			return r;
+		r = shadow_on_message(&m, send_msg);
+		proto_msg_finish(&m);
+		if (r < 0)
+			return r;
+		if (r == 1)
+			promoted = 1;
 	}
+}
+
+/* Idle: waits for queued items, the supervisor, or the shadow's park timer. */
+static int idle_wait(void)
+{
+	struct pollfd p[2] = {{.fd = sock, .events = POLLIN}, {.fd = wake_fd, .events = POLLIN}};
+	long timeout = shadow_tick(send_msg);
+	eventfd_t v;
+	int r;
+
+	if (timeout < 0)
+		return (int)timeout;
+	r = poll(p, wake_fd >= 0 ? 2 : 1, (int)timeout);
+	if (r < 0)
+		return errno == EINTR ? 0 : -errno;
+	if (wake_fd >= 0 && p[1].revents)
+		(void)eventfd_read(wake_fd, &v);
+	if (p[0].revents)
+		return read_incoming();
+	return 0;
 }
 
 static void sleep_ms(long ms)
@@ -251,26 +297,17 @@ static void *conn_thread(void *arg)
 		}
 
 		pthread_mutex_lock(&qlock);
-		while (ring_count == 0 && !resync) {
-			struct timespec until;
-
-			clock_gettime(CLOCK_MONOTONIC, &until);
-			until.tv_nsec += 500 * 1000000L;
-			if (until.tv_nsec >= 1000000000L) {
-				until.tv_sec++;
-				until.tv_nsec -= 1000000000L;
-			}
-			if (pthread_cond_timedwait(&qcond, &qlock, &until) == ETIMEDOUT)
-				break;
-		}
 		if (ring_count == 0 && !resync) {
 			pthread_mutex_unlock(&qlock);
-			/* Idle: notice a supervisor that went away, so that its successor gets
-			 * everything again without waiting for our next message. */
-			if (!peer_alive()) {
-				log_debug("The supervisor closed the connection, reconnecting.");
+			/* Idle: also notices a supervisor that went away, so that its successor
+			 * gets everything again without waiting for our next message. */
+			r = idle_wait();
+			if (r < 0) {
+				log_debug_errno(
+					r, "The supervisor connection ended (%m), reconnecting.");
 				disconnect();
-			}
+			} else if (r == 1)
+				session = false; /* promoted: hello as a primary, announce all */
 			continue;
 		}
 		want_resync = resync;
@@ -291,6 +328,9 @@ static void *conn_thread(void *arg)
 		if (it.type == CONN_ANNOUNCE) {
 			if (!regions_build_announce(it.id, &m))
 				continue;
+		} else if (it.type == CONN_SHADOW_REGION) {
+			if (!regions_build_shadow_region(it.id, &m))
+				continue;
 		} else {
 			m = (struct proto_msg){.type = PROTO_REGION_RELEASE};
 			m.release.id = it.id;
@@ -303,16 +343,6 @@ static void *conn_thread(void *arg)
 		}
 	}
 	return NULL;
-}
-
-static void cond_init(void)
-{
-	pthread_condattr_t a;
-
-	pthread_condattr_init(&a);
-	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-	pthread_cond_init(&qcond, &a);
-	pthread_condattr_destroy(&a);
 }
 
 static void atfork_prepare(void)
@@ -330,7 +360,8 @@ static void atfork_parent(void)
 static void atfork_child(void)
 {
 	pthread_mutex_init(&qlock, NULL);
-	cond_init();
+	/* The parent's eventfd would wake the parent's thread: the child makes its own. */
+	wake_fd = safe_close(wake_fd);
 	ring_head = ring_count = 0;
 	resync = false;
 	connected = false;
@@ -342,11 +373,11 @@ static void atfork_child(void)
 	classify_reset_after_fork();
 	regions_reset_after_fork();
 	ipc_reset_after_fork();
+	shadow_reset_after_fork();
 }
 
 static void register_atfork(void)
 {
-	cond_init();
 	(void)pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
@@ -361,6 +392,8 @@ void conn_start(void)
 	    __atomic_exchange_n(&thread_started, true, __ATOMIC_ACQ_REL))
 		return;
 	(void)pthread_once(&atfork_once, register_atfork);
+	/* Before the thread exists, so it is visible to it; producers check it, -1 is fine. */
+	wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 
 	/* The first attempt happens here, on the calling thread (a non-blocking connect to a
 	 * local socket), so whether a supervisor is there is settled before the first CUDA call

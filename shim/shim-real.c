@@ -60,6 +60,7 @@ static void resolve_cuda(void)
 	E(cuStreamSynchronize_ptsz, "cuStreamSynchronize_ptsz");
 	E(cuCtxSynchronize, "cuCtxSynchronize");
 	E(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle");
+	E(cuCtxSetCurrent, "cuCtxSetCurrent");
 #undef E
 	/* A driver reachable only through cuGetProcAddress: ask it for what names did not give. */
 	PFN_cuGetProcAddress_v12000 gpa =
@@ -81,6 +82,7 @@ static void resolve_cuda(void)
 		G(cuStreamSynchronize, "cuStreamSynchronize", 2000);
 		G(cuCtxSynchronize, "cuCtxSynchronize", 2000);
 		G(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020);
+		G(cuCtxSetCurrent, "cuCtxSetCurrent", 4000);
 #undef G
 	}
 	shim_busy--;

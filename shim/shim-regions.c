@@ -174,6 +174,7 @@ static void region_delete(struct region *r)
 {
 	size_t i = id_index(r->id);
 
+	shadow_region_forget_locked(r);
 	memmove(&by_id[i], &by_id[i + 1], (n_regions - i - 1) * sizeof(*by_id));
 	n_regions--;
 	free(r);
@@ -195,10 +196,31 @@ static void release_locked(struct region *r)
 		conn_enqueue_locked(CONN_RELEASE, r->id);
 	r->announced = false;
 	r->announce_queued = false;
+	if (r->scratch)
+		shadow_note_alloc_locked(true);
+}
+
+/* A scratch region the supervisor should learn about (a shadow's layout entry). */
+static void shadow_region_locked(struct region *r)
+{
+	shadow_note_alloc_locked(true);
+	if (conn_active_locked())
+		conn_enqueue_locked(CONN_SHADOW_REGION, r->id);
+}
+
+struct region *const *regions_all_locked(size_t *ret_n)
+{
+	*ret_n = n_regions;
+	return by_id;
+}
+
+struct region *regions_get_locked(uint64_t id)
+{
+	return region_by_id(id);
 }
 
 int regions_add_converted(CUmemGenericAllocationHandle h, int dev, uint64_t va, uint64_t size,
-			  uint64_t req_size, enum region_class cls, bool exportable)
+			  uint64_t req_size, enum region_class cls, bool exportable, bool scratch)
 {
 	struct region *r;
 	int ret = 0;
@@ -211,12 +233,17 @@ int regions_add_converted(CUmemGenericAllocationHandle h, int dev, uint64_t va, 
 	}
 	r->va = va;
 	r->req_size = req_size;
+	r->scratch = scratch;
 	if (range_insert(r) < 0) {
 		region_delete(r);
 		ret = -ENOMEM;
 		goto out;
 	}
-	announce_locked(r);
+	shadow_note_alloc_locked(false);
+	if (scratch)
+		shadow_region_locked(r);
+	else
+		announce_locked(r);
 out:
 	regions_unlock();
 	return ret;
@@ -323,14 +350,70 @@ int regions_export_fd(uint64_t id, uint64_t *ret_size)
 }
 
 int regions_add_user(CUmemGenericAllocationHandle h, int dev, uint64_t size, enum region_class cls,
-		     bool exportable)
+		     bool exportable, bool scratch)
 {
 	struct region *r;
 
 	regions_lock();
 	r = region_new(REGION_KIND_USER, h, dev, size, cls, exportable);
+	if (r) {
+		r->scratch = scratch;
+		shadow_note_alloc_locked(false);
+	}
 	regions_unlock();
 	return r ? 0 : -ENOMEM;
+}
+
+bool regions_user_scratch_at(uint64_t va, int *ret_dev)
+{
+	struct range *rg;
+	bool hit;
+
+	(void)pthread_rwlock_rdlock(&lock);
+	rg = range_find(va);
+	hit = rg && rg->r->va == va && rg->r->kind == REGION_KIND_USER && rg->r->scratch;
+	if (hit)
+		*ret_dev = rg->r->dev;
+	(void)pthread_rwlock_unlock(&lock);
+	return hit;
+}
+
+CUmemGenericAllocationHandle regions_user_backing(CUmemGenericAllocationHandle h)
+{
+	CUmemGenericAllocationHandle b = 0;
+	struct region *r;
+
+	(void)pthread_rwlock_rdlock(&lock);
+	r = region_by_handle(h);
+	if (r && !r->scratch)
+		b = r->backing;
+	(void)pthread_rwlock_unlock(&lock);
+	return b;
+}
+
+int regions_user_device(CUmemGenericAllocationHandle h, int fallback)
+{
+	struct region *r;
+	int dev = fallback;
+
+	(void)pthread_rwlock_rdlock(&lock);
+	r = region_by_handle(h);
+	if (r)
+		dev = r->dev;
+	(void)pthread_rwlock_unlock(&lock);
+	return dev;
+}
+
+bool regions_user_is_scratch(CUmemGenericAllocationHandle h)
+{
+	struct region *r;
+	bool hit;
+
+	(void)pthread_rwlock_rdlock(&lock);
+	r = region_by_handle(h);
+	hit = r && r->scratch;
+	(void)pthread_rwlock_unlock(&lock);
+	return hit;
 }
 
 void regions_user_mapped(CUmemGenericAllocationHandle h, uint64_t va)
@@ -345,6 +428,8 @@ void regions_user_mapped(CUmemGenericAllocationHandle h, uint64_t va)
 		r->va = va;
 		if (range_insert(r) < 0)
 			r->va = 0;
+		else if (r->scratch)
+			shadow_region_locked(r);
 		else
 			announce_locked(r);
 	}
@@ -431,8 +516,12 @@ bool regions_build_announce(uint64_t id, struct proto_msg *ret)
 	if (!r || r->va == 0 || !export_fn)
 		goto out;
 	r->announce_queued = false;
+	if (!r->exportable || r->scratch)
+		goto out;
 	shim_busy++;
-	if (export_fn(&fd, r->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != CUDA_SUCCESS)
+	/* A promoted user region: the program's handle is a fake one, the memory is backing. */
+	if (export_fn(&fd, r->backing ? r->backing : r->handle,
+		      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != CUDA_SUCCESS)
 		fd = -1;
 	shim_busy--;
 	if (fd < 0) {
@@ -457,23 +546,56 @@ out:
 	return ok;
 }
 
-int regions_snapshot(void (*under_lock)(void), uint64_t **ret_ids, size_t *ret_n)
+bool regions_build_shadow_region(uint64_t id, struct proto_msg *ret)
 {
-	uint64_t *ids = NULL;
-	size_t n = 0;
+	struct region *r;
+	bool ok = false;
+
+	regions_lock();
+	r = region_by_id(id);
+	if (r && r->scratch && r->va != 0) {
+		*ret = (struct proto_msg){.type = PROTO_SHADOW_REGION};
+		ret->shadow_region = (struct proto_shadow_region){
+			.id = r->id,
+			.va = r->va,
+			.size = r->size,
+			.cls = r->cls,
+			.order = r->order,
+		};
+		shim_device_uuid(r->dev, ret->shadow_region.device_uuid);
+		r->announced = true; /* its release is worth telling */
+		ok = true;
+	}
+	regions_unlock();
+	return ok;
+}
+
+int regions_snapshot(void (*under_lock)(void), uint64_t **ret_ids, size_t *ret_n,
+		     uint64_t **ret_shadow_ids, size_t *ret_shadow_n)
+{
+	uint64_t *ids = NULL, *sids = NULL;
+	size_t n = 0, ns = 0;
 
 	regions_lock();
 	under_lock();
 	if (n_regions > 0) {
 		ids = malloc(n_regions * sizeof(*ids));
-		if (!ids) {
+		sids = malloc(n_regions * sizeof(*sids));
+		if (!ids || !sids) {
 			regions_unlock();
+			free(ids);
+			free(sids);
 			return -ENOMEM;
 		}
 	}
 	for (size_t i = 0; i < n_regions; i++) {
 		struct region *r = by_id[i];
 
+		if (r->scratch && r->va != 0) {
+			r->announced = false;
+			sids[ns++] = r->id;
+			continue;
+		}
 		if (!r->exportable || r->va == 0)
 			continue;
 		/* Announced from this list, in a new session: an update queued later would repeat
@@ -485,6 +607,8 @@ int regions_snapshot(void (*under_lock)(void), uint64_t **ret_ids, size_t *ret_n
 	regions_unlock();
 	*ret_ids = ids;
 	*ret_n = n;
+	*ret_shadow_ids = sids;
+	*ret_shadow_n = ns;
 	return 0;
 }
 

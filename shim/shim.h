@@ -83,6 +83,7 @@ struct real_extra {
 	PFN_cuStreamSynchronize_v7000_ptsz cuStreamSynchronize_ptsz;
 	PFN_cuCtxSynchronize_v2000 cuCtxSynchronize;
 	PFN_cuMemImportFromShareableHandle_v10020 cuMemImportFromShareableHandle;
+	PFN_cuCtxSetCurrent_v4000 cuCtxSetCurrent;
 };
 const struct real_extra *real_extra(void);
 
@@ -103,8 +104,9 @@ struct shim_config {
 	uint32_t queue_max;
 	char socket_path[108];
 	char engine_id[PROTO_MAX_STR + 1];
-	enum worker_role role;
+	enum worker_role role; /* as started; shim_role() is the current one */
 	int32_t rank;
+	uint64_t park_quiet_ms; /* shadow: quiet time after the KV allocation before parking */
 };
 const struct shim_config *shim_config(void);
 
@@ -141,11 +143,19 @@ struct region {
 	bool released;	      /* user region: cuMemRelease seen, waiting for the unmap */
 	bool announce_queued; /* an announce of it waits in the queue */
 	bool announced;	      /* the current session has been told about it */
+	/* Shadow mode (shim-shadow.c). A scratch region is backed by the device's scratch
+	 * allocation mapped chunk by chunk over [va, va + size); it is not exportable. A user
+	 * scratch region's handle is a fake one the program holds (shadow_handle_is_fake). */
+	bool scratch;
+	bool has_pending;		      /* an imported primary region waits in pending */
+	CUmemGenericAllocationHandle pending; /* imported by PROMOTE_MAP */
+	CUmemGenericAllocationHandle backing; /* user region promoted: the memory it maps */
+	int pending_error;		      /* the last PROMOTE_MAP's import failure, -errno */
 };
 
 /* Converted allocation: inserted mapped. Returns 0 or -ENOMEM. */
 int regions_add_converted(CUmemGenericAllocationHandle h, int dev, uint64_t va, uint64_t size,
-			  uint64_t req_size, enum region_class cls, bool exportable);
+			  uint64_t req_size, enum region_class cls, bool exportable, bool scratch);
 /* Removes the converted allocation based at va into *ret (copy). -ENOENT: not ours;
  * -EINVAL: va is inside one of ours but not its base. */
 int regions_remove_converted(uint64_t va, struct region *ret);
@@ -159,7 +169,15 @@ int regions_converted_info(uint64_t va, uint64_t *ret_base, uint64_t *ret_id, ui
 int regions_export_fd(uint64_t id, uint64_t *ret_size);
 
 int regions_add_user(CUmemGenericAllocationHandle h, int dev, uint64_t size, enum region_class cls,
-		     bool exportable);
+		     bool exportable, bool scratch);
+/* Shadow: whether va starts a mapped user scratch region (its device in *ret_dev). */
+bool regions_user_scratch_at(uint64_t va, int *ret_dev);
+/* The memory a promoted fake handle maps now; 0 when h is no promoted region's. */
+CUmemGenericAllocationHandle regions_user_backing(CUmemGenericAllocationHandle h);
+/* The device of user region h, fallback when unknown. */
+int regions_user_device(CUmemGenericAllocationHandle h, int fallback);
+/* Whether h is a live user scratch region's handle. */
+bool regions_user_is_scratch(CUmemGenericAllocationHandle h);
 void regions_user_mapped(CUmemGenericAllocationHandle h, uint64_t va);
 void regions_user_unmapped(uint64_t va, uint64_t size);
 void regions_user_released(CUmemGenericAllocationHandle h);
@@ -173,9 +191,14 @@ bool regions_have_weights(void);
 bool regions_build_announce(uint64_t id, struct proto_msg *ret);
 /* Runs under_lock with the regions locked, then lists every region to announce. New regions
  * after under_lock ran are queued as usual, so nothing is announced twice or missed. */
-int regions_snapshot(void (*under_lock)(void), uint64_t **ret_ids, size_t *ret_n);
+int regions_snapshot(void (*under_lock)(void), uint64_t **ret_ids, size_t *ret_n,
+		     uint64_t **ret_shadow_ids, size_t *ret_shadow_n);
 void regions_lock(void);
 void regions_unlock(void);
+/* With the lock held: every record, in id (= creation) order. */
+struct region *const *regions_all_locked(size_t *ret_n);
+/* With the lock held: a record by id, NULL when gone. */
+struct region *regions_get_locked(uint64_t id);
 void regions_reset_after_fork(void);
 
 /* ---- supervisor connection (shim-conn.c) ---- */
@@ -183,6 +206,7 @@ void regions_reset_after_fork(void);
 enum conn_item {
 	CONN_ANNOUNCE = 1,
 	CONN_RELEASE = 2,
+	CONN_SHADOW_REGION = 3,
 };
 
 /* Starts the connection thread once per process (after fork, once per child). */
@@ -190,6 +214,39 @@ void conn_start(void);
 /* Queues an item; called with the regions lock held. Never blocks. */
 void conn_enqueue_locked(enum conn_item item, uint64_t id);
 bool conn_active_locked(void);
+
+/* ---- shadow mode and promotion (shim-shadow.c) ---- */
+
+/* The current role: the configured one until a promotion makes a shadow a primary. */
+enum worker_role shim_role(void);
+/* Shadow: whether a new region of this class is backed by scratch. */
+bool shadow_wants_scratch(enum region_class cls);
+/* With shim_busy held: maps the device's scratch allocation over [va, va + size) chunk by
+ * chunk and grants access. Returns a CUresult; on failure nothing stays mapped. */
+CUresult shadow_scratch_map(int dev, uint64_t va, uint64_t size);
+/* With shim_busy held: unmaps the scratch chunks of [va, va + size) (all of them, whatever
+ * fails; the first failure is returned). */
+CUresult shadow_scratch_unmap(int dev, uint64_t va, uint64_t size);
+/* Size of one scratch chunk on dev (the allocation granularity), 0 when unknown. */
+size_t shadow_granularity(int dev);
+/* A fresh fake handle for a program's scratch-backed cuMemCreate. */
+CUmemGenericAllocationHandle shadow_fake_handle(void);
+bool shadow_handle_is_fake(CUmemGenericAllocationHandle h);
+/* Called by the regions module, lock held, when a tracked allocation or a scratch region
+ * appears or goes: restarts the quiet period, changes the layout. */
+void shadow_note_alloc_locked(bool layout_changed);
+/* With the lock held: releases what a region about to be deleted still holds of promotion. */
+void shadow_region_forget_locked(struct region *r);
+/* Connection thread: a new session began (re-send regions and parked state). */
+void shadow_session_reset(void);
+/* Connection thread: ms until shadow_tick wants to run again (it may send PARKED). */
+long shadow_tick(int (*send)(const struct proto_msg *m));
+/* Connection thread: handles a message from the supervisor; replies through send. Returns
+ * 1 when the process just became a primary (a new hello and full announce must follow). */
+int shadow_on_message(struct proto_msg *m, int (*send)(const struct proto_msg *m));
+/* The SHADOW_REGION message for region id; false when it is gone or not scratch. */
+bool regions_build_shadow_region(uint64_t id, struct proto_msg *ret);
+void shadow_reset_after_fork(void);
 
 /* ---- the logic behind the CUDA wrappers (shim-alloc.c) ---- */
 
