@@ -1,9 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * belayer-bench recovery: the shadow-promotion path, driven through the supervisor's
- * [engine.NAME] configuration, belayerctl and the engine stand-in's HTTP API.
+ * belayer-bench recovery: the shadow-promotion path. The supervisor launches the engine from
+ * an [engine.bench] section (primary + shadow group, verify = sampled or full); the bench
+ * drives it through its HTTP API and reads the supervisor through belayerctl --json: the
+ * parked shadows and settled checksums before the kill, the recovery event after it, and the
+ * recovery's phase durations from `belayerctl status --json`.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,16 +21,411 @@
 #include "log.h"
 #include "util.h"
 
+#define CTL_OUT_MAX (4u << 20)
+#define SETTLE_MS   60000
+
+/* Runs belayerctl --json --socket S ARGS; its stdout as JSON (one document). */
+static int ctl_json(const struct rec_paths *p, const struct rec_world *w, const char *const *args,
+		    struct json_object **ret)
+{
+	char *argv[16] = {(char *)p->ctl, "--json", "--socket", (char *)w->socket};
+	int fds[2], status, n = 4;
+	_cleanup_free_ char *buf = NULL;
+	size_t len = 0;
+	pid_t pid;
+
+	for (; args && *args && n < 15; args++)
+		argv[n++] = (char *)*args;
+	argv[n] = NULL;
+	if (pipe2(fds, O_CLOEXEC) < 0)
+		return -errno;
+	pid = fork();
+	if (pid < 0) {
+		close(fds[0]);
+		close(fds[1]);
+		return -errno;
+	}
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+
+		if (dup2(fds[1], STDOUT_FILENO) < 0 || null < 0 || dup2(null, STDERR_FILENO) < 0)
+			_exit(127);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	close(fds[1]);
+	buf = malloc(CTL_OUT_MAX + 1);
+	for (ssize_t k; buf && len < CTL_OUT_MAX;) {
+		k = read(fds[0], buf + len, CTL_OUT_MAX - len);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			break;
+		len += (size_t)k;
+	}
+	close(fds[0]);
+	if (waitpid(pid, &status, 0) < 0 || !buf)
+		return -ECHILD;
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		return -EIO;
+	buf[len] = '\0';
+	*ret = json_tokener_parse(buf);
+	return *ret ? 0 : -EBADMSG;
+}
+
+static int64_t jint(struct json_object *o, const char *key, int64_t def)
+{
+	struct json_object *v;
+
+	if (!json_object_object_get_ex(o, key, &v))
+		return def;
+	if (json_object_is_type(v, json_type_boolean))
+		return json_object_get_boolean(v);
+	return json_object_get_int64(v);
+}
+
+static const char *jstr(struct json_object *o, const char *key)
+{
+	struct json_object *v;
+
+	return json_object_object_get_ex(o, key, &v) ? json_object_get_string(v) : "";
+}
+
+/* belayerctl workers: an array of workers, or an object holding one. */
+static struct json_object *workers_array(struct json_object *o)
+{
+	struct json_object *v;
+
+	if (json_object_is_type(o, json_type_array))
+		return o;
+	return json_object_object_get_ex(o, "workers", &v) ? v : NULL;
+}
+
+/* Primary pids by rank (alive) and how many shadow ranks are parked. */
+static int read_workers(const struct rec_paths *p, const struct rec_world *w, pid_t *primary,
+			unsigned *parked)
+{
+	static const char *const args[] = {"workers", NULL};
+	struct json_object *o = NULL, *arr;
+	int r = ctl_json(p, w, args, &o);
+
+	if (r < 0)
+		return r;
+	*parked = 0;
+	for (unsigned i = 0; i < w->tp; i++)
+		primary[i] = -1;
+	arr = workers_array(o);
+	for (size_t i = 0; arr && i < json_object_array_length(arr); i++) {
+		struct json_object *x = json_object_array_get_idx(arr, i);
+		int64_t rank = jint(x, "rank", 0);
+
+		if (strcmp(jstr(x, "engine"), "bench") != 0 ||
+		    strcmp(jstr(x, "state"), "alive") != 0 || rank < 0 || rank >= w->tp)
+			continue;
+		if (strcmp(jstr(x, "role"), "primary") == 0)
+			primary[rank] = (pid_t)jint(x, "pid", -1);
+		else if (strcmp(jstr(x, "role"), "shadow") == 0 && jint(x, "parked", 0))
+			(*parked)++;
+	}
+	json_object_put(o);
+	return 0;
+}
+
+/* Every weights region of the live primaries has its checksum for weights version >= 1. */
+static int checksums_settled(const struct rec_paths *p, const struct rec_world *w, bool *ret)
+{
+	static const char *const args[] = {"regions", NULL};
+	struct json_object *o = NULL, *arr;
+	unsigned n = 0, ok = 0;
+	int r = ctl_json(p, w, args, &o);
+
+	if (r < 0)
+		return r;
+	arr = json_object_is_type(o, json_type_array) ? o : NULL;
+	if (!arr)
+		(void)json_object_object_get_ex(o, "regions", &arr);
+	for (size_t i = 0; arr && i < json_object_array_length(arr); i++) {
+		struct json_object *x = json_object_array_get_idx(arr, i);
+
+		if (strcmp(jstr(x, "engine"), "bench") != 0 ||
+		    strcmp(jstr(x, "class"), "weights") != 0 ||
+		    strcmp(jstr(x, "state"), "owned") != 0)
+			continue;
+		n++;
+		if (jint(x, "weights_version", 0) >= 1 &&
+		    jint(x, "checksum_weights_version", 0) >= 1)
+			ok++;
+	}
+	json_object_put(o);
+	*ret = n > 0 && ok == n;
+	return 0;
+}
+
+/* Waits for tp parked shadow ranks and settled checksums; fills the primary's pids. */
+static int wait_armed(const struct rec_paths *p, const struct rec_world *w, pid_t *primary)
+{
+	uint64_t end = rec_now_ns() + (uint64_t)SETTLE_MS * 1000000u;
+
+	while (rec_now_ns() < end) {
+		unsigned parked = 0, alive = 0;
+		bool settled = false;
+		int r = read_workers(p, w, primary, &parked);
+
+		for (unsigned i = 0; r == 0 && i < w->tp; i++)
+			alive += primary[i] > 0;
+		if (r == 0 && parked == w->tp && alive == w->tp) {
+			r = checksums_settled(p, w, &settled);
+			if (r == 0 && settled)
+				return 0;
+		}
+		/* Polled (belayerctl is the interface); the supervisor's own waits are events. */
+		if (rec_pidfd_wait(w->sup_pidfd, 20) == 0)
+			return log_error_errno(ECHILD, "The supervisor exited (%s)", w->dir);
+	}
+	return log_error_errno(ETIMEDOUT, "Shadows not parked or checksums not settled in %d s",
+			       SETTLE_MS / 1000);
+}
+
+/* Follows `belayerctl events` until a recovery event says the recovery ended. */
+struct follower {
+	pid_t pid;
+	int fd;
+	char buf[65536];
+	size_t len;
+};
+
+static int follow_start(const struct rec_paths *p, const struct rec_world *w, struct follower *f)
+{
+	int fds[2];
+
+	*f = (struct follower){.pid = -1, .fd = -1};
+	if (pipe2(fds, O_CLOEXEC) < 0)
+		return -errno;
+	f->pid = fork();
+	if (f->pid < 0)
+		return -errno;
+	if (f->pid == 0) {
+		char *argv[] = {(char *)p->ctl,	   "--json", "--socket",
+				(char *)w->socket, "events", NULL};
+		int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+
+		if (dup2(fds[1], STDOUT_FILENO) < 0 || null < 0 || dup2(null, STDERR_FILENO) < 0)
+			_exit(127);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	close(fds[1]);
+	f->fd = fds[0];
+	return 0;
+}
+
+static void follow_stop(struct follower *f)
+{
+	if (f->pid > 0) {
+		(void)kill(f->pid, SIGKILL);
+		(void)waitpid(f->pid, NULL, 0);
+	}
+	f->pid = -1;
+	f->fd = safe_close(f->fd);
+}
+
+/*
+ * Reads events until a "recovery" event whose message says the recovery is over: promoted
+ * (*promoted = true) or cold-restarted. Its message goes to msg.
+ */
+static int follow_recovery(struct follower *f, int timeout_ms, bool *promoted, char *msg,
+			   size_t msg_size)
+{
+	uint64_t end = rec_now_ns() + (uint64_t)timeout_ms * 1000000u;
+
+	while (rec_now_ns() < end) {
+		struct pollfd pfd = {.fd = f->fd, .events = POLLIN};
+		char *nl;
+		ssize_t k;
+
+		while ((nl = memchr(f->buf, '\n', f->len))) {
+			struct json_object *o;
+
+			*nl = '\0';
+			o = json_tokener_parse(f->buf);
+			if (o && strcmp(jstr(o, "kind"), "recovery") == 0) {
+				const char *m = jstr(o, "message");
+				bool done = strstr(m, "promoted") || strstr(m, "cold restart") ||
+					    strstr(m, "cold-restart") || strstr(m, "failed");
+
+				if (done && !strstr(m, "start")) {
+					*promoted = strstr(m, "promoted") != NULL;
+					snprintf(msg, msg_size, "%s", m);
+					json_object_put(o);
+					f->len -= (size_t)(nl + 1 - f->buf);
+					memmove(f->buf, nl + 1, f->len);
+					return 0;
+				}
+			}
+			json_object_put(o);
+			f->len -= (size_t)(nl + 1 - f->buf);
+			memmove(f->buf, nl + 1, f->len);
+		}
+		if (f->len == sizeof(f->buf))
+			f->len = 0; /* a line longer than any event: drop it */
+		if (poll(&pfd, 1, 100) <= 0)
+			continue;
+		k = read(f->fd, f->buf + f->len, sizeof(f->buf) - f->len);
+		if (k <= 0)
+			return -EPIPE;
+		f->len += (size_t)k;
+	}
+	return -ETIMEDOUT;
+}
+
+/* The last recovery's phase durations (ms) from `belayerctl status --json`. */
+static int read_phases(const struct rec_paths *p, const struct rec_world *w, double *ph)
+{
+	static const char *const args[] = {"status", NULL};
+	static const char *const keys[] = {[PH_OWNER] = "owner",
+					   [PH_HEALTH] = "health",
+					   [PH_CONTENT] = "content",
+					   [PH_LAYOUT] = "layout",
+					   [PH_REMAP] = "remap"};
+	struct json_object *o = NULL, *rec = NULL, *phases = NULL, *v;
+	int r = ctl_json(p, w, args, &o);
+
+	if (r < 0)
+		return r;
+	/* status.recoveries.bench.phases_us / status.recovery.phases_us / ... */
+	if (json_object_object_get_ex(o, "recoveries", &v) &&
+	    !json_object_object_get_ex(v, "bench", &rec))
+		rec = NULL;
+	if (!rec && json_object_object_get_ex(o, "recovery", &v))
+		rec = v;
+	if (rec && json_object_is_type(rec, json_type_object) &&
+	    json_object_object_get_ex(rec, "bench", &v))
+		rec = v;
+	if (rec && !json_object_object_get_ex(rec, "phases_us", &phases))
+		phases = NULL;
+	for (int k = PH_OWNER; k <= PH_REMAP; k++)
+		ph[k] = phases && json_object_object_get_ex(phases, keys[k], &v)
+				? (double)json_object_get_int64(v) / 1000.0
+				: -1;
+	json_object_put(o);
+	return phases ? 0 : -ENODATA;
+}
+
 bool rec_shadow_supported(const struct rec_paths *p)
 {
-	(void)p;
-	return false;
+	char cmd[8400], line[256];
+	bool found = false;
+	FILE *f;
+
+	/* The supervisor knows [engine.NAME] sections and belayerctl knows promote. */
+	snprintf(cmd, sizeof(cmd), "'%s' --help 2>&1", p->ctl);
+	f = popen(cmd, "re");
+	if (!f)
+		return false;
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, "promote"))
+			found = true;
+	pclose(f);
+	return found;
 }
 
 int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufile,
 		   const char *verify, struct rec_case *c)
 {
-	(void)p, (void)wfile, (void)ufile, (void)verify;
-	snprintf(c->note, sizeof(c->note), "n/a: supervisor without shadow promotion");
-	return -EOPNOTSUPP;
+	struct rec_world w = {};
+	struct rec_engine e = {.pid = -1, .pidfd = -1}, promoted = {.pid = -1, .pidfd = -1};
+	struct rec_answers v0 = {}, v1 = {}, after = {};
+	struct follower fl = {.pid = -1, .fd = -1};
+	pid_t primary[REC_MAX_TP];
+	uint16_t port, shadow_port;
+	uint64_t t_kill, t_detect, t_ready;
+	char config[12000], msg[256] = "";
+	bool ok_promoted = false;
+	int victim_fd = -1, r;
+
+	r = rec_free_port(&port);
+	r = r ?: rec_free_port(&shadow_port);
+	if (r < 0)
+		return r;
+	snprintf(config, sizeof(config),
+		 "[engine.bench]\n"
+		 "primary = %s --model %s --port {port} --tp %u --kv-cache-bytes 64M\n"
+		 "shadow = %s --model %s --port {port} --tp %u --kv-cache-bytes 64M "
+		 "--load-format dummy\n"
+		 "env = LD_PRELOAD=%s\n"
+		 "tp = %u\nport = %u\nshadow_port = %u\nverify = %s\nprobe_interval = 20ms\n"
+		 "checksum_settle = 100ms\n",
+		 p->engine, wfile, c->tp, p->engine, wfile, c->tp, p->shim, c->tp, port,
+		 shadow_port, verify);
+	r = rec_world_open(&w, p, c->tp, c->bytes, config);
+	if (r < 0)
+		goto out;
+	/* The supervisor started the group; the bench only talks to its port. */
+	e.port = port;
+	r = rec_engine_wait_ready(&e, REC_READY_MS, NULL);
+	if (r < 0) {
+		log_error_errno(r, "The supervisor's primary did not become ready (%s): %m", w.dir);
+		goto out;
+	}
+	r = rec_answers_get(port, &v0);
+	r = r ?: rec_update_weights(port, ufile);
+	r = r ?: rec_answers_get(port, &v1);
+	if (r == 0 && rec_answers_equal(&v0, &v1))
+		r = log_error_errno(EPROTO, "The weight update did not change the answers");
+	r = r ?: wait_armed(p, &w, primary);
+	r = r ?: follow_start(p, &w, &fl);
+	if (r < 0)
+		goto out;
+	victim_fd = rec_pidfd_open(primary[c->tp - 1]);
+	if (victim_fd < 0) {
+		r = victim_fd;
+		goto out;
+	}
+	t_kill = rec_now_ns();
+	(void)kill(primary[c->tp - 1], SIGKILL);
+	r = rec_pidfd_wait(victim_fd, 10000);
+	t_detect = rec_now_ns();
+	r = r ?: follow_recovery(&fl, REC_READY_MS, &ok_promoted, msg, sizeof(msg));
+	if (r < 0) {
+		log_error_errno(r, "No end of the recovery in the event stream (%s): %m", w.dir);
+		goto out;
+	}
+	/* Promoted: the shadow group serves on its own port; cold: the primary's port again. */
+	promoted.port = ok_promoted ? shadow_port : port;
+	r = rec_engine_wait_ready(&promoted, REC_READY_MS, NULL);
+	t_ready = rec_now_ns();
+	if (r < 0) {
+		log_error_errno(r, "Not serving after the recovery (%s): %m", w.dir);
+		goto out;
+	}
+	for (int k = 0; k < PH_COUNT; k++)
+		c->ph[k] = -1;
+	c->ph[PH_DETECT] = rec_ms_between(t_kill, t_detect);
+	(void)read_phases(p, &w, c->ph);
+	c->total_ms = rec_ms_between(t_kill, t_ready);
+	{
+		double rest = c->total_ms;
+
+		for (int k = 0; k < PH_READY; k++)
+			if (c->ph[k] > 0)
+				rest -= c->ph[k];
+		c->ph[PH_READY] = rest > 0 ? rest : 0;
+	}
+	r = rec_answers_get(promoted.port, &after);
+	if (r < 0)
+		goto out;
+	c->equal_prefailure = rec_answers_equal(&after, &v1);
+	c->equal_v0 = rec_answers_equal(&after, &v0);
+	c->version_after = after.weights_version;
+	c->ok = true;
+	if (!ok_promoted)
+		snprintf(c->note, sizeof(c->note), "cold fallback: %s", msg);
+out:
+	if (r < 0)
+		snprintf(c->note, sizeof(c->note), "failed: %s", strerror(-r));
+	safe_close(victim_fd);
+	follow_stop(&fl);
+	/* The supervisor stops the groups it launched. */
+	rec_world_close(&w);
+	return r;
 }

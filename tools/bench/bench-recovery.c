@@ -235,9 +235,11 @@ static void print_table(const struct rec_case *cases, size_t n)
 			printf(" %7.1fx", cold->total_ms / c->total_ms);
 		else
 			printf(" %8s", "-");
-		printf("  %s\n", c->equal_prefailure ? "= pre-failure (latest weights, v1)"
-				 : c->equal_v0	     ? "= v0 file weights, NOT pre-failure (v1)"
-						     : "differ from v0 and v1");
+		printf("  %s%s%s\n",
+		       c->equal_prefailure ? "= pre-failure (latest weights, v1)"
+		       : c->equal_v0	   ? "= v0 file weights, NOT pre-failure (v1)"
+					   : "differ from v0 and v1",
+		       c->note[0] ? "; " : "", c->note);
 	}
 }
 
