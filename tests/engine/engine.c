@@ -259,6 +259,44 @@ static int read_config(const char *path, struct model_config *ret)
 	return r;
 }
 
+static void free_env(char **env)
+{
+	for (size_t i = 0; env && env[i]; i++)
+		free(env[i]);
+	free(env);
+}
+
+/* Our environment with RANK and LOCAL_RANK set to rank, as vLLM's executor gives its workers
+ * (the shim reports the rank from them; BELAYER_RANK, when set, still wins there). */
+static int spawn_env(uint32_t rank, char ***ret)
+{
+	size_t n = 0, k = 0;
+	char **env;
+
+	while (environ[n])
+		n++;
+	env = calloc(n + 3, sizeof(char *));
+	if (!env)
+		return ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		if (strncmp(environ[i], "RANK=", 5) != 0 &&
+		    strncmp(environ[i], "LOCAL_RANK=", 11) != 0)
+			env[k++] = strdup(environ[i]);
+	if (asprintf(&env[k++], "RANK=%u", rank) < 0 ||
+	    asprintf(&env[k++], "LOCAL_RANK=%u", rank) < 0) {
+		env[k - 1] = NULL;
+		free_env(env);
+		return ENOMEM;
+	}
+	for (size_t i = 0; i < k; i++)
+		if (!env[i]) {
+			free_env(env);
+			return ENOMEM;
+		}
+	*ret = env;
+	return 0;
+}
+
 /* Rank 0 starts ranks 1..tp-1 as copies of itself, as vLLM's multiprocess executor does. */
 static int spawn_ranks(int argc, char **argv, const ncclUniqueId *id, pid_t *pids, uint32_t tp)
 {
@@ -268,7 +306,7 @@ static int spawn_ranks(int argc, char **argv, const ncclUniqueId *id, pid_t *pid
 		snprintf(hex + 2 * i, 3, "%02x", (unsigned char)id->internal[i]);
 	for (uint32_t rank = 1; rank < tp; rank++) {
 		char rank_s[16];
-		char **args = calloc((size_t)argc + 5, sizeof(char *));
+		char **args = calloc((size_t)argc + 5, sizeof(char *)), **env = NULL;
 		int r, n = 0;
 
 		if (!args)
@@ -281,8 +319,11 @@ static int spawn_ranks(int argc, char **argv, const ncclUniqueId *id, pid_t *pid
 		args[n++] = rank_s;
 		args[n++] = (char *)"--nccl-id";
 		args[n++] = hex;
-		r = posix_spawn(&pids[rank], "/proc/self/exe", NULL, NULL, args, environ);
+		r = spawn_env(rank, &env);
+		if (r == 0)
+			r = posix_spawn(&pids[rank], "/proc/self/exe", NULL, NULL, args, env);
 		free(args);
+		free_env(env);
 		if (r != 0)
 			return log_error_errno(-r, "Failed to start rank %u: %m", rank);
 	}
