@@ -32,6 +32,8 @@ enum key_type {
 	KEY_INTS,   /* comma-separated numbers */
 	KEY_CONTENT,
 	KEY_LOGLEVEL,
+	KEY_MS,	    /* uint64_t milliseconds, ms/s/m/h suffixes (none: seconds) */
+	KEY_VERIFY, /* enum verify_mode */
 };
 
 struct key {
@@ -137,6 +139,62 @@ static const struct key keys[] = {
 };
 
 static const char *const content_names[] = {"auto", "file", "driver"};
+static const char *const verify_names[] = {"sampled", "full", "none"};
+
+/* The keys of an [engine.NAME] section; offsets are within struct sv_engine_config. */
+#define EAT(m) offsetof(struct sv_engine_config, m)
+#define ESZ(m) sizeof(((struct sv_engine_config *)0)->m)
+#define ESTR(k, m, d, doc)                                            \
+	{                                                             \
+		"engine", k, KEY_STRING, EAT(m), ESZ(m), 0, 0, d, doc \
+	}
+#define ETYPED(k, t, m, d, doc)                              \
+	{                                                    \
+		"engine", k, t, EAT(m), ESZ(m), 0, 0, d, doc \
+	}
+static const struct key engine_keys[] = {
+	ESTR("primary", primary, "external",
+	     "The engine's command (run with /bin/sh -c, \"{port}\" replaced by its port), or "
+	     "\"external\": started elsewhere with BELAYER_ENGINE_ID=NAME; the supervisor pairs "
+	     "it."),
+	ESTR("shadow", shadow, "",
+	     "The shadow's command: the same engine with a dummy weight load and the primary's "
+	     "explicit KV size; run with BELAYER_ROLE=shadow (empty: no shadow, recovery is a "
+	     "cold restart)."),
+	ESTR("cold_restart", cold_restart, "",
+	     "Command of a cold restart, when promotion is impossible (empty: the primary's)."),
+	ESTR("env", env, "",
+	     "Environment for the engine's processes: space-separated NAME=VALUE (e.g. "
+	     "LD_PRELOAD=/usr/lib/libbelayer.so). BELAYER_ENGINE_ID, BELAYER_ROLE and "
+	     "BELAYER_SOCKET are set by the supervisor."),
+	ESTR("devices", devices, "",
+	     "CUDA_VISIBLE_DEVICES for the engine's processes (empty: inherited)."),
+	{"engine", "tp", KEY_U32, EAT(tp), ESZ(tp), 1, 64, "1",
+	 "Tensor-parallel size: worker processes (ranks) per group, all recovered together."},
+	{"engine", "port", KEY_U32, EAT(port), ESZ(port), 0, 65535, "8000",
+	 "HTTP port of the first primary. The primary and the shadow swap ports at each "
+	 "promotion: the promoted shadow keeps serving on its own, the new shadow gets the "
+	 "dead primary's."},
+	{"engine", "shadow_port", KEY_U32, EAT(shadow_port), ESZ(shadow_port), 0, 65535, "8001",
+	 "HTTP port of the first shadow."},
+	ESTR("health_url", health_url, "http://127.0.0.1:{port}/health",
+	     "Readiness and liveness probe: GET must answer 200 (\"{port}\" replaced)."),
+	ETYPED("verify", KEY_VERIFY, verify, "sampled",
+	       "Content check of the weights before promotion: sampled (CRC of 64 KiB every "
+	       "16 MiB and the last 64 KiB of each region), full (every byte), none."),
+	ETYPED("liveness_timeout", KEY_MS, liveness_timeout_ms, "0",
+	       "A serving primary whose probe fails this long while its process lives is hung: "
+	       "its group is SIGKILLed and recovered (0: no hang detection)."),
+	ETYPED("probe_interval", KEY_MS, probe_interval_ms, "500ms",
+	       "Period of the health_url probe (readiness after a start, then liveness)."),
+	ETYPED("promote_timeout", KEY_MS, promote_timeout_ms, "10s",
+	       "How long the shadow ranks have to report the remap done; past it, cold restart."),
+	ETYPED("ready_timeout", KEY_MS, ready_timeout_ms, "10m",
+	       "How long a started primary has to answer its probe before it is restarted."),
+	ETYPED("checksum_settle", KEY_MS, checksum_settle_ms, "500ms",
+	       "A weights region's checksum is recorded once its weights version has not changed "
+	       "for this long (its writes are done)."),
+};
 
 static void *at(struct sv_config *c, const struct key *k)
 {
@@ -286,6 +344,31 @@ static int key_parse(struct sv_config *c, const struct key *k, const char *value
 				return 0;
 			}
 		return -EINVAL;
+	case KEY_MS: {
+		static const uint64_t ms_scales[] = {1000, 60000, 3600000};
+
+		/* "500ms" first: parse_scaled would read the 'm' as minutes. */
+		if (parse_u64(value, &v, &end) < 0)
+			return -EINVAL;
+		if (!strcasecmp(end, "ms")) {
+			*(uint64_t *)p = v;
+			return 0;
+		}
+		if (!*end) {
+			if (v > UINT64_MAX / 1000)
+				return -ERANGE;
+			*(uint64_t *)p = v * 1000;
+			return 0;
+		}
+		return parse_scaled(value, "smh", ms_scales, p);
+	}
+	case KEY_VERIFY:
+		for (size_t i = 0; i < ARRAY_SIZE(verify_names); i++)
+			if (strcmp(value, verify_names[i]) == 0) {
+				*(enum verify_mode *)p = (enum verify_mode)i;
+				return 0;
+			}
+		return -EINVAL;
 	case KEY_LOGLEVEL:
 		r = log_level_from_string(value, &level);
 		if (r < 0)
@@ -321,12 +404,81 @@ void config_init_defaults(struct sv_config *c)
 	}
 }
 
+/* The key k of engine section as a row addressing c (the engine's slot), or -errno. */
+static int engine_key(struct sv_config *c, const char *section, const char *name, struct key *ret,
+		      bool create)
+{
+	const char *engine = section + strlen("engine.");
+	size_t i;
+
+	if (!*engine || strlen(engine) >= sizeof(c->engines[0].name) || strchr(engine, ' '))
+		return -EINVAL;
+	for (i = 0; i < c->n_engines; i++)
+		if (strcmp(c->engines[i].name, engine) == 0)
+			break;
+	if (i == c->n_engines) {
+		struct sv_engine_config *e;
+
+		if (!create)
+			return -ENOENT;
+		if (c->n_engines == CONFIG_ENGINES_MAX)
+			return -E2BIG;
+		e = &c->engines[c->n_engines];
+		memset(e, 0, sizeof(*e));
+		snprintf(e->name, sizeof(e->name), "%s", engine);
+		snprintf(e->section, sizeof(e->section), "engine.%s", engine);
+		for (size_t j = 0; j < ARRAY_SIZE(engine_keys); j++) {
+			struct key k = engine_keys[j];
+			int r;
+
+			k.offset += offsetof(struct sv_config, engines) + i * sizeof(*e);
+			r = key_parse(c, &k, k.def);
+			if (r < 0)
+				abort(); /* our table's default: a bug every test catches */
+		}
+		c->n_engines++;
+	}
+	for (size_t j = 0; j < ARRAY_SIZE(engine_keys); j++)
+		if (strcmp(engine_keys[j].name, name) == 0) {
+			*ret = engine_keys[j];
+			ret->offset += offsetof(struct sv_config, engines) +
+				       i * sizeof(struct sv_engine_config);
+			return 0;
+		}
+	return -ENOENT;
+}
+
 int config_set(struct sv_config *c, const char *section, const char *key, const char *value)
 {
 	const struct key *k;
-	char sec[64];
+	struct key ek;
+	char sec[128];
 	const char *dot;
+	int r;
 
+	if (!section && strncmp(key, "engine.", 7) == 0) {
+		/* engine.NAME.key: the section is everything up to the last dot. */
+		dot = strrchr(key, '.');
+		if (dot == key + 6 || (size_t)(dot - key) >= sizeof(sec))
+			return -ENOENT;
+		memcpy(sec, key, (size_t)(dot - key));
+		sec[dot - key] = '\0';
+		section = sec;
+		key = dot + 1;
+	}
+	if (section && strncmp(section, "engine.", 7) == 0) {
+		/* Validate the key before the section may create an engine. */
+		bool known = false;
+
+		for (size_t j = 0; j < ARRAY_SIZE(engine_keys); j++)
+			known |= strcmp(engine_keys[j].name, key) == 0;
+		if (!known)
+			return -ENOENT;
+		r = engine_key(c, section, key, &ek, true);
+		if (r < 0)
+			return r;
+		return key_parse(c, &ek, value);
+	}
 	if (!section) {
 		dot = strchr(key, '.');
 		if (!dot || (size_t)(dot - key) >= sizeof(sec))
@@ -450,15 +602,48 @@ static void key_format(const struct sv_config *c, const struct key *k, char *buf
 	case KEY_CONTENT:
 		snprintf(buf, cap, "%s", content_names[*(const enum content_method *)p]);
 		return;
+	case KEY_MS:
+		v = *(const uint64_t *)p;
+		if (v && v % 1000 == 0)
+			snprintf(buf, cap, "%" PRIu64 "s", v / 1000);
+		else
+			snprintf(buf, cap, "%" PRIu64 "ms", v);
+		if (v == 0)
+			snprintf(buf, cap, "0");
+		return;
+	case KEY_VERIFY:
+		snprintf(buf, cap, "%s", verify_names[*(const enum verify_mode *)p]);
+		return;
 	}
 	snprintf(buf, cap, "?");
+}
+
+static struct key engine_row(size_t engine, size_t j)
+{
+	struct key k = engine_keys[j];
+
+	k.offset += offsetof(struct sv_config, engines) + engine * sizeof(struct sv_engine_config);
+	return k;
 }
 
 bool config_entry(const struct sv_config *c, size_t i, const char **ret_section,
 		  const char **ret_key, char *ret_value, size_t cap, const char **ret_doc)
 {
-	if (i >= ARRAY_SIZE(keys))
-		return false;
+	if (i >= ARRAY_SIZE(keys)) {
+		size_t e = (i - ARRAY_SIZE(keys)) / ARRAY_SIZE(engine_keys),
+		       j = (i - ARRAY_SIZE(keys)) % ARRAY_SIZE(engine_keys);
+		struct key k;
+
+		if (e >= c->n_engines)
+			return false;
+		k = engine_row(e, j);
+		*ret_section = c->engines[e].section;
+		*ret_key = k.name;
+		if (ret_doc)
+			*ret_doc = k.doc;
+		key_format(c, &k, ret_value, cap);
+		return true;
+	}
 	*ret_section = keys[i].section;
 	*ret_key = keys[i].name;
 	if (ret_doc)
@@ -482,6 +667,51 @@ void config_dump(const struct sv_config *c, FILE *f)
 		fprintf(f, "# %s\n%s =%s%s\n", keys[i].doc, keys[i].name, value[0] ? " " : "",
 			value);
 	}
+	for (size_t e = 0; e < c->n_engines; e++) {
+		fprintf(f, "\n[%s]\n", c->engines[e].section);
+		for (size_t j = 0; j < ARRAY_SIZE(engine_keys); j++) {
+			struct key k = engine_row(e, j);
+			char value[CONFIG_COMMAND_MAX];
+
+			key_format(c, &k, value, sizeof(value));
+			fprintf(f, "# %s\n%s =%s%s\n", k.doc, k.name, value[0] ? " " : "", value);
+		}
+	}
+	if (c->n_engines == 0) {
+		/* The template of a section, with the defaults an engine starts from. */
+		struct sv_config *t = calloc(1, sizeof(*t));
+
+		if (!t || config_set(t, "engine.NAME", "tp", "1") < 0) {
+			free(t);
+			return;
+		}
+		fprintf(f,
+			"\n# One [engine.NAME] section per rollout engine the supervisor launches "
+			"(or pairs)\n# with a shadow group and recovers by promotion (at most "
+			"%d):\n#[engine.NAME]\n",
+			CONFIG_ENGINES_MAX);
+		for (size_t j = 0; j < ARRAY_SIZE(engine_keys); j++) {
+			struct key k = engine_row(0, j);
+			char value[CONFIG_COMMAND_MAX];
+
+			key_format(t, &k, value, sizeof(value));
+			fprintf(f, "# %s\n#%s =%s%s\n", k.doc, k.name, value[0] ? " " : "", value);
+		}
+		free(t);
+	}
+}
+
+const char *verify_mode_to_string(enum verify_mode v)
+{
+	return (unsigned)v < ARRAY_SIZE(verify_names) ? verify_names[v] : NULL;
+}
+
+const struct sv_engine_config *config_engine(const struct sv_config *c, const char *name)
+{
+	for (size_t i = 0; i < c->n_engines; i++)
+		if (strcmp(c->engines[i].name, name) == 0)
+			return &c->engines[i];
+	return NULL;
 }
 
 bool id_list_contains(const struct id_list *l, uint32_t id)

@@ -26,6 +26,37 @@ struct id_list {
 	uint32_t ids[CONFIG_LIST_MAX];
 };
 
+#define CONFIG_ENGINES_MAX 8
+#define CONFIG_COMMAND_MAX 1024
+
+enum verify_mode {
+	VERIFY_SAMPLED = 0, /* CRC over 64 KiB every 16 MiB plus the last 64 KiB of each region */
+	VERIFY_FULL = 1,    /* CRC over every byte */
+	VERIFY_NONE = 2,    /* trust the memory: no content check */
+};
+
+/* One [engine.NAME] section: a rollout engine the supervisor launches (or pairs, when its
+ * primary is started elsewhere), keeps a shadow group for, and recovers (supervisor-engines.h,
+ * supervisor-promote.h). Commands run through /bin/sh -c with "{port}" replaced. */
+struct sv_engine_config {
+	char section[80]; /* "engine.NAME" */
+	char name[64];
+	char primary[CONFIG_COMMAND_MAX];      /* command, or "external" */
+	char shadow[CONFIG_COMMAND_MAX];       /* "" : no shadow (every recovery is cold) */
+	char cold_restart[CONFIG_COMMAND_MAX]; /* "": the primary command */
+	char env[CONFIG_COMMAND_MAX];	       /* "K=V K2=V2" for the children */
+	char devices[64];     /* CUDA_VISIBLE_DEVICES for the children ("": as is) */
+	char health_url[256]; /* readiness and liveness probe */
+	uint32_t tp;
+	uint32_t port, shadow_port;
+	enum verify_mode verify;
+	uint64_t liveness_timeout_ms; /* 0: no hang detection */
+	uint64_t probe_interval_ms;
+	uint64_t promote_timeout_ms;
+	uint64_t ready_timeout_ms;
+	uint64_t checksum_settle_ms;
+};
+
 struct sv_config {
 	/* [supervisor] */
 	char socket[108];
@@ -63,6 +94,9 @@ struct sv_config {
 	/* [metrics] */
 	char http_address[64];
 	uint32_t http_port;
+	/* [engine.NAME] sections, in file order */
+	uint32_t n_engines;
+	struct sv_engine_config engines[CONFIG_ENGINES_MAX];
 };
 
 /* Fills c with every default. */
@@ -82,3 +116,6 @@ bool config_entry(const struct sv_config *c, size_t i, const char **ret_section,
 void config_dump(const struct sv_config *c, FILE *f);
 
 bool id_list_contains(const struct id_list *l, uint32_t id);
+const char *verify_mode_to_string(enum verify_mode v);
+/* The engine named name, or NULL. */
+const struct sv_engine_config *config_engine(const struct sv_config *c, const char *name);

@@ -9,7 +9,9 @@
 #include "supervisor-checks.h"
 #include "supervisor-client.h"
 #include "supervisor-ctl.h"
+#include "supervisor-engines.h"
 #include "supervisor-events.h"
+#include "supervisor-promote.h"
 
 static int send_end(struct supervisor *s, struct sv_client *c, uint32_t count)
 {
@@ -106,9 +108,35 @@ static int ctl_inject(struct supervisor *s, struct sv_client *c, const struct pr
 		return client_send_error(s, c, errno, PROTO_CTL, "signal failed: %s",
 					 strerror(errno));
 	s->metrics.injections++;
+	if (ctl->act == CTL_ACT_KILL)
+		engines_note_kill(s, w);
 	supervisor_emit(s, EVENT_INJECT, (uint32_t)w->pid, 0, "%s (%s) requested by pid %d uid %u",
 			ctl_action_to_string(ctl->act), strsignal(signals[ctl->act]), c->cred.pid,
 			c->cred.uid);
+	return send_end(s, c, 1);
+}
+
+/* Manual failover: same rules as inject (it kills the engine's primaries). */
+static int ctl_promote(struct supervisor *s, struct sv_client *c, const struct proto_ctl *ctl)
+{
+	struct sv_engine *e = engines_find(s, ctl->engine_id);
+
+	if (!s->config.allow_inject)
+		return client_refuse(s, c, REJECT_UNAUTHORIZED, EPERM, PROTO_CTL,
+				     "promote is off ([security] allow_inject)");
+	if (c->cred.uid != 0 && c->cred.uid != s->uid)
+		return client_refuse(s, c, REJECT_UNAUTHORIZED, EPERM, PROTO_CTL,
+				     "promote needs root or the supervisor's user");
+	if (!e)
+		return client_refuse(s, c, REJECT_NOT_FOUND, ENOENT, PROTO_CTL,
+				     "no configured engine \"%s\"", ctl->engine_id);
+	if (e->rec)
+		return client_send_error(s, c, EBUSY, PROTO_CTL,
+					 "engine \"%s\" is recovering already", ctl->engine_id);
+	supervisor_emit(s, EVENT_INJECT, 0, 0,
+			"promote of engine \"%s\" requested by pid %d uid %u", ctl->engine_id,
+			c->cred.pid, c->cred.uid);
+	promote_start(s, e, "manual", 0, now_ns());
 	return send_end(s, c, 1);
 }
 
@@ -138,6 +166,8 @@ int ctl_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_c
 			return client_refuse(s, c, REJECT_NOT_FOUND, -r, PROTO_CTL,
 					     "no worker with pid %u", ctl->pid);
 		return 0;
+	case CTL_PROMOTE:
+		return ctl_promote(s, c, ctl);
 	case _CTL_CMD_MAX:
 		break;
 	}

@@ -12,6 +12,8 @@
 #include "supervisor-events.h"
 #include "supervisor-fdstore.h"
 #include "supervisor-handler.h"
+#include "supervisor-promote.h"
+#include "supervisor-shadow.h"
 #include "supervisor-workers.h"
 
 static int on_announce(struct supervisor *s, struct sv_client *c, struct proto_region *r)
@@ -60,6 +62,7 @@ static int on_announce(struct supervisor *s, struct sv_client *c, struct proto_r
 	supervisor_emit(s, EVENT_REGION_ANNOUNCE, (uint32_t)w->pid, rg->id,
 			"%s %" PRIu64 " bytes at 0x%" PRIx64 ", weights version %" PRIu64,
 			region_class_to_string(rg->cls), rg->size, rg->va, rg->weights_version);
+	shadow_primary_announced(s, w);
 	return 0;
 }
 
@@ -161,6 +164,11 @@ int handler_dispatch(struct supervisor *s, struct sv_client *c, struct proto_msg
 
 	switch (m->type) {
 	case PROTO_HELLO:
+		/* A promoted shadow's shim says hello again, as the primary it now is. */
+		if (c->worker && c->worker->promoted && m->hello.role == ROLE_PRIMARY) {
+			c->worker->promoted = false;
+			c->worker = NULL;
+		}
 		if (c->worker)
 			return client_refuse(s, c, REJECT_BAD_MESSAGE, EALREADY, PROTO_HELLO,
 					     "hello twice");
@@ -177,6 +185,16 @@ int handler_dispatch(struct supervisor *s, struct sv_client *c, struct proto_msg
 		return on_fetch(s, c, &m->fetch);
 	case PROTO_CTL:
 		return ctl_dispatch(s, c, &m->ctl);
+	case PROTO_SHADOW_REGION:
+		return shadow_on_region(s, c, &m->shadow_region);
+	case PROTO_SHADOW_PARKED:
+		return shadow_on_parked(s, c, &m->shadow_parked);
+	case PROTO_PROMOTE_DONE:
+		if (!c->worker)
+			return client_refuse(s, c, REJECT_NO_HELLO, EPROTO, PROTO_PROMOTE_DONE,
+					     "hello first");
+		promote_on_done(s, c->worker, &m->promote_done);
+		return 0;
 	case PROTO_ERROR:
 		/* A peer's complaint about something we sent: nothing to answer. */
 		log_debug("Peer pid %d reports error %d: %s", c->cred.pid, m->error.code,

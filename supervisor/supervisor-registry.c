@@ -98,6 +98,7 @@ void registry_worker_remove(struct sv_registry *reg, struct sv_worker *w)
 		}
 	group_put(reg, w->group);
 	(void)safe_close(w->pidfd);
+	free(w->shadow_regions);
 	free(w);
 }
 

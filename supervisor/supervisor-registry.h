@@ -35,6 +35,21 @@ struct sv_region {
 	bool confirmed;		   /* announced during the owner's current session */
 	uint64_t checksum;	   /* of the contents at checksum_version - 1 */
 	uint64_t checksum_version; /* weights version + 1 the checksum was taken at; 0: none */
+	/* Recorded while the owner lived (supervisor-promote.c), what promotion compares:
+	 * a checksum taken at death would bless memory corrupted before it. */
+	uint64_t live_sum;
+	uint64_t live_sum_version; /* weights version + 1; 0: none */
+	int live_sum_mode;	   /* enum verify_mode it was taken with */
+	bool live_sum_pending;	   /* a job computes it */
+};
+
+/* A shadow's scratch-backed region (PROTO_SHADOW_REGION), and what was sent for it. */
+struct sv_shadow_region {
+	uint64_t id, va, size, order;
+	enum region_class cls;
+	uint8_t device_uuid[PROTO_UUID_LEN];
+	uint32_t map_pid; /* PROMOTE_MAP sent: primary pid, region id, weights version */
+	uint64_t map_id, map_wver;
 };
 
 struct sv_group {
@@ -63,6 +78,15 @@ struct sv_worker {
 	struct sv_region *regions;
 	uint32_t n_regions;
 	uint64_t bytes;
+	/* Shadow promotion (supervisor-shadow.c). */
+	pid_t pgid; /* at hello: the launched group it belongs to */
+	struct sv_shadow_region *shadow_regions;
+	uint32_t n_shadow_regions, cap_shadow_regions;
+	bool parked;	      /* PROTO_SHADOW_PARKED received */
+	uint32_t layout_n;    /* its layout, as PARKED said */
+	uint64_t layout_hash; /* for a primary: computed from its regions when asked */
+	bool committing;      /* PROMOTE_COMMIT sent, DONE awaited */
+	bool promoted;	      /* promoted: its shim's next hello (as primary) is expected */
 };
 
 struct sv_registry {

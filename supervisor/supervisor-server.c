@@ -20,6 +20,7 @@
 #include "log.h"
 #include "supervisor-checks.h"
 #include "supervisor-client.h"
+#include "supervisor-engines.h"
 #include "supervisor-events.h"
 #include "supervisor-fdstore.h"
 #include "supervisor-handler.h"
@@ -199,6 +200,14 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	workers_tick(s);
 	update_status(s);
 	sweep(s);
+}
+
+static void on_engines(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	engines_tick(arg);
+	sweep(arg);
 }
 
 static void on_gpu_timer(evutil_socket_t fd, short what, void *arg)
@@ -383,6 +392,7 @@ static void teardown(struct supervisor *s)
 {
 	while (s->clients)
 		client_close(s, s->clients);
+	engines_stop(s);
 	for (struct sv_worker *w = s->reg.workers; w; w = w->next)
 		unwatch_worker(s, w);
 	registry_finish(&s->reg);
@@ -391,7 +401,7 @@ static void teardown(struct supervisor *s)
 int server_run(struct supervisor *s)
 {
 	struct event *ev_listen = NULL, *ev_tick = NULL, *ev_gpu = NULL, *ev_wd = NULL,
-		     *ev_off = NULL, *ev_sig[4] = {NULL};
+		     *ev_off = NULL, *ev_eng = NULL, *ev_sig[4] = {NULL};
 	static const int sigs[4] = {SIGTERM, SIGINT, SIGHUP, 0};
 	struct evhttp *http = NULL;
 	uint64_t wd_usec = 0;
@@ -451,6 +461,17 @@ int server_run(struct supervisor *s)
 	r = http_start(s, &http);
 	if (r < 0)
 		goto out;
+	/* Engines last: their shims connect to the socket that now listens. */
+	if (s->config.n_engines) {
+		r = engines_start(s);
+		if (r < 0)
+			goto out;
+		r = -ENOMEM;
+		ev_eng = event_new(base, -1, EV_PERSIST, on_engines, s);
+		if (!ev_eng ||
+		    event_add(ev_eng, &(struct timeval){.tv_usec = ENGINES_TICK_MS * 1000}) < 0)
+			goto out;
+	}
 
 	log_info("Listening on %s.", s->config.socket);
 	(void)sd_notify(0, "READY=1");
@@ -465,6 +486,8 @@ out:
 			event_free(ev_sig[i]);
 	if (ev_wd)
 		event_free(ev_wd);
+	if (ev_eng)
+		event_free(ev_eng);
 	if (ev_gpu)
 		event_free(ev_gpu);
 	if (ev_off)

@@ -11,6 +11,7 @@
 
 #include "log.h"
 #include "supervisor-checks.h"
+#include "supervisor-engines.h"
 #include "supervisor-events.h"
 #include "supervisor-fdstore.h"
 #include "supervisor-journal.h"
@@ -199,6 +200,7 @@ int workers_hello(struct supervisor *s, struct sv_client *c, const struct proto_
 	supervisor_emit(s, EVENT_WORKER_HELLO, (uint32_t)pid, 0,
 			"engine \"%s\" %s rank %d, %u devices", worker_engine(w),
 			worker_role_to_string(w->role), w->rank, w->n_devices);
+	engines_worker_hello(s, w);
 	return 0;
 }
 
@@ -263,6 +265,16 @@ void supervisor_worker_died(struct supervisor *s, struct sv_worker *w)
 	supervisor_emit(s, EVENT_WORKER_EXIT, (uint32_t)w->pid, 0,
 			"engine \"%s\" rank %d exited; %u regions (%" PRIu64 " bytes) retained",
 			worker_engine(w), w->rank, w->n_regions, retained);
+	/* A configured engine's primary: recovery starts (it may forget w). */
+	engines_worker_died(s, w);
+	{
+		struct sv_worker *it = s->reg.workers;
+
+		while (it && it != w)
+			it = it->next;
+		if (!it)
+			return; /* forgotten by the recovery (its memory released) */
+	}
 	if (w->n_regions == 0) {
 		workers_forget(s, w);
 		return;

@@ -19,6 +19,7 @@
 struct sv_journal;
 struct sv_offload;
 struct health_gpu;
+struct sv_engines;
 
 struct sv_packet {
 	struct sv_packet *next;
@@ -72,6 +73,7 @@ struct supervisor {
 	/* The latest periodic GPU verdict (the worst device's). */
 	enum health_verdict gpu_verdict;
 	char gpu_message[PROTO_MAX_STR + 1];
+	struct sv_engines *engines; /* configured engines (supervisor-engines.h); NULL: none */
 };
 
 uint64_t now_ms(void);

@@ -1,0 +1,110 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Configured engines ([engine.NAME] sections): the supervisor launches each engine's primary
+ * group (unless "external") and keeps one shadow group behind it, probes the primary's
+ * health URL (readiness after a start, liveness while serving), and hands a primary death or
+ * hang to the recovery state machine (supervisor-promote.h).
+ *
+ * A launched command runs in a process group of its own (its TP ranks, spawned by rank 0,
+ * stay in it), so a group is stopped as a whole. Workers are matched to an engine by the
+ * engine id of their hello and to a group by role; a worker that does not say its rank is
+ * rank 0. The loop calls engines_tick() every ENGINES_TICK_MS.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "supervisor.h"
+
+#define ENGINES_TICK_MS 20
+
+enum rec_phase {
+	PHASE_DETECT,  /* death (or kill) -> the supervisor sees it */
+	PHASE_OWNER,   /* surviving ranks stopped, owners proven gone */
+	PHASE_HEALTH,  /* NVML verdict */
+	PHASE_CONTENT, /* weights checksums */
+	PHASE_LAYOUT,  /* shadow layout == primary layout, per rank */
+	PHASE_REMAP,   /* MAPs + COMMIT to every shadow rank, all DONE */
+	PHASE_READY,   /* serving: promoted (DONE) or cold-restarted (probe answers) */
+	_PHASE_MAX,
+};
+
+/* One launched process group (a primary, a shadow or a cold restart). */
+struct eng_proc {
+	pid_t pid; /* the group leader (rank 0); 0: none */
+	int pidfd; /* ours, to reap it */
+	uint32_t port;
+	enum worker_role role;
+	uint64_t started_ms;
+};
+
+/* An HTTP GET in flight, driven by the tick without blocking. */
+struct eng_probe {
+	int fd;
+	uint64_t started_ms;
+	bool sent;
+	char buf[32];
+	size_t n;
+};
+
+/* The last recovery's record, for events, status and the bench. */
+struct recovery_record {
+	uint64_t seq;		       /* 1, 2, ...; 0: none yet */
+	uint64_t started_us;	       /* CLOCK_REALTIME of the detection */
+	uint64_t phase_us[_PHASE_MAX]; /* duration of each phase (0: not run) */
+	uint64_t total_us;
+	bool promoted;
+	bool finished;
+	pid_t dead_pid;
+	char trigger[64]; /* "exit", "liveness", "manual" */
+	char reason[PROTO_MAX_STR + 1];
+};
+
+struct sv_recovery;
+
+struct sv_engine {
+	const struct sv_engine_config *cfg;
+	struct eng_proc primary, shadow;
+	uint32_t primary_port; /* the port the primary serves on now */
+	bool primary_ready;    /* its probe answered since it started */
+	uint64_t probe_ok_ms;  /* last good probe of the primary, monotonic */
+	uint64_t probe_fail_since_ms;
+	uint64_t next_probe_ms;
+	struct eng_probe probe;
+	struct sv_recovery *rec; /* in progress */
+	struct recovery_record last;
+	uint64_t n_recoveries;
+	uint64_t kill_hint_ns; /* monotonic ns of a kill the supervisor did or was asked to do */
+};
+
+struct sv_engines {
+	size_t n;
+	struct sv_engine e[CONFIG_ENGINES_MAX];
+};
+
+/* Launches every configured engine's primary and shadow. */
+int engines_start(struct supervisor *s);
+/* Stops every group the supervisor launched (SIGKILL to the process groups) and reaps them. */
+void engines_stop(struct supervisor *s);
+void engines_tick(struct supervisor *s);
+struct sv_engine *engines_find(struct supervisor *s, const char *name);
+
+/* Registry hooks (supervisor-workers.c). */
+void engines_worker_hello(struct supervisor *s, struct sv_worker *w);
+void engines_worker_died(struct supervisor *s, struct sv_worker *w);
+/* A kill the supervisor was asked for (belayerctl inject): the detect phase starts there. */
+void engines_note_kill(struct supervisor *s, struct sv_worker *w);
+
+/* Starts a process group: cmd through /bin/sh -c with {port}, the engine's env and role. */
+int engines_launch(struct supervisor *s, struct sv_engine *e, const char *cmd,
+		   enum worker_role role, uint32_t port, struct eng_proc *ret);
+/* SIGKILLs p's process group and reaps the leader (bounded wait). */
+void engines_kill_proc(struct eng_proc *p);
+/* Workers of engine e (alive, given role), rank-indexed into ret[0..tp); returns how many. */
+size_t engines_workers(struct supervisor *s, const struct sv_engine *e, enum worker_role role,
+		       struct sv_worker **ret, size_t max);
+int32_t worker_rank(const struct sv_worker *w);
+
+uint64_t now_ns(void);
