@@ -156,12 +156,13 @@ static CUresult convert(CUdeviceptr *dptr, size_t bytesize, const void *caller)
 	if (r != CUDA_SUCCESS)
 		return r;
 	cls = classify_region(caller, bytesize);
-	if (shadow_wants_scratch(cls)) {
+	if (shadow_wants_scratch(cls) && size > shim_config()->private_max) {
 		/* Same reservation and size as a primary's, so the layouts match; scratch inside. */
 		r = shadow_scratch_map(dev, va, size);
 		if (r != CUDA_SUCCESS)
 			goto fail_reserve;
-		if (regions_add_converted(0, dev, va, size, bytesize, cls, false, true) < 0) {
+		if (regions_add_converted(0, dev, va, size, bytesize, cls, false, true, false) <
+		    0) {
 			(void)shadow_scratch_unmap(dev, va, size);
 			r = CUDA_ERROR_OUT_OF_MEMORY;
 			goto fail_reserve;
@@ -178,7 +179,12 @@ static CUresult convert(CUdeviceptr *dptr, size_t bytesize, const void *caller)
 	r = shim_set_access(va, size, dev);
 	if (r != CUDA_SUCCESS)
 		goto fail_map;
-	if (regions_add_converted(h, dev, va, size, bytesize, cls, true, false) < 0) {
+	/* A small shadow weights/kv region gets memory of its own: engines keep index buffers
+	 * (token ids, positions, block tables) in such allocations made before the KV probe,
+	 * and a shadow computing on aliased indices would fault before it ever parks. It is
+	 * still a layout entry and is swapped for the primary's memory at promotion. */
+	if (regions_add_converted(h, dev, va, size, bytesize, cls, !shadow_wants_scratch(cls),
+				  shadow_wants_scratch(cls), shadow_wants_scratch(cls)) < 0) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto fail_map;
 	}
@@ -232,7 +238,7 @@ static CUresult free_converted(CUdeviceptr dptr, PFN_cuMemFree_v3020 real)
 	shim_busy++;
 	if (real_extra()->cuCtxSynchronize)
 		(void)real_extra()->cuCtxSynchronize();
-	if (r.scratch)
+	if (r.scratch && !r.priv)
 		(void)shadow_scratch_unmap(r.dev, r.va, r.size);
 	else {
 		(void)CALL_REAL(cuMemUnmap, r.va, r.size);

@@ -120,6 +120,8 @@ static void config_load(void)
 	env_size("BELAYER_QUEUE_MAX", &queue_max);
 	config.park_quiet_ms = 1000;
 	env_size("BELAYER_PARK_QUIET_MS", &config.park_quiet_ms);
+	config.private_max = 2 * MIB;
+	env_size("BELAYER_SHADOW_PRIVATE_MAX", &config.private_max);
 	config.queue_max = (uint32_t)(queue_max < 16	       ? 16
 				      : queue_max > (1u << 20) ? (1u << 20)
 							       : queue_max);

@@ -220,7 +220,8 @@ struct region *regions_get_locked(uint64_t id)
 }
 
 int regions_add_converted(CUmemGenericAllocationHandle h, int dev, uint64_t va, uint64_t size,
-			  uint64_t req_size, enum region_class cls, bool exportable, bool scratch)
+			  uint64_t req_size, enum region_class cls, bool exportable, bool scratch,
+			  bool priv)
 {
 	struct region *r;
 	int ret = 0;
@@ -234,6 +235,7 @@ int regions_add_converted(CUmemGenericAllocationHandle h, int dev, uint64_t va, 
 	r->va = va;
 	r->req_size = req_size;
 	r->scratch = scratch;
+	r->priv = priv;
 	if (range_insert(r) < 0) {
 		region_delete(r);
 		ret = -ENOMEM;

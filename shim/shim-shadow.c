@@ -390,7 +390,13 @@ static int on_map(const struct proto_promote_map *pm, int (*send)(const struct p
 /* With shim_busy held: puts scratch back over r, whatever state the swap left it in. */
 static CUresult restore_scratch(struct region *r)
 {
-	(void)CALL_REAL(cuMemUnmap, r->va, r->size); /* the imported mapping, if made */
+	CUresult cr;
+
+	(void)CALL_REAL(cuMemUnmap, r->va, r->size); /* the imported (or private) mapping */
+	if (r->priv) {
+		cr = CALL_REAL(cuMemMap, r->va, r->size, 0, r->handle, 0);
+		return cr == CUDA_SUCCESS ? shim_set_access(r->va, r->size, r->dev) : cr;
+	}
 	(void)shadow_scratch_unmap(r->dev, r->va, r->size);
 	return shadow_scratch_map(r->dev, r->va, r->size);
 }
@@ -400,7 +406,8 @@ static CUresult swap_in(struct region *r)
 {
 	CUresult cr;
 
-	cr = shadow_scratch_unmap(r->dev, r->va, r->size);
+	cr = r->priv ? CALL_REAL(cuMemUnmap, r->va, r->size)
+		     : shadow_scratch_unmap(r->dev, r->va, r->size);
 	if (cr == CUDA_SUCCESS)
 		cr = CALL_REAL(cuMemMap, r->va, r->size, 0, r->pending, 0);
 	if (cr == CUDA_SUCCESS)
@@ -466,6 +473,13 @@ static int commit_locked(const struct proto_promote_commit *c, struct proto_prom
 	for (size_t i = 0; i < n; i++) {
 		struct region *reg = list[i];
 
+		if (reg->priv) {
+			/* Nothing maps the shadow's own copy any more. */
+			shim_busy++;
+			(void)CALL_REAL(cuMemRelease, reg->handle);
+			shim_busy--;
+			reg->priv = false;
+		}
 		if (reg->kind == REGION_KIND_CONVERTED)
 			reg->handle = reg->pending;
 		else

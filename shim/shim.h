@@ -107,6 +107,8 @@ struct shim_config {
 	enum worker_role role; /* as started; shim_role() is the current one */
 	int32_t rank;
 	uint64_t park_quiet_ms; /* shadow: quiet time after the KV allocation before parking */
+	uint64_t private_max;	/* shadow: converted weights/kv regions up to this get their own
+				 * memory instead of scratch (index buffers live there) */
 };
 const struct shim_config *shim_config(void);
 
@@ -147,6 +149,7 @@ struct region {
 	 * allocation mapped chunk by chunk over [va, va + size); it is not exportable. A user
 	 * scratch region's handle is a fake one the program holds (shadow_handle_is_fake). */
 	bool scratch;
+	bool priv; /* scratch region backed by its own allocation (handle), not the shared one */
 	bool has_pending;		      /* an imported primary region waits in pending */
 	CUmemGenericAllocationHandle pending; /* imported by PROMOTE_MAP */
 	CUmemGenericAllocationHandle backing; /* user region promoted: the memory it maps */
@@ -155,7 +158,8 @@ struct region {
 
 /* Converted allocation: inserted mapped. Returns 0 or -ENOMEM. */
 int regions_add_converted(CUmemGenericAllocationHandle h, int dev, uint64_t va, uint64_t size,
-			  uint64_t req_size, enum region_class cls, bool exportable, bool scratch);
+			  uint64_t req_size, enum region_class cls, bool exportable, bool scratch,
+			  bool priv);
 /* Removes the converted allocation based at va into *ret (copy). -ENOENT: not ours;
  * -EINVAL: va is inside one of ours but not its base. */
 int regions_remove_converted(uint64_t va, struct region *ret);

@@ -1,0 +1,748 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Shadow mode and promotion end to end on the emulated GPU. This test plays the supervisor's
+ * side of the protocol itself: it listens on the socket the shims connect to, takes a
+ * primary's announcements (fds included), starts a shadow of the same workload, checks its
+ * layout against the primary's with common/layout, SIGKILLs the primary, sends the
+ * PROMOTE_MAPs and the PROMOTE_COMMIT, and then asks the promoted process itself what its
+ * memory holds: shadow-workload reads every region back at the address it always had, and
+ * the engine stand-in answers /generate.
+ *
+ * Every wait is on a real condition (a message, a line, an exit) with a bounded timeout.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "belayer-emu.h"
+#include "engine-client.h"
+#include "layout.h"
+#include "proto.h"
+#include "test-util.h"
+#include "util.h"
+
+#define TIMEOUT_MS 30000
+#define MIB	   (UINT64_C(1) << 20)
+#define MAX_REGS   64
+#define N_LAYOUT   5 /* shadow-workload: 3 weights + 2 kv regions */
+#define SCRATCH	   (2 * MIB)
+
+struct peer {
+	pid_t pid;
+	int in, out, err; /* the process's stdin, stdout, stderr */
+	int conn;	  /* its shim's connection */
+	int hellos;
+	enum worker_role role;
+	struct proto_region regs[MAX_REGS]; /* announced, fd owned */
+	size_t n_regs;
+	struct proto_shadow_region sregs[MAX_REGS];
+	size_t n_sregs;
+	int parked;
+	struct proto_shadow_parked park;
+	int dones;
+	struct proto_promote_done done;
+	int errors;
+	struct proto_error error;
+};
+
+static char *emu_dir;
+
+struct fixture {
+	char *dir;
+	char sock[256];
+	int lfd;
+	struct peer primary, shadow;
+};
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void peer_init(struct peer *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->pid = -1;
+	p->in = p->out = p->err = p->conn = -1;
+}
+
+static void peer_close(struct peer *p)
+{
+	if (p->pid > 0) {
+		kill(p->pid, SIGKILL);
+		waitpid(p->pid, NULL, 0);
+	}
+	for (size_t i = 0; i < p->n_regs; i++)
+		safe_close(p->regs[i].fd);
+	safe_close(p->in);
+	safe_close(p->out);
+	safe_close(p->err);
+	safe_close(p->conn);
+	peer_init(p);
+}
+
+static int setup(void **state)
+{
+	struct fixture *f = calloc(1, sizeof(*f));
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+
+	if (!f)
+		return -1;
+	f->dir = test_mkdtemp("belayer-shadow");
+	if (!f->dir)
+		return -1;
+	snprintf(f->sock, sizeof(f->sock), "%s/supervisor.sock", f->dir);
+	if (strlen(f->sock) >= sizeof(sa.sun_path))
+		return -1;
+	memcpy(sa.sun_path, f->sock, strlen(f->sock) + 1);
+	f->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (f->lfd < 0 || bind(f->lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    listen(f->lfd, 16) < 0)
+		return -1;
+	peer_init(&f->primary);
+	peer_init(&f->shadow);
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct fixture *f = *state;
+
+	peer_close(&f->primary);
+	peer_close(&f->shadow);
+	safe_close(f->lfd);
+	test_rmtree(f->dir);
+	free(f->dir);
+	free(f);
+	return 0;
+}
+
+/* Starts argv under the shim with the given role and extra environment ("NAME=value"). */
+static void spawn(struct fixture *f, struct peer *p, const char *const argv[], const char *role,
+		  const char *const env[])
+{
+	int in[2], out[2], err[2];
+
+	assert_int_equal(pipe2(in, O_CLOEXEC), 0);
+	assert_int_equal(pipe2(out, O_CLOEXEC), 0);
+	assert_int_equal(pipe2(err, O_CLOEXEC), 0);
+	p->pid = fork();
+	assert_true(p->pid >= 0);
+	if (p->pid == 0) {
+		dup2(in[0], 0);
+		dup2(out[1], 1);
+		dup2(err[1], 2);
+		setenv("LD_LIBRARY_PATH", EMU_LIB_DIR, 1);
+		setenv("LD_PRELOAD", SHIM_PATH, 1);
+		setenv("BELAYER_SOCKET", f->sock, 1);
+		setenv("BELAYER_ROLE", role, 1);
+		setenv("BELAYER_ENGINE_ID", "test-engine", 1);
+		setenv("BELAYER_PARK_QUIET_MS", "200", 1);
+		for (size_t i = 0; env && env[i]; i++)
+			putenv((char *)env[i]);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	close(in[0]);
+	close(out[1]);
+	close(err[1]);
+	p->in = in[1];
+	p->out = out[0];
+	p->err = err[0];
+}
+
+/* Accepts the shim connection of the process just started (its CUDA init connects). */
+static void accept_peer(struct fixture *f, struct peer *p)
+{
+	struct pollfd pfd = {.fd = f->lfd, .events = POLLIN};
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+
+	assert_int_equal(poll(&pfd, 1, TIMEOUT_MS), 1);
+	p->conn = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
+	assert_true(p->conn >= 0);
+	assert_int_equal(getsockopt(p->conn, SOL_SOCKET, SO_PEERCRED, &cred, &len), 0);
+	assert_int_equal(cred.pid, p->pid);
+}
+
+static void absorb(struct peer *p, struct proto_msg *m)
+{
+	switch (m->type) {
+	case PROTO_HELLO:
+		p->hellos++;
+		p->role = m->hello.role;
+		assert_int_equal(m->hello.pid, p->pid);
+		break;
+	case PROTO_REGION_ANNOUNCE:
+		for (size_t i = 0; i < p->n_regs; i++)
+			if (p->regs[i].id == m->region.id) {
+				/* an update of a region already known */
+				safe_close(p->regs[i].fd);
+				p->regs[i] = m->region;
+				m->region.fd = -1;
+				return;
+			}
+		assert_true(p->n_regs < MAX_REGS);
+		p->regs[p->n_regs++] = m->region;
+		m->region.fd = -1;
+		break;
+	case PROTO_REGION_RELEASE:
+		for (size_t i = 0; i < p->n_regs; i++)
+			if (p->regs[i].id == m->release.id) {
+				safe_close(p->regs[i].fd);
+				p->regs[i] = p->regs[--p->n_regs];
+				break;
+			}
+		break;
+	case PROTO_SHADOW_REGION:
+		assert_true(p->n_sregs < MAX_REGS);
+		p->sregs[p->n_sregs++] = m->shadow_region;
+		break;
+	case PROTO_SHADOW_PARKED:
+		p->parked++;
+		p->park = m->shadow_parked;
+		break;
+	case PROTO_PROMOTE_DONE:
+		p->dones++;
+		p->done = m->promote_done;
+		break;
+	case PROTO_ERROR:
+		p->errors++;
+		p->error = m->error;
+		break;
+	default:
+		fail_msg("unexpected message type %d from the shim", (int)m->type);
+	}
+}
+
+/* Takes messages from p's shim until cond holds. */
+#define PUMP_UNTIL(p, cond)                                                       \
+	do {                                                                      \
+		uint64_t deadline_ = now_ms() + TIMEOUT_MS;                       \
+		while (!(cond)) {                                                 \
+			struct pollfd pfd_ = {.fd = (p)->conn, .events = POLLIN}; \
+			struct proto_msg m_;                                      \
+			int left_ = (int)(deadline_ - now_ms());                  \
+                                                                                  \
+			if (left_ <= 0)                                           \
+				fail_msg("timed out waiting for %s", #cond);      \
+			if (poll(&pfd_, 1, left_) <= 0)                           \
+				continue;                                         \
+			assert_int_equal(proto_recv((p)->conn, &m_, 0), 0);       \
+			absorb((p), &m_);                                         \
+			proto_msg_finish(&m_);                                    \
+		}                                                                 \
+	} while (0)
+
+static bool read_line(int fd, char *buf, size_t cap)
+{
+	uint64_t deadline = now_ms() + TIMEOUT_MS;
+	size_t n = 0;
+
+	while (n + 1 < cap) {
+		struct pollfd pfd = {.fd = fd, .events = POLLIN};
+		int left = (int)(deadline - now_ms());
+
+		if (left <= 0 || poll(&pfd, 1, left) <= 0 || read(fd, &buf[n], 1) != 1)
+			return false;
+		if (buf[n] == '\n')
+			break;
+		n++;
+	}
+	buf[n] = '\0';
+	return true;
+}
+
+static void expect_line(struct peer *p, const char *prefix, char *buf, size_t cap)
+{
+	while (read_line(p->out, buf, cap))
+		if (strncmp(buf, prefix, strlen(prefix)) == 0)
+			return;
+	fail_msg("no line \"%s\" from process %d", prefix, p->pid);
+}
+
+/* The workload's checksums of its weights/kv regions, read at their addresses. */
+static void sums(struct peer *p, uint64_t out[N_LAYOUT])
+{
+	char line[128];
+	size_t n = 0;
+
+	assert_int_equal(write(p->in, "sum\n", 4), 4);
+	for (;;) {
+		unsigned idx;
+		uint64_t v;
+
+		assert_true(read_line(p->out, line, sizeof(line)));
+		if (strcmp(line, "sum-end") == 0)
+			break;
+		assert_int_equal(sscanf(line, "sum %u %" SCNx64, &idx, &v), 2);
+		assert_true(idx < N_LAYOUT);
+		out[idx] = v;
+		n++;
+	}
+	assert_int_equal(n, N_LAYOUT);
+}
+
+static void start_workload(struct fixture *f, struct peer *p, const char *role, unsigned seed,
+			   uint64_t weights, uint64_t kv)
+{
+	char s[16], w[32], k[32], line[64];
+	const char *argv[] = {SHADOW_WORKLOAD_PATH, s, w, k, NULL};
+
+	snprintf(s, sizeof(s), "%u", seed);
+	snprintf(w, sizeof(w), "%" PRIu64, weights);
+	snprintf(k, sizeof(k), "%" PRIu64, kv);
+	spawn(f, p, argv, role, NULL);
+	accept_peer(f, p);
+	expect_line(p, "ready", line, sizeof(line));
+}
+
+/* The primary's layout as the supervisor computes it: its weights+kv announcements. */
+static uint64_t primary_layout(const struct peer *p, uint32_t *ret_n,
+			       const struct proto_region *ret[])
+{
+	struct layout_entry e[MAX_REGS];
+	uint64_t h;
+
+	for (size_t i = 0; i < p->n_regs; i++)
+		e[i] = (struct layout_entry){
+			.order = p->regs[i].order, .cls = p->regs[i].cls, .size = p->regs[i].size};
+	h = layout_hash(e, p->n_regs, ret_n);
+	if (ret) {
+		size_t k = 0;
+
+		/* the same entries, in the order layout_hash sorted them */
+		for (size_t i = 0; i < p->n_regs; i++)
+			for (size_t j = 0; j < p->n_regs; j++)
+				if (p->regs[j].order == e[i].order && layout_class_counts(e[i].cls))
+					ret[k++] = &p->regs[j];
+	}
+	return h;
+}
+
+static size_t count_class(const struct peer *p, bool layout)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < p->n_regs; i++)
+		n += layout_class_counts(p->regs[i].cls) == layout;
+	return n;
+}
+
+static uint64_t live_bytes(void)
+{
+	uint64_t bytes = 0;
+
+	assert_true(belayer_emu_live_allocations(0, &bytes) >= 0);
+	return bytes;
+}
+
+/* Primary up and announced, shadow up and parked, layouts equal. */
+static void start_pair(struct fixture *f, uint64_t weights, uint64_t kv, uint64_t prim_sums[])
+{
+	uint64_t hash;
+	uint32_t n;
+
+	start_workload(f, &f->primary, "primary", 1, weights, kv);
+	PUMP_UNTIL(&f->primary, f->primary.hellos == 1 && f->primary.n_regs == N_LAYOUT + 1);
+	assert_int_equal(f->primary.role, ROLE_PRIMARY);
+	sums(&f->primary, prim_sums);
+
+	start_workload(f, &f->shadow, "shadow", 2, weights, kv);
+	PUMP_UNTIL(&f->shadow, f->shadow.parked == 1);
+	assert_int_equal(f->shadow.role, ROLE_SHADOW);
+	hash = primary_layout(&f->primary, &n, NULL);
+	assert_int_equal(n, N_LAYOUT);
+	assert_int_equal(f->shadow.park.n_entries, N_LAYOUT);
+	assert_true(f->shadow.park.hash == hash);
+	assert_int_equal(f->shadow.n_sregs, N_LAYOUT);
+	/* its scratch-backed regions are not announced; its `other` region is */
+	assert_int_equal(count_class(&f->shadow, true), 0);
+	assert_int_equal(count_class(&f->shadow, false), 1);
+}
+
+/* MAP of every shadow region onto the primary region at the same layout position. */
+static void send_maps(struct fixture *f)
+{
+	const struct proto_region *prim[MAX_REGS];
+	uint32_t n;
+
+	(void)primary_layout(&f->primary, &n, prim);
+	assert_int_equal(n, f->shadow.n_sregs);
+	for (uint32_t i = 0; i < n; i++) {
+		struct proto_msg m = {.type = PROTO_PROMOTE_MAP};
+
+		/* SHADOW_REGIONs come in creation order */
+		assert_int_equal(f->shadow.sregs[i].cls, prim[i]->cls);
+		assert_true(f->shadow.sregs[i].size == prim[i]->size);
+		m.promote_map = (struct proto_promote_map){
+			.shadow_id = f->shadow.sregs[i].id,
+			.primary_pid = (uint32_t)f->primary.pid,
+			.primary_id = prim[i]->id,
+			.size = prim[i]->size,
+			.weights_version = prim[i]->weights_version,
+			.fd = prim[i]->fd,
+		};
+		assert_int_equal(proto_send(f->shadow.conn, &m, 0), 0);
+	}
+}
+
+static void kill_primary(struct fixture *f)
+{
+	int status;
+
+	assert_int_equal(kill(f->primary.pid, SIGKILL), 0);
+	assert_int_equal(waitpid(f->primary.pid, &status, 0), f->primary.pid);
+	f->primary.pid = -1;
+}
+
+static void commit(struct fixture *f, uint64_t hash, uint32_t n, uint64_t wver)
+{
+	struct proto_msg m = {.type = PROTO_PROMOTE_COMMIT};
+	int before = f->shadow.dones;
+
+	m.promote_commit = (struct proto_promote_commit){
+		.n_regions = n, .hash = hash, .weights_version = wver};
+	assert_int_equal(proto_send(f->shadow.conn, &m, 0), 0);
+	PUMP_UNTIL(&f->shadow, f->shadow.dones == before + 1);
+}
+
+/* After a successful commit: hello as a primary, every promoted region announced with an
+ * fd and the committed version, and the primary's bytes at the shadow's own addresses. */
+static void expect_promoted(struct fixture *f, const uint64_t prim_sums[], uint64_t wver)
+{
+	uint64_t got[N_LAYOUT];
+
+	assert_int_equal(f->shadow.done.code, 0);
+	assert_int_equal(f->shadow.done.n_regions, N_LAYOUT);
+	PUMP_UNTIL(&f->shadow, f->shadow.hellos == 2 && count_class(&f->shadow, true) == N_LAYOUT);
+	assert_int_equal(f->shadow.role, ROLE_PRIMARY);
+	for (size_t i = 0; i < f->shadow.n_regs; i++) {
+		const struct proto_region *r = &f->shadow.regs[i];
+
+		if (!layout_class_counts(r->cls))
+			continue;
+		assert_true(r->fd >= 0);
+		assert_true(r->weights_version == wver);
+		/* the same addresses it reported as a shadow */
+		bool found = false;
+		for (size_t j = 0; j < f->shadow.n_sregs; j++)
+			found = found ||
+				(f->shadow.sregs[j].id == r->id && f->shadow.sregs[j].va == r->va);
+		assert_true(found);
+	}
+	sums(&f->shadow, got);
+	for (size_t i = 0; i < N_LAYOUT; i++)
+		if (got[i] != prim_sums[i])
+			fail_msg("region %zu: %016" PRIx64
+				 " after promotion, the primary had %016" PRIx64,
+				 i, got[i], prim_sums[i]);
+}
+
+/* Still a shadow on scratch: it reads its regions fine, and none holds the primary's bytes. */
+static void expect_still_scratch(struct fixture *f, const uint64_t prim_sums[])
+{
+	uint64_t got[N_LAYOUT];
+
+	assert_int_not_equal(f->shadow.done.code, 0);
+	assert_int_equal(f->shadow.done.n_regions, 0);
+	sums(&f->shadow, got);
+	for (size_t i = 0; i < N_LAYOUT; i++)
+		assert_true(got[i] != prim_sums[i]);
+	assert_int_equal(f->shadow.hellos, 1);
+}
+
+static int emu_ctl(const char *a, const char *b, const char *c, const char *d)
+{
+	const char *argv[] = {EMU_CTL_PATH, a, b, c, d, NULL};
+	int status;
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+
+		dup2(null, 1);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return -1;
+	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_shadow_parks_with_primary_layout_and_costs_scratch(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t prim_sums[N_LAYOUT], before, with_shadow;
+
+	start_workload(f, &f->primary, "primary", 1, 32 * MIB, 32 * MIB);
+	PUMP_UNTIL(&f->primary, f->primary.n_regs == N_LAYOUT + 1);
+	sums(&f->primary, prim_sums);
+	before = live_bytes();
+
+	start_workload(f, &f->shadow, "shadow", 2, 32 * MIB, 32 * MIB);
+	PUMP_UNTIL(&f->shadow, f->shadow.parked == 1);
+	with_shadow = live_bytes();
+	/* one scratch granule plus its 2 MiB `other` allocation, for 64 MiB of weights + kv */
+	assert_true(with_shadow - before == SCRATCH + 2 * MIB);
+
+	uint32_t n;
+	assert_true(f->shadow.park.hash == primary_layout(&f->primary, &n, NULL));
+	assert_int_equal(f->shadow.park.n_entries, n);
+	assert_int_equal(count_class(&f->shadow, true), 0);
+	/* the shadow's classes and sizes, in creation order, are the primary's */
+	for (size_t i = 0; i < f->shadow.n_sregs; i++)
+		assert_true(i == 0 || f->shadow.sregs[i].order > f->shadow.sregs[i - 1].order);
+}
+
+static void test_promotion_remaps_every_region(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t prim_sums[N_LAYOUT];
+
+	start_pair(f, 32 * MIB, 32 * MIB, prim_sums);
+	send_maps(f); /* early, as the supervisor does once both layouts are known */
+	kill_primary(f);
+	commit(f, f->shadow.park.hash, N_LAYOUT, 7);
+	expect_promoted(f, prim_sums, 7);
+	assert_true(f->shadow.done.ns > 0);
+}
+
+static void test_layout_mismatch_is_refused_and_rolled_back(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t prim_sums[N_LAYOUT];
+
+	start_pair(f, 16 * MIB, 16 * MIB, prim_sums);
+	send_maps(f);
+	kill_primary(f);
+	commit(f, f->shadow.park.hash ^ 1, N_LAYOUT, 3);
+	assert_int_equal(f->shadow.done.code, EXDEV);
+	expect_still_scratch(f, prim_sums);
+	commit(f, f->shadow.park.hash, N_LAYOUT - 1, 3);
+	assert_int_equal(f->shadow.done.code, EXDEV);
+	/* nothing was lost: the right commit still works */
+	commit(f, f->shadow.park.hash, N_LAYOUT, 3);
+	expect_promoted(f, prim_sums, 3);
+}
+
+static void test_failed_import_is_refused(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t prim_sums[N_LAYOUT];
+
+	start_pair(f, 16 * MIB, 16 * MIB, prim_sums);
+	assert_int_equal(
+		emu_ctl("fail", "cuMemImportFromShareableHandle", "1", "CUDA_ERROR_INVALID_VALUE"),
+		0);
+	send_maps(f);
+	PUMP_UNTIL(&f->shadow, f->shadow.errors == 1);
+	assert_int_equal(f->shadow.error.in_reply_to, PROTO_PROMOTE_MAP);
+	kill_primary(f);
+	commit(f, f->shadow.park.hash, N_LAYOUT, 4);
+	assert_int_equal(f->shadow.done.code, EIO);
+	expect_still_scratch(f, prim_sums);
+	/* a MAP sent again replaces the failed one */
+	send_maps(f);
+	commit(f, f->shadow.park.hash, N_LAYOUT, 4);
+	expect_promoted(f, prim_sums, 4);
+}
+
+static void test_failed_remap_rolls_back(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t prim_sums[N_LAYOUT];
+
+	start_pair(f, 16 * MIB, 16 * MIB, prim_sums);
+	send_maps(f);
+	kill_primary(f);
+	/* the first region is swapped, then granting access fails: it must go back to scratch */
+	assert_int_equal(emu_ctl("fail", "cuMemSetAccess", "1", "CUDA_ERROR_OUT_OF_MEMORY"), 0);
+	commit(f, f->shadow.park.hash, N_LAYOUT, 5);
+	assert_int_equal(f->shadow.done.code, EIO);
+	expect_still_scratch(f, prim_sums);
+	commit(f, f->shadow.park.hash, N_LAYOUT, 5);
+	expect_promoted(f, prim_sums, 5);
+}
+
+/* The figure the README quotes: a parked shadow of 1 GiB weights + 1 GiB KV. */
+static void test_parked_cost_at_1g(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t before = live_bytes(), parked;
+	char line[128];
+	size_t free_b, total_b;
+
+	start_workload(f, &f->shadow, "shadow", 2, 1024 * MIB, 1024 * MIB);
+	PUMP_UNTIL(&f->shadow, f->shadow.parked == 1);
+	parked = live_bytes();
+	assert_true(parked - before == SCRATCH + 2 * MIB);
+	assert_int_equal(write(f->shadow.in, "info\n", 5), 5);
+	expect_line(&f->shadow, "info ", line, sizeof(line));
+	assert_int_equal(sscanf(line, "info %zu %zu", &free_b, &total_b), 2);
+	assert_true(total_b - free_b >= SCRATCH + 2 * MIB);
+	print_message("parked shadow of 1 GiB weights + 1 GiB kv: %" PRIu64
+		      " bytes of device memory (device used: %zu)\n",
+		      parked - before, total_b - free_b);
+}
+
+/* ---- the engine stand-in ---- */
+
+struct engine {
+	struct peer *p;
+	uint16_t port;
+};
+
+static void engine_start(struct fixture *f, struct peer *p, const char *role, const char *seed,
+			 struct engine *e)
+{
+	char line[4096], *port;
+	const char *argv[] = {ENGINE_PATH, "--model",	       NULL,	"--port",
+			      "0",	   "--load-format",    "dummy", "--seed",
+			      seed,	   "--kv-cache-bytes", "16M",	NULL};
+	/* Every allocation tracked, the smallest tensors (norms) too: a promoted shadow must hold
+	 * all of the primary's weights. PyTorch's caching allocator gets this by itself (its
+	 * smallest segment is 2 MiB); the stand-in allocates tensor by tensor. */
+	const char *env[] = {"BELAYER_ALLOC_THRESHOLD=1",
+			     "BELAYER_EMU_KERNELS=" ENGINE_KERNELS_PATH, NULL};
+	static char model[512];
+
+	snprintf(model, sizeof(model), "%s/model.safetensors", f->dir);
+	argv[2] = model;
+	spawn(f, p, argv, role, env);
+	accept_peer(f, p);
+	expect_line(p, "{\"event\":\"ready\"", line, sizeof(line));
+	port = strstr(line, "\"port\":");
+	assert_non_null(port);
+	e->p = p;
+	e->port = (uint16_t)strtoul(port + 7, NULL, 10);
+	assert_true(e->port > 0);
+}
+
+/* Greedy tokens for a fixed prompt, as the engine's /generate returns them. */
+static char *generate(const struct engine *e)
+{
+	static const char body[] = "{\"input_ids\":[100,7,42,42,9,300,11,250,3,17,64,8],"
+				   "\"sampling_params\":{\"max_new_tokens\":24,\"temperature\":0},"
+				   "\"stream\":false}";
+	struct http_response resp = {};
+	char *tokens, *end;
+
+	assert_int_equal(client_request(e->port, "POST", "/generate", body, TIMEOUT_MS, &resp), 0);
+	if (resp.status != 200)
+		fail_msg("/generate: %d %s", resp.status, resp.body ? resp.body : "");
+	tokens = strstr(resp.body, "\"output_ids\"");
+	assert_non_null(tokens);
+	end = strchr(tokens, ']');
+	assert_non_null(end);
+	tokens = strndup(tokens, (size_t)(end - tokens + 1));
+	http_response_free(&resp);
+	return tokens;
+}
+
+static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
+{
+	struct fixture *f = *state;
+	struct engine prim, shad;
+	char *want, *before, *got, model[512];
+	const char *gen[] = {GEN_WEIGHTS_PATH, "--out", model,	     "--size", "8M",
+			     "--seed",	       "1",	"--max-pos", "256",    NULL};
+	const struct proto_region *pr[MAX_REGS];
+	uint32_t n;
+	int status;
+	pid_t pid;
+
+	TEST_REQUIRE(access(ENGINE_PATH, X_OK) == 0, "the engine stand-in is not built");
+	snprintf(model, sizeof(model), "%s/model.safetensors", f->dir);
+	pid = fork();
+	if (pid == 0) {
+		execv(gen[0], (char *const *)gen);
+		_exit(127);
+	}
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+	/* primary and shadow with different dummy weights: only promotion can make them agree */
+	engine_start(f, &f->primary, "primary", "11", &prim);
+	want = generate(&prim);
+	PUMP_UNTIL(&f->primary, count_class(&f->primary, true) > 0);
+	engine_start(f, &f->shadow, "shadow", "22", &shad);
+	PUMP_UNTIL(&f->shadow, f->shadow.parked >= 1);
+	before = generate(&shad);
+	assert_string_not_equal(before, want);
+
+	/* every tracked weights/kv region of the primary, as announced by now */
+	PUMP_UNTIL(&f->primary, primary_layout(&f->primary, &n, NULL) == f->shadow.park.hash);
+	assert_int_equal(n, f->shadow.park.n_entries);
+	(void)primary_layout(&f->primary, &n, pr);
+	send_maps(f);
+	kill_primary(f);
+	commit(f, f->shadow.park.hash, n, pr[0]->weights_version);
+	assert_int_equal(f->shadow.done.code, 0);
+	assert_int_equal(f->shadow.done.n_regions, n);
+	got = generate(&shad);
+	assert_string_equal(got, want);
+	print_message("promoted %u regions in %" PRIu64 " us; answers equal the primary's\n", n,
+		      f->shadow.done.ns / 1000);
+	free(want);
+	free(before);
+	free(got);
+}
+
+static int group_setup(void **state)
+{
+	emu_dir = test_mkdtemp("belayer-shadow-emu");
+	if (!emu_dir)
+		return -1;
+	/* one emulated machine for the whole run: this process reads it too */
+	setenv("BELAYER_EMU_DIR", emu_dir, 1);
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	test_rmtree(emu_dir);
+	free(emu_dir);
+	return 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(
+			test_shadow_parks_with_primary_layout_and_costs_scratch, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_promotion_remaps_every_region, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_layout_mismatch_is_refused_and_rolled_back,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_failed_import_is_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_failed_remap_rolls_back, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_parked_cost_at_1g, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_engine_promoted_shadow_answers_like_the_primary, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
