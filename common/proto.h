@@ -54,12 +54,17 @@
  *   PROTO_SHADOW_REGION (20), shadow -> supervisor, no fd: one scratch-backed weights/kv region
  *     "id": uint64  "va": uint64  "size": uint64  "cls": uint enum region_class
  *     "ord": uint64 -> order  "dev": bin[16] -> device_uuid
+ *     Sent as the region appears (and again, all of them, after a reconnect); a region that
+ *     goes later is withdrawn with a PROTO_REGION_RELEASE of its id (ids are shared with
+ *     the process's announced regions). The shadow's nccl/other regions are announced as usual.
  *   PROTO_SHADOW_PARKED (21), shadow -> supervisor, no fd: initialization looks done
  *     "n": uint32 -> n_entries (layout entries)  "hash": uint64 -> hash (common/layout.h)
  *   PROTO_PROMOTE_MAP (22), supervisor -> shadow, 1 fd -> fd (the primary region's memory):
  *     "sid": uint64 -> shadow_id  "pid": uint32 -> primary_pid  "pidr": uint64 -> primary_id
  *     "size": uint64  "wver": uint64 -> weights_version
- *     May come early (before any failure); a later MAP for the same "sid" replaces it.
+ *     May come early (before any failure); a later MAP for the same "sid" replaces it. A MAP
+ *     that cannot be used (not a shadow, unknown region, size differs, import failed) is
+ *     answered with PROTO_ERROR (in_reply_to 22); a later COMMIT then fails for that region.
  *   PROTO_PROMOTE_COMMIT (23), supervisor -> shadow, no fd:
  *     "n": uint32 -> n_regions (regions that must be mapped)  "hash": uint64 (expected layout)
  *     "wver": uint64 -> weights_version (now held by the memory)
