@@ -12,6 +12,7 @@
 #include "supervisor-engines.h"
 #include "supervisor-events.h"
 #include "supervisor-promote.h"
+#include "supervisor-shadow.h"
 
 static int send_end(struct supervisor *s, struct sv_client *c, uint32_t count)
 {
@@ -30,6 +31,8 @@ static int ctl_status(struct supervisor *s, struct sv_client *c)
 	for (size_t i = 0; metrics_get(s, i, &m); i++, n++)
 		if (client_send(s, c, &m) < 0)
 			return -ECONNRESET;
+	if (promote_status_events(s, c, &n) < 0)
+		return -ECONNRESET;
 	return send_end(s, c, n);
 }
 
@@ -41,6 +44,7 @@ static int ctl_workers(struct supervisor *s, struct sv_client *c)
 
 	for (struct sv_worker *w = s->reg.workers; w; w = w->next, n++) {
 		worker_to_info(w, now, &m);
+		shadow_worker_info(s, w, &m);
 		if (client_send(s, c, &m) < 0)
 			return -ECONNRESET;
 	}

@@ -197,6 +197,12 @@ static void probe_reset(struct eng_probe *pr)
 	pr->n = 0;
 }
 
+void engines_probe_reset(struct sv_engine *e)
+{
+	probe_reset(&e->probe);
+	e->next_probe_ms = 0;
+}
+
 static int probe_start(struct sv_engine *e)
 {
 	char url[256], host[64];
@@ -435,12 +441,23 @@ void engines_worker_died(struct supervisor *s, struct sv_worker *w)
 		return;
 	}
 	if (w->role != ROLE_PRIMARY) {
-		/* A shadow died: start another one (nothing to recover). */
-		if (e->cfg->shadow[0] && e->shadow.pid == 0)
-			(void)engines_launch(s, e, e->cfg->shadow, ROLE_SHADOW,
-					     e->primary_port == e->cfg->port ? e->cfg->shadow_port
-									     : e->cfg->port,
-					     &e->shadow);
+		/* A shadow rank died: the rest of its group is useless (one NCCL group), so the
+		 * whole group is replaced. Nothing to recover. */
+		if (!e->cfg->shadow[0])
+			return;
+		engines_kill_proc(&e->shadow);
+		if (now_ms() < e->shadow_backoff_ms) {
+			supervisor_emit(s, EVENT_ENGINE, (uint32_t)w->pid, 0,
+					"engine \"%s\": shadow died again within 10 s; not "
+					"restarting it",
+					e->cfg->name);
+			return;
+		}
+		e->shadow_backoff_ms = now_ms() + 10000;
+		(void)engines_launch(s, e, e->cfg->shadow, ROLE_SHADOW,
+				     e->primary_port == e->cfg->port ? e->cfg->shadow_port
+								     : e->cfg->port,
+				     &e->shadow);
 		return;
 	}
 	hint = e->kill_hint_ns;

@@ -77,6 +77,7 @@ struct sv_engine {
 	struct recovery_record last;
 	uint64_t n_recoveries;
 	uint64_t kill_hint_ns; /* monotonic ns of a kill the supervisor did or was asked to do */
+	uint64_t shadow_backoff_ms; /* a shadow dying before this is not restarted */
 };
 
 struct sv_engines {
@@ -102,6 +103,8 @@ int engines_launch(struct supervisor *s, struct sv_engine *e, const char *cmd,
 		   enum worker_role role, uint32_t port, struct eng_proc *ret);
 /* SIGKILLs p's process group and reaps the leader (bounded wait). */
 void engines_kill_proc(struct eng_proc *p);
+/* Drops the probe in flight (the primary moved). */
+void engines_probe_reset(struct sv_engine *e);
 /* Workers of engine e (alive, given role), rank-indexed into ret[0..tp); returns how many. */
 size_t engines_workers(struct supervisor *s, const struct sv_engine *e, enum worker_role role,
 		       struct sv_worker **ret, size_t max);

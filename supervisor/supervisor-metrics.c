@@ -3,11 +3,13 @@
 #include <stdarg.h>
 #include <string.h>
 
+#include "supervisor-engines.h"
 #include "supervisor-journal.h"
+#include "supervisor-promote.h"
 #include "supervisor-metrics.h"
 #include "supervisor.h"
 
-#define MAX_METRICS 128
+#define MAX_METRICS 256
 
 static const char *const reject_names[_REJECT_MAX] = {
 	[REJECT_MAX_CONNECTIONS] = "max_connections",
@@ -66,6 +68,50 @@ static void add(struct collector *col, const char *name, enum metric_kind kind, 
 	va_start(ap, labels_fmt);
 	(void)vsnprintf(m->metric.labels, sizeof(m->metric.labels), labels_fmt, ap);
 	va_end(ap);
+}
+
+/* Configured engines: readiness and the last recovery's phases (the bench reads these). */
+static void collect_engines(struct supervisor *s, struct collector *col)
+{
+	static const char *const outcomes[] = {"none", "running", "promoted", "cold_restart",
+					       "failed"};
+	size_t n = s->engines ? s->engines->n : 0;
+
+	for (size_t i = 0; i < n; i++)
+		add(col, "belayer_engine_ready", METRIC_GAUGE, s->engines->e[i].primary_ready,
+		    "1 when the engine's primary answers its health URL.", "engine=\"%s\"",
+		    s->engines->e[i].cfg->name);
+	for (size_t i = 0; i < n; i++)
+		add(col, "belayer_engine_port", METRIC_GAUGE, s->engines->e[i].primary_port,
+		    "The port the engine's primary serves on (it changes at each promotion).",
+		    "engine=\"%s\"", s->engines->e[i].cfg->name);
+	for (size_t i = 0; i < n; i++) {
+		const struct sv_engine *e = &s->engines->e[i];
+		uint64_t o = 0;
+
+		for (size_t k = 0; k < ARRAY_SIZE(outcomes); k++)
+			if (strcmp(promote_outcome(e), outcomes[k]) == 0)
+				o = k;
+		add(col, "belayer_recovery_last_outcome", METRIC_GAUGE, o,
+		    "Last recovery: 0 none, 1 running, 2 promoted, 3 cold restart, 4 failed.",
+		    "engine=\"%s\"", e->cfg->name);
+	}
+	for (size_t i = 0; i < n; i++)
+		add(col, "belayer_recovery_last_seq", METRIC_GAUGE, s->engines->e[i].last.seq,
+		    "Number of the engine's last recovery (0: none).", "engine=\"%s\"",
+		    s->engines->e[i].cfg->name);
+	for (size_t i = 0; i < n; i++)
+		for (int p = 0; p < _PHASE_MAX; p++)
+			add(col, "belayer_recovery_last_phase_microseconds", METRIC_GAUGE,
+			    s->engines->e[i].last.phase_us[p],
+			    "Duration of each phase of the engine's last recovery.",
+			    "engine=\"%s\",phase=\"%s\"", s->engines->e[i].cfg->name,
+			    rec_phase_to_string((enum rec_phase)p));
+	for (size_t i = 0; i < n; i++)
+		add(col, "belayer_recovery_last_total_microseconds", METRIC_GAUGE,
+		    s->engines->e[i].last.total_us,
+		    "Failure (or detection) to serving, the engine's last recovery.",
+		    "engine=\"%s\"", s->engines->e[i].cfg->name);
 }
 
 static size_t collect(struct supervisor *s, struct proto_msg *out, size_t max)
@@ -136,10 +182,14 @@ static size_t collect(struct supervisor *s, struct proto_msg *out, size_t max)
 	    "");
 	add(&col, "belayer_offload_jobs_total", METRIC_COUNTER, m->offload_jobs,
 	    "Jobs run off the event loop.", "%s", "");
+	add(&col, "belayer_weights_checksums_total", METRIC_COUNTER, m->live_checksums,
+	    "Weights checksums recorded while their owner lived (what promotion compares).", "%s",
+	    "");
 	add(&col, "belayer_journal_bytes", METRIC_GAUGE, journal_size(s->journal),
 	    "Size of the journal.", "%s", "");
 	add(&col, "belayer_uptime_seconds", METRIC_GAUGE, (now_ms() - s->start_ms) / 1000,
 	    "Seconds since the supervisor started.", "%s", "");
+	collect_engines(s, &col);
 	return col.n;
 }
 

@@ -53,6 +53,7 @@ struct sv_metrics {
 	uint64_t events_total;
 	uint64_t injections;
 	uint64_t offload_jobs;
+	uint64_t live_checksums; /* weights checksums recorded while their owner lived */
 };
 
 const char *reject_reason_to_string(enum reject_reason r);

@@ -75,25 +75,65 @@ static void record_fill(struct sv_engine *e, struct sv_recovery *rec)
 	l->total_us = (last - rec->start_ns) / 1000;
 }
 
-static void emit_summary(struct supervisor *s, struct sv_engine *e)
+static void summary_text(const struct sv_engine *e, char *buf, size_t cap)
 {
 	const struct recovery_record *l = &e->last;
-	char buf[PROTO_MAX_STR + 1];
 	size_t off;
 
 	/* Machine-readable: key=value pairs, durations in microseconds. */
-	off = (size_t)snprintf(buf, sizeof(buf), "engine=%s seq=%" PRIu64 " outcome=%s trigger=%s",
-			       e->cfg->name, l->seq,
-			       !l->finished  ? "failed"
-			       : l->promoted ? "promoted"
-					     : "cold_restart",
-			       l->trigger);
-	for (int p = 0; p < _PHASE_MAX && off < sizeof(buf); p++)
-		off += (size_t)snprintf(buf + off, sizeof(buf) - off, " %s_us=%" PRIu64,
-					phase_names[p], l->phase_us[p]);
-	if (off < sizeof(buf))
-		snprintf(buf + off, sizeof(buf) - off, " total_us=%" PRIu64, l->total_us);
-	supervisor_emit(s, EVENT_RECOVERY, (uint32_t)l->dead_pid, l->seq, "%s", buf);
+	off = (size_t)snprintf(buf, cap, "engine=%s seq=%" PRIu64 " outcome=%s trigger=%s",
+			       e->cfg->name, l->seq, promote_outcome(e), l->trigger);
+	for (int p = 0; p < _PHASE_MAX && off < cap; p++)
+		off += (size_t)snprintf(buf + off, cap - off, " %s_us=%" PRIu64, phase_names[p],
+					l->phase_us[p]);
+	if (off < cap)
+		snprintf(buf + off, cap - off, " total_us=%" PRIu64, l->total_us);
+}
+
+const char *promote_outcome(const struct sv_engine *e)
+{
+	const struct recovery_record *l = &e->last;
+
+	if (!l->seq)
+		return "none";
+	if (e->rec && e->rec->seq == l->seq)
+		return "running";
+	return !l->finished ? "failed" : l->promoted ? "promoted" : "cold_restart";
+}
+
+static void emit_summary(struct supervisor *s, struct sv_engine *e)
+{
+	char buf[PROTO_MAX_STR + 1];
+
+	summary_text(e, buf, sizeof(buf));
+	supervisor_emit(s, EVENT_RECOVERY, (uint32_t)e->last.dead_pid, e->last.seq, "%s", buf);
+}
+
+int promote_status_events(struct supervisor *s, struct sv_client *c, uint32_t *ret_n)
+{
+	for (size_t i = 0; s->engines && i < s->engines->n; i++) {
+		struct sv_engine *e = &s->engines->e[i];
+		struct proto_msg m = {.type = PROTO_EVENT};
+
+		if (!e->last.seq)
+			continue;
+		m.event = (struct proto_event){.ts_us = e->last.started_us,
+					       .kind = EVENT_RECOVERY,
+					       .pid = (uint32_t)e->last.dead_pid,
+					       .id = e->last.seq};
+		summary_text(e, m.event.message, sizeof(m.event.message));
+		if (client_send(s, c, &m) < 0)
+			return -ECONNRESET;
+		(*ret_n)++;
+		if (!e->last.reason[0])
+			continue;
+		snprintf(m.event.message, sizeof(m.event.message), "engine=%s reason=%s",
+			 e->cfg->name, e->last.reason);
+		if (client_send(s, c, &m) < 0)
+			return -ECONNRESET;
+		(*ret_n)++;
+	}
+	return 0;
 }
 
 static void rec_log(struct supervisor *s, struct sv_engine *e, const char *fmt, ...) _printf_(3, 4);
@@ -187,8 +227,8 @@ static void finish(struct supervisor *s, struct sv_engine *e, bool promoted)
 	e->last.promoted = promoted;
 	e->last.finished = true;
 	s->metrics.recoveries[promoted ? RECOVERY_PROMOTED : RECOVERY_COLD_RESTART]++;
-	emit_summary(s, e);
 	promote_free(e);
+	emit_summary(s, e);
 	start_shadow(s, e);
 }
 
@@ -202,8 +242,8 @@ static void fail(struct supervisor *s, struct sv_engine *e, const char *why)
 	snprintf(e->last.reason, sizeof(e->last.reason), "%s", why);
 	s->metrics.recoveries[RECOVERY_FAILED]++;
 	rec_log(s, e, "failed: %s", why);
-	emit_summary(s, e);
 	promote_free(e);
+	emit_summary(s, e);
 }
 
 /* Falls back to a cold restart: everything of the engine stops, the dead primaries' memory is
@@ -268,6 +308,8 @@ static void promoted(struct supervisor *s, struct sv_engine *e)
 	}
 	/* The promoted ranks hold the memory now (imported handles) and announce it themselves. */
 	forget_dead(s, e, ROLE_PRIMARY);
+	engines_kill_proc(&e->primary); /* dead already: reaped here */
+	engines_probe_reset(e);
 	e->primary = e->shadow;
 	e->shadow = (struct eng_proc){.pidfd = -1};
 	e->primary.role = ROLE_PRIMARY;
@@ -393,6 +435,7 @@ static void record_done(struct supervisor *s, struct promote_job *pj)
 		rg->live_sum = it->sum;
 		rg->live_sum_version = it->wver + 1;
 		rg->live_sum_mode = (int)pj->mode;
+		s->metrics.live_checksums++;
 	}
 }
 
@@ -654,6 +697,12 @@ void promote_start(struct supervisor *s, struct sv_engine *e, const char *trigge
 	phase_end(rec, PHASE_OWNER);
 
 	/* Only now (the owners are gone) decide whether a shadow can take over at all. */
+	for (struct sv_worker *w = s->reg.workers; w; w = w->next)
+		if ((uint32_t)worker_rank(w) >= tp && strcmp(worker_engine(w), e->cfg->name) == 0) {
+			cold(s, e, "%s pid %d says rank %d, but tp = %u",
+			     worker_role_to_string(w->role), w->pid, w->rank, tp);
+			return;
+		}
 	if (!e->cfg->shadow[0]) {
 		cold(s, e, "no shadow configured");
 		return;
@@ -773,45 +822,4 @@ void promote_tick(struct supervisor *s, struct sv_engine *e)
 		return;
 	}
 	cold(s, e, "remap: not every shadow rank reported done within promote_timeout");
-}
-
-char *promote_status_json(struct supervisor *s)
-{
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-
-	if (!f)
-		return NULL;
-	fputc('{', f);
-	for (size_t i = 0; s->engines && i < s->engines->n; i++) {
-		const struct sv_engine *e = &s->engines->e[i];
-		const struct recovery_record *l = &e->last;
-
-		fprintf(f,
-			"%s\"%s\":{\"port\":%u,\"ready\":%s,\"recovering\":%s,\"recoveries\":"
-			"%" PRIu64,
-			i ? "," : "", e->cfg->name, e->primary_port,
-			e->primary_ready ? "true" : "false", e->rec ? "true" : "false",
-			e->n_recoveries);
-		if (l->seq)
-			fprintf(f,
-				",\"last\":{\"seq\":%" PRIu64
-				",\"trigger\":\"%s\",\"outcome\":\"%s\"",
-				l->seq, l->trigger,
-				!l->finished  ? (e->rec ? "running" : "failed")
-				: l->promoted ? "promoted"
-					      : "cold_restart");
-		if (l->seq) {
-			fprintf(f, ",\"phases_us\":{");
-			for (int p = 0; p < _PHASE_MAX; p++)
-				fprintf(f, "%s\"%s\":%" PRIu64, p ? "," : "", phase_names[p],
-					l->phase_us[p]);
-			fprintf(f, "},\"total_us\":%" PRIu64 "}", l->total_us);
-		}
-		fputc('}', f);
-	}
-	fputc('}', f);
-	(void)fclose(f);
-	return buf;
 }

@@ -29,5 +29,9 @@ void promote_worker_died(struct supervisor *s, struct sv_engine *e, struct sv_wo
 void promote_record_checksums(struct supervisor *s, struct sv_engine *e);
 void promote_free(struct sv_engine *e);
 const char *rec_phase_to_string(enum rec_phase p);
-/* The last recovery of every engine as a JSON object (malloc'ed). */
-char *promote_status_json(struct supervisor *s);
+/* "none", "running", "promoted", "cold_restart" or "failed": e's last recovery. */
+const char *promote_outcome(const struct sv_engine *e);
+/* For CTL_STATUS: per engine with a recovery, its summary as a PROTO_EVENT ("engine=NAME
+ * seq=N outcome=O trigger=T detect_us=... total_us=...") and, after a fallback, its reason
+ * ("engine=NAME reason=TEXT"). Adds the count sent to *ret_n. */
+int promote_status_events(struct supervisor *s, struct sv_client *c, uint32_t *ret_n);

@@ -260,3 +260,25 @@ void shadow_primary_announced(struct supervisor *s, struct sv_worker *w)
 		return;
 	shadow_sync(s, e);
 }
+
+void shadow_worker_info(struct supervisor *s, const struct sv_worker *w, struct proto_msg *m)
+{
+	struct proto_worker_info *i = &m->worker_info;
+	struct sv_engine *e = engines_find(s, worker_engine(w));
+
+	if (w->role == ROLE_SHADOW) {
+		i->layout_hash = w->layout_hash;
+		i->layout_n = w->layout_n;
+		i->parked = w->parked;
+	} else if (w->n_regions) {
+		i->layout_hash = shadow_primary_layout(w, &i->layout_n);
+	}
+	if (!e || w->state == WORKER_DEAD)
+		return;
+	if (w->role == ROLE_PRIMARY) {
+		i->port = e->primary_port;
+		i->ready = e->primary_ready;
+	} else if (e->shadow.pid > 0 && w->pgid == e->shadow.pid) {
+		i->port = e->shadow.port;
+	}
+}

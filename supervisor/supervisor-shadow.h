@@ -24,5 +24,7 @@ int shadow_layout_check(const struct sv_worker *p, const struct sv_worker *sh, c
 /* Sends sh the MAPs of p's regions it does not hold yet (force: all). Returns how many were
  * sent, or -errno. */
 int shadow_send_maps(struct supervisor *s, struct sv_worker *p, struct sv_worker *sh, bool force);
+/* Adds the promotion view of w to its WORKER_INFO: layout, parked, port, ready. */
+void shadow_worker_info(struct supervisor *s, const struct sv_worker *w, struct proto_msg *m);
 /* Sends every shadow of e that pairs with a live primary its missing MAPs. */
 void shadow_sync(struct supervisor *s, struct sv_engine *e);
