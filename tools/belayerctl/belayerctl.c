@@ -24,6 +24,8 @@ static const struct {
 	 "inject kill|hang|resume PID  signal a worker; inject gpu ARGS: emulated GPU (test-only)"},
 	{"config", cmd_config, "config                       the effective configuration"},
 	{"health", cmd_health, "health [--pid PID] [--dev N] run health checks now"},
+	{"promote", cmd_promote,
+	 "promote [--wait] ENGINE     fail ENGINE over to its shadow group now"},
 };
 
 static void help(FILE *f)

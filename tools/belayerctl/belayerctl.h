@@ -48,3 +48,4 @@ int cmd_events(const struct ctl_options *o, int argc, char **argv);
 int cmd_inject(const struct ctl_options *o, int argc, char **argv);
 int cmd_config(const struct ctl_options *o, int argc, char **argv);
 int cmd_health(const struct ctl_options *o, int argc, char **argv);
+int cmd_promote(const struct ctl_options *o, int argc, char **argv);

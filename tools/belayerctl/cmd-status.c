@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* belayerctl status: the supervisor's metrics, with a summary of workers and retained memory. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "belayerctl.h"
@@ -8,9 +9,54 @@
 
 struct status {
 	json_object *metrics;
+	json_object *recoveries; /* engine -> its last recovery */
 	uint64_t workers_alive, workers_dead, regions_retained, bytes_retained, regions_owned,
 		bytes_owned, connections, uptime;
 };
+
+/* "engine=NAME k=v k=v ..." (durations *_us grouped under "phases_us") or
+ * "engine=NAME reason=TEXT" into st->recoveries[NAME]. */
+static int on_recovery(struct status *st, const char *msg)
+{
+	char buf[PROTO_MAX_STR + 1], *save = NULL, *tok;
+	json_object *r, *phases;
+	const char *name;
+
+	if (strncmp(msg, "engine=", 7) != 0)
+		return 0;
+	snprintf(buf, sizeof(buf), "%s", msg + 7);
+	name = strtok_r(buf, " ", &save);
+	if (!name)
+		return 0;
+	if (!json_object_object_get_ex(st->recoveries, name, &r)) {
+		r = json_object_new_object();
+		json_object_object_add(st->recoveries, name, r);
+		json_object_object_add(r, "phases_us", json_object_new_object());
+	}
+	json_object_object_get_ex(r, "phases_us", &phases);
+	if (strncmp(save ? save : "", "reason=", 7) == 0) {
+		json_object_object_add(r, "reason", json_object_new_string(save + 7));
+		return 0;
+	}
+	for (tok = strtok_r(NULL, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+		char *eq = strchr(tok, '=');
+		size_t n;
+
+		if (!eq)
+			continue;
+		*eq++ = '\0';
+		n = strlen(tok);
+		if (n > 3 && strcmp(tok + n - 3, "_us") == 0 && strcmp(tok, "total_us") != 0) {
+			tok[n - 3] = '\0';
+			json_object_object_add(phases, tok, json_u64(strtoull(eq, NULL, 10)));
+		} else if (strcmp(tok, "seq") == 0 || strcmp(tok, "total_us") == 0) {
+			json_object_object_add(r, tok, json_u64(strtoull(eq, NULL, 10)));
+		} else {
+			json_object_object_add(r, tok, json_object_new_string(eq));
+		}
+	}
+	return 0;
+}
 
 static int on_metric(const struct proto_msg *m, void *userdata)
 {
@@ -20,6 +66,8 @@ static int on_metric(const struct proto_msg *m, void *userdata)
 	char buf[sizeof(p->labels)];
 	char *save = NULL, *tok;
 
+	if (m->type == PROTO_EVENT && m->event.kind == EVENT_RECOVERY)
+		return on_recovery(st, m->event.message);
 	if (m->type != PROTO_METRIC)
 		return 0;
 	if (!strcmp(p->name, "belayer_workers") && !strcmp(p->labels, "state=\"alive\""))
@@ -68,17 +116,20 @@ static int on_metric(const struct proto_msg *m, void *userdata)
 
 int cmd_status(const struct ctl_options *o, int argc, char **argv)
 {
-	struct status st = {.metrics = json_object_new_array()};
+	struct status st = {.metrics = json_object_new_array(),
+			    .recoveries = json_object_new_object()};
 	char owned[32], retained[32];
 	int r;
 
 	if (argc > 1) {
 		fprintf(stderr, "usage: belayerctl status\n");
+		json_object_put(st.recoveries);
 		json_object_put(st.metrics);
 		return -EINVAL;
 	}
 	r = ctl_query(o, CTL_STATUS, 0, CTL_ACT_NONE, -1, 0, on_metric, &st);
 	if (r < 0) {
+		json_object_put(st.recoveries);
 		json_object_put(st.metrics);
 		return r;
 	}
@@ -94,6 +145,8 @@ int cmd_status(const struct ctl_options *o, int argc, char **argv)
 		json_object_object_add(j, "connections", json_u64(st.connections));
 		json_object_object_add(j, "uptime_seconds", json_u64(st.uptime));
 		json_object_object_add(j, "metrics", st.metrics);
+		/* The last recovery per engine: outcome, trigger, reason, phase durations. */
+		json_object_object_add(j, "recoveries", st.recoveries);
 		json_print(j, false);
 		return 0;
 	}
@@ -125,6 +178,27 @@ int cmd_status(const struct ctl_options *o, int argc, char **argv)
 		printf("  %-36s %-36s %s\n", json_object_get_string(labels), lbl,
 		       json_object_get_string(v));
 	}
+	json_object_object_foreach(st.recoveries, eng, rec)
+	{
+		json_object *v, *ph;
+
+		printf("\nLast recovery of engine %s:", eng);
+		json_object_object_foreach(rec, k, val)
+		{
+			if (strcmp(k, "phases_us") == 0 || strcmp(k, "reason") == 0)
+				continue;
+			printf(" %s=%s", k, json_object_get_string(val));
+		}
+		printf("\n");
+		if (json_object_object_get_ex(rec, "reason", &v))
+			printf("  reason: %s\n", json_object_get_string(v));
+		json_object_object_get_ex(rec, "phases_us", &ph);
+		json_object_object_foreach(ph, pk, pv)
+		{
+			printf("  %-8s %10.3f ms\n", pk, (double)json_object_get_uint64(pv) / 1000);
+		}
+	}
+	json_object_put(st.recoveries);
 	json_object_put(st.metrics);
 	return 0;
 }

@@ -8,7 +8,7 @@ static int on_worker(const struct proto_msg *m, void *userdata)
 {
 	const struct proto_worker_info *w = &m->worker_info;
 	json_object *arr = userdata, *o, *devs;
-	char uuid[37];
+	char uuid[37], layout[17];
 
 	if (m->type != PROTO_WORKER_INFO)
 		return 0;
@@ -29,6 +29,14 @@ static int on_worker(const struct proto_msg *m, void *userdata)
 	json_object_object_add(o, "bytes", json_u64(w->bytes));
 	json_object_object_add(o, "age_ms", json_u64(w->age_ms));
 	json_object_object_add(o, "devices", devs);
+	/* Shadow promotion: a shadow's parked layout, a primary's computed one; the port and
+	 * readiness of configured engines' groups. */
+	snprintf(layout, sizeof(layout), "%016llx", (unsigned long long)w->layout_hash);
+	json_object_object_add(o, "layout", json_object_new_string(w->layout_n ? layout : ""));
+	json_object_object_add(o, "layout_entries", json_u64(w->layout_n));
+	json_object_object_add(o, "parked", json_object_new_boolean(w->parked));
+	json_object_object_add(o, "port", json_u64(w->port));
+	json_object_object_add(o, "ready", json_object_new_boolean(w->ready));
 	json_object_array_add(arr, o);
 	return 0;
 }
@@ -52,8 +60,9 @@ int cmd_workers(const struct ctl_options *o, int argc, char **argv)
 		json_print(arr, false);
 		return 0;
 	}
-	printf("%-8s %-6s %-20s %-8s %-5s %-12s %-8s %-12s %s\n", "PID", "UID", "ENGINE", "ROLE",
-	       "RANK", "STATE", "REGIONS", "BYTES", "AGE");
+	printf("%-8s %-6s %-20s %-8s %-5s %-12s %-8s %-12s %-8s %-5s %-8s %s\n", "PID", "UID",
+	       "ENGINE", "ROLE", "RANK", "STATE", "REGIONS", "BYTES", "AGE", "PORT", "SERVING",
+	       "LAYOUT");
 	for (size_t i = 0; i < json_object_array_length(arr); i++) {
 		json_object *w = json_object_array_get_idx(arr, i), *v;
 		char bytes[32], age[32];
@@ -67,7 +76,19 @@ int cmd_workers(const struct ctl_options *o, int argc, char **argv)
 		printf("%-8s ", json_object_get_string(GET("role")));
 		printf("%-5s ", json_object_get_string(GET("rank")));
 		printf("%-12s ", json_object_get_string(GET("state")));
-		printf("%-8s %-12s %s\n", json_object_get_string(GET("regions")), bytes, age);
+		printf("%-8s %-12s %-8s ", json_object_get_string(GET("regions")), bytes, age);
+		printf("%-5s ", json_object_get_uint64(GET("port"))
+					? json_object_get_string(GET("port"))
+					: "-");
+		printf("%-8s ", json_object_get_boolean(GET("ready"))	 ? "ready"
+				: json_object_get_boolean(GET("parked")) ? "parked"
+									 : "-");
+		printf("%s", json_object_get_string(GET("layout"))[0]
+				     ? json_object_get_string(GET("layout"))
+				     : "-");
+		if (json_object_get_uint64(GET("layout_entries")))
+			printf(" (%s regions)", json_object_get_string(GET("layout_entries")));
+		printf("\n");
 #undef GET
 	}
 	json_object_put(arr);
