@@ -415,6 +415,7 @@ void engines_worker_hello(struct supervisor *s, struct sv_worker *w)
 	struct sv_engine *e = engines_find(s, worker_engine(w));
 
 	w->pgid = getpgid(w->pid);
+	shadow_forget_maps(w);
 	if (!e)
 		return;
 	if (w->role == ROLE_PRIMARY)

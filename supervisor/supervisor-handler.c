@@ -75,6 +75,8 @@ static int on_release(struct supervisor *s, struct sv_client *c,
 		return client_refuse(s, c, REJECT_NO_HELLO, EPROTO, PROTO_REGION_RELEASE,
 				     "hello first");
 	rg = registry_region_find(c->worker, r->id);
+	if (!rg && shadow_release(c->worker, r->id))
+		return 0;
 	if (!rg) {
 		/* Benign: a region we refused, or one dropped in a resync. Not held against the
 		 * peer's error budget. */

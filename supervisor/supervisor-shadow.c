@@ -282,3 +282,23 @@ void shadow_worker_info(struct supervisor *s, const struct sv_worker *w, struct 
 		i->port = e->shadow.port;
 	}
 }
+
+bool shadow_release(struct sv_worker *w, uint64_t id)
+{
+	for (uint32_t i = 0; i < w->n_shadow_regions; i++)
+		if (w->shadow_regions[i].id == id) {
+			w->shadow_regions[i] = w->shadow_regions[--w->n_shadow_regions];
+			w->parked = false; /* it parks again with its new layout */
+			return true;
+		}
+	return false;
+}
+
+void shadow_forget_maps(struct sv_worker *w)
+{
+	for (uint32_t i = 0; i < w->n_shadow_regions; i++) {
+		w->shadow_regions[i].map_pid = 0;
+		w->shadow_regions[i].map_id = 0;
+		w->shadow_regions[i].map_wver = 0;
+	}
+}

@@ -13,6 +13,11 @@ int shadow_on_region(struct supervisor *s, struct sv_client *c,
 		     const struct proto_shadow_region *r);
 int shadow_on_parked(struct supervisor *s, struct sv_client *c,
 		     const struct proto_shadow_parked *p);
+/* A shadow withdraws one of its regions (PROTO_REGION_RELEASE of its id). Returns whether
+ * id was one. */
+bool shadow_release(struct sv_worker *w, uint64_t id);
+/* A (re)connected shadow holds no imported handle: every MAP is to be sent again. */
+void shadow_forget_maps(struct sv_worker *w);
 /* A primary's region was announced: refresh the early MAPs of its engine. */
 void shadow_primary_announced(struct supervisor *s, struct sv_worker *w);
 
