@@ -115,6 +115,52 @@ static int generate(uint16_t port, uint32_t out[MAX_TOKENS])
 	return 0;
 }
 
+/* Sends a request (method path body) and returns the connection without reading the reply:
+ * a request in flight when a worker dies. -errno when nothing listens. */
+static int send_request(uint16_t port, const char *method, const char *path, const char *body)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+				 .sin_port = htons(port)};
+	char req[PATH_MAX + 512];
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (fd < 0)
+		return -errno;
+	snprintf(req, sizeof(req),
+		 "%s %s HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+		 "Content-Length: %zu\r\n\r\n%s",
+		 method, path, strlen(body), body);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
+		close(fd);
+		return -ECONNREFUSED;
+	}
+	return fd;
+}
+
+/* The HTTP status of the reply on fd (read to the end, bounded). */
+static int reply_status(int fd)
+{
+	char buf[4096];
+	size_t n = 0;
+	ssize_t k;
+
+	for (;;) {
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+
+		if (poll(&pf, 1, 30000) != 1)
+			break;
+		k = read(fd, buf + n, sizeof(buf) - 1 - n);
+		if (k <= 0 || n + (size_t)k >= sizeof(buf) - 1)
+			break;
+		n += (size_t)k;
+	}
+	close(fd);
+	buf[n] = '\0';
+	return n > 12 ? atoi(buf + 9) : -1;
+}
+
 /* The engine's metric (engine="t" plus more labels). */
 static uint64_t engine_metric(const char *name, const char *more)
 {
@@ -336,11 +382,19 @@ static void promotes_on_each_rank_kill(void **state)
 	int first = (int)(rand_r(&seed) % 2);
 
 	print_message("killing rank %d first (seed %u)\n", first, seed);
+	int busy;
+
 	start(NULL, NULL);
 	wait_serving_correctly();
 	wait_parked();
+	/* A long request in flight dies with the primary (resubmitting it is the gateway's job). */
+	busy = send_request(port_a, "POST", "/generate",
+			    "{\"input_ids\":[1,2,3],\"sampling_params\":{\"max_new_tokens\":400,"
+			    "\"temperature\":0}}");
+	assert_true(busy >= 0);
 	kill_primary_rank(first);
 	assert_int_equal(wait_recovery(1), 2);
+	close(busy);
 	wait_serving_correctly();
 	/* The port moved to the former shadow's. */
 	assert_int_equal(engine_metric("belayer_engine_port", NULL), port_b);
@@ -462,6 +516,31 @@ static void bit_flip_forces_cold_path(void **state)
 	wait_serving_correctly();
 }
 
+/* Killed right after an RL weight update, before the new weights' checksum was recorded:
+ * the memory holds a version nothing vouches for, so the content check refuses it and the
+ * engine is cold-restarted (from its model file: the update must be pushed again). */
+static void kill_during_weight_update(void **state)
+{
+	char w2[PATH_MAX], body[PATH_MAX + 32];
+	const char *argv[] = {GEN_PATH, "--out", w2, "--size", "24M", "--seed", "2", NULL};
+	const char *const more[] = {"engine.t.checksum_settle=30s", NULL};
+	int fd;
+
+	snprintf(w2, sizeof(w2), "%s/w2.safetensors", sv.dir);
+	assert_int_equal(run_tool(&sv, argv, NULL), 0);
+	start(NULL, more);
+	wait_serving_correctly();
+	wait_parked();
+	snprintf(body, sizeof(body), "{\"model_path\":\"%s\"}", w2);
+	fd = send_request(port_a, "POST", "/update_weights_from_disk", body);
+	assert_true(fd >= 0);
+	assert_int_equal(reply_status(fd), 200);
+	kill_primary_rank(1);
+	assert_int_equal(wait_recovery(1), 3);
+	assert_reason("content");
+	wait_serving_correctly();
+}
+
 /* A SIGSTOPped primary answers nothing: after liveness_timeout its group is killed and the
  * shadow takes over. Honest scope: the probe detects a primary that stops answering HTTP
  * (stopped, deadlocked, spinning); a primary that answers /health but computes nothing is not
@@ -539,6 +618,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(mismatched_layout_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(xid_forces_cold_path, setup, teardown),
 		cmocka_unit_test_setup_teardown(bit_flip_forces_cold_path, setup, teardown),
+		cmocka_unit_test_setup_teardown(kill_during_weight_update, setup, teardown),
 		cmocka_unit_test_setup_teardown(hung_primary_recovered, setup, teardown),
 		cmocka_unit_test_setup_teardown(kill_during_promotion, setup, teardown),
 		cmocka_unit_test_setup_teardown(manual_promote, setup, teardown),
