@@ -47,10 +47,12 @@
 
 struct peer {
 	pid_t pid;
+	bool child;	  /* ours to reap (a TP rank's follower is its leader's child) */
 	int in, out, err; /* the process's stdin, stdout, stderr */
 	int conn;	  /* its shim's connection */
 	int hellos;
 	enum worker_role role;
+	int32_t rank;
 	struct proto_region regs[MAX_REGS]; /* announced, fd owned */
 	size_t n_regs;
 	struct proto_shadow_region sregs[MAX_REGS];
@@ -70,6 +72,7 @@ struct fixture {
 	char sock[256];
 	int lfd;
 	struct peer primary, shadow;
+	struct peer primary1, shadow1; /* rank 1 of a TP=2 engine */
 };
 
 static uint64_t now_ms(void)
@@ -91,7 +94,8 @@ static void peer_close(struct peer *p)
 {
 	if (p->pid > 0) {
 		kill(p->pid, SIGKILL);
-		waitpid(p->pid, NULL, 0);
+		if (p->child)
+			waitpid(p->pid, NULL, 0);
 	}
 	for (size_t i = 0; i < p->n_regs; i++)
 		safe_close(p->regs[i].fd);
@@ -122,6 +126,8 @@ static int setup(void **state)
 		return -1;
 	peer_init(&f->primary);
 	peer_init(&f->shadow);
+	peer_init(&f->primary1);
+	peer_init(&f->shadow1);
 	*state = f;
 	return 0;
 }
@@ -132,6 +138,8 @@ static int teardown(void **state)
 
 	peer_close(&f->primary);
 	peer_close(&f->shadow);
+	peer_close(&f->primary1);
+	peer_close(&f->shadow1);
 	safe_close(f->lfd);
 	test_rmtree(f->dir);
 	free(f->dir);
@@ -150,6 +158,7 @@ static void spawn(struct fixture *f, struct peer *p, const char *const argv[], c
 	assert_int_equal(pipe2(err, O_CLOEXEC), 0);
 	p->pid = fork();
 	assert_true(p->pid >= 0);
+	p->child = true;
 	if (p->pid == 0) {
 		dup2(in[0], 0);
 		dup2(out[1], 1);
@@ -193,6 +202,7 @@ static void absorb(struct peer *p, struct proto_msg *m)
 	case PROTO_HELLO:
 		p->hellos++;
 		p->role = m->hello.role;
+		p->rank = m->hello.rank;
 		assert_int_equal(m->hello.pid, p->pid);
 		break;
 	case PROTO_REGION_ANNOUNCE:
@@ -384,29 +394,34 @@ static void start_pair(struct fixture *f, uint64_t weights, uint64_t kv, uint64_
 }
 
 /* MAP of every shadow region onto the primary region at the same layout position. */
-static void send_maps(struct fixture *f)
+static void send_maps_to(const struct peer *primary, const struct peer *shadow)
 {
 	const struct proto_region *prim[MAX_REGS];
 	uint32_t n;
 
-	(void)primary_layout(&f->primary, &n, prim);
-	assert_int_equal(n, f->shadow.n_sregs);
+	(void)primary_layout(primary, &n, prim);
+	assert_int_equal(n, shadow->n_sregs);
 	for (uint32_t i = 0; i < n; i++) {
 		struct proto_msg m = {.type = PROTO_PROMOTE_MAP};
 
 		/* SHADOW_REGIONs come in creation order */
-		assert_int_equal(f->shadow.sregs[i].cls, prim[i]->cls);
-		assert_true(f->shadow.sregs[i].size == prim[i]->size);
+		assert_int_equal(shadow->sregs[i].cls, prim[i]->cls);
+		assert_true(shadow->sregs[i].size == prim[i]->size);
 		m.promote_map = (struct proto_promote_map){
-			.shadow_id = f->shadow.sregs[i].id,
-			.primary_pid = (uint32_t)f->primary.pid,
+			.shadow_id = shadow->sregs[i].id,
+			.primary_pid = (uint32_t)primary->pid,
 			.primary_id = prim[i]->id,
 			.size = prim[i]->size,
 			.weights_version = prim[i]->weights_version,
 			.fd = prim[i]->fd,
 		};
-		assert_int_equal(proto_send(f->shadow.conn, &m, 0), 0);
+		assert_int_equal(proto_send(shadow->conn, &m, 0), 0);
 	}
+}
+
+static void send_maps(struct fixture *f)
+{
+	send_maps_to(&f->primary, &f->shadow);
 }
 
 static void kill_primary(struct fixture *f)
@@ -418,14 +433,20 @@ static void kill_primary(struct fixture *f)
 	f->primary.pid = -1;
 }
 
-static void commit(struct fixture *f, uint64_t hash, uint32_t n, uint64_t wver)
+static void send_commit(struct peer *shadow, uint64_t hash, uint32_t n, uint64_t wver)
 {
 	struct proto_msg m = {.type = PROTO_PROMOTE_COMMIT};
-	int before = f->shadow.dones;
 
 	m.promote_commit = (struct proto_promote_commit){
 		.n_regions = n, .hash = hash, .weights_version = wver};
-	assert_int_equal(proto_send(f->shadow.conn, &m, 0), 0);
+	assert_int_equal(proto_send(shadow->conn, &m, 0), 0);
+}
+
+static void commit(struct fixture *f, uint64_t hash, uint32_t n, uint64_t wver)
+{
+	int before = f->shadow.dones;
+
+	send_commit(&f->shadow, hash, n, wver);
 	PUMP_UNTIL(&f->shadow, f->shadow.dones == before + 1);
 }
 
@@ -615,24 +636,62 @@ struct engine {
 	uint16_t port;
 };
 
-static void engine_start(struct fixture *f, struct peer *p, const char *role, const char *seed,
-			 struct engine *e)
+/* A TP=2 engine's two shim connections, in whichever order the ranks got there (the
+ * leader starts its follower before its own CUDA init): the leader's by pid, the other is
+ * rank 1, its leader's child. */
+static void accept_group(struct fixture *f, struct peer *leader, struct peer *p)
+{
+	for (int k = 0; k < 2; k++) {
+		struct pollfd pfd = {.fd = f->lfd, .events = POLLIN};
+		struct ucred cred;
+		socklen_t len = sizeof(cred);
+		int c;
+
+		assert_int_equal(poll(&pfd, 1, TIMEOUT_MS), 1);
+		c = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
+		assert_true(c >= 0);
+		assert_int_equal(getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len), 0);
+		if (cred.pid == leader->pid) {
+			assert_int_equal(leader->conn, -1);
+			leader->conn = c;
+			continue;
+		}
+		assert_int_equal(p->conn, -1);
+		p->conn = c;
+		p->pid = cred.pid;
+		p->child = false;
+	}
+	PUMP_UNTIL(p, p->hellos == 1);
+	assert_int_equal(p->rank, 1);
+}
+
+/* The stand-in with dummy weights of seed; p1 set: TP=2, rank 1 in p1. */
+static void engine_start(struct fixture *f, struct peer *p, struct peer *p1, const char *role,
+			 const char *seed, struct engine *e)
 {
 	char line[4096], *port;
-	const char *argv[] = {ENGINE_PATH, "--model",	       NULL,	"--port",
-			      "0",	   "--load-format",    "dummy", "--seed",
-			      seed,	   "--kv-cache-bytes", "16M",	NULL};
+	const char *argv[] = {ENGINE_PATH, "--model",
+			      NULL,	   "--port",
+			      "0",	   "--load-format",
+			      "dummy",	   "--seed",
+			      seed,	   "--kv-cache-bytes",
+			      "16M",	   p1 ? "--tensor-parallel-size" : NULL,
+			      "2",	   NULL};
 	/* Every allocation tracked, the smallest tensors (norms) too: a promoted shadow must hold
 	 * all of the primary's weights. PyTorch's caching allocator gets this by itself (its
-	 * smallest segment is 2 MiB); the stand-in allocates tensor by tensor. */
+	 * smallest segment is 2 MiB); the stand-in allocates tensor by tensor. RANK=0 for the
+	 * leader's hello; the engine gives its followers their own. */
 	const char *env[] = {"BELAYER_ALLOC_THRESHOLD=1",
-			     "BELAYER_EMU_KERNELS=" ENGINE_KERNELS_PATH, NULL};
+			     "BELAYER_EMU_KERNELS=" ENGINE_KERNELS_PATH, "RANK=0", NULL};
 	static char model[512];
 
 	snprintf(model, sizeof(model), "%s/model.safetensors", f->dir);
 	argv[2] = model;
 	spawn(f, p, argv, role, env);
-	accept_peer(f, p);
+	if (p1)
+		accept_group(f, p, p1);
+	else
+		accept_peer(f, p);
 	expect_line(p, "{\"event\":\"ready\"", line, sizeof(line));
 	port = strstr(line, "\"port\":");
 	assert_non_null(port);
@@ -662,15 +721,11 @@ static char *generate(const struct engine *e)
 	return tokens;
 }
 
-static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
+static void gen_model(struct fixture *f)
 {
-	struct fixture *f = *state;
-	struct engine prim, shad;
-	char *want, *before, *got, model[512];
+	char model[512];
 	const char *gen[] = {GEN_WEIGHTS_PATH, "--out", model,	     "--size", "8M",
 			     "--seed",	       "1",	"--max-pos", "256",    NULL};
-	const struct proto_region *pr[MAX_REGS];
-	uint32_t n;
 	int status;
 	pid_t pid;
 
@@ -678,17 +733,29 @@ static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
 	snprintf(model, sizeof(model), "%s/model.safetensors", f->dir);
 	pid = fork();
 	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+
+		dup2(null, 1);
 		execv(gen[0], (char *const *)gen);
 		_exit(127);
 	}
 	assert_int_equal(waitpid(pid, &status, 0), pid);
 	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
 
+static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
+{
+	struct fixture *f = *state;
+	struct engine prim, shad;
+	char *want, *before, *got;
+	const struct proto_region *pr[MAX_REGS];
+	uint32_t n;
+
+	gen_model(f);
 	/* primary and shadow with different dummy weights: only promotion can make them agree */
-	engine_start(f, &f->primary, "primary", "11", &prim);
+	engine_start(f, &f->primary, NULL, "primary", "11", &prim);
 	want = generate(&prim);
-	PUMP_UNTIL(&f->primary, count_class(&f->primary, true) > 0);
-	engine_start(f, &f->shadow, "shadow", "22", &shad);
+	engine_start(f, &f->shadow, NULL, "shadow", "22", &shad);
 	PUMP_UNTIL(&f->shadow, f->shadow.parked >= 1);
 	before = generate(&shad);
 	assert_string_not_equal(before, want);
@@ -704,10 +771,77 @@ static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
 	assert_int_equal(f->shadow.done.n_regions, n);
 	got = generate(&shad);
 	assert_string_equal(got, want);
-	print_message("promoted %u regions in %" PRIu64 " us; answers equal the primary's\n", n,
-		      f->shadow.done.ns / 1000);
+	print_message("TP=1: promoted %u regions in %" PRIu64 " us; answers equal the primary's\n",
+		      n, f->shadow.done.ns / 1000);
 	free(want);
 	free(before);
+	free(got);
+}
+
+static void wait_gone(pid_t pid)
+{
+	uint64_t deadline = now_ms() + TIMEOUT_MS;
+
+	while (kill(pid, 0) == 0 || errno != ESRCH) {
+		char path[64], st = 0;
+		FILE *in;
+
+		/* a zombie waiting for its reaper holds nothing any more */
+		snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+		in = fopen(path, "re");
+		if (in) {
+			int ok = fscanf(in, "%*d %*s %c", &st);
+
+			fclose(in);
+			if (ok == 1 && st == 'Z')
+				return;
+		}
+		assert_true(now_ms() < deadline);
+		poll(NULL, 0, 10);
+	}
+}
+
+/* Both ranks of a TP=2 group: the primary group dies whole, both shadow ranks are promoted
+ * (each onto the memory of the primary rank of the same number, on the same device). */
+static void test_engine_tp2_promoted_group_answers_like_the_primary(void **state)
+{
+	struct fixture *f = *state;
+	struct engine prim, shad;
+	struct peer *prims[2] = {&f->primary, &f->primary1}, *shads[2] = {&f->shadow, &f->shadow1};
+	char *want, *got;
+	uint32_t n[2];
+	uint64_t wver[2];
+
+	gen_model(f);
+	engine_start(f, &f->primary, &f->primary1, "primary", "11", &prim);
+	want = generate(&prim);
+	engine_start(f, &f->shadow, &f->shadow1, "shadow", "22", &shad);
+	for (int r = 0; r < 2; r++) {
+		const struct proto_region *pr[MAX_REGS];
+
+		PUMP_UNTIL(shads[r], shads[r]->parked >= 1);
+		PUMP_UNTIL(prims[r], primary_layout(prims[r], &n[r], NULL) == shads[r]->park.hash);
+		(void)primary_layout(prims[r], &n[r], pr);
+		wver[r] = pr[0]->weights_version;
+		send_maps_to(prims[r], shads[r]);
+	}
+	/* the follower first: the leader's death would stop it anyway */
+	assert_int_equal(kill(f->primary1.pid, SIGKILL), 0);
+	wait_gone(f->primary1.pid);
+	f->primary1.pid = -1;
+	kill_primary(f);
+	for (int r = 0; r < 2; r++)
+		send_commit(shads[r], shads[r]->park.hash, n[r], wver[r]);
+	for (int r = 0; r < 2; r++) {
+		PUMP_UNTIL(shads[r], shads[r]->dones == 1);
+		assert_int_equal(shads[r]->done.code, 0);
+		assert_int_equal(shads[r]->done.n_regions, n[r]);
+	}
+	got = generate(&shad);
+	assert_string_equal(got, want);
+	print_message("TP=2: promoted %u + %u regions; answers equal the primary group's\n", n[0],
+		      n[1]);
+	free(want);
 	free(got);
 }
 
@@ -742,6 +876,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_parked_cost_at_1g, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_engine_promoted_shadow_answers_like_the_primary, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_engine_tp2_promoted_group_answers_like_the_primary, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
