@@ -134,6 +134,67 @@ static void entries_round_trip(void **state)
 	assert_memory_equal(&a, &b, sizeof(a));
 }
 
+static void engine_sections(void **state)
+{
+	char *dir = test_mkdtemp("belayer-conf");
+	struct sv_config c, d;
+	const struct sv_engine_config *e;
+	const char *section, *key;
+	char path[512], value[1024];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/belayer.conf", dir);
+	f = fopen(path, "w");
+	assert_non_null(f);
+	fprintf(f, "[engine.llm]\nprimary = serve --port {port}\nshadow = serve --port {port} "
+		   "--load-format dummy\ntp = 2\nverify = full\nliveness_timeout = 1500ms\n"
+		   "[engine.other]\nport = 9000\n");
+	fclose(f);
+	config_init_defaults(&c);
+	assert_int_equal(config_load(&c, path, false), 0);
+	assert_int_equal(c.n_engines, 2);
+	e = config_engine(&c, "llm");
+	assert_non_null(e);
+	assert_string_equal(e->primary, "serve --port {port}");
+	assert_int_equal(e->tp, 2);
+	assert_int_equal(e->verify, VERIFY_FULL);
+	assert_int_equal(e->liveness_timeout_ms, 1500);
+	assert_int_equal(e->promote_timeout_ms, 10000); /* the default */
+	assert_string_equal(e->health_url, "http://127.0.0.1:{port}/health");
+	e = config_engine(&c, "other");
+	assert_non_null(e);
+	assert_string_equal(e->primary, "external");
+	assert_int_equal(e->port, 9000);
+	assert_int_equal(e->verify, VERIFY_SAMPLED);
+
+	/* -o engine.NAME.key=value, durations with units. */
+	assert_int_equal(config_set(&c, NULL, "engine.llm.probe_interval", "2s"), 0);
+	assert_int_equal(config_engine(&c, "llm")->probe_interval_ms, 2000);
+	assert_int_equal(config_set(&c, NULL, "engine.llm.ready_timeout", "3m"), 0);
+	assert_int_equal(config_engine(&c, "llm")->ready_timeout_ms, 180000);
+	assert_int_equal(config_set(&c, NULL, "engine.llm.verify", "most"), -EINVAL);
+	assert_int_equal(config_set(&c, NULL, "engine.llm.tp", "0"), -ERANGE);
+	assert_int_equal(config_set(&c, NULL, "engine.llm.frobnicate", "1"), -ENOENT);
+	/* An unknown key does not create an engine. */
+	assert_int_equal(config_set(&c, NULL, "engine.ghost.frobnicate", "1"), -ENOENT);
+	assert_null(config_engine(&c, "ghost"));
+	for (int i = 2; i < CONFIG_ENGINES_MAX; i++) {
+		char name[32];
+
+		snprintf(name, sizeof(name), "engine.e%d", i);
+		assert_int_equal(config_set(&c, name, "tp", "1"), 0);
+	}
+	assert_int_equal(config_set(&c, "engine.onetoomany", "tp", "1"), -E2BIG);
+
+	/* config_entry lists the engines' keys; they read back to the same configuration. */
+	config_init_defaults(&d);
+	for (size_t i = 0; config_entry(&c, i, &section, &key, value, sizeof(value), NULL); i++)
+		assert_int_equal(config_set(&d, section, key, value), 0);
+	assert_memory_equal(&c, &d, sizeof(c));
+	test_rmtree(dir);
+	free(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -142,6 +203,7 @@ int main(void)
 		cmocka_unit_test(bad_values_refused),
 		cmocka_unit_test(file_loads_and_warns_on_unknown_keys),
 		cmocka_unit_test(entries_round_trip),
+		cmocka_unit_test(engine_sections),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
