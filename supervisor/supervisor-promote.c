@@ -360,37 +360,39 @@ static void pjob_free(struct sv_job *j)
 /* CRC32 of 64 KiB every 16 MiB and of the last 64 KiB: a flipped page is caught with
  * probability sampled/total; the full check catches every flip. Needs the fd readable as a
  * file (the emulator's memfds); otherwise the full driver read stands in. */
-static int checksum_sampled(struct supervisor *s, const struct content_item *it, uint64_t *ret)
+/* CRC of len bytes at at into *crc; -ENOTTY when fd cannot be read as a file. */
+static int sample_at(int fd, uint64_t at, size_t len, uLong *crc)
 {
 	static uint8_t buf[SAMPLE_BYTES];
+	ssize_t n = pread(fd, buf, len, (off_t)at);
+
+	if (n < 0 && (errno == ESPIPE || errno == EINVAL || errno == EBADF))
+		return -ENOTTY;
+	if (n != (ssize_t)len)
+		return n < 0 ? negative_errno() : -EIO;
+	*crc = crc32(*crc, buf, (uInt)len);
+	return 0;
+}
+
+static int checksum_sampled(struct supervisor *s, const struct content_item *it, uint64_t *ret)
+{
 	uLong crc = crc32(0L, Z_NULL, 0);
-	uint64_t off;
+	uint64_t off, last = 0;
+	int r = 0;
 
-	for (off = 0;; off += SAMPLE_STRIDE) {
-		bool last = off + SAMPLE_STRIDE >= it->size;
-		uint64_t at = last && it->size > SAMPLE_BYTES ? it->size - SAMPLE_BYTES : off;
-		size_t len = (size_t)MIN((uint64_t)SAMPLE_BYTES, it->size - MIN(at, it->size));
-		ssize_t n;
-
-		if (off >= it->size)
-			break;
-		n = pread(it->fd, buf, len, (off_t)at);
-		if (n < 0 && (errno == ESPIPE || errno == EINVAL || errno == EBADF))
-			return health_content_checksum(s->config.content_method,
-						       s->config.cuda_library, it->fd, it->size,
-						       it->dev, ret);
-		if (n != (ssize_t)len)
-			return n < 0 ? negative_errno() : -EIO;
-		crc = crc32(crc, buf, (uInt)len);
-		if (at != off)
-			break; /* the last sample covered the tail */
-		if (last && at + len < it->size) {
-			off = it->size - SAMPLE_BYTES - SAMPLE_STRIDE; /* then the tail */
-			continue;
-		}
-		if (last)
-			break;
+	/* 64 KiB at 0, 16 MiB, 32 MiB, ... then the last 64 KiB. */
+	for (off = 0; off < it->size && r == 0; off += SAMPLE_STRIDE) {
+		r = sample_at(it->fd, off, (size_t)MIN((uint64_t)SAMPLE_BYTES, it->size - off),
+			      &crc);
+		last = off;
 	}
+	if (r == 0 && it->size > SAMPLE_BYTES && it->size - SAMPLE_BYTES > last)
+		r = sample_at(it->fd, it->size - SAMPLE_BYTES, SAMPLE_BYTES, &crc);
+	if (r == -ENOTTY)
+		return health_content_checksum(s->config.content_method, s->config.cuda_library,
+					       it->fd, it->size, it->dev, ret);
+	if (r < 0)
+		return r;
 	*ret = crc;
 	return 0;
 }
