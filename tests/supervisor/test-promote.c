@@ -492,10 +492,11 @@ static uint64_t weights_alloc_id(pid_t pid)
 	return id;
 }
 
-/* A bit flipped in the weights after their checksum was recorded: verify=full sees it. */
-static void bit_flip_forces_cold_path(void **state)
+/* A bit flipped in the weights after their checksum was recorded: verify=full sees it, and
+ * so does verify=sampled when the flip lands in a sampled page (the first 64 KiB). */
+static void bit_flip(const char *verify, const char *reason)
 {
-	const char *const more[] = {"engine.t.verify=full", NULL};
+	const char *const more[] = {verify, NULL};
 	char id[32];
 	const char *argv[] = {EMU_CTL_PATH, "flip", id, "4096", "16", NULL};
 	pid_t pid;
@@ -516,8 +517,18 @@ static void bit_flip_forces_cold_path(void **state)
 	assert_int_equal(run_tool(&sv, argv, NULL), 0);
 	kill_primary_rank(0);
 	assert_int_equal(wait_recovery(1), 3);
-	assert_reason("content (full)"); /* a checksum that differs, not a missing one */
+	assert_reason(reason); /* a checksum that differs, not a missing one */
 	wait_serving_correctly();
+}
+
+static void bit_flip_forces_cold_path(void **state)
+{
+	bit_flip("engine.t.verify=full", "content (full)");
+}
+
+static void bit_flip_in_a_sampled_page(void **state)
+{
+	bit_flip("engine.t.verify=sampled", "content (sampled)");
 }
 
 /* Killed right after an RL weight update, before the new weights' checksum was recorded:
@@ -622,6 +633,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(mismatched_layout_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(xid_forces_cold_path, setup, teardown),
 		cmocka_unit_test_setup_teardown(bit_flip_forces_cold_path, setup, teardown),
+		cmocka_unit_test_setup_teardown(bit_flip_in_a_sampled_page, setup, teardown),
 		cmocka_unit_test_setup_teardown(kill_during_weight_update, setup, teardown),
 		cmocka_unit_test_setup_teardown(hung_primary_recovered, setup, teardown),
 		cmocka_unit_test_setup_teardown(kill_during_promotion, setup, teardown),
