@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "engine.h"
+#include "engine-alloc.h"
 #include "engine-gpu.h"
 #include "log.h"
 #include "util.h"
@@ -19,12 +20,9 @@ static CUdeviceptr dctl;
 
 int ctl_init(struct engine *e)
 {
-	CUresult r;
-
 	if (e->o.tp == 1)
 		return 0;
-	r = gpu.cuMemAlloc(&dctl, sizeof(struct ctl));
-	return r == CUDA_SUCCESS ? 0 : gpu_errno(r);
+	return dev_alloc(DEV_POOL_DEFAULT, &dctl, sizeof(struct ctl));
 }
 
 static int bcast(struct engine *e, CUdeviceptr buf, uint64_t bytes)
@@ -65,14 +63,15 @@ static int update_dist(struct engine *e, const struct ctl *c)
 
 		if (w->bytes != full) {
 			if (e->staging_bytes < full) {
+				int r;
+
 				if (e->staging)
-					(void)gpu.cuMemFree(e->staging);
+					(void)dev_free(e->staging);
 				e->staging = 0;
 				e->staging_bytes = 0;
-				cr = gpu.cuMemAlloc(&e->staging, full);
-				if (cr != CUDA_SUCCESS)
-					return log_error_errno(gpu_errno(cr), "Staging buffer: %s",
-							       gpu_strerror(cr));
+				r = dev_alloc(DEV_POOL_DEFAULT, &e->staging, full);
+				if (r < 0)
+					return log_error_errno(r, "Staging buffer: %m");
 				e->staging_bytes = full;
 			}
 			dst = e->staging;

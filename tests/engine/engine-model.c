@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine-alloc.h"
 #include "engine-gpu.h"
 #include "engine-kernels.h"
 #include "engine-model.h"
@@ -31,13 +32,12 @@ void step_layout(const struct model *m, uint32_t ntok, uint32_t nrows, uint32_t 
 	ret->total = o;
 }
 
-static int alloc(CUdeviceptr *p, uint64_t bytes, const char *what)
+static int alloc(enum dev_pool pool, CUdeviceptr *p, uint64_t bytes, const char *what)
 {
-	CUresult r = gpu.cuMemAlloc(p, bytes ? bytes : 4);
+	int r = dev_alloc(pool, p, bytes);
 
-	if (r != CUDA_SUCCESS)
-		return log_error_errno(gpu_errno(r), "cuMemAlloc of %" PRIu64 " bytes for %s: %s",
-				       bytes, what, gpu_strerror(r));
+	if (r < 0)
+		return log_error_errno(r, "Allocating %" PRIu64 " bytes for %s: %m", bytes, what);
 	return 0;
 }
 
@@ -70,8 +70,8 @@ int model_create(struct model *m, const struct model_config *c, uint32_t tp, uin
 		w->local_rows = w->d.split == SPLIT_ROWS ? w->d.rows / tp : w->d.rows;
 		w->row_begin = w->d.split == SPLIT_ROWS ? w->local_rows * rank : 0;
 		w->bytes = w->local_rows * w->d.cols * sizeof(float);
-		/* one allocation per tensor, as PyTorch's caching allocator serves them */
-		r = alloc(&w->ptr, w->bytes, w->d.name);
+		/* one caching-allocator block per tensor, in the weights' own pool */
+		r = alloc(DEV_POOL_WEIGHTS, &w->ptr, w->bytes, w->d.name);
 		if (r < 0)
 			return r;
 	}
@@ -200,16 +200,16 @@ int model_alloc_activations(struct model *m, uint32_t max_tokens, uint32_t max_r
 	m->max_blocks = (m->c.max_pos + block_size - 1) / block_size;
 	step_layout(m, max_tokens, max_rows, max_rows, &sl);
 	m->step_bytes = sl.total;
-	r = r ?: alloc(&m->x, 4 * t * h, "activations");
-	r = r ?: alloc(&m->h, 4 * t * h, "activations");
-	r = r ?: alloc(&m->q, 4 * t * m->width_local, "activations");
-	r = r ?: alloc(&m->k, 4 * t * m->width_local, "activations");
-	r = r ?: alloc(&m->v, 4 * t * m->width_local, "activations");
-	r = r ?: alloc(&m->att, 4 * t * m->width_local, "activations");
-	r = r ?: alloc(&m->o, 4 * t * h, "activations");
-	r = r ?: alloc(&m->up, 4 * t * m->ffn_local, "activations");
-	r = r ?: alloc(&m->logits, 4ull * max_rows * m->c.vocab, "logits");
-	r = r ?: alloc(&m->step, m->step_bytes, "step inputs");
+	r = r ?: alloc(DEV_POOL_DEFAULT, &m->x, 4 * t * h, "activations");
+	r = r ?: alloc(DEV_POOL_DEFAULT, &m->h, 4 * t * h, "activations");
+	r = r ?: alloc(DEV_POOL_DEFAULT, &m->q, 4 * t * m->width_local, "activations");
+	r = r ?: alloc(DEV_POOL_DEFAULT, &m->k, 4 * t * m->width_local, "activations");
+	r = r ?: alloc(DEV_POOL_DEFAULT, &m->v, 4 * t * m->width_local, "activations");
+	r = r ?: alloc(DEV_POOL_DEFAULT, &m->att, 4 * t * m->width_local, "activations");
+	r = r ?: alloc(DEV_POOL_DEFAULT, &m->o, 4 * t * h, "activations");
+	r = r ?: alloc(DEV_POOL_DEFAULT, &m->up, 4 * t * m->ffn_local, "activations");
+	r = r ?: alloc(DEV_POOL_DEFAULT, &m->logits, 4ull * max_rows * m->c.vocab, "logits");
+	r = r ?: alloc(DEV_POOL_DEFAULT, &m->step, m->step_bytes, "step inputs");
 	return r;
 }
 
@@ -218,13 +218,17 @@ uint64_t model_block_bytes(const struct model *m, uint32_t block_size)
 	return (uint64_t)m->c.layers * 2 * block_size * m->width_local * sizeof(float);
 }
 
-int model_alloc_kv(struct model *m, uint32_t num_blocks)
+int model_alloc_kv(struct model *m, uint32_t block_size, uint32_t num_blocks)
 {
+	m->block_size = block_size;
 	m->block_bytes = model_block_bytes(m, m->block_size);
 	m->num_blocks = num_blocks;
 	m->kv_bytes = m->block_bytes * num_blocks;
-	/* one large allocation right after the cuMemGetInfo probe, as vLLM sizes its cache */
-	return alloc(&m->kv, m->kv_bytes, "the KV cache");
+	/* One block right after the cuMemGetInfo probe, as vLLM sizes its cache. Its own pool
+	 * gives it a segment of its own, as vLLM's GiB-sized KV tensors always get (no cached
+	 * free block is that large); the tests' few MiB of KV would otherwise fit the rest of an
+	 * activation segment. */
+	return alloc(DEV_POOL_KV, &m->kv, m->kv_bytes, "the KV cache");
 }
 
 static int allreduce(struct model *m, CUdeviceptr buf, uint64_t n)

@@ -84,7 +84,7 @@ struct step_layout {
 void step_layout(const struct model *m, uint32_t ntok, uint32_t nrows, uint32_t nsample,
 		 struct step_layout *ret);
 
-/* Allocates the weights (cuMemAlloc per tensor) of config c for rank/tp. */
+/* Allocates the weights (a caching-allocator block per tensor) of config c for rank/tp. */
 int model_create(struct model *m, const struct model_config *c, uint32_t tp, uint32_t rank);
 /* Allocates every tensor whole (a trainer's copy, TP 1): 0 or -errno. */
 int model_create_unsharded(const struct model_config *c, struct weight **ret, size_t *ret_n);
@@ -95,8 +95,8 @@ int model_load_dummy(struct model *m, uint64_t seed);
 /* Activation and step buffers for max_tokens tokens per step and max_rows sequences. */
 int model_alloc_activations(struct model *m, uint32_t max_tokens, uint32_t max_rows,
 			    uint32_t block_size);
-/* The KV arena: num_blocks blocks of block_size tokens (one cuMemAlloc). */
-int model_alloc_kv(struct model *m, uint32_t num_blocks);
+/* The KV arena: num_blocks blocks of block_size tokens (one block in a segment of its own). */
+int model_alloc_kv(struct model *m, uint32_t block_size, uint32_t num_blocks);
 uint64_t model_block_bytes(const struct model *m, uint32_t block_size);
 
 /* Runs the model on the step already in m->step; on rank 0 the logits of the nsample sampled

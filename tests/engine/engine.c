@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "engine-alloc.h"
 #include "engine-gpu.h"
 #include "engine-safetensors.h"
 #include "log.h"
@@ -361,10 +362,20 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 static int size_kv(struct engine *e, uint32_t *ret)
 {
 	struct model *m = &e->m;
-	uint64_t bb = model_block_bytes(m, m->block_size), budget, blocks;
+	uint64_t bb = model_block_bytes(m, e->o.block_size), budget, blocks;
 	size_t free_b = 0, total_b = 0;
+	CUdeviceptr tmp = 0;
 	CUresult cr;
+	int r;
 
+	/* The ranks agree on the minimum through a scratch buffer that is freed and given back
+	 * before the KV cache is allocated, as vLLM frees its profiling run's activations and
+	 * calls torch.cuda.empty_cache() around the probe. */
+	if (e->o.tp > 1) {
+		r = dev_alloc(DEV_POOL_DEFAULT, &tmp, sizeof(blocks));
+		if (r < 0)
+			return log_error_errno(r, "KV sizing buffer: %m");
+	}
 	cr = gpu.cuMemGetInfo(&free_b, &total_b);
 	if (cr != CUDA_SUCCESS)
 		return log_error_errno(gpu_errno(cr), "cuMemGetInfo failed: %s", gpu_strerror(cr));
@@ -377,21 +388,25 @@ static int size_kv(struct engine *e, uint32_t *ret)
 	}
 	blocks = budget / bb;
 	/* slots (block * block_size + offset) are 32-bit in the step's inputs */
-	if (blocks > UINT32_MAX / m->block_size)
-		blocks = UINT32_MAX / m->block_size;
+	if (blocks > UINT32_MAX / e->o.block_size)
+		blocks = UINT32_MAX / e->o.block_size;
 	if (e->o.tp > 1) {
 		ncclResult_t nr;
 
-		cr = gpu.cuMemcpyHtoD(m->step, &blocks, sizeof(blocks));
-		if (cr != CUDA_SUCCESS)
-			return gpu_errno(cr);
-		nr = gpu.ncclAllReduce((void *)m->step, (void *)m->step, 1, ncclUint64, ncclMin,
-				       m->comm, gpu_stream());
-		if (nr != ncclSuccess || gpu_sync() < 0 ||
-		    gpu.cuMemcpyDtoH(&blocks, m->step, sizeof(blocks)) != CUDA_SUCCESS)
-			return log_error_errno(-EIO, "Agreeing on the KV size failed");
+		cr = gpu.cuMemcpyHtoD(tmp, &blocks, sizeof(blocks));
+		nr = cr == CUDA_SUCCESS ? gpu.ncclAllReduce((void *)tmp, (void *)tmp, 1, ncclUint64,
+							    ncclMin, m->comm, gpu_stream())
+					: ncclInternalError;
+		r = nr == ncclSuccess && gpu_sync() == 0 &&
+				    gpu.cuMemcpyDtoH(&blocks, tmp, sizeof(blocks)) == CUDA_SUCCESS
+			    ? 0
+			    : -EIO;
+		(void)dev_free(tmp);
+		dev_empty_cache();
+		if (r < 0)
+			return log_error_errno(r, "Agreeing on the KV size failed");
 	}
-	if (blocks < (m->c.max_pos + m->block_size - 1) / m->block_size)
+	if (blocks < (m->c.max_pos + e->o.block_size - 1) / e->o.block_size)
 		return log_error_errno(-ENOMEM,
 				       "KV cache of %" PRIu64 " bytes holds %" PRIu64
 				       " blocks, less than one sequence of %u tokens",
@@ -482,10 +497,14 @@ int main(int argc, char **argv)
 		goto fail;
 	e.model_path = strdup(e.o.model);
 	t[3] = now_s();
-	r = model_alloc_activations(&e.m, e.o.max_batched_tokens, e.o.max_num_seqs, e.o.block_size);
+	/* The KV cache first, then the buffers of the serving steps: in vLLM the forward pass's
+	 * tensors come from the caching allocator after the KV cache is allocated. */
+	r = size_kv(&e, &blocks);
+	r = r ?: model_alloc_kv(&e.m, e.o.block_size, blocks);
+	r = r
+		    ?: model_alloc_activations(&e.m, e.o.max_batched_tokens, e.o.max_num_seqs,
+					       e.o.block_size);
 	r = r ?: ctl_init(&e);
-	r = r ?: size_kv(&e, &blocks);
-	r = r ?: model_alloc_kv(&e.m, blocks);
 	if (r < 0)
 		goto fail;
 	t[4] = now_s();

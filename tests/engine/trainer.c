@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "engine-client.h"
+#include "engine-alloc.h"
 #include "engine-gpu.h"
 #include "engine-model.h"
 #include "engine-safetensors.h"
@@ -193,7 +194,7 @@ int main(int argc, char **argv)
 	json_object_put(req);
 	(void)gpu.ncclCommDestroy(g.comm);
 	for (size_t i = 0; i < g.nw; i++)
-		(void)gpu.cuMemFree(g.w[i].ptr);
+		(void)dev_free(g.w[i].ptr);
 	free(g.w);
 	return r < 0 ? 1 : 0;
 }

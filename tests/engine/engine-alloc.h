@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A caching allocator of device memory with PyTorch's segment policy, so that the driver sees
+ * the cuMemAlloc_v2 calls a vLLM/SGLang worker makes (c10/cuda/CUDACachingAllocator.cpp):
+ *   - a request is rounded up to a multiple of 512 bytes (kMinBlockSize);
+ *   - requests of at most 1 MiB (kSmallSize) are served from the small pool, whose segments
+ *     are 2 MiB (kSmallBuffer); larger ones from the large pool, whose segments are 20 MiB
+ *     (kLargeBuffer) for requests under 10 MiB (kMinLargeAlloc) and the request rounded up to
+ *     2 MiB (kRoundLarge) from 10 MiB on;
+ *   - the smallest free block that fits is used (lowest address among equals) and split when
+ *     the rest is at least 512 bytes (small pool) or more than 1 MiB (large pool); a new
+ *     segment (one cuMemAlloc_v2) is made only when no free block fits;
+ *   - a freed block returns to its segment and merges with free neighbours; segments stay
+ *     allocated until dev_empty_cache() (torch.cuda.empty_cache()) or an out-of-memory retry.
+ * No streams (the engine uses one), no max_split_size / expandable segments / rounding knobs.
+ *
+ * Pools are PyTorch's private memory pools (torch.cuda.MemPool): a block is only ever carved
+ * from its own pool's segments. The engine keeps weights and the KV cache in pools of their
+ * own, as vLLM's sleep mode (CuMemAllocator tags "weights" / "kv_cache") and SGLang's
+ * torch_memory_saver regions do, so no weights segment also holds per-step buffers.
+ */
+#pragma once
+
+#include <stdint.h>
+
+#include <cuda.h>
+
+enum dev_pool {
+	DEV_POOL_DEFAULT,
+	DEV_POOL_WEIGHTS,
+	DEV_POOL_KV,
+	DEV_POOL_MAX,
+};
+
+/* A block of at least bytes from pool: 0 or -errno (-ENOMEM when the driver is out). */
+int dev_alloc(enum dev_pool pool, CUdeviceptr *ret, uint64_t bytes);
+/* Returns the block at p (as dev_alloc gave it) to its segment: 0 or -EINVAL if unknown. */
+int dev_free(CUdeviceptr p);
+/* cuMemFree of every segment with no block in use, in every pool. */
+void dev_empty_cache(void);
