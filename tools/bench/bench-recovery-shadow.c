@@ -3,8 +3,8 @@
  * belayer-bench recovery: the shadow-promotion path. The supervisor launches the engine from
  * an [engine.bench] section (primary + shadow group, verify = sampled or full); the bench
  * drives it through its HTTP API and reads the supervisor through belayerctl --json: the
- * parked shadows and settled checksums before the kill, the recovery event after it, and the
- * recovery's phase durations from `belayerctl status --json`.
+ * parked shadows and settled checksums before the kill, then the recovery's summary event
+ * (outcome and phase durations).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,8 +21,9 @@
 #include "log.h"
 #include "util.h"
 
-#define CTL_OUT_MAX (4u << 20)
-#define SETTLE_MS   60000
+#define CTL_OUT_MAX	   (4u << 20)
+#define SETTLE_MS	   60000
+#define CHECKSUM_SETTLE_MS 100 /* [engine.bench] checksum_settle */
 
 /* Runs belayerctl --json --socket S ARGS; its stdout as JSON (one document). */
 static int ctl_json(const struct rec_paths *p, const struct rec_world *w, const char *const *args,
@@ -101,9 +102,8 @@ static struct json_object *workers_array(struct json_object *o)
 	return json_object_object_get_ex(o, "workers", &v) ? v : NULL;
 }
 
-/* Primary pids by rank (alive) and how many shadow ranks are parked. */
-static int read_workers(const struct rec_paths *p, const struct rec_world *w, pid_t *primary,
-			unsigned *parked)
+/* Primary pids by rank (alive). */
+static int read_workers(const struct rec_paths *p, const struct rec_world *w, pid_t *primary)
 {
 	static const char *const args[] = {"workers", NULL};
 	struct json_object *o = NULL, *arr;
@@ -111,79 +111,84 @@ static int read_workers(const struct rec_paths *p, const struct rec_world *w, pi
 
 	if (r < 0)
 		return r;
-	*parked = 0;
 	for (unsigned i = 0; i < w->tp; i++)
 		primary[i] = -1;
 	arr = workers_array(o);
 	for (size_t i = 0; arr && i < json_object_array_length(arr); i++) {
 		struct json_object *x = json_object_array_get_idx(arr, i);
-		int64_t rank = jint(x, "rank", 0);
+		/* a worker that does not say its rank (-1) is rank 0, as for the supervisor */
+		int64_t rank = MAX(jint(x, "rank", 0), 0);
 
-		if (strcmp(jstr(x, "engine"), "bench") != 0 ||
-		    strcmp(jstr(x, "state"), "alive") != 0 || rank < 0 || rank >= w->tp)
-			continue;
-		if (strcmp(jstr(x, "role"), "primary") == 0)
+		if (strcmp(jstr(x, "engine"), "bench") == 0 &&
+		    strcmp(jstr(x, "state"), "alive") == 0 &&
+		    strcmp(jstr(x, "role"), "primary") == 0 && rank >= 0 && rank < w->tp)
 			primary[rank] = (pid_t)jint(x, "pid", -1);
-		else if (strcmp(jstr(x, "role"), "shadow") == 0 && jint(x, "parked", 0))
-			(*parked)++;
 	}
 	json_object_put(o);
 	return 0;
 }
 
-/* Every weights region of the live primaries has its checksum for weights version >= 1. */
-static int checksums_settled(const struct rec_paths *p, const struct rec_world *w, bool *ret)
+/* How many shadow ranks have parked: "shadow-parked" events in the replayed history. */
+static int read_parked(const struct rec_paths *p, const struct rec_world *w, unsigned *ret)
 {
-	static const char *const args[] = {"regions", NULL};
-	struct json_object *o = NULL, *arr;
-	unsigned n = 0, ok = 0;
-	int r = ctl_json(p, w, args, &o);
+	char cmd[8400], line[1024];
+	unsigned mask = 0;
+	FILE *f;
 
-	if (r < 0)
-		return r;
-	arr = json_object_is_type(o, json_type_array) ? o : NULL;
-	if (!arr)
-		(void)json_object_object_get_ex(o, "regions", &arr);
-	for (size_t i = 0; arr && i < json_object_array_length(arr); i++) {
-		struct json_object *x = json_object_array_get_idx(arr, i);
+	/* JSON Lines, not one document: read them line by line. */
+	snprintf(cmd, sizeof(cmd), "'%s' --json --socket '%s' events --replay 256 --no-follow",
+		 p->ctl, w->socket);
+	f = popen(cmd, "re");
+	if (!f)
+		return -errno;
+	while (fgets(line, sizeof(line), f)) {
+		struct json_object *o = json_tokener_parse(line);
+		const char *m = o ? jstr(o, "message") : "";
+		unsigned rank;
 
-		if (strcmp(jstr(x, "engine"), "bench") != 0 ||
-		    strcmp(jstr(x, "class"), "weights") != 0 ||
-		    strcmp(jstr(x, "state"), "owned") != 0)
-			continue;
-		n++;
-		if (jint(x, "weights_version", 0) >= 1 &&
-		    jint(x, "checksum_weights_version", 0) >= 1)
-			ok++;
+		if (o && strcmp(jstr(o, "kind"), "shadow-parked") == 0 &&
+		    sscanf(m, "engine \"bench\" shadow rank %u parked", &rank) == 1 && rank < 32)
+			mask |= 1u << rank;
+		json_object_put(o);
 	}
-	json_object_put(o);
-	*ret = n > 0 && ok == n;
+	if (pclose(f) != 0)
+		return -EIO;
+	*ret = (unsigned)__builtin_popcount(mask);
 	return 0;
 }
 
-/* Waits for tp parked shadow ranks and settled checksums; fills the primary's pids. */
-static int wait_armed(const struct rec_paths *p, const struct rec_world *w, pid_t *primary)
+/*
+ * Waits for tp parked shadow ranks (their "shadow-parked" events) and the primary's pids, then
+ * for the supervisor to have recorded the weights checksums of the current version: those are
+ * not observable from outside, so this waits checksum_settle plus the time to read them (full:
+ * every byte at a conservative 256 MiB/s; sampled: 64 KiB per 16 MiB), a weak point the
+ * report names. A recovery that starts before is a cold restart with that reason.
+ */
+static int wait_armed(const struct rec_paths *p, const struct rec_world *w, pid_t *primary,
+		      uint64_t weights_bytes, bool full)
 {
-	uint64_t end = rec_now_ns() + (uint64_t)SETTLE_MS * 1000000u;
+	uint64_t end = rec_now_ns() + (uint64_t)SETTLE_MS * 1000000u, read_ms;
 
-	while (rec_now_ns() < end) {
+	for (;;) {
 		unsigned parked = 0, alive = 0;
-		bool settled = false;
-		int r = read_workers(p, w, primary, &parked);
+		int r = read_workers(p, w, primary);
 
+		r = r ?: read_parked(p, w, &parked);
 		for (unsigned i = 0; r == 0 && i < w->tp; i++)
 			alive += primary[i] > 0;
-		if (r == 0 && parked == w->tp && alive == w->tp) {
-			r = checksums_settled(p, w, &settled);
-			if (r == 0 && settled)
-				return 0;
-		}
+		if (r == 0 && parked == w->tp && alive == w->tp)
+			break;
+		if (rec_now_ns() >= end)
+			return log_error_errno(ETIMEDOUT, "Shadows not parked in %d s",
+					       SETTLE_MS / 1000);
 		/* Polled (belayerctl is the interface); the supervisor's own waits are events. */
 		if (rec_pidfd_wait(w->sup_pidfd, 20) == 0)
 			return log_error_errno(ECHILD, "The supervisor exited (%s)", w->dir);
 	}
-	return log_error_errno(ETIMEDOUT, "Shadows not parked or checksums not settled in %d s",
-			       SETTLE_MS / 1000);
+	read_ms = full ? weights_bytes / (256u << 10) : weights_bytes / (16u << 20) / 16;
+	return rec_pidfd_wait(w->sup_pidfd, (int)(CHECKSUM_SETTLE_MS + 500 + read_ms)) == 0
+		       ? log_error_errno(ECHILD, "The supervisor exited (%s)", w->dir)
+		       : 0;
 }
 
 /* Follows `belayerctl events` until a recovery event says the recovery ended. */
@@ -192,6 +197,7 @@ struct follower {
 	int fd;
 	char buf[65536];
 	size_t len;
+	char reason[160]; /* of the last cold restart */
 };
 
 static int follow_start(const struct rec_paths *p, const struct rec_world *w, struct follower *f)
@@ -230,12 +236,18 @@ static void follow_stop(struct follower *f)
 }
 
 /*
- * Reads events until a "recovery" event whose message says the recovery is over: promoted
- * (*promoted = true) or cold-restarted. Its message goes to msg.
+ * Reads events until the recovery's summary event ("engine=bench seq=N outcome=promoted|
+ * cold_restart|failed trigger=... detect_us=... ... total_us=..."): the outcome and the
+ * phase durations (ms) it carries.
  */
-static int follow_recovery(struct follower *f, int timeout_ms, bool *promoted, char *msg,
-			   size_t msg_size)
+static int follow_recovery(struct follower *f, int timeout_ms, char *outcome, size_t size,
+			   double *ph)
 {
+	static const char *const keys[PH_COUNT] = {
+		[PH_DETECT] = "detect_us=", [PH_OWNER] = "owner_us=",
+		[PH_HEALTH] = "health_us=", [PH_CONTENT] = "content_us=",
+		[PH_LAYOUT] = "layout_us=", [PH_REMAP] = "remap_us=",
+		[PH_READY] = "ready_us="};
 	uint64_t end = rec_now_ns() + (uint64_t)timeout_ms * 1000000u;
 
 	while (rec_now_ns() < end) {
@@ -245,26 +257,35 @@ static int follow_recovery(struct follower *f, int timeout_ms, bool *promoted, c
 
 		while ((nl = memchr(f->buf, '\n', f->len))) {
 			struct json_object *o;
+			bool done = false;
 
 			*nl = '\0';
 			o = json_tokener_parse(f->buf);
 			if (o && strcmp(jstr(o, "kind"), "recovery") == 0) {
-				const char *m = jstr(o, "message");
-				bool done = strstr(m, "promoted") || strstr(m, "cold restart") ||
-					    strstr(m, "cold-restart") || strstr(m, "failed");
+				const char *m = jstr(o, "message"), *v = strstr(m, " outcome=");
 
-				if (done && !strstr(m, "start")) {
-					*promoted = strstr(m, "promoted") != NULL;
-					snprintf(msg, msg_size, "%s", m);
-					json_object_put(o);
-					f->len -= (size_t)(nl + 1 - f->buf);
-					memmove(f->buf, nl + 1, f->len);
-					return 0;
+				const char *cr = strstr(m, ": cold restart: ");
+
+				if (strncmp(m, "engine \"bench\" ", 15) == 0 && cr)
+					snprintf(f->reason, sizeof(f->reason), "%s", cr + 16);
+				if (strncmp(m, "engine=bench ", 13) == 0 && v) {
+					snprintf(outcome, size, "%.*s", (int)strcspn(v + 9, " "),
+						 v + 9);
+					for (int i = 0; i < PH_COUNT; i++) {
+						const char *x = keys[i] ? strstr(m, keys[i]) : NULL;
+
+						ph[i] = x ? strtod(x + strlen(keys[i]), NULL) /
+									1000.0
+							  : -1;
+					}
+					done = true;
 				}
 			}
 			json_object_put(o);
 			f->len -= (size_t)(nl + 1 - f->buf);
 			memmove(f->buf, nl + 1, f->len);
+			if (done)
+				return 0;
 		}
 		if (f->len == sizeof(f->buf))
 			f->len = 0; /* a line longer than any event: drop it */
@@ -278,55 +299,22 @@ static int follow_recovery(struct follower *f, int timeout_ms, bool *promoted, c
 	return -ETIMEDOUT;
 }
 
-/* The last recovery's phase durations (ms) from `belayerctl status --json`. */
-static int read_phases(const struct rec_paths *p, const struct rec_world *w, double *ph)
-{
-	static const char *const args[] = {"status", NULL};
-	static const char *const keys[] = {[PH_OWNER] = "owner",
-					   [PH_HEALTH] = "health",
-					   [PH_CONTENT] = "content",
-					   [PH_LAYOUT] = "layout",
-					   [PH_REMAP] = "remap"};
-	struct json_object *o = NULL, *rec = NULL, *phases = NULL, *v;
-	int r = ctl_json(p, w, args, &o);
-
-	if (r < 0)
-		return r;
-	/* status.recoveries.bench.phases_us / status.recovery.phases_us / ... */
-	if (json_object_object_get_ex(o, "recoveries", &v) &&
-	    !json_object_object_get_ex(v, "bench", &rec))
-		rec = NULL;
-	if (!rec && json_object_object_get_ex(o, "recovery", &v))
-		rec = v;
-	if (rec && json_object_is_type(rec, json_type_object) &&
-	    json_object_object_get_ex(rec, "bench", &v))
-		rec = v;
-	if (rec && !json_object_object_get_ex(rec, "phases_us", &phases))
-		phases = NULL;
-	for (int k = PH_OWNER; k <= PH_REMAP; k++)
-		ph[k] = phases && json_object_object_get_ex(phases, keys[k], &v)
-				? (double)json_object_get_int64(v) / 1000.0
-				: -1;
-	json_object_put(o);
-	return phases ? 0 : -ENODATA;
-}
-
 bool rec_shadow_supported(const struct rec_paths *p)
 {
 	char cmd[8400], line[256];
 	bool found = false;
 	FILE *f;
 
-	/* The supervisor knows [engine.NAME] sections and belayerctl knows promote. */
-	snprintf(cmd, sizeof(cmd), "'%s' --help 2>&1", p->ctl);
+	/* A supervisor that knows [engine.NAME] sections prints one back. */
+	snprintf(cmd, sizeof(cmd), "'%s' -c /dev/null -o engine.probe.tp=1 --dump-config 2>&1",
+		 p->supervisor);
 	f = popen(cmd, "re");
 	if (!f)
 		return false;
 	while (fgets(line, sizeof(line), f))
-		if (strstr(line, "promote"))
+		if (strncmp(line, "[engine.probe]", 14) == 0)
 			found = true;
-	pclose(f);
-	return found;
+	return pclose(f) == 0 && found;
 }
 
 int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufile,
@@ -339,8 +327,9 @@ int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufi
 	pid_t primary[REC_MAX_TP];
 	uint16_t port, shadow_port;
 	uint64_t t_kill, t_detect, t_ready;
-	char config[12000], msg[256] = "";
-	bool ok_promoted = false;
+	char config[12000], outcome[64] = "";
+	double sup_ph[PH_COUNT];
+	bool ok_promoted;
 	int victim_fd = -1, r;
 
 	r = rec_free_port(&port);
@@ -354,9 +343,9 @@ int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufi
 		 "--load-format dummy\n"
 		 "env = LD_PRELOAD=%s\n"
 		 "tp = %u\nport = %u\nshadow_port = %u\nverify = %s\nprobe_interval = 20ms\n"
-		 "checksum_settle = 100ms\n",
+		 "checksum_settle = %ums\n",
 		 p->engine, wfile, c->tp, p->engine, wfile, c->tp, p->shim, c->tp, port,
-		 shadow_port, verify);
+		 shadow_port, verify, CHECKSUM_SETTLE_MS);
 	r = rec_world_open(&w, p, c->tp, c->bytes, config);
 	if (r < 0)
 		goto out;
@@ -372,7 +361,7 @@ int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufi
 	r = r ?: rec_answers_get(port, &v1);
 	if (r == 0 && rec_answers_equal(&v0, &v1))
 		r = log_error_errno(EPROTO, "The weight update did not change the answers");
-	r = r ?: wait_armed(p, &w, primary);
+	r = r ?: wait_armed(p, &w, primary, c->bytes, strcmp(verify, "full") == 0);
 	r = r ?: follow_start(p, &w, &fl);
 	if (r < 0)
 		goto out;
@@ -385,7 +374,10 @@ int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufi
 	(void)kill(primary[c->tp - 1], SIGKILL);
 	r = rec_pidfd_wait(victim_fd, 10000);
 	t_detect = rec_now_ns();
-	r = r ?: follow_recovery(&fl, REC_READY_MS, &ok_promoted, msg, sizeof(msg));
+	r = r ?: follow_recovery(&fl, REC_READY_MS, outcome, sizeof(outcome), sup_ph);
+	ok_promoted = strcmp(outcome, "promoted") == 0;
+	if (r == 0 && !ok_promoted && strcmp(outcome, "cold_restart") != 0)
+		r = log_error_errno(EIO, "The recovery ended '%s' (%s)", outcome, w.dir);
 	if (r < 0) {
 		log_error_errno(r, "No end of the recovery in the event stream (%s): %m", w.dir);
 		goto out;
@@ -398,10 +390,14 @@ int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufi
 		log_error_errno(r, "Not serving after the recovery (%s): %m", w.dir);
 		goto out;
 	}
+	/*
+	 * The bench's own clock for detect (as on the cold path) and for the total; the
+	 * supervisor's for the checks and the remap in between; "ready" is the rest: the
+	 * supervisor's last steps, the client seeing /health and its first /generate.
+	 */
 	for (int k = 0; k < PH_COUNT; k++)
-		c->ph[k] = -1;
+		c->ph[k] = k > PH_DETECT && k < PH_LOAD ? sup_ph[k] : -1;
 	c->ph[PH_DETECT] = rec_ms_between(t_kill, t_detect);
-	(void)read_phases(p, &w, c->ph);
 	c->total_ms = rec_ms_between(t_kill, t_ready);
 	{
 		double rest = c->total_ms;
@@ -419,7 +415,7 @@ int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufi
 	c->version_after = after.weights_version;
 	c->ok = true;
 	if (!ok_promoted)
-		snprintf(c->note, sizeof(c->note), "cold fallback: %s", msg);
+		snprintf(c->note, sizeof(c->note), "cold restart: %s", fl.reason);
 out:
 	if (r < 0)
 		snprintf(c->note, sizeof(c->note), "failed: %s", strerror(-r));

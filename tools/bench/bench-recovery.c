@@ -450,7 +450,8 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 			     .nsizes = 3,
 			     .tps = {1, 2},
 			     .ntps = 2,
-			     .plot = "belayer-bench-recovery.png"};
+			     .plot = "belayer-bench-recovery.png",
+			     .paths = {true, true, true}};
 	const char *build = BENCH_BUILD_ROOT;
 	bool sizes_set = false, tps_set = false;
 	struct rec_paths p = {};

@@ -102,7 +102,7 @@ struct rec_case {
 	enum rec_path path;
 	bool ran;
 	bool ok;
-	char note[160];
+	char note[224];
 	double ph[PH_COUNT]; /* ms; < 0: not on this path */
 	double total_ms;
 	bool equal_prefailure; /* answers after recovery == pre-failure (latest weights) */
