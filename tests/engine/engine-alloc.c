@@ -189,10 +189,3 @@ out:
 	pthread_mutex_unlock(&lock);
 	return r;
 }
-
-void dev_empty_cache(void)
-{
-	pthread_mutex_lock(&lock);
-	empty_cache_locked();
-	pthread_mutex_unlock(&lock);
-}

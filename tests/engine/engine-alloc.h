@@ -11,7 +11,8 @@
  *     the rest is at least 512 bytes (small pool) or more than 1 MiB (large pool); a new
  *     segment (one cuMemAlloc_v2) is made only when no free block fits;
  *   - a freed block returns to its segment and merges with free neighbours; segments stay
- *     allocated until dev_empty_cache() (torch.cuda.empty_cache()) or an out-of-memory retry.
+ *     allocated, except that an out-of-memory cuMemAlloc_v2 gives the empty ones back and is
+ *     retried once.
  * No streams (the engine uses one), no max_split_size / expandable segments / rounding knobs.
  *
  * Pools are PyTorch's private memory pools (torch.cuda.MemPool): a block is only ever carved
@@ -36,5 +37,3 @@ enum dev_pool {
 int dev_alloc(enum dev_pool pool, CUdeviceptr *ret, uint64_t bytes);
 /* Returns the block at p (as dev_alloc gave it) to its segment: 0 or -EINVAL if unknown. */
 int dev_free(CUdeviceptr p);
-/* cuMemFree of every segment with no block in use, in every pool. */
-void dev_empty_cache(void);

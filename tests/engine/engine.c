@@ -368,11 +368,11 @@ static int size_kv(struct engine *e, uint32_t *ret)
 	CUresult cr;
 	int r;
 
-	/* The ranks agree on the minimum through a scratch buffer that is freed and given back
-	 * before the KV cache is allocated, as vLLM frees its profiling run's activations and
-	 * calls torch.cuda.empty_cache() around the probe. */
+	/* The ranks agree on the minimum (vLLM: over an RPC, SGLang: a CPU all-reduce) through a
+	 * block of the weights' pool, carved from the rest of its small segment and given back:
+	 * no driver allocation is made and freed between the weights and the KV cache. */
 	if (e->o.tp > 1) {
-		r = dev_alloc(DEV_POOL_DEFAULT, &tmp, sizeof(blocks));
+		r = dev_alloc(DEV_POOL_WEIGHTS, &tmp, sizeof(blocks));
 		if (r < 0)
 			return log_error_errno(r, "KV sizing buffer: %m");
 	}
@@ -402,7 +402,6 @@ static int size_kv(struct engine *e, uint32_t *ret)
 			    ? 0
 			    : -EIO;
 		(void)dev_free(tmp);
-		dev_empty_cache();
 		if (r < 0)
 			return log_error_errno(r, "Agreeing on the KV size failed");
 	}
