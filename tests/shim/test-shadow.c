@@ -677,12 +677,11 @@ static void engine_start(struct fixture *f, struct peer *p, struct peer *p1, con
 			      seed,	   "--kv-cache-bytes",
 			      "16M",	   p1 ? "--tensor-parallel-size" : NULL,
 			      "2",	   NULL};
-	/* Every allocation tracked, the smallest tensors (norms) too: a promoted shadow must hold
-	 * all of the primary's weights. PyTorch's caching allocator gets this by itself (its
-	 * smallest segment is 2 MiB); the stand-in allocates tensor by tensor. RANK=0 for the
-	 * leader's hello; the engine gives its followers their own. */
-	const char *env[] = {"BELAYER_ALLOC_THRESHOLD=1",
-			     "BELAYER_EMU_KERNELS=" ENGINE_KERNELS_PATH, "RANK=0", NULL};
+	/* The shim's default threshold: the stand-in's caching allocator puts every tensor, the
+	 * smallest (norms) too, in segments of at least 2 MiB, so a promoted shadow holds all of
+	 * the primary's weights. RANK=0 for the leader's hello; the engine gives its followers
+	 * their own. */
+	const char *env[] = {"BELAYER_EMU_KERNELS=" ENGINE_KERNELS_PATH, "RANK=0", NULL};
 	static char model[512];
 
 	snprintf(model, sizeof(model), "%s/model.safetensors", f->dir);
