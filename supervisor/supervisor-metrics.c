@@ -82,6 +82,13 @@ static void collect_engines(struct supervisor *s, struct collector *col)
 		    "1 when the engine's primary answers its health URL.", "engine=\"%s\"",
 		    s->engines->e[i].cfg->name);
 	for (size_t i = 0; i < n; i++)
+		add(col, "belayer_engine_promotable", METRIC_GAUGE,
+		    promote_armed(s, &s->engines->e[i]),
+		    "1 when a failure of the engine's primary now would be promoted (shadow group "
+		    "parked with the same layout, weights checksums recorded), as far as known "
+		    "before the GPU and content checks.",
+		    "engine=\"%s\"", s->engines->e[i].cfg->name);
+	for (size_t i = 0; i < n; i++)
 		add(col, "belayer_engine_port", METRIC_GAUGE, s->engines->e[i].primary_port,
 		    "The port the engine's primary serves on (it changes at each promotion).",
 		    "engine=\"%s\"", s->engines->e[i].cfg->name);

@@ -825,3 +825,27 @@ void promote_tick(struct supervisor *s, struct sv_engine *e)
 	}
 	cold(s, e, "remap: not every shadow rank reported done within promote_timeout");
 }
+
+bool promote_armed(struct supervisor *s, const struct sv_engine *e)
+{
+	struct sv_worker *p[MAX_RANKS], *sh[MAX_RANKS];
+	uint32_t tp = MIN(e->cfg->tp, (uint32_t)MAX_RANKS);
+	char msg[PROTO_MAX_STR + 1];
+
+	if (e->rec || !e->cfg->shadow[0] || !e->primary_ready ||
+	    engines_workers(s, e, ROLE_PRIMARY, p, tp) < tp ||
+	    engines_workers(s, e, ROLE_SHADOW, sh, tp) < tp)
+		return false;
+	for (uint32_t i = 0; i < tp; i++) {
+		if (shadow_layout_check(p[i], sh[i], msg, sizeof(msg)) < 0)
+			return false;
+		if (e->cfg->verify == VERIFY_NONE)
+			continue;
+		for (const struct sv_region *rg = p[i]->regions; rg; rg = rg->next)
+			if (rg->cls == REGION_WEIGHTS &&
+			    (rg->live_sum_version != rg->weights_version + 1 ||
+			     rg->live_sum_mode != (int)e->cfg->verify))
+				return false;
+	}
+	return true;
+}

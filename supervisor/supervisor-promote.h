@@ -28,6 +28,10 @@ void promote_worker_died(struct supervisor *s, struct sv_engine *e, struct sv_wo
 /* Records live checksums of settled weights regions of e's primaries (off the loop). */
 void promote_record_checksums(struct supervisor *s, struct sv_engine *e);
 void promote_free(struct sv_engine *e);
+/* Whether a failure of e's primary now would be promoted (as far as the supervisor can tell
+ * before the GPU and content checks run): serving, shadow group complete and parked, layouts
+ * equal, and every weights region's checksum recorded at its current version. */
+bool promote_armed(struct supervisor *s, const struct sv_engine *e);
 const char *rec_phase_to_string(enum rec_phase p);
 /* "none", "running", "promoted", "cold_restart" or "failed": e's last recovery. */
 const char *promote_outcome(const struct sv_engine *e);
