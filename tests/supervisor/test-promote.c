@@ -230,6 +230,18 @@ static void wait_parked(void)
 	}
 }
 
+/* Until a failure now would be promoted (the supervisor's own verdict, a metric). */
+static void wait_promotable(void)
+{
+	uint64_t deadline = mono_ms() + READY_MS;
+
+	while (engine_metric("belayer_engine_promotable", NULL) != 1) {
+		if (mono_ms() > deadline)
+			fail_msg("engine t not promotable within %d ms", READY_MS);
+		(void)poll(NULL, 0, 20);
+	}
+}
+
 /* Waits for recovery seq to end; returns its outcome (2 promoted, 3 cold restart). */
 static uint64_t wait_recovery(uint64_t seq)
 {
@@ -390,7 +402,7 @@ static void promotes_on_each_rank_kill(void **state)
 
 	start(NULL, NULL);
 	wait_serving_correctly();
-	wait_parked();
+	wait_promotable();
 	/* A long request in flight dies with the primary (resubmitting it is the gateway's job). */
 	busy = send_request(port_a, "POST", "/generate",
 			    "{\"input_ids\":[1,2,3],\"sampling_params\":{\"max_new_tokens\":400,"
@@ -405,7 +417,7 @@ static void promotes_on_each_rank_kill(void **state)
 	assert_true(engine_metric("belayer_recovery_last_phase_microseconds", "phase=\"remap\"") >
 		    0);
 
-	wait_parked();
+	wait_promotable();
 	kill_primary_rank(1 - first);
 	assert_int_equal(wait_recovery(2), 2);
 	wait_serving_correctly();
@@ -450,7 +462,7 @@ static void xid_forces_cold_path(void **state)
 
 	start(NULL, NULL);
 	wait_serving_correctly();
-	wait_parked();
+	wait_promotable();
 	assert_int_equal(run_tool(&sv, argv, NULL), 0);
 	kill_primary_rank(1);
 	assert_int_equal(wait_recovery(1), 3);
@@ -500,18 +512,11 @@ static void bit_flip(const char *verify, const char *reason)
 	char id[32];
 	const char *argv[] = {EMU_CTL_PATH, "flip", id, "4096", "16", NULL};
 	pid_t pid;
-	uint64_t deadline;
 
 	start(NULL, more);
 	wait_serving_correctly();
-	wait_parked();
-	/* The live checksums are recorded once the weights settle. */
-	deadline = mono_ms() + READY_MS;
-	/* Two weights regions per rank. */
-	while (metric(&sv, "belayer_weights_checksums_total", "") < 4) {
-		assert_true(mono_ms() < deadline);
-		(void)poll(NULL, 0, 20);
-	}
+	wait_promotable();
+	/* Promotable: the live checksums are recorded, the flip comes after. */
 	pid = worker_pid(ROLE_PRIMARY, 1);
 	snprintf(id, sizeof(id), "%" PRIu64, weights_alloc_id(pid));
 	assert_int_equal(run_tool(&sv, argv, NULL), 0);
@@ -545,7 +550,7 @@ static void kill_during_weight_update(void **state)
 	assert_int_equal(run_tool(&sv, argv, NULL), 0);
 	start(NULL, more);
 	wait_serving_correctly();
-	wait_parked();
+	wait_promotable();
 	snprintf(body, sizeof(body), "{\"model_path\":\"%s\"}", w2);
 	fd = send_request(port_a, "POST", "/update_weights_from_disk", body);
 	assert_true(fd >= 0);
@@ -567,7 +572,7 @@ static void hung_primary_recovered(void **state)
 
 	start(NULL, more);
 	wait_serving_correctly();
-	wait_parked();
+	wait_promotable();
 	pid = worker_pid(ROLE_PRIMARY, 0);
 	assert_true(pid > 0);
 	assert_int_equal(kill(pid, SIGSTOP), 0);
@@ -592,7 +597,7 @@ static void kill_during_promotion(void **state)
 
 	start(NULL, NULL);
 	wait_serving_correctly();
-	wait_parked();
+	wait_promotable();
 	sh = worker_pid(ROLE_SHADOW, 1);
 	assert_true(sh > 0);
 	kill_primary_rank(0);
@@ -611,7 +616,7 @@ static void manual_promote(void **state)
 
 	start(NULL, NULL);
 	wait_serving_correctly();
-	wait_parked();
+	wait_promotable();
 	assert_int_equal(run_tool(&sv, argv, &out), 0);
 	assert_non_null(strstr(out, "outcome=promoted trigger=manual"));
 	free(out);
