@@ -89,7 +89,9 @@ cleanup() {
 	trap - EXIT INT TERM
 	((tty)) && printf '\e[?25h' # the cursor, hidden during the live view
 	for p in "$stream_pid" "$events_pid"; do
-		[[ -n $p ]] && kill "$p" 2>/dev/null && wait "$p" 2>/dev/null
+		[[ -n $p ]] || continue
+		kill "$p" 2>/dev/null || true
+		wait "$p" 2>/dev/null || true
 	done
 	# SIGTERM: the supervisor stops the engine groups it launched, then exits.
 	if [[ -n $sup_pid ]] && kill "$sup_pid" 2>/dev/null; then
@@ -102,6 +104,10 @@ cleanup() {
 	if ((rc != 0)) && [[ -f $tmp/supervisor.log ]]; then
 		say "demo: the supervisor's log (last 30 lines):" >&2
 		tail -n 30 "$tmp/supervisor.log" >&2
+		if [[ -s $tmp/requests.log ]]; then
+			say "demo: the last requests (ms, result, port, latency):" >&2
+			tail -n 5 "$tmp/requests.log" >&2
+		fi
 	fi
 	rm -rf "$tmp"
 	exit "$rc"
@@ -113,7 +119,7 @@ pkill_tree_of_tmp() {
 	for d in /proc/[0-9]*; do
 		pid=${d#/proc/}
 		[[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
-		cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
+		cmd=$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") || continue
 		if [[ $cmd == *"$tmp/"* ]]; then kill -KILL "$pid" 2>/dev/null || true; fi
 	done
 }
@@ -126,7 +132,8 @@ trap 'exit 143' TERM
 # http METHOD PORT PATH [BODY]: the body on stdout; status 0 for a 200.
 http() {
 	local method=$1 port=$2 path=$3 body=${4:-} fd resp
-	exec {fd}<>"/dev/tcp/127.0.0.1/$port" 2>/dev/null || return 1
+	# (the group's 2>/dev/null ends with it; on exec itself it would stay for the shell)
+	{ exec {fd}<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null || return 1
 	{ printf '%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s' \
 		"$method" "$path" "${#body}" "$body" >&"$fd"; } 2>/dev/null || {
 		exec {fd}>&-
@@ -222,7 +229,7 @@ w = w["workers"] if isinstance(w, dict) else w
 for x in sorted(w, key=lambda x: (x.get("role", ""), x.get("rank", 0))):
     if x.get("engine") != "demo" or x.get("state") != "alive":
         continue
-    print("    %-8s rank %d  pid %-7d %8.1f MiB of GPU memory%s" % (x["role"], x.get("rank", 0),
+    print("    %-8s rank %d  pid %-7d %8.1f MiB of GPU memory%s" % (x["role"], max(x.get("rank", 0), 0),
           x["pid"], x.get("bytes", 0) / 2**20, "  (parked)" if x.get("parked") else ""))'
 
 step "RL weight update from the trainer's file (update_weights_from_disk)"
@@ -238,20 +245,26 @@ rm -f "$tmp/w2.safetensors" # the latest weights now exist only in GPU memory
 
 ctlj events >"$tmp/events.log" 2>/dev/null &
 events_pid=$!
-# One request at a time, to whichever port serves: the primary's, or after a promotion the
-# promoted shadow group's (the ports swap; a router in front would hide it).
+# One request at a time, to the port the supervisor says serves: the primary's until a
+# promotion's event names the promoted group's port (the ports swap; a router in front would
+# hide it). A parked shadow's port is never used before that: its weights are scratch.
+want=$(IFS=,; echo "${a1[0]}")
 stream() {
-	local p=$port t0 t1 body
+	local p t0 t1 body ids
 	while :; do
+		p=$(grep -o 'serving on port [0-9]*' "$tmp/events.log" 2>/dev/null | tail -n 1 |
+			awk '{ print $4 }') || true
+		p=${p:-$port}
 		t0=$(date +%s%3N)
 		if body=$(http POST "$p" /generate '{"input_ids":[1,2,3,4,5],"sampling_params":{"max_new_tokens":8,"temperature":0}}'); then
 			t1=$(date +%s%3N)
-			printf '%s ok %s %s %s\n' "$t1" "$p" "$((t1 - t0))" \
-				"$(sed -n 's/.*"output_ids":\[\([0-9,]*\)\].*/\1/p' <<<"$body")"
+			ids=$(sed -n 's/.*"output_ids":\[\([0-9,]*\)\].*/\1/p' <<<"$body")
+			# the answer of a failure-free engine at weights version 1, or "wrong"
+			printf '%s %s %s %s\n' "$t1" "$([[ $ids == "$want" ]] && echo ok || echo wrong)" \
+				"$p" "$((t1 - t0))"
 		else
 			printf '%s fail %s\n' "$(date +%s%3N)" "$p"
-			[[ $p == "$port" ]] && p=$shadow_port || p=$port
-			sleep 0.01
+			sleep 0.005
 		fi
 	done >>"$tmp/requests.log"
 }
@@ -260,33 +273,55 @@ stream_pid=$!
 
 # --- the live view ----------------------------------------------------------------------------
 
-recovery_line() { grep '"kind":"recovery"' "$tmp/events.log" 2>/dev/null | tail -n 1 | sed -n 's/.*"message":"\([^"]*\)".*/\1/p'; }
-recovery_done() { grep '"kind":"recovery"' "$tmp/events.log" 2>/dev/null | grep -qE 'promoted|cold restart|failed'; }
+# The recovery's summary event: "engine=demo seq=N outcome=... detect_us=... total_us=...".
+recovery_summary() { grep '"kind":"recovery"' "$tmp/events.log" 2>/dev/null | grep -o 'engine=demo [^"]*outcome=[a-z_]*[^"]*' | tail -n 1; }
+recovery_done() { recovery_summary | grep -qE 'outcome=(promoted|cold_restart|failed)'; }
+
+# The recovery's progress: every "recovery" event so far (the steps, then the summary).
+recovery_events() {
+	grep '"kind":"recovery"' "$tmp/events.log" 2>/dev/null |
+		sed -n 's/.*"ts_us":\([0-9]*\).*"message":"\(.*\)"}$/\1 \2/p' |
+		awk -v k="${kill_us:-0}" '{ t = $1; $1 = ""; printf "  +%7.1f ms %s\n", (t - k) / 1000, $0 }' |
+		sed 's/\\"/"/g; s/ engine "demo" recovery [0-9]*://' || true
+}
 
 view_lines=0
-view() { # the state, redrawn in place on a terminal, a line per change otherwise
-	local now ok fail last workers lines
+shown_events=0
+view() { # the state: redrawn in place on a terminal; plain lines (what changed) otherwise
+	local now ok fail last workers lines events n
 	now=$(date +%s%3N)
 	ok=$(awk -v t=$((now - 1000)) '$1 >= t && $2 == "ok"' "$tmp/requests.log" 2>/dev/null | wc -l)
-	fail=$(awk -v t=$((now - 1000)) '$1 >= t && $2 == "fail"' "$tmp/requests.log" 2>/dev/null | wc -l)
+	fail=$(awk -v t=$((now - 1000)) '$1 >= t && $2 != "ok"' "$tmp/requests.log" 2>/dev/null | wc -l)
 	last=$(tail -n 1 "$tmp/requests.log" 2>/dev/null | awk '{ print $2 " on :" $3 }')
 	workers=$(ctlj workers 2>/dev/null | python3 -c '
 import json, sys
 w = json.load(sys.stdin)
 w = w["workers"] if isinstance(w, dict) else w
-print("  ".join("%s/%d:%s%s" % (x["role"], x.get("rank", 0), x["state"], "(parked)" if x.get("parked") else "")
-      for x in sorted(w, key=lambda x: (x.get("role", ""), x.get("rank", 0), x.get("pid", 0)))
-      if x.get("engine") == "demo"))' 2>/dev/null) || workers="?"
-	lines=$(printf '  requests/s: %s%3d ok%s %s%3d failed%s   last: %s\n  workers:    %s\n  recovery:   %s\n' \
-		"$G" "$ok" "$N" "$R" "$fail" "$N" "${last:--}" "$workers" "$(recovery_line)")
+rank = lambda x: max(x.get("rank", 0), 0)
+print("  ".join("%s/%d:%s%s" % (x["role"], rank(x), x["state"], " parked" if x.get("parked") else "")
+      for x in sorted(w, key=lambda x: (x.get("role", ""), rank(x), x.get("pid", 0)))
+      if x.get("engine") == "demo" and x.get("state") == "alive"))' 2>/dev/null) || workers="?"
+	events=$(recovery_events)
 	if ((tty)); then
+		lines=$(printf '  requests/s: %s%3d ok%s %s%3d failed/wrong%s   last: %s\n  workers:    %s\n%s\n' \
+			"$G" "$ok" "$N" "$R" "$fail" "$N" "${last:--}" "$workers" "$events")
 		((view_lines > 0)) && printf '\e[%dA' "$view_lines"
 		printf '%s\n' "$lines" | sed 's/$/\x1b[K/'
 		view_lines=$(printf '%s\n' "$lines" | wc -l)
-	elif [[ $lines != "${last_plain:-}" ]]; then
-		printf '%s\n' "$lines" | grep -v requests/s || true
-		printf '  %s: %d ok, %d failed in the last second\n' "$(date -u +%T.%3N)" "$ok" "$fail"
-		last_plain=$lines
+		return
+	fi
+	if [[ $workers != "${last_workers:-}" ]]; then
+		printf '  workers:    %s\n' "$workers"
+		last_workers=$workers
+	fi
+	n=$(printf '%s' "$events" | grep -c . || true)
+	if ((n > shown_events)); then
+		printf '%s\n' "$events" | tail -n $((n - shown_events))
+		shown_events=$n
+	fi
+	if ((now - ${last_rate_ms:-0} >= 1000)); then
+		printf '  %s  requests: %d ok, %d failed or wrong in the last second\n' "$(date -u +%T.%3N)" "$ok" "$fail"
+		last_rate_ms=$now
 	fi
 }
 
@@ -300,6 +335,7 @@ w = w["workers"] if isinstance(w, dict) else w
 print([x["pid"] for x in w if x.get("engine") == "demo" and x.get("role") == "primary"
        and x.get("rank") == 1 and x.get("state") == "alive"][0])')
 kill_ms=$(date +%s%3N)
+kill_us=$((kill_ms * 1000))
 "$ctl" --socket "$tmp/sup.sock" inject kill "$victim" >/dev/null
 ((tty)) || say "  $(date -u +%T.%3N): ${Y}SIGKILL rank 1 (pid $victim)${N}"
 ((tty)) && { printf '%s  SIGKILL rank 1 (pid %s)%s\n' "$Y" "$victim" "$N"; view_lines=0; }
@@ -317,34 +353,28 @@ until awk -v t="$kill_ms" '$1 > t && $2 == "ok" { f = 1 } END { exit !f }' "$tmp
 done
 for _ in $(seq 10); do view; sleep 0.1; done
 ((tty)) && printf '\e[?25h'
-kill "$stream_pid" 2>/dev/null && wait "$stream_pid" 2>/dev/null
+kill "$stream_pid" 2>/dev/null || true
+wait "$stream_pid" 2>/dev/null || true
 stream_pid=""
 
 first_ok=$(awk -v t="$kill_ms" '$1 > t && $2 == "ok" { print $1; exit }' "$tmp/requests.log")
 failed=$(awk -v t="$kill_ms" '$1 > t && $2 == "fail"' "$tmp/requests.log" | wc -l)
-outcome=$(recovery_line)
+wrong=$(awk '$2 == "wrong"' "$tmp/requests.log" | wc -l)
+summary=$(recovery_summary)
+outcome=$(grep -o 'outcome=[a-z_]*' <<<"$summary" | cut -d= -f2)
 
 # --- the results ------------------------------------------------------------------------------
 
-step "recovery: $outcome"
-ctlj status | python3 -c '
-import json, sys
-s = json.load(sys.stdin)
-rec = s.get("recoveries", s.get("recovery", {}))
-rec = rec.get("demo", rec) if isinstance(rec, dict) else rec
-ph = rec.get("phases_us", {}) if isinstance(rec, dict) else {}
-order = ["detect", "owner", "health", "content", "layout", "remap", "ready"]
-print("    %-10s %10s" % ("phase", "ms"))
-for k in order + [k for k in ph if k not in order]:
-    if k in ph:
-        print("    %-10s %10.2f" % (k, ph[k] / 1000))
-if isinstance(rec, dict) and "total_us" in rec:
-    print("    %-10s %10.2f" % ("total", rec["total_us"] / 1000))
-' || say "    (no recovery record in belayerctl status --json)"
-say "    client view: first answer $((first_ok - kill_ms)) ms after the SIGKILL; $failed request(s) failed meanwhile"
+step "recovery: $outcome (the supervisor's phases; belayerctl events shows them too)"
+printf '    %-10s %10s\n' phase ms
+for ph in detect owner health content layout remap ready total; do
+	us=$(grep -o " ${ph}_us=[0-9]*" <<<"$summary" | cut -d= -f2)
+	[[ -n $us ]] && printf '    %-10s %10.2f\n' "$ph" "$(awk -v u="$us" 'BEGIN { print u / 1000 }')"
+done
+say "    client view: first right answer $((first_ok - kill_ms)) ms after the SIGKILL; $failed request(s) refused meanwhile, $wrong wrong answer(s) in the whole run"
 
 serving=$shadow_port
-[[ $outcome == *promoted* ]] || serving=$port
+[[ $outcome == promoted ]] || serving=$port
 mapfile -t a2 < <(answers "$serving")
 if [[ "${a2[*]}" == "${a1[*]}" ]]; then
 	say "    ${G}answers after the recovery = pre-failure answers (weights version 1, the RL update)${N}"
@@ -357,13 +387,14 @@ fi
 if ((cold)); then
 	step "for comparison: a cold restart of the same engine (belayer-bench recovery --paths cold)"
 	"$bench" recovery --sizes "$size" --tp 2 --paths cold --build-dir "$build" \
-		--plot "$tmp/cold.png" 2>/dev/null | awk '/cold restart/ { print "    " $0 }' ||
+		--plot "$tmp/cold.png" 2>/dev/null | awk '/^weights|cold restart/ { print "    " $0 }' ||
 		say "    (the cold-restart measurement failed)"
 	say "    (a cold restart from the file also loses the RL update: it answers as version 0)"
 fi
 
 if ((ci)); then
-	[[ $outcome == *promoted* ]] || die "not promoted: $outcome"
+	[[ $outcome == promoted ]] || die "not promoted: $summary"
 	((same)) || die "promoted answers differ from the pre-failure answers"
+	((wrong == 0)) || die "$wrong wrong answer(s) served"
 fi
 step "done; cleaning up"
