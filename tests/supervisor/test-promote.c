@@ -608,6 +608,35 @@ static void kill_during_promotion(void **state)
 	wait_serving_correctly();
 }
 
+/* An externally started primary (same BELAYER_ENGINE_ID) is paired with the supervisor's
+ * shadow group and promoted like a launched one. */
+static void external_primary_is_paired(void **state)
+{
+	const char *const more[] = {"engine.t.primary=external", NULL};
+	char port[16];
+	pid_t pid;
+	int st;
+
+	start(NULL, more);
+	snprintf(port, sizeof(port), "%u", port_a);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		setenv("LD_PRELOAD", SHIM_PATH, 1);
+		setenv("BELAYER_ENGINE_ID", "t", 1);
+		execl(ENGINE_PATH, ENGINE_PATH, "--model", weights, "--port", port, "--tp", "2",
+		      "--kv-cache-bytes", "16M", (char *)NULL);
+		_exit(127);
+	}
+	wait_serving_correctly();
+	wait_promotable();
+	assert_int_equal(kill(pid, SIGKILL), 0);
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_int_equal(wait_recovery(1), 2);
+	wait_serving_correctly();
+	assert_int_equal(engine_metric("belayer_engine_port", NULL), port_b);
+}
+
 /* Manual failover: belayerctl promote --wait reports the phases. */
 static void manual_promote(void **state)
 {
@@ -643,6 +672,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(hung_primary_recovered, setup, teardown),
 		cmocka_unit_test_setup_teardown(kill_during_promotion, setup, teardown),
 		cmocka_unit_test_setup_teardown(manual_promote, setup, teardown),
+		cmocka_unit_test_setup_teardown(external_primary_is_paired, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
