@@ -126,6 +126,14 @@ static void sample_ctl(struct proto_msg *m)
 	m->ctl.arg = 0;
 }
 
+static void sample_ctl_promote(struct proto_msg *m)
+{
+	m->type = PROTO_CTL;
+	m->ctl.cmd = CTL_PROMOTE;
+	m->ctl.dev = -1;
+	snprintf(m->ctl.engine_id, sizeof(m->ctl.engine_id), "llm");
+}
+
 static void sample_metric(struct proto_msg *m)
 {
 	m->type = PROTO_METRIC;
@@ -277,6 +285,7 @@ static const struct {
 	{"region-fetch", sample_fetch, NULL},
 	{"region-fd", NULL, sample_region_fd},
 	{"ctl", sample_ctl, NULL},
+	{"ctl-promote", sample_ctl_promote, NULL},
 	{"metric", sample_metric, NULL},
 	{"worker-info", sample_worker_info, NULL},
 	{"region-info", sample_region_info, NULL},
