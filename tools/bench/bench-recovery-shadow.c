@@ -2,9 +2,9 @@
 /*
  * belayer-bench recovery: the shadow-promotion path. The supervisor launches the engine from
  * an [engine.bench] section (primary + shadow group, verify = sampled or full); the bench
- * drives it through its HTTP API and reads the supervisor through belayerctl --json: the
- * parked shadows and settled checksums before the kill, then the recovery's summary event
- * (outcome and phase durations).
+ * drives it through its HTTP API and reads the supervisor through belayerctl --json: its
+ * "promotable" gauge before the kill, then the recovery's summary event (outcome and phase
+ * durations).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -128,67 +128,56 @@ static int read_workers(const struct rec_paths *p, const struct rec_world *w, pi
 	return 0;
 }
 
-/* How many shadow ranks have parked: "shadow-parked" events in the replayed history. */
-static int read_parked(const struct rec_paths *p, const struct rec_world *w, unsigned *ret)
+/* The supervisor's belayer_engine_promotable{engine="bench"} gauge (-1: not exported). */
+static int read_promotable(const struct rec_paths *p, const struct rec_world *w, int *ret)
 {
-	char cmd[8400], line[1024];
-	unsigned mask = 0;
-	FILE *f;
+	static const char *const args[] = {"status", NULL};
+	struct json_object *o = NULL, *metrics, *labels;
+	int r = ctl_json(p, w, args, &o);
 
-	/* JSON Lines, not one document: read them line by line. */
-	snprintf(cmd, sizeof(cmd), "'%s' --json --socket '%s' events --replay 256 --no-follow",
-		 p->ctl, w->socket);
-	f = popen(cmd, "re");
-	if (!f)
-		return -errno;
-	while (fgets(line, sizeof(line), f)) {
-		struct json_object *o = json_tokener_parse(line);
-		const char *m = o ? jstr(o, "message") : "";
-		unsigned rank;
+	if (r < 0)
+		return r;
+	*ret = -1;
+	if (json_object_object_get_ex(o, "metrics", &metrics))
+		for (size_t i = 0; i < json_object_array_length(metrics); i++) {
+			struct json_object *m = json_object_array_get_idx(metrics, i);
 
-		if (o && strcmp(jstr(o, "kind"), "shadow-parked") == 0 &&
-		    sscanf(m, "engine \"bench\" shadow rank %u parked", &rank) == 1 && rank < 32)
-			mask |= 1u << rank;
-		json_object_put(o);
-	}
-	if (pclose(f) != 0)
-		return -EIO;
-	*ret = (unsigned)__builtin_popcount(mask);
+			if (strcmp(jstr(m, "name"), "belayer_engine_promotable") == 0 &&
+			    json_object_object_get_ex(m, "labels", &labels) &&
+			    strcmp(jstr(labels, "engine"), "bench") == 0)
+				*ret = (int)jint(m, "value", 0);
+		}
+	json_object_put(o);
 	return 0;
 }
 
 /*
- * Waits for tp parked shadow ranks (their "shadow-parked" events) and the primary's pids, then
- * for the supervisor to have recorded the weights checksums of the current version: those are
- * not observable from outside, so this waits checksum_settle plus the time to read them (full:
- * every byte at a conservative 256 MiB/s; sampled: 64 KiB per 16 MiB), a weak point the
- * report names. A recovery that starts before is a cold restart with that reason.
+ * Waits until a failure now would be promoted: the supervisor's promotable gauge (parked
+ * shadow group with the primary's layout, weights checksums recorded at the current weights
+ * version); and the primary's pids by rank.
  */
-static int wait_armed(const struct rec_paths *p, const struct rec_world *w, pid_t *primary,
-		      uint64_t weights_bytes, bool full)
+static int wait_armed(const struct rec_paths *p, const struct rec_world *w, pid_t *primary)
 {
-	uint64_t end = rec_now_ns() + (uint64_t)SETTLE_MS * 1000000u, read_ms;
+	uint64_t end = rec_now_ns() + (uint64_t)SETTLE_MS * 1000000u;
 
 	for (;;) {
-		unsigned parked = 0, alive = 0;
-		int r = read_workers(p, w, primary);
+		unsigned alive = 0;
+		int promotable = 0, r = read_workers(p, w, primary);
 
-		r = r ?: read_parked(p, w, &parked);
+		r = r ?: read_promotable(p, w, &promotable);
 		for (unsigned i = 0; r == 0 && i < w->tp; i++)
 			alive += primary[i] > 0;
-		if (r == 0 && parked == w->tp && alive == w->tp)
-			break;
+		if (r == 0 && promotable < 0)
+			return log_error_errno(ENOTSUP, "No belayer_engine_promotable metric");
+		if (r == 0 && promotable == 1 && alive == w->tp)
+			return 0;
 		if (rec_now_ns() >= end)
-			return log_error_errno(ETIMEDOUT, "Shadows not parked in %d s",
-					       SETTLE_MS / 1000);
+			return log_error_errno(ETIMEDOUT, "Not promotable within %d s (%s)",
+					       SETTLE_MS / 1000, w->dir);
 		/* Polled (belayerctl is the interface); the supervisor's own waits are events. */
 		if (rec_pidfd_wait(w->sup_pidfd, 20) == 0)
 			return log_error_errno(ECHILD, "The supervisor exited (%s)", w->dir);
 	}
-	read_ms = full ? weights_bytes / (256u << 10) : weights_bytes / (16u << 20) / 16;
-	return rec_pidfd_wait(w->sup_pidfd, (int)(CHECKSUM_SETTLE_MS + 500 + read_ms)) == 0
-		       ? log_error_errno(ECHILD, "The supervisor exited (%s)", w->dir)
-		       : 0;
 }
 
 /* Follows `belayerctl events` until a recovery event says the recovery ended. */
@@ -361,7 +350,7 @@ int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufi
 	r = r ?: rec_answers_get(port, &v1);
 	if (r == 0 && rec_answers_equal(&v0, &v1))
 		r = log_error_errno(EPROTO, "The weight update did not change the answers");
-	r = r ?: wait_armed(p, &w, primary, c->bytes, strcmp(verify, "full") == 0);
+	r = r ?: wait_armed(p, &w, primary);
 	r = r ?: follow_start(p, &w, &fl);
 	if (r < 0)
 		goto out;
