@@ -474,6 +474,11 @@ static void pjob_done(struct supervisor *s, struct sv_job *j)
 		cold(s, e, "GPU health: no device answered");
 		return;
 	}
+	/* The periodic check may have consumed an XID this job no longer sees. */
+	if (s->gpu_verdict == VERDICT_FAILED) {
+		cold(s, e, "GPU health: the last periodic check failed: %s", s->gpu_message);
+		return;
+	}
 	rec_log(s, e, "GPU health ok (%zu devices)", pj->n_results);
 	rec->end_ns[PHASE_CONTENT] = e->cfg->verify == VERIFY_NONE ? 0 : pj->content_done_ns;
 	for (size_t i = 0; i < pj->n_items; i++) {
