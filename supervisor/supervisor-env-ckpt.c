@@ -1,0 +1,709 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Full checkpoint and full restore of an environment (issue 10 items 2 and 3).
+ *
+ * Checkpoint: freeze the cgroup; copy the FS delta (supervisor-env-fs.h); CRIU dump with
+ * leave-running; thaw. The freeze spans both so that the files and the processes are of the
+ * same instant. Everything is written into ckpt/.tmp-<id>, synced (syncfs), then renamed to
+ * ckpt/<id> and the directory fsynced: a checkpoint is either all there or not there at all
+ * (a supervisor killed midway leaves a .tmp-* that is never read and is removed later).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "util.h"
+#include "supervisor-criu.h"
+#include "supervisor-env-fs.h"
+#include "supervisor-env.h"
+
+#define FREEZE_WAIT_MS 5000
+#define CHAIN_MAX      100000
+#define GC_KEY_BASE    (1ull << 40)
+
+static uint64_t mono_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+static uint64_t real_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+static int ckpts_open(const struct sv_env *e)
+{
+	char path[PATH_MAX];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/ckpt", e->dir);
+	fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	return fd < 0 ? -errno : fd;
+}
+
+/* cgroup v2 freezer: write, then wait (bounded) for "frozen 1"/"frozen 0". */
+static int set_frozen(const struct sv_env *e, bool frozen)
+{
+	char path[PATH_MAX], buf[256];
+	_cleanup_close_ int fd = -1;
+	uint64_t deadline;
+	int r;
+
+	snprintf(path, sizeof(path), "%s/cgroup.freeze", e->cgroup);
+	r = env_write_file(path, frozen ? "1" : "0");
+	if (r < 0)
+		return r;
+	snprintf(path, sizeof(path), "%s/cgroup.events", e->cgroup);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	deadline = mono_us() / 1000 + FREEZE_WAIT_MS;
+	for (;;) {
+		ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+		uint64_t now = mono_us() / 1000;
+
+		if (n < 0)
+			return -errno;
+		buf[n] = '\0';
+		if (strstr(buf, frozen ? "frozen 1" : "frozen 0"))
+			return 0;
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		(void)poll(&(struct pollfd){.fd = fd, .events = POLLPRI}, 1, 50);
+	}
+}
+
+static int write_atomic(const char *dir, const char *name, const char *text)
+{
+	char tmp[PATH_MAX], path[PATH_MAX];
+	_cleanup_close_ int fd = -1, dfd = -1;
+	size_t n = strlen(text);
+
+	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, name);
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	if (write(fd, text, n) != (ssize_t)n || fsync(fd) < 0)
+		return -EIO;
+	if (rename(tmp, path) < 0)
+		return -errno;
+	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0)
+		(void)fsync(dfd);
+	return 0;
+}
+
+static uint64_t dir_bytes(int dirfd)
+{
+	uint64_t total = 0;
+	int fd = dup(dirfd);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	struct dirent *de;
+
+	if (!d) {
+		if (fd >= 0)
+			(void)close(fd);
+		return 0;
+	}
+	while ((de = readdir(d))) {
+		struct stat st;
+
+		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+		    S_ISREG(st.st_mode))
+			total += (uint64_t)st.st_size;
+	}
+	closedir(d);
+	return total;
+}
+
+static int rmtree_at(int dirfd, const char *name)
+{
+	_cleanup_close_ int fd =
+		openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	int r;
+
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	r = env_fs_wipe(fd);
+	if (r < 0)
+		return r;
+	return unlinkat(dirfd, name, AT_REMOVEDIR) < 0 ? -errno : 0;
+}
+
+/* Leftovers of a checkpoint or GC that did not finish: never visible, removed here. */
+static void remove_partial(int ckfd)
+{
+	int fd = dup(ckfd);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	struct dirent *de;
+
+	if (!d) {
+		if (fd >= 0)
+			(void)close(fd);
+		return;
+	}
+	while ((de = readdir(d)))
+		if (strncmp(de->d_name, ".tmp-", 5) == 0 || strncmp(de->d_name, ".del-", 5) == 0)
+			(void)rmtree_at(ckfd, de->d_name);
+	closedir(d);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int env_checkpoints(const struct sv_env *e, char ***ret, size_t *ret_n)
+{
+	_cleanup_close_ int ckfd = ckpts_open(e);
+	char **ids = NULL;
+	size_t n = 0, cap = 0;
+	struct dirent *de;
+	DIR *d;
+	int fd;
+
+	if (ckfd < 0)
+		return ckfd;
+	fd = dup(ckfd);
+	d = fd >= 0 ? fdopendir(fd) : NULL;
+	if (!d) {
+		if (fd >= 0)
+			(void)close(fd);
+		return -errno;
+	}
+	while ((de = readdir(d))) {
+		if (!env_id_valid(de->d_name))
+			continue;
+		if (n == cap) {
+			char **a = reallocarray(ids, cap ? cap * 2 : 16, sizeof(*a));
+
+			if (!a)
+				break;
+			ids = a;
+			cap = cap ? cap * 2 : 16;
+		}
+		ids[n] = strdup(de->d_name);
+		if (ids[n])
+			n++;
+	}
+	closedir(d);
+	/* Ids are c<seq, zero-padded>: name order is creation order. */
+	if (n)
+		qsort(ids, n, sizeof(*ids), cmp_str);
+	*ret = ids;
+	*ret_n = n;
+	return 0;
+}
+
+static void free_ids(char **ids, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(ids[i]);
+	free(ids);
+}
+
+static int next_id(const struct sv_env *e, char *buf, size_t cap)
+{
+	char **ids;
+	size_t n;
+	uint64_t seq = 0;
+	int r = env_checkpoints(e, &ids, &n);
+
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < n; i++) {
+		uint64_t s;
+
+		if (sscanf(ids[i], "c%" SCNu64, &s) == 1 && s > seq)
+			seq = s;
+	}
+	free_ids(ids, n);
+	snprintf(buf, cap, "c%08" PRIu64, seq + 1);
+	return 0;
+}
+
+static int load_checkpoint(const struct sv_env *e, int ckfd, const char *id, struct env_manifest *m)
+{
+	char name[ENV_ID_MAX + 32];
+	int r;
+
+	if (!env_id_valid(id))
+		return -EINVAL;
+	snprintf(name, sizeof(name), "%s/manifest.mpk", id);
+	{
+		_cleanup_close_ int dfd =
+			openat(ckfd, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+		if (dfd < 0)
+			return -errno;
+		r = env_manifest_load(dfd, "manifest.mpk", m);
+	}
+	if (r < 0)
+		return r;
+	if (strcmp(m->id, id) != 0) {
+		env_manifest_finish(m);
+		return -EBADMSG;
+	}
+	if (strcmp(m->env, e->id) != 0 || memcmp(m->uuid, e->uuid, 16) != 0) {
+		env_manifest_finish(m);
+		return -EXDEV;
+	}
+	return 0;
+}
+
+int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env_manifest *ret)
+{
+	struct env_manifest m = {0}, parent = {0};
+	const struct env_manifest *base = NULL;
+	_cleanup_close_ int ckfd = -1, tmpfd = -1, datafd = -1, criufd = -1, upperfd = -1;
+	struct env_fs_stats st = {0};
+	char tmpname[ENV_ID_MAX + 8];
+	uint64_t t_freeze, t_fs, t_dump, t_thaw, t_commit;
+	bool frozen = false;
+	int r, nproc;
+
+	if (e->pid <= 0 && !e->adopted)
+		return -ESRCH;
+	ckfd = ckpts_open(e);
+	if (ckfd < 0)
+		return ckfd;
+	remove_partial(ckfd);
+	r = next_id(e, m.id, sizeof(m.id));
+	if (r < 0)
+		return r;
+	snprintf(m.parent, sizeof(m.parent), "%s", e->head);
+	snprintf(m.env, sizeof(m.env), "%s", e->id);
+	memcpy(m.uuid, e->uuid, 16);
+	snprintf(m.trajectory, sizeof(m.trajectory), "%s", p->trajectory ? p->trajectory : "");
+	m.turn = p->turn;
+	m.prefix_tokens = p->prefix_tokens;
+	m.prefix_hash = p->prefix_hash;
+	m.ts_us = real_us();
+
+	/* The parent's index: in memory after a checkpoint or restore, else from its manifest. */
+	if (e->head[0] && e->head_valid && strcmp(e->head_index.id, e->head) == 0) {
+		base = &e->head_index;
+	} else if (e->head[0]) {
+		r = load_checkpoint(e, ckfd, e->head, &parent);
+		if (r < 0)
+			return log_debug_errno(r, "Parent checkpoint %s of %s unusable: %m",
+					       e->head, e->id);
+		base = &parent;
+	}
+	/* The upper layer is always walked; without the tracer's dirty set (or when it asks for
+	 * a full diff) metadata alone decides what changed. */
+	m.full_diff = !p->force || p->full_diff_reason;
+	if (m.full_diff)
+		snprintf(m.full_diff_reason, sizeof(m.full_diff_reason), "%s",
+			 p->full_diff_reason ? p->full_diff_reason : "no tracer");
+
+	snprintf(tmpname, sizeof(tmpname), ".tmp-%s", m.id);
+	if (mkdirat(ckfd, tmpname, 0700) < 0) {
+		r = -errno;
+		goto out;
+	}
+	tmpfd = openat(ckfd, tmpname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (tmpfd < 0 || mkdirat(tmpfd, "data", 0700) < 0 || mkdirat(tmpfd, "criu", 0700) < 0) {
+		r = -errno;
+		goto out;
+	}
+	datafd = openat(tmpfd, "data", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	criufd = openat(tmpfd, "criu", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	upperfd = open(e->upper, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (datafd < 0 || criufd < 0 || upperfd < 0) {
+		r = -errno;
+		goto out;
+	}
+
+	t_freeze = mono_us();
+	r = set_frozen(e, true);
+	if (r < 0) {
+		log_debug_errno(r, "Failed to freeze %s: %m", e->cgroup);
+		goto out;
+	}
+	frozen = true;
+	nproc = env_count_procs(e);
+	m.nproc = nproc > 0 ? (uint64_t)nproc : 0;
+	r = env_fs_scan(upperfd, base, p->force, p->userdata, datafd, &m, &st);
+	t_fs = mono_us();
+	if (r < 0) {
+		log_debug_errno(r, "FS delta of %s failed: %m", e->id);
+		goto out;
+	}
+	r = sv_criu_dump(e->criu, e->pid, e->cgroup, criufd, true);
+	t_dump = mono_us();
+	if (r < 0)
+		goto out;
+	r = set_frozen(e, false);
+	frozen = false;
+	t_thaw = mono_us();
+	if (r < 0)
+		goto out;
+
+	m.fs_bytes = st.bytes;
+	m.fs_files = st.files;
+	m.fs_removed = st.removed;
+	m.criu_bytes = dir_bytes(criufd);
+	m.fs_us = t_fs - t_freeze;
+	m.dump_us = t_dump - t_fs;
+	m.freeze_us = t_thaw - t_freeze;
+	r = env_manifest_store(tmpfd, "manifest.mpk", &m);
+	if (r < 0)
+		goto out;
+	/* One syncfs for the data, the images and the manifest, then the rename commits. */
+	if (syncfs(tmpfd) < 0 || renameat(ckfd, tmpname, ckfd, m.id) < 0 || fsync(ckfd) < 0) {
+		r = -errno;
+		goto out;
+	}
+	t_commit = mono_us();
+	m.commit_us = t_commit - t_thaw;
+	r = write_atomic(e->dir, "head", m.id);
+	if (r < 0)
+		goto out;
+	snprintf(e->head, sizeof(e->head), "%s", m.id);
+	/* The in-memory index carries the timings too (the stored one has commit 0). */
+	env_manifest_finish(&e->head_index);
+	e->head_index = m;
+	e->head_valid = true;
+	memset(&m, 0, sizeof(m));
+	r = env_gc(e, e->keep);
+	if (r < 0)
+		log_warning_errno(r, "GC of %s's checkpoints failed: %m, ignoring.", e->id);
+	/* The caller's copy: re-read from disk (the stored one). */
+	r = load_checkpoint(e, ckfd, e->head, ret);
+	if (r >= 0)
+		ret->commit_us = e->head_index.commit_us;
+out:
+	if (frozen)
+		(void)set_frozen(e, false);
+	if (r < 0 && tmpfd >= 0) {
+		/* CRIU's log of a failed dump stays for the operator: <env>/dump-failed.log. */
+		char log[PATH_MAX];
+
+		snprintf(log, sizeof(log), "%s/dump-failed.log", e->dir);
+		if (criufd >= 0)
+			(void)renameat(criufd, "dump.log", AT_FDCWD, log);
+		(void)rmtree_at(ckfd, tmpname);
+	}
+	env_manifest_finish(&m);
+	env_manifest_finish(&parent);
+	return r;
+}
+
+/* The checkpoint and its ancestors: all present, all valid, all this environment's; every
+ * data reference inside the chain. */
+static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manifest *m)
+{
+	char(*chain)[ENV_ID_MAX + 1] = NULL;
+	size_t n = 0;
+	char next[ENV_ID_MAX + 1];
+	int r = 0;
+
+	chain = calloc(64, sizeof(*chain));
+	if (!chain)
+		return -ENOMEM;
+	snprintf(chain[n++], sizeof(chain[0]), "%s", m->id);
+	snprintf(next, sizeof(next), "%s", m->parent);
+	while (next[0]) {
+		struct env_manifest pm;
+
+		if (n >= CHAIN_MAX) {
+			r = -ELOOP;
+			break;
+		}
+		if ((n & (n - 1)) == 0 && n >= 64) {
+			void *a = reallocarray(chain, n * 2, sizeof(*chain));
+
+			if (!a) {
+				r = -ENOMEM;
+				break;
+			}
+			chain = a;
+		}
+		for (size_t i = 0; i < n; i++)
+			if (strcmp(chain[i], next) == 0) {
+				r = -ELOOP;
+				goto out;
+			}
+		r = load_checkpoint(e, ckfd, next, &pm);
+		if (r == -ENOENT) {
+			r = log_error_errno(-ENOLINK,
+					    "Checkpoint %s of %s: ancestor %s is missing: the "
+					    "chain is broken.",
+					    m->id, e->id, next);
+			break;
+		}
+		if (r < 0) {
+			log_error_errno(r, "Checkpoint %s of %s: ancestor %s is invalid: %m", m->id,
+					e->id, next);
+			r = r == -EXDEV ? r : -ENOLINK;
+			break;
+		}
+		snprintf(chain[n++], sizeof(chain[0]), "%s", next);
+		snprintf(next, sizeof(next), "%s", pm.parent);
+		env_manifest_finish(&pm);
+	}
+	for (size_t i = 0; r >= 0 && i < m->n_entries; i++) {
+		bool found = false;
+
+		if (m->entries[i].kind != ENV_ENTRY_REG)
+			continue;
+		for (size_t j = 0; j < n && !found; j++)
+			found = strcmp(chain[j], m->entries[i].src) == 0;
+		if (!found)
+			r = log_error_errno(-ENOLINK,
+					    "Checkpoint %s of %s: %s's data is in %s, outside its "
+					    "chain.",
+					    m->id, e->id, m->entries[i].path, m->entries[i].src);
+	}
+out:
+	free(chain);
+	return r;
+}
+
+int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
+{
+	_cleanup_close_ int ckfd = -1, upperfd = -1, workfd = -1, criufd = -1;
+	struct env_manifest m = {0};
+	char criu_dir[ENV_ID_MAX + 8], want[ENV_ID_MAX + 1];
+	pid_t pid;
+	int r, n;
+
+	/* A copy: e->head is rewritten below. */
+	snprintf(want, sizeof(want), "%s", id && *id ? id : e->head);
+	id = want;
+	if (!*id)
+		return -ENOENT;
+	ckfd = ckpts_open(e);
+	if (ckfd < 0)
+		return ckfd;
+	r = load_checkpoint(e, ckfd, id, &m);
+	if (r < 0)
+		return log_error_errno(r, "Checkpoint %s of %s refused: %m", id, e->id);
+	r = verify_chain(e, ckfd, &m);
+	if (r < 0)
+		goto out;
+	snprintf(criu_dir, sizeof(criu_dir), "%s/criu", id);
+	criufd = openat(ckfd, criu_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (criufd < 0) {
+		r = -errno;
+		goto out;
+	}
+
+	r = env_kill(e);
+	if (r < 0)
+		goto out;
+	if (umount2(e->root, 0) < 0 && errno != EINVAL && umount2(e->root, MNT_DETACH) < 0 &&
+	    errno != EINVAL) {
+		r = -errno;
+		goto out;
+	}
+	upperfd = open(e->upper, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	workfd = open(e->work, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (upperfd < 0 || workfd < 0) {
+		r = -errno;
+		goto out;
+	}
+	r = env_fs_wipe(upperfd);
+	if (r >= 0)
+		r = env_fs_wipe(workfd);
+	if (r >= 0)
+		r = env_fs_rebuild(upperfd, &m, ckfd);
+	if (r < 0) {
+		log_error_errno(r, "Rebuilding %s's upper layer from %s failed: %m", e->id, id);
+		goto out;
+	}
+	r = env_mount_overlay(e);
+	if (r < 0)
+		goto out;
+	/* A fresh cgroup at the same path: CRIU puts the tree back where it was dumped. */
+	if (rmdir(e->cgroup) < 0 && errno != ENOENT) {
+		r = -errno;
+		goto out;
+	}
+	if (mkdir(e->cgroup, 0755) < 0) {
+		r = -errno;
+		goto out;
+	}
+	r = sv_criu_restore(e->criu, criufd, e->root, &pid);
+	if (r < 0)
+		goto out;
+	e->pid = pid;
+	/* Verify: the tree is back, in the environment's cgroup. */
+	n = env_count_procs(e);
+	if (n < 0 || (uint64_t)n != m.nproc) {
+		r = log_error_errno(-EPROTO, "Restored %s: %d processes in %s, %" PRIu64 " dumped.",
+				    e->id, n, e->cgroup, m.nproc);
+		goto out;
+	}
+	snprintf(e->head, sizeof(e->head), "%s", id);
+	r = write_atomic(e->dir, "head", id);
+	if (r < 0)
+		goto out;
+	env_manifest_finish(&e->head_index);
+	e->head_valid = false;
+	r = load_checkpoint(e, ckfd, id, &e->head_index);
+	if (r >= 0) {
+		e->head_valid = env_fs_refresh(upperfd, &e->head_index) >= 0;
+		*ret = m;
+		memset(&m, 0, sizeof(m));
+	}
+out:
+	env_manifest_finish(&m);
+	return r;
+}
+
+/* The oldest kept checkpoint becomes a chain root: data from deleted ancestors is
+ * hard-linked into its own data/, its manifest rewritten (tmp + rename) without a parent. */
+static int rebase(const struct sv_env *e, int ckfd, const char *id, char **drop, size_t n_drop)
+{
+	struct env_manifest m;
+	_cleanup_close_ int dfd = -1, datafd = -1;
+	uint64_t key = GC_KEY_BASE;
+	bool changed = false;
+	int r;
+
+	r = load_checkpoint(e, ckfd, id, &m);
+	if (r < 0)
+		return r;
+	/* Fresh keys above every key this checkpoint already holds (an earlier GC's included). */
+	for (size_t i = 0; i < m.n_entries; i++)
+		if (m.entries[i].kind == ENV_ENTRY_REG && strcmp(m.entries[i].src, id) == 0 &&
+		    m.entries[i].data_key >= key)
+			key = m.entries[i].data_key + 1;
+	dfd = openat(ckfd, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	datafd = dfd >= 0 ? openat(dfd, "data", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+	if (datafd < 0) {
+		r = -errno;
+		goto out;
+	}
+	for (size_t i = 0; i < m.n_entries; i++) {
+		struct env_entry *en = &m.entries[i];
+		char from[ENV_ID_MAX + 48], to[32];
+		bool dropped = false;
+
+		if (en->kind != ENV_ENTRY_REG)
+			continue;
+		for (size_t j = 0; j < n_drop && !dropped; j++)
+			dropped = strcmp(drop[j], en->src) == 0;
+		if (!dropped)
+			continue;
+		snprintf(from, sizeof(from), "%s/data/%" PRIu64, en->src, en->data_key);
+		snprintf(to, sizeof(to), "%" PRIu64, key);
+		if (linkat(ckfd, from, datafd, to, 0) < 0) {
+			r = -errno;
+			goto out;
+		}
+		snprintf(en->src, sizeof(en->src), "%s", id);
+		en->data_key = key++;
+		changed = true;
+	}
+	for (size_t j = 0; j < n_drop && m.parent[0]; j++)
+		if (strcmp(drop[j], m.parent) == 0) {
+			m.parent[0] = '\0';
+			changed = true;
+		}
+	if (changed) {
+		(void)unlinkat(dfd, "manifest.mpk.new", 0);
+		r = env_manifest_store(dfd, "manifest.mpk.new", &m);
+		if (r >= 0 &&
+		    (syncfs(dfd) < 0 ||
+		     renameat(dfd, "manifest.mpk.new", dfd, "manifest.mpk") < 0 || fsync(dfd) < 0))
+			r = -errno;
+	}
+out:
+	env_manifest_finish(&m);
+	return r;
+}
+
+int env_gc(struct sv_env *e, unsigned keep)
+{
+	_cleanup_close_ int ckfd = ckpts_open(e);
+	char **ids = NULL, **drop = NULL;
+	size_t n = 0, n_drop = 0, first_kept;
+	int r;
+
+	if (ckfd < 0)
+		return ckfd;
+	if (keep == 0)
+		keep = 1;
+	r = env_checkpoints(e, &ids, &n);
+	if (r < 0)
+		return r;
+	if (n <= keep)
+		goto out;
+	first_kept = n - keep;
+	drop = calloc(first_kept, sizeof(*drop));
+	if (!drop) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < first_kept; i++)
+		if (strcmp(ids[i], e->head) != 0)
+			drop[n_drop++] = ids[i];
+	/* Every kept checkpoint whose chain reaches a dropped one absorbs its data. Kept ones
+	 * are rebased oldest first; a rebased one needs nothing older. */
+	for (size_t i = 0; i < n; i++) {
+		bool dropped = false;
+
+		for (size_t j = 0; j < n_drop && !dropped; j++)
+			dropped = drop[j] == ids[i];
+		if (dropped)
+			continue;
+		r = rebase(e, ckfd, ids[i], drop, n_drop);
+		if (r < 0)
+			goto out;
+	}
+	for (size_t j = 0; j < n_drop; j++) {
+		char del[ENV_ID_MAX + 8];
+
+		snprintf(del, sizeof(del), ".del-%s", drop[j]);
+		if (renameat(ckfd, drop[j], ckfd, del) < 0) {
+			r = -errno;
+			goto out;
+		}
+		(void)rmtree_at(ckfd, del);
+	}
+	(void)fsync(ckfd);
+out:
+	free(drop);
+	free_ids(ids, n);
+	if (e->head_valid && n_drop) {
+		/* The head's data references may have moved: reload them, keep inode/ctime. */
+		struct env_manifest fresh;
+
+		e->head_valid = false;
+		if (load_checkpoint(e, ckfd, e->head, &fresh) >= 0) {
+			if (fresh.n_entries == e->head_index.n_entries) {
+				for (size_t i = 0; i < fresh.n_entries; i++) {
+					fresh.entries[i].ino = e->head_index.entries[i].ino;
+					fresh.entries[i].ctime_ns =
+						e->head_index.entries[i].ctime_ns;
+				}
+				env_manifest_finish(&e->head_index);
+				e->head_index = fresh;
+				e->head_valid = true;
+			} else {
+				env_manifest_finish(&fresh);
+			}
+		}
+	}
+	return r;
+}

@@ -1,0 +1,536 @@
+/* SPDX-License-Identifier: MIT */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <linux/openat2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "util.h"
+#include "supervisor-env-fs.h"
+
+#define OVL_OPAQUE_XATTR "trusted.overlay.opaque"
+#define WALK_DEPTH_MAX	 256
+
+static int openat_beneath(int dirfd, const char *path, int flags, mode_t mode)
+{
+	struct open_how how = {
+		.flags = (uint64_t)(flags | O_CLOEXEC),
+		.mode = (flags & O_CREAT) ? mode : 0,
+		.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
+			   RESOLVE_NO_XDEV,
+	};
+	long fd = syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
+
+	return fd < 0 ? -errno : (int)fd;
+}
+
+static uint64_t ts_ns(const struct timespec *t)
+{
+	return (uint64_t)t->tv_sec * 1000000000ull + (uint64_t)t->tv_nsec;
+}
+
+/* --- scan ------------------------------------------------------------------------------ */
+
+struct ino_seen {
+	dev_t dev;
+	ino_t ino;
+	const char *path; /* the entry's (owned by the manifest: index, not pointer) */
+	size_t index;
+};
+
+struct scan {
+	const struct env_manifest *base;
+	const struct env_entry **base_sorted;
+	env_fs_force_cb force;
+	void *userdata;
+	int data_fd;
+	struct env_manifest *out;
+	struct env_fs_stats stats;
+	uint64_t next_key;
+	struct ino_seen *inos;
+	size_t n_inos, cap_inos;
+	char path[ENV_PATH_MAX + 2];
+};
+
+static int cmp_entry_ptr(const void *a, const void *b)
+{
+	return strcmp((*(const struct env_entry *const *)a)->path,
+		      (*(const struct env_entry *const *)b)->path);
+}
+
+static const struct env_entry *base_find(const struct scan *sc, const char *path)
+{
+	struct env_entry key = {.path = (char *)path};
+	const struct env_entry *kp = &key, **hit;
+
+	if (!sc->base_sorted)
+		return NULL;
+	hit = bsearch(&kp, sc->base_sorted, sc->base->n_entries, sizeof(*sc->base_sorted),
+		      cmp_entry_ptr);
+	return hit ? *hit : NULL;
+}
+
+static int copy_fd(int in, int out, uint64_t size)
+{
+	uint64_t done = 0;
+
+	while (done < size) {
+		ssize_t n = copy_file_range(in, NULL, out, NULL, size - done, 0);
+
+		if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS)) {
+			char buf[65536];
+
+			n = read(in, buf, sizeof(buf));
+			if (n > 0 && write(out, buf, (size_t)n) != n)
+				return -EIO;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			break; /* the file shrank: what was there is what we keep */
+		done += (uint64_t)n;
+	}
+	return 0;
+}
+
+static int copy_data(struct scan *sc, int dirfd, const char *name, const struct stat *st,
+		     struct env_entry *e)
+{
+	_cleanup_close_ int in = -1, out = -1;
+	char key[32];
+	struct stat st2;
+	int r;
+
+	in = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	if (in < 0)
+		return -errno;
+	/* The name may have been swapped since the walk's stat: copy only the file walked. */
+	if (fstat(in, &st2) < 0)
+		return -errno;
+	if (!S_ISREG(st2.st_mode) || st2.st_ino != st->st_ino || st2.st_dev != st->st_dev)
+		return -ESTALE;
+	e->data_key = sc->next_key++;
+	snprintf(key, sizeof(key), "%" PRIu64, e->data_key);
+	out = openat(sc->data_fd, key, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (out < 0)
+		return -errno;
+	r = copy_fd(in, out, (uint64_t)st2.st_size);
+	if (r < 0)
+		return r;
+	snprintf(e->src, sizeof(e->src), "%s", sc->out->id);
+	sc->stats.bytes += (uint64_t)st2.st_size;
+	sc->stats.files++;
+	return 0;
+}
+
+static int note_ino(struct scan *sc, const struct stat *st, size_t index)
+{
+	if (sc->n_inos == sc->cap_inos) {
+		size_t cap = sc->cap_inos ? sc->cap_inos * 2 : 16;
+		struct ino_seen *a = reallocarray(sc->inos, cap, sizeof(*a));
+
+		if (!a)
+			return -ENOMEM;
+		sc->inos = a;
+		sc->cap_inos = cap;
+	}
+	sc->inos[sc->n_inos++] =
+		(struct ino_seen){.dev = st->st_dev, .ino = st->st_ino, .index = index};
+	return 0;
+}
+
+static const struct ino_seen *find_ino(const struct scan *sc, const struct stat *st)
+{
+	for (size_t i = 0; i < sc->n_inos; i++)
+		if (sc->inos[i].ino == st->st_ino && sc->inos[i].dev == st->st_dev)
+			return &sc->inos[i];
+	return NULL;
+}
+
+static int scan_entry(struct scan *sc, int dirfd, const char *name, const struct stat *st)
+{
+	struct env_entry e = {
+		.path = sc->path,
+		.mode = st->st_mode & 07777,
+		.uid = st->st_uid,
+		.gid = st->st_gid,
+		.size = (uint64_t)st->st_size,
+		.mtime_ns = ts_ns(&st->st_mtim),
+		.ctime_ns = ts_ns(&st->st_ctim),
+		.ino = st->st_ino,
+	};
+	char target[ENV_PATH_MAX + 1];
+	int r;
+
+	if (S_ISDIR(st->st_mode)) {
+		char v[4];
+
+		e.kind = ENV_ENTRY_DIR;
+		e.size = 0;
+		e.opaque = fgetxattr(dirfd, OVL_OPAQUE_XATTR, v, sizeof(v)) > 0 && v[0] == 'y';
+	} else if (S_ISREG(st->st_mode)) {
+		const struct ino_seen *seen = st->st_nlink > 1 ? find_ino(sc, st) : NULL;
+		const struct env_entry *b = base_find(sc, sc->path);
+
+		if (seen) {
+			e.kind = ENV_ENTRY_HARDLINK;
+			e.hardlink = sc->out->entries[seen->index].path;
+		} else {
+			e.kind = ENV_ENTRY_REG;
+			if (b && b->kind == ENV_ENTRY_REG && b->ino == e.ino && b->size == e.size &&
+			    b->mode == e.mode && b->mtime_ns == e.mtime_ns &&
+			    b->ctime_ns == e.ctime_ns &&
+			    !(sc->force && sc->force(sc->path, sc->userdata))) {
+				snprintf(e.src, sizeof(e.src), "%s", b->src);
+				e.data_key = b->data_key;
+			} else {
+				r = copy_data(sc, dirfd, name, st, &e);
+				if (r < 0)
+					return r;
+			}
+			if (st->st_nlink > 1) {
+				r = note_ino(sc, st, sc->out->n_entries);
+				if (r < 0)
+					return r;
+			}
+		}
+	} else if (S_ISLNK(st->st_mode)) {
+		ssize_t n = readlinkat(dirfd, name, target, sizeof(target) - 1);
+
+		if (n < 0)
+			return -errno;
+		target[n] = '\0';
+		e.kind = ENV_ENTRY_SYMLINK;
+		e.target = target;
+	} else if (S_ISCHR(st->st_mode) && st->st_rdev == makedev(0, 0)) {
+		e.kind = ENV_ENTRY_WHITEOUT;
+	} else if (S_ISFIFO(st->st_mode)) {
+		e.kind = ENV_ENTRY_FIFO;
+	} else {
+		/* Sockets and device nodes are not file-system state an environment can own (its
+		 * /dev is its own tmpfs; a socket's other end is process state). */
+		return 0;
+	}
+	return env_manifest_add(sc->out, &e);
+}
+
+static int scan_dir(struct scan *sc, int dirfd, size_t plen, unsigned depth)
+{
+	DIR *d;
+	struct dirent *de;
+	int r = 0, fd;
+
+	if (depth > WALK_DEPTH_MAX)
+		return -ELOOP;
+	fd = dup(dirfd);
+	if (fd < 0)
+		return -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		(void)close(fd);
+		return -errno;
+	}
+	while (r >= 0 && (errno = 0, de = readdir(d))) {
+		size_t n = strlen(de->d_name);
+		struct stat st;
+
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		if (plen + !!plen + n > ENV_PATH_MAX) {
+			r = -ENAMETOOLONG;
+			break;
+		}
+		if (plen)
+			sc->path[plen] = '/';
+		memcpy(sc->path + plen + !!plen, de->d_name, n + 1);
+		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			r = -errno;
+			break;
+		}
+		if (S_ISDIR(st.st_mode)) {
+			_cleanup_close_ int sub = openat(
+				dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+			if (sub < 0) {
+				r = -errno;
+				break;
+			}
+			r = scan_entry(sc, sub, de->d_name, &st);
+			if (r >= 0)
+				r = scan_dir(sc, sub, plen + !!plen + n, depth + 1);
+		} else {
+			r = scan_entry(sc, dirfd, de->d_name, &st);
+		}
+		sc->path[plen] = '\0';
+	}
+	if (r >= 0 && errno)
+		r = -errno;
+	closedir(d);
+	return r;
+}
+
+int env_fs_scan(int upper_fd, const struct env_manifest *base, env_fs_force_cb force,
+		void *userdata, int data_fd, struct env_manifest *out,
+		struct env_fs_stats *ret_stats)
+{
+	struct scan sc = {
+		.base = base,
+		.force = force,
+		.userdata = userdata,
+		.data_fd = data_fd,
+		.out = out,
+	};
+	int r;
+
+	if (base && base->n_entries) {
+		sc.base_sorted = calloc(base->n_entries, sizeof(*sc.base_sorted));
+		if (!sc.base_sorted)
+			return -ENOMEM;
+		for (size_t i = 0; i < base->n_entries; i++)
+			sc.base_sorted[i] = &base->entries[i];
+		qsort(sc.base_sorted, base->n_entries, sizeof(*sc.base_sorted), cmp_entry_ptr);
+	}
+	r = scan_dir(&sc, upper_fd, 0, 0);
+	if (r >= 0 && base && base->n_entries) {
+		/* Deletions since the parent: its paths no longer here. */
+		const struct env_entry **now = calloc(out->n_entries + 1, sizeof(*now));
+
+		if (!now)
+			r = -ENOMEM;
+		for (size_t i = 0; now && i < out->n_entries; i++)
+			now[i] = &out->entries[i];
+		if (now)
+			qsort(now, out->n_entries, sizeof(*now), cmp_entry_ptr);
+		for (size_t i = 0; now && i < base->n_entries; i++) {
+			const struct env_entry *kp = &base->entries[i];
+
+			sc.stats.removed +=
+				!bsearch(&kp, now, out->n_entries, sizeof(*now), cmp_entry_ptr);
+		}
+		free(now);
+	}
+	free(sc.base_sorted);
+	free(sc.inos);
+	if (r >= 0 && ret_stats)
+		*ret_stats = sc.stats;
+	return r;
+}
+
+/* --- wipe ------------------------------------------------------------------------------ */
+
+static int wipe_dir(int dirfd, unsigned depth)
+{
+	DIR *d;
+	struct dirent *de;
+	int r = 0, fd;
+
+	if (depth > WALK_DEPTH_MAX)
+		return -ELOOP;
+	fd = dup(dirfd);
+	if (fd < 0)
+		return -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		(void)close(fd);
+		return -errno;
+	}
+	while (r >= 0 && (de = readdir(d))) {
+		struct stat st;
+
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			r = -errno;
+			break;
+		}
+		if (S_ISDIR(st.st_mode)) {
+			_cleanup_close_ int sub = openat(
+				dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+			if (sub < 0) {
+				r = -errno;
+				break;
+			}
+			r = wipe_dir(sub, depth + 1);
+			if (r >= 0 && unlinkat(dirfd, de->d_name, AT_REMOVEDIR) < 0)
+				r = -errno;
+		} else if (unlinkat(dirfd, de->d_name, 0) < 0) {
+			r = -errno;
+		}
+	}
+	closedir(d);
+	return r;
+}
+
+int env_fs_wipe(int dir_fd)
+{
+	return wipe_dir(dir_fd, 0);
+}
+
+/* --- rebuild --------------------------------------------------------------------------- */
+
+/* Splits path into its parent's fd (opened beneath upper_fd) and the last component. */
+static int open_parent(int upper_fd, const char *path, const char **ret_name)
+{
+	const char *slash = strrchr(path, '/');
+	char parent[ENV_PATH_MAX + 1];
+
+	if (!slash) {
+		int fd = fcntl(upper_fd, F_DUPFD_CLOEXEC, 3);
+
+		*ret_name = path;
+		return fd < 0 ? -errno : fd;
+	}
+	memcpy(parent, path, (size_t)(slash - path));
+	parent[slash - path] = '\0';
+	*ret_name = slash + 1;
+	return openat_beneath(upper_fd, parent, O_RDONLY | O_DIRECTORY, 0);
+}
+
+static int set_times(int dirfd, const char *name, const struct env_entry *e, int flags)
+{
+	struct timespec ts[2] = {
+		{.tv_sec = (time_t)(e->mtime_ns / 1000000000ull),
+		 .tv_nsec = (long)(e->mtime_ns % 1000000000ull)},
+	};
+
+	ts[1] = ts[0];
+	return utimensat(dirfd, name, ts, flags) < 0 ? -errno : 0;
+}
+
+static int rebuild_entry(int upper_fd, const struct env_entry *e, int ckpts_fd)
+{
+	_cleanup_close_ int pfd = -1;
+	const char *name;
+	char key[ENV_ID_MAX + 48];
+	int r;
+
+	pfd = open_parent(upper_fd, e->path, &name);
+	if (pfd < 0)
+		return pfd;
+	switch (e->kind) {
+	case ENV_ENTRY_DIR:
+		if (mkdirat(pfd, name, 0700) < 0)
+			return -errno;
+		if (e->opaque) {
+			_cleanup_close_ int dfd =
+				openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+			if (dfd < 0)
+				return -errno;
+			if (fsetxattr(dfd, OVL_OPAQUE_XATTR, "y", 1, 0) < 0)
+				return -errno;
+		}
+		return 0; /* owner, mode and times once its content is in (env_fs_rebuild) */
+	case ENV_ENTRY_REG: {
+		_cleanup_close_ int in = -1, out = -1;
+		struct stat st;
+
+		snprintf(key, sizeof(key), "%s/data/%" PRIu64, e->src, e->data_key);
+		in = openat_beneath(ckpts_fd, key, O_RDONLY, 0);
+		if (in < 0)
+			return in == -ENOENT ? -ENOLINK : in;
+		if (fstat(in, &st) < 0)
+			return -errno;
+		if (!S_ISREG(st.st_mode))
+			return -EBADMSG;
+		out = openat(pfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (out < 0)
+			return -errno;
+		r = copy_fd(in, out, (uint64_t)st.st_size);
+		if (r < 0)
+			return r;
+		if (fchown(out, e->uid, e->gid) < 0 || fchmod(out, e->mode) < 0)
+			return -errno;
+		return set_times(pfd, name, e, AT_SYMLINK_NOFOLLOW);
+	}
+	case ENV_ENTRY_HARDLINK: {
+		_cleanup_close_ int tfd = -1;
+		const char *tname;
+
+		tfd = open_parent(upper_fd, e->hardlink, &tname);
+		if (tfd < 0)
+			return tfd;
+		return linkat(tfd, tname, pfd, name, 0) < 0 ? -errno : 0;
+	}
+	case ENV_ENTRY_SYMLINK:
+		if (symlinkat(e->target, pfd, name) < 0)
+			return -errno;
+		break;
+	case ENV_ENTRY_WHITEOUT:
+		if (mknodat(pfd, name, S_IFCHR | 0, makedev(0, 0)) < 0)
+			return -errno;
+		break;
+	case ENV_ENTRY_FIFO:
+		if (mknodat(pfd, name, S_IFIFO | (e->mode & 07777), 0) < 0)
+			return -errno;
+		break;
+	default:
+		return -EBADMSG;
+	}
+	if (fchownat(pfd, name, e->uid, e->gid, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	if (e->kind != ENV_ENTRY_SYMLINK && fchmodat(pfd, name, e->mode, 0) < 0)
+		return -errno;
+	return set_times(pfd, name, e, AT_SYMLINK_NOFOLLOW);
+}
+
+int env_fs_rebuild(int upper_fd, const struct env_manifest *m, int ckpts_fd)
+{
+	int r;
+
+	for (size_t i = 0; i < m->n_entries; i++) {
+		r = rebuild_entry(upper_fd, &m->entries[i], ckpts_fd);
+		if (r < 0)
+			return r;
+	}
+	/* Directories last, deepest first: their mtime must survive their content's creation. */
+	for (size_t i = m->n_entries; i-- > 0;) {
+		const struct env_entry *e = &m->entries[i];
+		_cleanup_close_ int pfd = -1;
+		const char *name;
+
+		if (e->kind != ENV_ENTRY_DIR)
+			continue;
+		pfd = open_parent(upper_fd, e->path, &name);
+		if (pfd < 0)
+			return pfd;
+		if (fchownat(pfd, name, e->uid, e->gid, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    fchmodat(pfd, name, e->mode, 0) < 0)
+			return -errno;
+		r = set_times(pfd, name, e, AT_SYMLINK_NOFOLLOW);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+int env_fs_refresh(int upper_fd, struct env_manifest *m)
+{
+	for (size_t i = 0; i < m->n_entries; i++) {
+		struct env_entry *e = &m->entries[i];
+		_cleanup_close_ int pfd = -1;
+		const char *name;
+		struct stat st;
+
+		pfd = open_parent(upper_fd, e->path, &name);
+		if (pfd < 0)
+			return pfd;
+		if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			return -errno;
+		e->ino = st.st_ino;
+		e->ctime_ns = ts_ns(&st.st_ctim);
+	}
+	return 0;
+}

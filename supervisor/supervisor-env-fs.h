@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * An environment's file-system state, kept as its overlay upper layer (what it changed over
+ * its read-only base). A checkpoint records the upper layer's index (every entry with its
+ * metadata) and copies the data of regular files that changed since the parent checkpoint;
+ * unchanged ones point at the checkpoint that holds their data. Restoring rebuilds the upper
+ * layer from a checkpoint's index (deletions are implied: what is not in the index is gone;
+ * overlay whiteouts and opaque directories are entries like any other).
+ *
+ * Security (issue 10 item 4): the upper layer is written by the environment; nothing here
+ * follows a symlink in it: the walk opens every component with O_NOFOLLOW relative to its
+ * parent's fd, files are opened O_NOFOLLOW and checked to be the regular file walked, and
+ * the rebuild resolves parents with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS).
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "supervisor-env-manifest.h"
+
+struct env_fs_stats {
+	uint64_t bytes, files, removed;
+};
+
+/* Paths (relative) the caller knows changed (the eBPF dirty set): always copied, whatever
+ * their metadata says. May be NULL. */
+typedef bool (*env_fs_force_cb)(const char *path, void *userdata);
+
+/*
+ * Walks the upper layer (upper_fd) into out->entries. A regular file whose path, inode,
+ * size, mode, mtime and ctime equal its entry in base (the parent's index, may be NULL) and
+ * that force does not claim keeps base's data reference; any other is copied to
+ * data_fd/<key> with out->id as its source. A further name of an inode already seen becomes a
+ * hard-link entry (copied once, by inode).
+ */
+int env_fs_scan(int upper_fd, const struct env_manifest *base, env_fs_force_cb force,
+		void *userdata, int data_fd, struct env_manifest *out,
+		struct env_fs_stats *ret_stats);
+
+/* Empties dir_fd (recursively, never following a symlink). */
+int env_fs_wipe(int dir_fd);
+
+/* Rebuilds the (empty) upper layer from m: data read from ckpts_fd/<src>/data/<key>. */
+int env_fs_rebuild(int upper_fd, const struct env_manifest *m, int ckpts_fd);
+
+/* After a rebuild: the entries' inode and ctime as they are now, so the next scan compares
+ * against the rebuilt files rather than the originals. */
+int env_fs_refresh(int upper_fd, struct env_manifest *m);

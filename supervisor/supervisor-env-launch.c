@@ -1,0 +1,198 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Starts an environment's init the way DESIGN §6 verified CRIU can checkpoint it: clone3 into
+ * its cgroup with new pid/mount/uts/ipc namespaces; inside, the overlay becomes the root
+ * (pivot_root), host /usr and /etc are bind-mounted read-only (CRIU's externals), /dev is a
+ * tmpfs of its own and /proc its pid namespace's; a new session; stdio on /dev/null and no
+ * other fd (CRIU refuses an fd that points outside the environment).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "util.h"
+#include "supervisor-env.h"
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+int env_write_file(const char *path, const char *text)
+{
+	_cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
+	size_t n = strlen(text);
+
+	if (fd < 0)
+		return -errno;
+	if (write(fd, text, n) != (ssize_t)n)
+		return -errno;
+	return 0;
+}
+
+int env_mount_overlay(const struct sv_env *e)
+{
+	char opts[3 * PATH_MAX + 64];
+
+	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", e->base, e->upper,
+		 e->work);
+	if (mount("overlay", e->root, "overlay", 0, opts) < 0)
+		return log_debug_errno(-errno, "Failed to mount the overlay of %s: %m", e->id);
+	/* Private: the environment's mount events stay in its namespace and ours in ours. */
+	if (mount(NULL, e->root, NULL, MS_PRIVATE, NULL) < 0)
+		return -errno;
+	return 0;
+}
+
+/* In the child: a failure is reported through the pipe as an errno and a step. */
+static _Noreturn void child_fail(int pipe_fd, int step)
+{
+	int msg[2] = {errno, step};
+
+	(void)!write(pipe_fd, msg, sizeof(msg));
+	_exit(127);
+}
+
+static int mkdir_in(const char *root, const char *dir, mode_t mode)
+{
+	char path[PATH_MAX];
+
+	snprintf(path, sizeof(path), "%s/%s", root, dir);
+	if (mkdir(path, mode) < 0 && errno != EEXIST)
+		return -1;
+	return 0;
+}
+
+static int bind_ro(const char *root, const char *dir)
+{
+	char path[PATH_MAX];
+
+	snprintf(path, sizeof(path), "%s%s", root, dir);
+	if (mount(dir, path, NULL, MS_BIND, NULL) < 0)
+		return -1;
+	return mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV,
+		     NULL);
+}
+
+static int make_dev(const char *root)
+{
+	static const struct {
+		const char *name;
+		unsigned major, minor;
+	} nodes[] = {
+		{"null", 1, 3},	  {"zero", 1, 5},    {"full", 1, 7},
+		{"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0},
+	};
+	char path[PATH_MAX];
+
+	snprintf(path, sizeof(path), "%s/dev", root);
+	if (mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=1m") < 0)
+		return -1;
+	for (size_t i = 0; i < ARRAY_SIZE(nodes); i++) {
+		snprintf(path, sizeof(path), "%s/dev/%s", root, nodes[i].name);
+		if (mknod(path, S_IFCHR | 0666, makedev(nodes[i].major, nodes[i].minor)) < 0)
+			return -1;
+		if (chmod(path, 0666) < 0)
+			return -1;
+	}
+	snprintf(path, sizeof(path), "%s/dev/fd", root);
+	if (symlink("/proc/self/fd", path) < 0)
+		return -1;
+	snprintf(path, sizeof(path), "%s/dev/shm", root);
+	return mkdir(path, 01777) < 0 ? -1 : 0;
+}
+
+static _Noreturn void child_main(const struct sv_env *e, int pipe_fd)
+{
+	char *const envp[] = {"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root",
+			      "LANG=C.UTF-8", NULL};
+	const char *cmd = e->cmd[0] ? e->cmd : "exec sleep infinity";
+	char *const argv[] = {"sh", "-c", (char *)cmd, NULL};
+	char path[PATH_MAX];
+	int null;
+
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		child_fail(pipe_fd, 1);
+	if (mkdir_in(e->root, "usr", 0755) < 0 || mkdir_in(e->root, "etc", 0755) < 0 ||
+	    mkdir_in(e->root, "dev", 0755) < 0 || mkdir_in(e->root, "proc", 0555) < 0)
+		child_fail(pipe_fd, 2);
+	if (bind_ro(e->root, "/usr") < 0 || bind_ro(e->root, "/etc") < 0)
+		child_fail(pipe_fd, 3);
+	if (make_dev(e->root) < 0)
+		child_fail(pipe_fd, 4);
+	snprintf(path, sizeof(path), "%s/proc", e->root);
+	if (mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+		child_fail(pipe_fd, 5);
+	if (chdir(e->root) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
+	    umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)
+		child_fail(pipe_fd, 6);
+	if (sethostname(e->id, strlen(e->id)) < 0)
+		child_fail(pipe_fd, 7);
+	if (setsid() < 0)
+		child_fail(pipe_fd, 8);
+	null = open("/dev/null", O_RDWR);
+	if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
+		child_fail(pipe_fd, 9);
+	if (null > 2)
+		(void)close(null);
+	/* Everything else closes at exec; the pipe too, which tells the parent exec happened. */
+	if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
+		child_fail(pipe_fd, 10);
+	{
+		sigset_t all;
+
+		sigemptyset(&all);
+		(void)sigprocmask(SIG_SETMASK, &all, NULL);
+	}
+	execve("/bin/sh", argv, envp);
+	child_fail(pipe_fd, 11);
+}
+
+int env_launch(struct sv_env *e)
+{
+	_cleanup_close_ int cg = -1, rd = -1;
+	struct clone_args args = {
+		.flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC |
+			 CLONE_INTO_CGROUP,
+		.exit_signal = SIGCHLD,
+	};
+	int p[2], msg[2];
+	ssize_t n;
+	pid_t pid;
+
+	cg = open(e->cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (cg < 0)
+		return log_debug_errno(-errno, "Failed to open cgroup %s: %m", e->cgroup);
+	args.cgroup = (uint64_t)cg;
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -errno;
+	pid = (pid_t)syscall(SYS_clone3, &args, sizeof(args));
+	if (pid == 0) {
+		(void)close(p[0]);
+		child_main(e, p[1]);
+	}
+	(void)close(p[1]);
+	rd = p[0];
+	if (pid < 0)
+		return log_debug_errno(-errno, "clone3 for environment %s failed: %m", e->id);
+	do
+		n = read(rd, msg, sizeof(msg));
+	while (n < 0 && errno == EINTR);
+	if (n == sizeof(msg)) {
+		(void)waitpid(pid, NULL, 0);
+		return log_debug_errno(-msg[0], "Environment %s failed to start (step %d): %m",
+				       e->id, msg[1]);
+	}
+	e->pid = pid;
+	return 0;
+}

@@ -1,0 +1,547 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <msgpack.h>
+
+#include "util.h"
+#include "supervisor-env-manifest.h"
+
+bool env_id_valid(const char *id)
+{
+	size_t n = strlen(id);
+
+	if (n == 0 || n > ENV_ID_MAX || id[0] == '.')
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char c = id[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      c == '_' || c == '.' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
+bool env_path_valid(const char *path)
+{
+	size_t n = strlen(path);
+	const char *p = path;
+
+	if (n == 0 || n > ENV_PATH_MAX || path[0] == '/')
+		return false;
+	while (*p) {
+		const char *slash = strchr(p, '/');
+		size_t len = slash ? (size_t)(slash - p) : strlen(p);
+
+		if (len == 0 || (len == 1 && p[0] == '.') ||
+		    (len == 2 && p[0] == '.' && p[1] == '.'))
+			return false;
+		p += len;
+		if (*p == '/') {
+			p++;
+			if (!*p) /* a trailing slash is an empty last component */
+				return false;
+		}
+	}
+	return true;
+}
+
+void env_manifest_finish(struct env_manifest *m)
+{
+	if (!m)
+		return;
+	for (size_t i = 0; i < m->n_entries; i++) {
+		free(m->entries[i].path);
+		free(m->entries[i].target);
+		free(m->entries[i].hardlink);
+	}
+	free(m->entries);
+	m->entries = NULL;
+	m->n_entries = m->cap_entries = 0;
+}
+
+int env_manifest_add(struct env_manifest *m, const struct env_entry *e)
+{
+	struct env_entry *n;
+
+	if (m->n_entries >= ENV_MANIFEST_MAX_ENTRIES)
+		return -E2BIG;
+	if (m->n_entries == m->cap_entries) {
+		size_t cap = m->cap_entries ? m->cap_entries * 2 : 64;
+		struct env_entry *a = reallocarray(m->entries, cap, sizeof(*a));
+
+		if (!a)
+			return -ENOMEM;
+		m->entries = a;
+		m->cap_entries = cap;
+	}
+	n = &m->entries[m->n_entries];
+	*n = *e;
+	n->path = strdup(e->path);
+	n->target = e->target ? strdup(e->target) : NULL;
+	n->hardlink = e->hardlink ? strdup(e->hardlink) : NULL;
+	if (!n->path || (e->target && !n->target) || (e->hardlink && !n->hardlink)) {
+		free(n->path);
+		free(n->target);
+		free(n->hardlink);
+		return -ENOMEM;
+	}
+	m->n_entries++;
+	return 0;
+}
+
+/* --- encoding ------------------------------------------------------------------------ */
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+	size_t n = strlen(s);
+
+	msgpack_pack_str(pk, n);
+	msgpack_pack_str_body(pk, s, n);
+}
+
+static void pack_kstr(msgpack_packer *pk, const char *k, const char *v)
+{
+	pack_str(pk, k);
+	pack_str(pk, v);
+}
+
+static void pack_ku64(msgpack_packer *pk, const char *k, uint64_t v)
+{
+	pack_str(pk, k);
+	msgpack_pack_uint64(pk, v);
+}
+
+static void pack_kbool(msgpack_packer *pk, const char *k, bool v)
+{
+	pack_str(pk, k);
+	if (v)
+		msgpack_pack_true(pk);
+	else
+		msgpack_pack_false(pk);
+}
+
+static void pack_entry(msgpack_packer *pk, const struct env_entry *e)
+{
+	msgpack_pack_map(pk, 14);
+	pack_kstr(pk, "p", e->path);
+	pack_ku64(pk, "k", e->kind);
+	pack_ku64(pk, "m", e->mode);
+	pack_ku64(pk, "u", e->uid);
+	pack_ku64(pk, "g", e->gid);
+	pack_ku64(pk, "s", e->size);
+	pack_ku64(pk, "mt", e->mtime_ns);
+	pack_ku64(pk, "ct", e->ctime_ns);
+	pack_ku64(pk, "ino", e->ino);
+	pack_kstr(pk, "tgt", e->target ? e->target : "");
+	pack_kstr(pk, "hl", e->hardlink ? e->hardlink : "");
+	pack_kstr(pk, "src", e->src);
+	pack_ku64(pk, "dk", e->data_key);
+	pack_kbool(pk, "opq", e->opaque);
+}
+
+int env_manifest_encode(const struct env_manifest *m, char **ret_buf, size_t *ret_len)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 22);
+	pack_ku64(&pk, "v", ENV_MANIFEST_VERSION);
+	pack_kstr(&pk, "id", m->id);
+	pack_kstr(&pk, "parent", m->parent);
+	pack_kstr(&pk, "env", m->env);
+	pack_str(&pk, "uuid");
+	msgpack_pack_bin(&pk, 16);
+	msgpack_pack_bin_body(&pk, m->uuid, 16);
+	pack_kstr(&pk, "traj", m->trajectory);
+	pack_ku64(&pk, "turn", m->turn);
+	pack_ku64(&pk, "plen", m->prefix_tokens);
+	pack_ku64(&pk, "phash", m->prefix_hash);
+	pack_ku64(&pk, "ts", m->ts_us);
+	pack_kbool(&pk, "full", m->full_diff);
+	pack_kstr(&pk, "why", m->full_diff_reason);
+	pack_ku64(&pk, "fsb", m->fs_bytes);
+	pack_ku64(&pk, "fsn", m->fs_files);
+	pack_ku64(&pk, "fsrm", m->fs_removed);
+	pack_ku64(&pk, "criub", m->criu_bytes);
+	pack_ku64(&pk, "nproc", m->nproc);
+	pack_ku64(&pk, "frz", m->freeze_us);
+	pack_ku64(&pk, "dump", m->dump_us);
+	pack_ku64(&pk, "fs", m->fs_us);
+	pack_ku64(&pk, "commit", m->commit_us);
+	pack_str(&pk, "fs_index");
+	msgpack_pack_array(&pk, m->n_entries);
+	for (size_t i = 0; i < m->n_entries; i++)
+		pack_entry(&pk, &m->entries[i]);
+	if (!sb.data || sb.size > ENV_MANIFEST_MAX_BYTES) {
+		msgpack_sbuffer_destroy(&sb);
+		return sb.data ? -EMSGSIZE : -ENOMEM;
+	}
+	*ret_buf = sb.data;
+	*ret_len = sb.size;
+	return 0;
+}
+
+/* --- decoding ------------------------------------------------------------------------ */
+
+static bool key_is(const msgpack_object *k, const char *s)
+{
+	size_t n = strlen(s);
+
+	return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
+	       memcmp(k->via.str.ptr, s, n) == 0;
+}
+
+static int get_u64(const msgpack_object *o, uint64_t max, uint64_t *ret)
+{
+	if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > max)
+		return -EBADMSG;
+	*ret = o->via.u64;
+	return 0;
+}
+
+static int get_u32(const msgpack_object *o, uint32_t *ret)
+{
+	uint64_t v = 0;
+	int r = get_u64(o, UINT32_MAX, &v);
+
+	if (r == 0)
+		*ret = (uint32_t)v;
+	return r;
+}
+
+static int get_bool(const msgpack_object *o, bool *ret)
+{
+	if (o->type != MSGPACK_OBJECT_BOOLEAN)
+		return -EBADMSG;
+	*ret = o->via.boolean;
+	return 0;
+}
+
+/* Copies a str without NUL bytes of at most max bytes into buf (max + 1 bytes). */
+static int get_str(const msgpack_object *o, char *buf, size_t max)
+{
+	if (o->type != MSGPACK_OBJECT_STR || o->via.str.size > max ||
+	    memchr(o->via.str.ptr, '\0', o->via.str.size))
+		return -EBADMSG;
+	memcpy(buf, o->via.str.ptr, o->via.str.size);
+	buf[o->via.str.size] = '\0';
+	return 0;
+}
+
+static int get_strdup(const msgpack_object *o, size_t max, char **ret)
+{
+	char *s;
+
+	if (o->type != MSGPACK_OBJECT_STR || o->via.str.size > max ||
+	    memchr(o->via.str.ptr, '\0', o->via.str.size))
+		return -EBADMSG;
+	s = strndup(o->via.str.ptr, o->via.str.size);
+	if (!s)
+		return -ENOMEM;
+	free(*ret);
+	*ret = s;
+	return 0;
+}
+
+enum {
+	E_P = 1 << 0,
+	E_K = 1 << 1,
+	E_M = 1 << 2,
+};
+
+static int decode_entry(const msgpack_object *o, struct env_entry *e)
+{
+	unsigned seen = 0;
+	uint64_t v = 0;
+	int r = 0;
+
+	if (o->type != MSGPACK_OBJECT_MAP || o->via.map.size > 32)
+		return -EBADMSG;
+	for (uint32_t i = 0; i < o->via.map.size && r >= 0; i++) {
+		const msgpack_object *k = &o->via.map.ptr[i].key, *val = &o->via.map.ptr[i].val;
+
+		if (key_is(k, "p")) {
+			if (seen & E_P)
+				return -EBADMSG;
+			seen |= E_P;
+			r = get_strdup(val, ENV_PATH_MAX, &e->path);
+		} else if (key_is(k, "k")) {
+			seen |= E_K;
+			r = get_u64(val, _ENV_ENTRY_KIND_MAX - 1, &v);
+			e->kind = (enum env_entry_kind)v;
+		} else if (key_is(k, "m")) {
+			seen |= E_M;
+			r = get_u32(val, &e->mode);
+		} else if (key_is(k, "u"))
+			r = get_u32(val, &e->uid);
+		else if (key_is(k, "g"))
+			r = get_u32(val, &e->gid);
+		else if (key_is(k, "s"))
+			r = get_u64(val, INT64_MAX, &e->size);
+		else if (key_is(k, "mt"))
+			r = get_u64(val, UINT64_MAX, &e->mtime_ns);
+		else if (key_is(k, "ct"))
+			r = get_u64(val, UINT64_MAX, &e->ctime_ns);
+		else if (key_is(k, "ino"))
+			r = get_u64(val, UINT64_MAX, &e->ino);
+		else if (key_is(k, "tgt"))
+			r = get_strdup(val, ENV_PATH_MAX, &e->target);
+		else if (key_is(k, "hl"))
+			r = get_strdup(val, ENV_PATH_MAX, &e->hardlink);
+		else if (key_is(k, "src"))
+			r = get_str(val, e->src, ENV_ID_MAX);
+		else if (key_is(k, "dk"))
+			r = get_u64(val, UINT64_MAX, &e->data_key);
+		else if (key_is(k, "opq"))
+			r = get_bool(val, &e->opaque);
+		/* other keys: ignored (a newer writer's optional fields) */
+	}
+	if (r < 0)
+		return r;
+	if (seen != (E_P | E_K | E_M) || !env_path_valid(e->path))
+		return -EBADMSG;
+	if ((e->mode & ~07777u) != 0)
+		return -EBADMSG;
+	/* Empty strings mean absent. */
+	if (e->target && !*e->target) {
+		free(e->target);
+		e->target = NULL;
+	}
+	if (e->hardlink && !*e->hardlink) {
+		free(e->hardlink);
+		e->hardlink = NULL;
+	}
+	switch (e->kind) {
+	case ENV_ENTRY_SYMLINK:
+		if (!e->target)
+			return -EBADMSG;
+		break;
+	case ENV_ENTRY_HARDLINK:
+		if (!e->hardlink || !env_path_valid(e->hardlink))
+			return -EBADMSG;
+		break;
+	case ENV_ENTRY_REG:
+		if (!env_id_valid(e->src))
+			return -EBADMSG;
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
+enum {
+	M_V = 1 << 0,
+	M_ID = 1 << 1,
+	M_PARENT = 1 << 2,
+	M_ENV = 1 << 3,
+	M_UUID = 1 << 4,
+	M_TURN = 1 << 5,
+	M_INDEX = 1 << 6,
+	M_REQUIRED = (1 << 7) - 1,
+};
+
+static int decode_index(const msgpack_object *o, struct env_manifest *m)
+{
+	if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > ENV_MANIFEST_MAX_ENTRIES)
+		return -EBADMSG;
+	for (uint32_t i = 0; i < o->via.array.size; i++) {
+		struct env_entry e = {0};
+		int r = decode_entry(&o->via.array.ptr[i], &e);
+
+		if (r >= 0)
+			r = env_manifest_add(m, &e);
+		free(e.path);
+		free(e.target);
+		free(e.hardlink);
+		if (r < 0)
+			return r;
+	}
+	/* A hard link names an earlier entry; a directory holds what follows it. */
+	for (size_t i = 0; i < m->n_entries; i++) {
+		const struct env_entry *e = &m->entries[i];
+		bool found = false;
+
+		if (e->kind != ENV_ENTRY_HARDLINK)
+			continue;
+		for (size_t j = 0; j < i && !found; j++)
+			found = m->entries[j].kind == ENV_ENTRY_REG &&
+				strcmp(m->entries[j].path, e->hardlink) == 0;
+		if (!found)
+			return -EBADMSG;
+	}
+	return 0;
+}
+
+static int decode_map(const msgpack_object *o, struct env_manifest *m)
+{
+	unsigned seen = 0;
+	uint64_t v = 0;
+	int r = 0;
+
+	if (o->type != MSGPACK_OBJECT_MAP || o->via.map.size > 64)
+		return -EBADMSG;
+	for (uint32_t i = 0; i < o->via.map.size && r >= 0; i++) {
+		const msgpack_object *k = &o->via.map.ptr[i].key, *val = &o->via.map.ptr[i].val;
+		unsigned bit = 0;
+
+		if (key_is(k, "v")) {
+			bit = M_V;
+			r = get_u64(val, UINT32_MAX, &v);
+			if (r >= 0 && v != ENV_MANIFEST_VERSION)
+				r = -EPROTONOSUPPORT;
+		} else if (key_is(k, "id")) {
+			bit = M_ID;
+			r = get_str(val, m->id, ENV_ID_MAX);
+		} else if (key_is(k, "parent")) {
+			bit = M_PARENT;
+			r = get_str(val, m->parent, ENV_ID_MAX);
+		} else if (key_is(k, "env")) {
+			bit = M_ENV;
+			r = get_str(val, m->env, ENV_ID_MAX);
+		} else if (key_is(k, "uuid")) {
+			bit = M_UUID;
+			if (val->type != MSGPACK_OBJECT_BIN || val->via.bin.size != 16)
+				r = -EBADMSG;
+			else
+				memcpy(m->uuid, val->via.bin.ptr, 16);
+		} else if (key_is(k, "traj"))
+			r = get_str(val, m->trajectory, ENV_STR_MAX);
+		else if (key_is(k, "turn")) {
+			bit = M_TURN;
+			r = get_u64(val, UINT64_MAX, &m->turn);
+		} else if (key_is(k, "plen"))
+			r = get_u64(val, UINT64_MAX, &m->prefix_tokens);
+		else if (key_is(k, "phash"))
+			r = get_u64(val, UINT64_MAX, &m->prefix_hash);
+		else if (key_is(k, "ts"))
+			r = get_u64(val, UINT64_MAX, &m->ts_us);
+		else if (key_is(k, "full"))
+			r = get_bool(val, &m->full_diff);
+		else if (key_is(k, "why"))
+			r = get_str(val, m->full_diff_reason, ENV_STR_MAX);
+		else if (key_is(k, "fsb"))
+			r = get_u64(val, UINT64_MAX, &m->fs_bytes);
+		else if (key_is(k, "fsn"))
+			r = get_u64(val, UINT64_MAX, &m->fs_files);
+		else if (key_is(k, "fsrm"))
+			r = get_u64(val, UINT64_MAX, &m->fs_removed);
+		else if (key_is(k, "criub"))
+			r = get_u64(val, UINT64_MAX, &m->criu_bytes);
+		else if (key_is(k, "nproc"))
+			r = get_u64(val, UINT32_MAX, &m->nproc);
+		else if (key_is(k, "frz"))
+			r = get_u64(val, UINT64_MAX, &m->freeze_us);
+		else if (key_is(k, "dump"))
+			r = get_u64(val, UINT64_MAX, &m->dump_us);
+		else if (key_is(k, "fs"))
+			r = get_u64(val, UINT64_MAX, &m->fs_us);
+		else if (key_is(k, "commit"))
+			r = get_u64(val, UINT64_MAX, &m->commit_us);
+		else if (key_is(k, "fs_index")) {
+			bit = M_INDEX;
+			if (!(seen & M_INDEX))
+				r = decode_index(val, m);
+		}
+		if (bit && (seen & bit))
+			r = -EBADMSG;
+		seen |= bit;
+	}
+	if (r < 0)
+		return r;
+	if (seen != M_REQUIRED || !env_id_valid(m->id) || !env_id_valid(m->env) ||
+	    (m->parent[0] && !env_id_valid(m->parent)) || strcmp(m->id, m->parent) == 0)
+		return -EBADMSG;
+	return 0;
+}
+
+int env_manifest_decode(const void *buf, size_t len, struct env_manifest *ret)
+{
+	msgpack_unpacked u;
+	size_t off = 0;
+	int r;
+
+	memset(ret, 0, sizeof(*ret));
+	if (len > ENV_MANIFEST_MAX_BYTES)
+		return -EBADMSG;
+	msgpack_unpacked_init(&u);
+	if (msgpack_unpack_next(&u, buf, len, &off) != MSGPACK_UNPACK_SUCCESS)
+		r = -EBADMSG;
+	else if (off != len)
+		r = -EBADMSG; /* nothing after the map */
+	else
+		r = decode_map(&u.data, ret);
+	msgpack_unpacked_destroy(&u);
+	if (r < 0) {
+		env_manifest_finish(ret);
+		memset(ret, 0, sizeof(*ret));
+	}
+	return r;
+}
+
+int env_manifest_load(int dirfd, const char *name, struct env_manifest *ret)
+{
+	_cleanup_close_ int fd = -1;
+	_cleanup_free_ char *buf = NULL;
+	struct stat st;
+	size_t got = 0;
+
+	memset(ret, 0, sizeof(*ret));
+	fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (!S_ISREG(st.st_mode) || st.st_size <= 0 || st.st_size > ENV_MANIFEST_MAX_BYTES)
+		return -EBADMSG;
+	buf = malloc((size_t)st.st_size);
+	if (!buf)
+		return -ENOMEM;
+	while (got < (size_t)st.st_size) {
+		ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			return -EBADMSG;
+		got += (size_t)n;
+	}
+	return env_manifest_decode(buf, got, ret);
+}
+
+int env_manifest_store(int dirfd, const char *name, const struct env_manifest *m)
+{
+	_cleanup_close_ int fd = -1;
+	_cleanup_free_ char *buf = NULL;
+	size_t len, off = 0;
+	int r;
+
+	r = env_manifest_encode(m, &buf, &len);
+	if (r < 0)
+		return r;
+	fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	while (off < len) {
+		ssize_t n = write(fd, buf + off, len - off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		off += (size_t)n;
+	}
+	if (fsync(fd) < 0)
+		return -errno;
+	return 0;
+}

@@ -1,0 +1,86 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A checkpoint's manifest (DESIGN §2), one msgpack map in <checkpoint>/manifest.mpk:
+ *   "v": 1, "id", "parent" ("" for the first of a chain), "env", "uuid" (bin[16]: the
+ *   environment's identity; a checkpoint is restored only into the environment whose uuid it
+ *   carries), "traj", "turn", "plen" (token-prefix length), "phash" (its hash), "ts" (µs,
+ *   realtime), "full" (the FS delta came from a full diff), "why" (why a full diff),
+ *   sizes: "fsb" (bytes copied), "fsn" (files copied), "fsrm" (paths removed since the parent),
+ *   "criub" (CRIU image bytes), "nproc" (processes dumped), timings (µs): "frz" (frozen),
+ *   "dump" (CRIU), "fs" (delta copy), "commit" (fsync + rename),
+ *   "fs_index": array of the upper layer's entries at this checkpoint, in walk order (a
+ *   directory before what it holds), each a map: "p" path (relative, no "."/".." or empty
+ *   components), "k" kind (enum env_entry_kind), "m" mode, "u" uid, "g" gid, "s" size,
+ *   "mt" mtime ns, "ct" ctime ns, "ino", "tgt" (symlink target), "hl" (an earlier path of
+ *   the same inode: a hard link), "src" (id of the checkpoint holding the data), "dk" (data
+ *   key: <src>/data/<dk>), "opq" (overlay opaque directory).
+ * The decoder is bounded (file size, entry count, string lengths), type- and range-checks
+ * every field and refuses anything else with -EBADMSG; it is fuzzed (tests/fuzz).
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define ENV_MANIFEST_VERSION	 1
+#define ENV_MANIFEST_MAX_BYTES	 (64u << 20)
+#define ENV_MANIFEST_MAX_ENTRIES 1000000u
+#define ENV_ID_MAX		 63
+#define ENV_PATH_MAX		 4095
+#define ENV_STR_MAX		 255
+
+enum env_entry_kind {
+	ENV_ENTRY_DIR = 0,
+	ENV_ENTRY_REG = 1,
+	ENV_ENTRY_SYMLINK = 2,
+	ENV_ENTRY_WHITEOUT = 3, /* overlay: a lower file deleted (char device 0:0) */
+	ENV_ENTRY_FIFO = 4,
+	ENV_ENTRY_HARDLINK = 5, /* a regular file's further name ("hl") */
+	_ENV_ENTRY_KIND_MAX,
+};
+
+struct env_entry {
+	char *path;
+	enum env_entry_kind kind;
+	uint32_t mode, uid, gid;
+	uint64_t size, mtime_ns, ctime_ns, ino;
+	char *target;		  /* symlink */
+	char *hardlink;		  /* hardlink */
+	char src[ENV_ID_MAX + 1]; /* reg */
+	uint64_t data_key;	  /* reg */
+	bool opaque;		  /* dir */
+};
+
+struct env_manifest {
+	char id[ENV_ID_MAX + 1];
+	char parent[ENV_ID_MAX + 1];
+	char env[ENV_ID_MAX + 1];
+	uint8_t uuid[16];
+	char trajectory[ENV_STR_MAX + 1];
+	uint64_t turn, prefix_tokens, prefix_hash, ts_us;
+	bool full_diff;
+	char full_diff_reason[ENV_STR_MAX + 1];
+	uint64_t fs_bytes, fs_files, fs_removed, criu_bytes, nproc;
+	uint64_t freeze_us, dump_us, fs_us, commit_us;
+	struct env_entry *entries;
+	size_t n_entries, cap_entries;
+};
+
+/* A name usable as an environment or checkpoint id: 1..ENV_ID_MAX of [A-Za-z0-9_.-], not
+ * starting with '.'. */
+bool env_id_valid(const char *id);
+/* A relative path inside the root: no leading '/', no empty, "." or ".." component. */
+bool env_path_valid(const char *path);
+
+void env_manifest_finish(struct env_manifest *m);
+/* Appends a copy of e (strings duplicated). */
+int env_manifest_add(struct env_manifest *m, const struct env_entry *e);
+
+int env_manifest_encode(const struct env_manifest *m, char **ret_buf, size_t *ret_len);
+int env_manifest_decode(const void *buf, size_t len, struct env_manifest *ret);
+
+/* Reads and validates dirfd/name (at most ENV_MANIFEST_MAX_BYTES). */
+int env_manifest_load(int dirfd, const char *name, struct env_manifest *ret);
+/* Writes dirfd/name and fsyncs it. */
+int env_manifest_store(int dirfd, const char *name, const struct env_manifest *m);

@@ -1,0 +1,331 @@
+/* SPDX-License-Identifier: MIT */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "util.h"
+#include "supervisor-env.h"
+
+#define KILL_WAIT_MS 10000
+
+static int mkdir_p(const char *path, mode_t mode)
+{
+	char buf[PATH_MAX];
+
+	snprintf(buf, sizeof(buf), "%s", path);
+	for (char *p = buf + 1; *p; p++)
+		if (*p == '/') {
+			*p = '\0';
+			if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+				return -errno;
+			*p = '/';
+		}
+	if (mkdir(buf, mode) < 0 && errno != EEXIST)
+		return -errno;
+	return 0;
+}
+
+static int read_or_make_uuid(const char *dir, uint8_t uuid[16])
+{
+	char path[PATH_MAX];
+	_cleanup_close_ int fd = -1;
+
+	snprintf(path, sizeof(path), "%s/uuid", dir);
+	fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd >= 0)
+		return read(fd, uuid, 16) == 16 ? 0 : -EBADMSG;
+	if (errno != ENOENT)
+		return -errno;
+	if (getrandom(uuid, 16, 0) != 16)
+		return -EIO;
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	if (write(fd, uuid, 16) != 16 || fsync(fd) < 0)
+		return -EIO;
+	return 0;
+}
+
+static void read_head(struct sv_env *e)
+{
+	char path[PATH_MAX];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/head", e->dir);
+	f = fopen(path, "re");
+	if (!f)
+		return;
+	if (!fgets(e->head, sizeof(e->head), f) || !env_id_valid(e->head))
+		e->head[0] = '\0';
+	fclose(f);
+}
+
+static int env_prepare(const struct env_params *p, struct sv_env **ret)
+{
+	_cleanup_free_ struct sv_env *e = NULL;
+	char ckpt[PATH_MAX];
+	int r;
+
+	if (!p->id || !env_id_valid(p->id))
+		return -EINVAL;
+	if (p->cmd && strlen(p->cmd) >= ENV_CMD_MAX)
+		return -E2BIG;
+	if (!p->state_dir || !p->cgroup_parent || strlen(p->state_dir) > PATH_MAX - 128 ||
+	    strlen(p->cgroup_parent) > PATH_MAX - 128)
+		return -ENAMETOOLONG;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	snprintf(e->id, sizeof(e->id), "%s", p->id);
+	snprintf(e->dir, sizeof(e->dir), "%s/envs/%s", p->state_dir, p->id);
+	snprintf(e->upper, sizeof(e->upper), "%s/upper", e->dir);
+	snprintf(e->work, sizeof(e->work), "%s/work", e->dir);
+	snprintf(e->root, sizeof(e->root), "%s/root", e->dir);
+	snprintf(e->cgroup, sizeof(e->cgroup), "%s/%s", p->cgroup_parent, p->id);
+	snprintf(e->cmd, sizeof(e->cmd), "%s", p->cmd ? p->cmd : "");
+	snprintf(e->criu, sizeof(e->criu), "%s", p->criu ? p->criu : "criu");
+	if (p->base && !realpath(p->base, e->base))
+		return -errno;
+	e->keep = p->keep ? p->keep : ENV_KEEP_DEFAULT;
+	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", e->dir);
+	r = mkdir_p(e->dir, 0700);
+	if (r >= 0)
+		r = mkdir_p(ckpt, 0700);
+	if (r < 0)
+		return log_debug_errno(r, "Failed to create %s: %m", e->dir);
+	(void)chmod(e->dir, 0700);
+	r = read_or_make_uuid(e->dir, e->uuid);
+	if (r < 0)
+		return r;
+	read_head(e);
+	*ret = TAKE_PTR(e);
+	return 0;
+}
+
+int env_create(const struct env_params *p, struct sv_env **ret)
+{
+	struct sv_env *e;
+	struct stat st;
+	int r;
+
+	if (!p->base || stat(p->base, &st) < 0 || !S_ISDIR(st.st_mode))
+		return -ENOTDIR;
+	r = env_prepare(p, &e);
+	if (r < 0)
+		return r;
+	if ((mkdir(e->upper, 0755) < 0 && errno != EEXIST) ||
+	    (mkdir(e->work, 0700) < 0 && errno != EEXIST) ||
+	    (mkdir(e->root, 0755) < 0 && errno != EEXIST)) {
+		r = -errno;
+		goto fail;
+	}
+	r = mkdir_p(p->cgroup_parent, 0755);
+	if (r < 0)
+		goto fail;
+	if (mkdir(e->cgroup, 0755) < 0) {
+		r = log_debug_errno(-errno, "Failed to create cgroup %s: %m", e->cgroup);
+		goto fail;
+	}
+	r = env_mount_overlay(e);
+	if (r < 0)
+		goto fail_cg;
+	r = env_launch(e);
+	if (r < 0)
+		goto fail_mount;
+	*ret = e;
+	return 0;
+fail_mount:
+	(void)umount2(e->root, MNT_DETACH);
+fail_cg:
+	(void)rmdir(e->cgroup);
+fail:
+	free(e);
+	return r;
+}
+
+/* The overlay mounted at root: its upperdir and workdir, from our mount table. */
+static int overlay_dirs(const char *root, char *upper, char *work, char *lower)
+{
+	_cleanup_free_ char *line = NULL;
+	size_t cap = 0;
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	int r = -ENOENT;
+
+	if (!f)
+		return -errno;
+	while (getline(&line, &cap, f) > 0) {
+		char mnt[PATH_MAX], fstype[64], *sep, *opt, *save = NULL;
+
+		if (sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 || strcmp(mnt, root) != 0)
+			continue;
+		sep = strstr(line, " - ");
+		if (!sep || sscanf(sep, " - %63s", fstype) != 1 || strcmp(fstype, "overlay") != 0) {
+			r = -EMEDIUMTYPE;
+			continue;
+		}
+		sep = strchr(sep + 3, ' ');
+		sep = sep ? strchr(sep + 1, ' ') : NULL;
+		if (!sep)
+			continue;
+		for (opt = strtok_r(sep + 1, ",\n", &save); opt;
+		     opt = strtok_r(NULL, ",\n", &save)) {
+			if (strncmp(opt, "upperdir=", 9) == 0)
+				snprintf(upper, PATH_MAX, "%s", opt + 9);
+			else if (strncmp(opt, "workdir=", 8) == 0)
+				snprintf(work, PATH_MAX, "%s", opt + 8);
+			else if (strncmp(opt, "lowerdir=", 9) == 0)
+				snprintf(lower, PATH_MAX, "%s", opt + 9);
+		}
+		r = upper[0] && work[0] && lower[0] && !strchr(lower, ':') ? 0 : -EMEDIUMTYPE;
+	}
+	fclose(f);
+	return r;
+}
+
+int env_adopt(const struct env_params *p, const char *cgroup, const char *root, pid_t pid,
+	      struct sv_env **ret)
+{
+	struct sv_env *e;
+	char upper[PATH_MAX] = "", work[PATH_MAX] = "", lower[PATH_MAX] = "";
+	char rootp[PATH_MAX];
+	struct stat st;
+	int r;
+
+	if (!realpath(root, rootp))
+		return -errno;
+	if (stat(cgroup, &st) < 0 || !S_ISDIR(st.st_mode))
+		return -ENOENT;
+	r = overlay_dirs(rootp, upper, work, lower);
+	if (r < 0)
+		return log_debug_errno(r, "%s is not a single-lower overlay mount: %m", rootp);
+	r = env_prepare(p, &e);
+	if (r < 0)
+		return r;
+	snprintf(e->root, sizeof(e->root), "%s", rootp);
+	snprintf(e->upper, sizeof(e->upper), "%s", upper);
+	snprintf(e->work, sizeof(e->work), "%s", work);
+	snprintf(e->base, sizeof(e->base), "%s", lower);
+	snprintf(e->cgroup, sizeof(e->cgroup), "%s", cgroup);
+	e->pid = pid;
+	e->adopted = true;
+	*ret = e;
+	return 0;
+}
+
+static int count_procs_in(const char *cgroup, unsigned depth)
+{
+	char path[PATH_MAX];
+	_cleanup_free_ char *line = NULL;
+	size_t cap = 0;
+	int n = 0;
+	FILE *f;
+	DIR *d;
+	struct dirent *de;
+
+	if (depth > 32)
+		return -ELOOP;
+	snprintf(path, sizeof(path), "%s/cgroup.procs", cgroup);
+	f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	while (getline(&line, &cap, f) > 0)
+		n++;
+	fclose(f);
+	d = opendir(cgroup);
+	if (!d)
+		return -errno;
+	while ((de = readdir(d))) {
+		int k;
+
+		if (de->d_type != DT_DIR || de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", cgroup, de->d_name);
+		k = count_procs_in(path, depth + 1);
+		if (k > 0)
+			n += k;
+	}
+	closedir(d);
+	return n;
+}
+
+int env_count_procs(const struct sv_env *e)
+{
+	return count_procs_in(e->cgroup, 0);
+}
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Waits (bounded) for "populated 0" in cgroup.events: poll() wakes on its changes. */
+static int wait_unpopulated(const char *cgroup)
+{
+	char path[PATH_MAX], buf[256];
+	uint64_t deadline = mono_ms() + KILL_WAIT_MS;
+	_cleanup_close_ int fd = -1;
+
+	snprintf(path, sizeof(path), "%s/cgroup.events", cgroup);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	for (;;) {
+		ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+		uint64_t now = mono_ms();
+
+		if (n < 0)
+			return -errno;
+		buf[n] = '\0';
+		if (strstr(buf, "populated 0"))
+			return 0;
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		(void)poll(&(struct pollfd){.fd = fd, .events = POLLPRI}, 1,
+			   (int)(deadline - now < 100 ? deadline - now : 100));
+	}
+}
+
+int env_kill(struct sv_env *e)
+{
+	char path[PATH_MAX];
+	int r;
+
+	snprintf(path, sizeof(path), "%s/cgroup.kill", e->cgroup);
+	r = env_write_file(path, "1");
+	if (r < 0 && r != -ENOENT)
+		return log_debug_errno(r, "Failed to kill %s: %m", e->cgroup);
+	r = wait_unpopulated(e->cgroup);
+	if (r < 0)
+		return log_debug_errno(r, "Environment %s did not die: %m", e->id);
+	if (e->pid > 0 && !e->adopted)
+		(void)waitpid(e->pid, NULL, 0);
+	e->pid = 0;
+	return 0;
+}
+
+void env_destroy(struct sv_env *e)
+{
+	if (!e)
+		return;
+	(void)env_kill(e);
+	if (!e->adopted) {
+		(void)umount2(e->root, MNT_DETACH);
+		(void)rmdir(e->cgroup);
+	}
+	env_manifest_finish(&e->head_index);
+	free(e);
+}

@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Agent environments (DESIGN §2, issue 10): a process tree in its own cgroup v2 and
+ * pid/mount/uts/ipc namespaces whose root is an overlay (lower: a read-only base directory,
+ * upper: the environment's writable layer under the state directory), checkpointed as
+ * FS delta + CRIU dump and restored as both together.
+ *
+ * Layout under <state_dir>/envs/<id>/ (0700): uuid (the environment's identity), upper/,
+ * work/, root/ (the overlay mount), head (the latest checkpoint's id), ckpt/<id>/ (0700:
+ * manifest.mpk, data/, criu/) and ckpt/.tmp-* (a checkpoint being written: never visible as
+ * a checkpoint, removed at the next one).
+ *
+ * The environment shares the host's network namespace (see supervisor-criu.h).
+ * Not thread-safe: one caller per environment at a time (the supervisor runs an
+ * environment's checkpoint and restore on its offload thread, one job at a time).
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <limits.h>
+#include <sys/types.h>
+
+#include "supervisor-env-manifest.h"
+
+#define ENV_CMD_MAX	 4096
+#define ENV_KEEP_DEFAULT 8
+
+struct env_params {
+	const char *id;		   /* env_id_valid() */
+	const char *base;	   /* the read-only lower directory */
+	const char *cmd;	   /* run by /bin/sh -c as the environment's init; NULL: sleep */
+	const char *state_dir;	   /* <state_dir>/envs/<id> is the environment's */
+	const char *cgroup_parent; /* a cgroup v2 directory; the environment's is <parent>/<id> */
+	const char *criu;	   /* CRIU >= 4 binary (sv_criu_binary()) */
+	unsigned keep;		   /* checkpoints kept (0: ENV_KEEP_DEFAULT) */
+};
+
+struct sv_env {
+	struct sv_env *next;
+	char id[ENV_ID_MAX + 1];
+	uint8_t uuid[16];
+	uint32_t trace_id; /* envtrace's id, 0: not watched */
+	char dir[PATH_MAX], base[PATH_MAX], root[PATH_MAX], upper[PATH_MAX], work[PATH_MAX];
+	char cgroup[PATH_MAX];
+	char cmd[ENV_CMD_MAX];
+	char criu[PATH_MAX];
+	unsigned keep;
+	pid_t pid; /* the environment's init as the supervisor sees it; 0: none */
+	bool adopted;
+	char head[ENV_ID_MAX + 1];
+	struct env_manifest head_index; /* the head's index, inode/ctime as on disk now */
+	bool head_valid;
+};
+
+struct env_ckpt_params {
+	const char *trajectory;
+	uint64_t turn, prefix_tokens, prefix_hash;
+	/* The eBPF dirty set's view (NULL: none): paths always copied; a full-diff reason. */
+	bool (*force)(const char *path, void *userdata);
+	void *userdata;
+	const char *full_diff_reason;
+};
+
+/* Creates the state directory, overlay, cgroup, and starts the environment. */
+int env_create(const struct env_params *p, struct sv_env **ret);
+/* Registers an environment another runtime made (see README "env adopt"): root must be an
+ * overlay mount whose upperdir/workdir are read from the mount table; pid its init. */
+int env_adopt(const struct env_params *p, const char *cgroup, const char *root, pid_t pid,
+	      struct sv_env **ret);
+/* cgroup.kill, waits for the cgroup to empty (bounded), reaps the init when it is ours. */
+int env_kill(struct sv_env *e);
+/* Kills, unmounts the overlay, removes the cgroup; keeps the state directory. */
+void env_destroy(struct sv_env *e);
+
+/* Processes in the environment's cgroup (and below), or -errno. */
+int env_count_procs(const struct sv_env *e);
+
+/* Checkpoint: the new manifest (its index included) in *ret (env_manifest_finish it). */
+int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env_manifest *ret);
+/* Restore id (NULL: the head): kill, roll the upper layer back, CRIU-restore into a fresh
+ * cgroup, verify; *ret: the checkpoint's manifest (the caller truncates its context to the
+ * manifest's turn and prefix). -ENOLINK: the parent chain is broken; -EXDEV: another
+ * environment's checkpoint; -EBADMSG: a manifest failed validation. */
+int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret);
+/* Checkpoint ids, oldest first (free each and the array). */
+int env_checkpoints(const struct sv_env *e, char ***ret, size_t *ret_n);
+/* Keeps the newest keep checkpoints and the head; the oldest kept one absorbs the data it
+ * needs from deleted ancestors (hard links) and becomes the root of the chain. */
+int env_gc(struct sv_env *e, unsigned keep);
+
+/* Internal (supervisor-env-launch.c): starts the init in the namespaces, into the cgroup. */
+int env_launch(struct sv_env *e);
+int env_mount_overlay(const struct sv_env *e);
+int env_write_file(const char *path, const char *text);

@@ -1,0 +1,291 @@
+/* SPDX-License-Identifier: MIT */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "envckpt-fixture.h"
+
+uint64_t fixture_now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+static int copy_file(const char *from, const char *to, mode_t mode)
+{
+	char buf[65536];
+	int in, out, r = 0;
+	ssize_t n;
+
+	in = open(from, O_RDONLY | O_CLOEXEC);
+	if (in < 0)
+		return -errno;
+	out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+	if (out < 0) {
+		r = -errno;
+		close(in);
+		return r;
+	}
+	while ((n = read(in, buf, sizeof(buf))) > 0)
+		if (write(out, buf, (size_t)n) != n) {
+			r = -EIO;
+			break;
+		}
+	if (n < 0)
+		r = -errno;
+	close(in);
+	close(out);
+	return r;
+}
+
+int fixture_make_base(const char *dir, const char *server_bin)
+{
+	static const char *const dirs[] = {"usr", "etc", "dev", "proc", "tmp", "root", "work"};
+	static const char *const links[][2] = {{"bin", "usr/bin"},
+					       {"lib", "usr/lib"},
+					       {"lib64", "usr/lib64"},
+					       {"sbin", "usr/sbin"}};
+	char path[PATH_MAX];
+
+	if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+		return -errno;
+	for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+		snprintf(path, sizeof(path), "%s/%s", dir, dirs[i]);
+		if (mkdir(path, strcmp(dirs[i], "tmp") == 0 ? 01777 : 0755) < 0 && errno != EEXIST)
+			return -errno;
+	}
+	snprintf(path, sizeof(path), "%s/tmp", dir);
+	(void)chmod(path, 01777);
+	for (size_t i = 0; i < sizeof(links) / sizeof(links[0]); i++) {
+		snprintf(path, sizeof(path), "%s/%s", dir, links[i][0]);
+		if (symlink(links[i][1], path) < 0 && errno != EEXIST)
+			return -errno;
+	}
+	if (server_bin) {
+		snprintf(path, sizeof(path), "%s/work/server", dir);
+		return copy_file(server_bin, path, 0755);
+	}
+	return 0;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	const unsigned char *b = p;
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int hash_dir(int dirfd, const char *rel, const char *const *skip, uint64_t *h,
+		    unsigned depth)
+{
+	char **names = NULL;
+	size_t n = 0, cap = 0;
+	struct dirent *de;
+	int fd = dup(dirfd), r = 0;
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+
+	if (!d)
+		return -errno;
+	if (depth > 64) {
+		closedir(d);
+		return -ELOOP;
+	}
+	while ((de = readdir(d))) {
+		bool skipped = false;
+
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		for (size_t i = 0; depth == 0 && skip && skip[i] && !skipped; i++)
+			skipped = strcmp(skip[i], de->d_name) == 0;
+		if (skipped)
+			continue;
+		if (n == cap) {
+			char **a = realloc(names, (cap ? cap * 2 : 32) * sizeof(*a));
+
+			if (!a) {
+				r = -ENOMEM;
+				break;
+			}
+			names = a;
+			cap = cap ? cap * 2 : 32;
+		}
+		names[n++] = strdup(de->d_name);
+	}
+	closedir(d);
+	if (n)
+		qsort(names, n, sizeof(*names), cmp_names);
+	for (size_t i = 0; r >= 0 && i < n; i++) {
+		char sub[PATH_MAX];
+		struct stat st;
+		uint64_t meta[5];
+
+		snprintf(sub, sizeof(sub), "%s/%s", rel, names[i]);
+		if (fstatat(dirfd, names[i], &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			r = -errno;
+			break;
+		}
+		*h = fnv(*h, sub, strlen(sub) + 1);
+		meta[0] = st.st_mode;
+		meta[1] = st.st_uid;
+		meta[2] = st.st_gid;
+		meta[3] = S_ISDIR(st.st_mode) ? 0 : (uint64_t)st.st_size;
+		/* Directory mtimes change when the test itself looks (atime aside); files' do not. */
+		meta[4] = S_ISREG(st.st_mode) ? (uint64_t)st.st_mtim.tv_sec * 1000000000ull +
+							(uint64_t)st.st_mtim.tv_nsec
+					      : 0;
+		*h = fnv(*h, meta, sizeof(meta));
+		if (S_ISLNK(st.st_mode)) {
+			char tgt[PATH_MAX];
+			ssize_t k = readlinkat(dirfd, names[i], tgt, sizeof(tgt));
+
+			if (k < 0) {
+				r = -errno;
+				break;
+			}
+			*h = fnv(*h, tgt, (size_t)k);
+		} else if (S_ISREG(st.st_mode)) {
+			char buf[65536];
+			int f = openat(dirfd, names[i], O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+			ssize_t k;
+
+			if (f < 0) {
+				r = -errno;
+				break;
+			}
+			while ((k = read(f, buf, sizeof(buf))) > 0)
+				*h = fnv(*h, buf, (size_t)k);
+			close(f);
+		} else if (S_ISDIR(st.st_mode)) {
+			int sfd = openat(dirfd, names[i],
+					 O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+			if (sfd < 0) {
+				r = -errno;
+				break;
+			}
+			r = hash_dir(sfd, sub, NULL, h, depth + 1);
+			close(sfd);
+		}
+	}
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+	return r;
+}
+
+int fixture_tree_hash(const char *dir, const char *const *skip, uint64_t *ret)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), r;
+
+	if (fd < 0)
+		return -errno;
+	r = hash_dir(fd, "", skip, &h, 0);
+	close(fd);
+	if (r >= 0)
+		*ret = h;
+	return r;
+}
+
+int fixture_ask(const char *path, const char *req, char *ans, size_t cap, int timeout_ms)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	uint64_t deadline = fixture_now_us() + (uint64_t)timeout_ms * 1000;
+	size_t got = 0;
+	int s, r = -ETIMEDOUT;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	memcpy(sa.sun_path, path, strlen(path));
+	/* The server may still be starting: retry the connect until the deadline. */
+	for (;;) {
+		s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (s < 0)
+			return -errno;
+		if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+			break;
+		close(s);
+		if (fixture_now_us() > deadline)
+			return -ETIMEDOUT;
+		(void)poll(NULL, 0, 5);
+	}
+	if (write(s, req, strlen(req)) != (ssize_t)strlen(req)) {
+		close(s);
+		return -EIO;
+	}
+	while (got + 1 < cap) {
+		int left = (int)((deadline - fixture_now_us()) / 1000);
+		ssize_t n;
+
+		if (left <= 0 || poll(&(struct pollfd){.fd = s, .events = POLLIN}, 1, left) <= 0)
+			break;
+		n = read(s, ans + got, cap - 1 - got);
+		if (n <= 0) {
+			r = got ? 0 : -EIO;
+			break;
+		}
+		got += (size_t)n;
+		if (memchr(ans, '\n', got)) {
+			r = 0;
+			break;
+		}
+	}
+	ans[got] = '\0';
+	ans[strcspn(ans, "\n")] = '\0';
+	close(s);
+	return r;
+}
+
+int fixture_wait_file(const char *path, int timeout_ms)
+{
+	uint64_t deadline = fixture_now_us() + (uint64_t)timeout_ms * 1000;
+
+	while (access(path, F_OK) < 0) {
+		if (fixture_now_us() > deadline)
+			return -ETIMEDOUT;
+		(void)poll(NULL, 0, 2);
+	}
+	return 0;
+}
+
+int fixture_free_port(uint16_t *ret)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t len = sizeof(sa);
+	int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (s < 0)
+		return -errno;
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (bind(s, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    getsockname(s, (struct sockaddr *)&sa, &len) < 0) {
+		close(s);
+		return -errno;
+	}
+	*ret = ntohs(sa.sin_port);
+	close(s);
+	return 0;
+}

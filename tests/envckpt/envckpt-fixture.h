@@ -1,0 +1,23 @@
+/* SPDX-License-Identifier: MIT */
+/* What the environment tests and the env-recovery benchmark share: a base directory a
+ * sandbox runtime would provide, a hash of a file tree, the in-environment server's client. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Makes dir a base: usr/ etc/ dev/ proc/ tmp/ root/ work/ and the merged-/usr symlinks
+ * (bin, lib, lib64, sbin); copies server_bin to dir/work/server when given. */
+int fixture_make_base(const char *dir, const char *server_bin);
+/* Hash of the tree under dir (paths, types, modes, owners, sizes, mtimes of files, contents,
+ * symlink targets), never following a symlink; skips the top-level names in skip (NULL-ended). */
+int fixture_tree_hash(const char *dir, const char *const *skip, uint64_t *ret);
+/* Sends req to the server at the unix socket path and reads its one-line answer (bounded by
+ * timeout_ms; connects again until the server listens). */
+int fixture_ask(const char *path, const char *req, char *ans, size_t cap, int timeout_ms);
+/* Waits (bounded) until path exists. */
+int fixture_wait_file(const char *path, int timeout_ms);
+/* A free loopback TCP port. */
+int fixture_free_port(uint16_t *ret);
+uint64_t fixture_now_us(void);

@@ -1,0 +1,576 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Full checkpoint and full restore of real environments (issue 10 item 6): real namespaces,
+ * a real overlay and cgroup v2, real CRIU (>= 4, BELAYER_CRIU). Root only; skips through
+ * TEST_REQUIRE otherwise (a failure under BELAYER_TEST_NO_SKIP=1, as CI runs it).
+ *
+ * The environment runs: a TCP server on loopback holding state in memory (envckpt-server),
+ * two processes joined by a pipe, a shell holding a file open with /work as its cwd.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "envckpt-fixture.h"
+#include "supervisor-criu.h"
+#include "supervisor-env.h"
+#include "test-util.h"
+#include "util.h"
+
+#define CGROUP_V2 "/sys/fs/cgroup/unified"
+#define WAIT_MS	  10000
+
+static const char *const tree_skip[] = {"dev", "proc", "usr", "etc", NULL};
+
+struct fx {
+	char *dir;
+	char base[PATH_MAX], state[PATH_MAX], cgparent[PATH_MAX], secret[PATH_MAX];
+	char sock[PATH_MAX];
+	struct sv_env *env;
+};
+
+static bool preconditions(void)
+{
+	const char *criu = sv_criu_binary(NULL);
+
+	return test_is_root() && access(CGROUP_V2 "/cgroup.procs", F_OK) == 0 && criu &&
+	       sv_criu_version(criu) >= 40000;
+}
+
+static int setup(void **state)
+{
+	struct fx *f = calloc(1, sizeof(*f));
+
+	*state = f;
+	return f ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	struct fx *f = *state;
+
+	if (f->env)
+		env_destroy(f->env);
+	if (f->cgparent[0])
+		(void)rmdir(f->cgparent);
+	/* ENVCKPT_KEEP=1 keeps the state (CRIU logs) of a failed run for a look. */
+	if (f->dir && !getenv("ENVCKPT_KEEP"))
+		(void)test_rmtree(f->dir);
+	free(f->dir);
+	free(f);
+	return 0;
+}
+
+static const char env_script[] =
+	"cd /work; exec 3>>/work/open.log; echo start >&3; "
+	"/work/server /work/server.sock & "
+	"sleep infinity | cat >/dev/null & "
+	"mkdir -p /work/proj/src; echo 'int main(void){return 0;}' >/work/proj/src/main.c; "
+	"touch /work/ready; exec sleep infinity";
+
+/* Creates the environment and waits until it is up (its files and its server). */
+static void start_env(struct fx *f, const char *id, unsigned keep)
+{
+	char cmd[1024], ready[PATH_MAX], ans[256];
+	struct env_params p = {0};
+
+	f->dir = test_mkdtemp("belayer-envckpt");
+	assert_non_null(f->dir);
+	snprintf(f->base, sizeof(f->base), "%s/base", f->dir);
+	snprintf(f->state, sizeof(f->state), "%s/state", f->dir);
+	snprintf(f->cgparent, sizeof(f->cgparent), CGROUP_V2 "/belayer-test-%d", (int)getpid());
+	assert_int_equal(fixture_make_base(f->base, ENVCKPT_SERVER), 0);
+	snprintf(cmd, sizeof(cmd), "%s", env_script);
+	p.id = id;
+	p.base = f->base;
+	p.cmd = cmd;
+	p.state_dir = f->state;
+	p.cgroup_parent = f->cgparent;
+	p.criu = sv_criu_binary(NULL);
+	p.keep = keep;
+	assert_int_equal(env_create(&p, &f->env), 0);
+	snprintf(f->sock, sizeof(f->sock), "%s/work/server.sock", f->env->root);
+	snprintf(ready, sizeof(ready), "%s/work/ready", f->env->root);
+	assert_int_equal(fixture_wait_file(ready, WAIT_MS), 0);
+	assert_int_equal(fixture_ask(f->sock, "get", ans, sizeof(ans), WAIT_MS), 0);
+}
+
+/* Runs a shell command inside the environment's namespaces (nsenter into its init). */
+static void env_exec(struct fx *f, const char *fmt, ...)
+{
+	char inner[2048], cmd[2400];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(inner, sizeof(inner), fmt, ap);
+	va_end(ap);
+	/* Joins the cgroup too, so the tracer and the freezer see it as the environment's. */
+	snprintf(cmd, sizeof(cmd),
+		 "echo $$ >%s/cgroup.procs && exec nsenter -t %d -m -p -u -i -r -w sh -c '%s' "
+		 "</dev/null >/dev/null 2>&1",
+		 f->env->cgroup, (int)f->env->pid, inner);
+	assert_int_equal(system(cmd), 0);
+}
+
+static uint64_t tree(struct fx *f)
+{
+	uint64_t h;
+
+	assert_int_equal(fixture_tree_hash(f->env->root, tree_skip, &h), 0);
+	return h;
+}
+
+static int cmp_line(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The processes as the environment sees them: pid in its namespace, command line, cwd, open
+ * fds (pipes numbered by first appearance, so a shared pipe shows as the same number). */
+static char *snapshot(struct fx *f)
+{
+	char path[PATH_MAX], line[8192], *lines[64], *out;
+	unsigned long pipes[64];
+	size_t n = 0, n_pipes = 0, len = 0;
+	FILE *procs;
+	int pid;
+
+	snprintf(path, sizeof(path), "%s/cgroup.procs", f->env->cgroup);
+	procs = fopen(path, "re");
+	assert_non_null(procs);
+	while (n < 64 && fscanf(procs, "%d", &pid) == 1) {
+		char buf[4096], cwd[PATH_MAX] = "", nspid[64] = "";
+		size_t off = 0;
+		FILE *st;
+		ssize_t k;
+		int fd;
+
+		snprintf(path, sizeof(path), "/proc/%d/status", pid);
+		st = fopen(path, "re");
+		while (st && fgets(buf, sizeof(buf), st))
+			if (strncmp(buf, "NSpid:", 6) == 0) {
+				char *last = strrchr(buf, '\t');
+
+				snprintf(nspid, sizeof(nspid), "%s", last ? last + 1 : "?");
+				nspid[strcspn(nspid, "\n")] = '\0';
+			}
+		if (st)
+			fclose(st);
+		snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		k = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+		if (fd >= 0)
+			close(fd);
+		if (k < 0)
+			k = 0;
+		for (ssize_t i = 0; i < k; i++)
+			if (buf[i] == '\0')
+				buf[i] = ' ';
+		buf[k] = '\0';
+		snprintf(path, sizeof(path), "/proc/%d/cwd", pid);
+		k = readlink(path, cwd, sizeof(cwd) - 1);
+		cwd[k > 0 ? k : 0] = '\0';
+		off = (size_t)snprintf(line, sizeof(line), "%s [%s] cwd=%s fds:", nspid, buf, cwd);
+		for (fd = 0; fd < 16; fd++) {
+			char tgt[PATH_MAX];
+			unsigned long ino;
+
+			snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+			k = readlink(path, tgt, sizeof(tgt) - 1);
+			if (k < 0)
+				continue;
+			tgt[k] = '\0';
+			if (sscanf(tgt, "pipe:[%lu]", &ino) == 1) {
+				size_t i;
+
+				for (i = 0; i < n_pipes && pipes[i] != ino; i++)
+					;
+				if (i == n_pipes && n_pipes < 64)
+					pipes[n_pipes++] = ino;
+				snprintf(tgt, sizeof(tgt), "pipe#%zu", i);
+			} else if (strncmp(tgt, "socket:", 7) == 0) {
+				snprintf(tgt, sizeof(tgt), "socket");
+			}
+			off += (size_t)snprintf(line + off, sizeof(line) - off, " %d=%s", fd, tgt);
+		}
+		lines[n++] = strdup(line);
+	}
+	fclose(procs);
+	qsort(lines, n, sizeof(*lines), cmp_line);
+	out = calloc(1, 65536);
+	assert_non_null(out);
+	for (size_t i = 0; i < n; i++) {
+		len += (size_t)snprintf(out + len, 65536 - len, "%s\n", lines[i]);
+		free(lines[i]);
+	}
+	return out;
+}
+
+static void checkpoint(struct fx *f, uint64_t turn, struct env_manifest *m)
+{
+	struct env_ckpt_params p = {
+		.trajectory = "traj-1",
+		.turn = turn,
+		.prefix_tokens = 1000 + turn,
+		.prefix_hash = 0xabc0 + turn,
+	};
+	int r = env_checkpoint(f->env, &p, m);
+
+	if (r < 0)
+		print_message("checkpoint failed: %s (CRIU log in %s/ckpt/.tmp-*/criu)\n",
+			      strerror(-r), f->env->dir);
+	assert_int_equal(r, 0);
+}
+
+/* The restored environment equals the checkpointed one: tree hash, processes (namespace pids,
+ * command lines, cwd, open files, the pipe), the server's in-memory state; the manifest is
+ * the caller's to truncate its context to. */
+static void test_restore_identical(void **state)
+{
+	struct fx *f = *state;
+	struct env_manifest m = {0}, back = {0};
+	uint64_t h_before, h_after;
+	char ans_before[256], ans[256];
+	_cleanup_free_ char *procs_before = NULL, *procs_after = NULL;
+
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
+	start_env(f, "ident", 0);
+	assert_int_equal(
+		fixture_ask(f->sock, "set before-ckpt", ans_before, sizeof(ans_before), WAIT_MS),
+		0);
+	env_exec(f, "echo hello >/work/a.txt; ln /work/a.txt /work/a.hard; mkfifo /work/fifo");
+	h_before = tree(f);
+	procs_before = snapshot(f);
+	checkpoint(f, 3, &m);
+	assert_int_equal(m.turn, 3);
+	assert_true(m.nproc >= 4); /* init, server, the pipe pair */
+	assert_true(m.criu_bytes > 0);
+	assert_true(m.freeze_us > 0 && m.dump_us > 0);
+
+	/* After the checkpoint the environment moves on: files, server state. */
+	env_exec(f, "echo changed >/work/a.txt; rm -rf /work/proj; echo new >/work/b.txt");
+	assert_int_equal(fixture_ask(f->sock, "set after-ckpt", ans, sizeof(ans), WAIT_MS), 0);
+	assert_true(tree(f) != h_before);
+
+	assert_int_equal(env_restore(f->env, NULL, &back), 0);
+	assert_string_equal(back.id, m.id);
+	assert_int_equal(back.turn, 3);
+	assert_int_equal(back.prefix_tokens, 1003);
+	assert_int_equal(back.prefix_hash, 0xabc3);
+	h_after = tree(f);
+	assert_true(h_after == h_before);
+	procs_after = snapshot(f);
+	if (strcmp(procs_before, procs_after) != 0)
+		print_message("before:\n%s\nafter:\n%s\n", procs_before, procs_after);
+	assert_string_equal(procs_before, procs_after);
+	/* The server answers from its state at the checkpoint (token and one more request). */
+	assert_int_equal(fixture_ask(f->sock, "get", ans, sizeof(ans), WAIT_MS), 0);
+	{
+		char tok[128];
+		unsigned long n0, n1;
+
+		assert_int_equal(sscanf(ans_before, "%127s %lu", tok, &n0), 2);
+		assert_string_equal(tok, "before-ckpt");
+		assert_int_equal(sscanf(ans, "%127s %lu", tok, &n1), 2);
+		assert_string_equal(tok, "before-ckpt");
+		assert_int_equal(n1, n0 + 1);
+	}
+	env_manifest_finish(&m);
+	env_manifest_finish(&back);
+}
+
+/* Deltas chain: the second checkpoint copies only what changed; deletions of base files
+ * (whiteouts) and of files created after the first checkpoint are restored as deletions;
+ * each checkpoint restores to its own tree. */
+static void test_delta_chain(void **state)
+{
+	struct fx *f = *state;
+	struct env_manifest m1 = {0}, m2 = {0}, back = {0};
+	uint64_t h1, h2;
+
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
+	start_env(f, "chain", 0);
+	env_exec(f, "for i in 1 2 3 4 5 6 7 8; do echo $i >/work/f$i; done; echo x >/work/gone");
+	h1 = tree(f);
+	checkpoint(f, 1, &m1);
+	env_exec(f, "echo changed >/work/f3; rm /work/gone /work/server.log 2>/dev/null; "
+		    "rm -f /work/f8; chmod 600 /work/f4; mkdir /work/d; echo y >/work/d/z");
+	h2 = tree(f);
+	checkpoint(f, 2, &m2);
+	assert_string_equal(m2.parent, m1.id);
+	/* f3 (content), f4 (chmod changes ctime), d/z, open.log unchanged: at most 3 copied. */
+	assert_true(m2.fs_files >= 2 && m2.fs_files <= 3);
+	assert_true(m2.fs_removed >= 2);
+
+	assert_int_equal(env_restore(f->env, m1.id, &back), 0);
+	assert_true(tree(f) == h1);
+	env_manifest_finish(&back);
+	assert_int_equal(env_restore(f->env, m2.id, &back), 0);
+	assert_true(tree(f) == h2);
+	env_manifest_finish(&back);
+	env_manifest_finish(&m1);
+	env_manifest_finish(&m2);
+}
+
+static bool dir_has_partial(const char *ckpt_dir)
+{
+	DIR *d = opendir(ckpt_dir);
+	struct dirent *de;
+	bool found = false;
+
+	if (!d)
+		return false;
+	while ((de = readdir(d)))
+		found |= strncmp(de->d_name, ".tmp-", 5) == 0;
+	closedir(d);
+	return found;
+}
+
+/* The supervisor killed in the middle of a checkpoint: the previous checkpoint stays valid
+ * and restorable, the partial one is never listed, and the next checkpoint cleans it up. */
+static void test_killed_mid_checkpoint(void **state)
+{
+	struct fx *f = *state;
+	struct env_manifest m1 = {0}, back = {0}, m3 = {0};
+	char ckpt_dir[PATH_MAX];
+	char **ids;
+	size_t n;
+	uint64_t h1, deadline;
+	pid_t child;
+	int status;
+	bool seen = false;
+
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
+	start_env(f, "killed", 0);
+	h1 = tree(f);
+	checkpoint(f, 1, &m1);
+	/* Enough data that the copy takes a while: the kill lands inside the checkpoint. */
+	env_exec(f, "head -c 96000000 /dev/urandom >/work/big");
+	snprintf(ckpt_dir, sizeof(ckpt_dir), "%s/ckpt", f->env->dir);
+
+	child = fork();
+	assert_true(child >= 0);
+	if (child == 0) {
+		struct env_manifest m2;
+		struct env_ckpt_params p = {.turn = 2};
+
+		(void)setpgid(0, 0); /* CRIU's swrk process dies with us */
+		_exit(env_checkpoint(f->env, &p, &m2) == 0 ? 0 : 1);
+	}
+	(void)setpgid(child, child);
+	for (deadline = fixture_now_us() + WAIT_MS * 1000ull; fixture_now_us() < deadline;) {
+		if (dir_has_partial(ckpt_dir)) {
+			seen = true;
+			break;
+		}
+		(void)poll(NULL, 0, 1);
+	}
+	assert_true(seen);
+	(void)poll(NULL, 0, 20);
+	assert_int_equal(kill(-child, SIGKILL), 0);
+	assert_int_equal(waitpid(child, &status, 0), child);
+	assert_true(WIFSIGNALED(status));
+
+	assert_int_equal(env_checkpoints(f->env, &ids, &n), 0);
+	assert_int_equal(n, 1);
+	assert_string_equal(ids[0], m1.id);
+	free(ids[0]);
+	free(ids);
+	assert_true(dir_has_partial(ckpt_dir)); /* there, but never a checkpoint */
+
+	assert_int_equal(env_restore(f->env, NULL, &back), 0);
+	assert_string_equal(back.id, m1.id);
+	assert_true(tree(f) == h1);
+	env_manifest_finish(&back);
+	/* The next checkpoint works and removes the leftovers. */
+	checkpoint(f, 3, &m3);
+	assert_false(dir_has_partial(ckpt_dir));
+	env_manifest_finish(&m1);
+	env_manifest_finish(&m3);
+}
+
+static bool file_contains(int dirfd, const char *name, const char *needle)
+{
+	char buf[65536];
+	int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	ssize_t n;
+	bool found = false;
+
+	if (fd < 0)
+		return false;
+	n = read(fd, buf, sizeof(buf) - 1);
+	if (n > 0) {
+		buf[n] = '\0';
+		found = memmem(buf, (size_t)n, needle, strlen(needle)) != NULL;
+	}
+	close(fd);
+	return found;
+}
+
+/* Symlinks planted inside the environment point at a host file outside it (absolute, through
+ * "..", through a linked directory): the checkpoint records them as links and copies nothing
+ * they point to; the restore recreates links, not files. */
+static void test_symlink_escape(void **state)
+{
+	struct fx *f = *state;
+	struct env_manifest m = {0}, back = {0};
+	char data_dir[PATH_MAX], path[PATH_MAX];
+	struct dirent *de;
+	struct stat st;
+	DIR *d;
+	int dfd, fd;
+
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
+	start_env(f, "escape", 0);
+	snprintf(f->secret, sizeof(f->secret), "%s/secret", f->dir);
+	fd = open(f->secret, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "HOST-SECRET-7f3a", 16), 16);
+	close(fd);
+	env_exec(f,
+		 "ln -s %s /work/abs; ln -s ../../../../../../../..%s /work/rel; "
+		 "ln -s %s /work/dirlink; mkdir -p /work/sub; ln -s / /work/sub/root",
+		 f->secret, f->secret, f->dir);
+	checkpoint(f, 1, &m);
+	for (size_t i = 0; i < m.n_entries; i++)
+		if (strcmp(m.entries[i].path, "work/abs") == 0)
+			assert_int_equal(m.entries[i].kind, ENV_ENTRY_SYMLINK);
+	snprintf(data_dir, sizeof(data_dir), "%s/ckpt/%s/data", f->env->dir, m.id);
+	d = opendir(data_dir);
+	assert_non_null(d);
+	dfd = dirfd(d);
+	while ((de = readdir(d)))
+		assert_false(file_contains(dfd, de->d_name, "HOST-SECRET"));
+	closedir(d);
+	assert_int_equal(env_restore(f->env, NULL, &back), 0);
+	snprintf(path, sizeof(path), "%s/work/abs", f->env->upper);
+	assert_int_equal(lstat(path, &st), 0);
+	assert_true(S_ISLNK(st.st_mode));
+	/* The host file is untouched and nothing of it is in the environment. */
+	assert_true(file_contains(AT_FDCWD, f->secret, "HOST-SECRET"));
+	env_manifest_finish(&m);
+	env_manifest_finish(&back);
+}
+
+static void corrupt(const char *path, long off)
+{
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	unsigned char b;
+
+	assert_true(fd >= 0);
+	assert_int_equal(pread(fd, &b, 1, off), 1);
+	b ^= 0xff;
+	assert_int_equal(pwrite(fd, &b, 1, off), 1);
+	close(fd);
+}
+
+/* A corrupt manifest is refused; so is another environment's checkpoint; a checkpoint whose
+ * parent is gone fails clearly (-ENOLINK), and nothing of the environment is touched first. */
+static void test_refusals(void **state)
+{
+	struct fx *f = *state;
+	struct env_manifest m1 = {0}, m2 = {0}, back = {0};
+	char path[PATH_MAX], cmd[3 * PATH_MAX];
+	uint64_t h2;
+
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
+	start_env(f, "refuse", 0);
+	env_exec(f, "echo one >/work/one");
+	checkpoint(f, 1, &m1);
+	env_exec(f, "echo two >/work/two");
+	checkpoint(f, 2, &m2);
+	h2 = tree(f);
+
+	/* Corrupt: a flipped byte in the middle of m2's manifest. */
+	snprintf(path, sizeof(path), "%s/ckpt/%s/manifest.mpk", f->env->dir, m2.id);
+	snprintf(cmd, sizeof(cmd), "cp %s %s.good", path, path);
+	assert_int_equal(system(cmd), 0);
+	corrupt(path, 3);
+	assert_int_equal(env_restore(f->env, m2.id, &back), -EBADMSG);
+	assert_true(tree(f) == h2); /* refused before anything was touched */
+	snprintf(cmd, sizeof(cmd), "mv %s.good %s", path, path);
+	assert_int_equal(system(cmd), 0);
+
+	/* Another environment (same id, another identity: uuid) never takes this checkpoint. */
+	/* The foreign check itself: the manifest's uuid against a different identity. */
+	{
+		uint8_t saved[16];
+
+		memcpy(saved, f->env->uuid, 16);
+		f->env->uuid[0] ^= 1;
+		assert_int_equal(env_restore(f->env, m2.id, &back), -EXDEV);
+		memcpy(f->env->uuid, saved, 16);
+	}
+
+	/* Broken chain: m1 (m2's parent, holding one.txt's data) removed. */
+	snprintf(cmd, sizeof(cmd), "rm -rf %s/ckpt/%s", f->env->dir, m1.id);
+	assert_int_equal(system(cmd), 0);
+	assert_int_equal(env_restore(f->env, m2.id, &back), -ENOLINK);
+	assert_true(tree(f) == h2);
+	env_manifest_finish(&m1);
+	env_manifest_finish(&m2);
+}
+
+/* GC keeps the newest K; the oldest kept absorbs its deleted ancestors' data and restores. */
+static void test_gc(void **state)
+{
+	struct fx *f = *state;
+	struct env_manifest m[4] = {0}, back = {0};
+	uint64_t h[4];
+	char **ids;
+	size_t n;
+
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
+	start_env(f, "gc", 2);
+	for (int i = 0; i < 4; i++) {
+		env_exec(f, "echo %d >/work/turn%d; echo %d >>/work/acc", i, i, i);
+		h[i] = tree(f);
+		checkpoint(f, (uint64_t)i, &m[i]);
+	}
+	assert_int_equal(env_checkpoints(f->env, &ids, &n), 0);
+	assert_int_equal(n, 2);
+	assert_string_equal(ids[0], m[2].id);
+	assert_string_equal(ids[1], m[3].id);
+	for (size_t i = 0; i < n; i++)
+		free(ids[i]);
+	free(ids);
+	assert_int_equal(env_restore(f->env, m[2].id, &back), 0);
+	assert_true(tree(f) == h[2]);
+	assert_string_equal(back.parent, "");
+	env_manifest_finish(&back);
+	assert_int_equal(env_restore(f->env, m[3].id, &back), 0);
+	assert_true(tree(f) == h[3]);
+	env_manifest_finish(&back);
+	for (int i = 0; i < 4; i++)
+		env_manifest_finish(&m[i]);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_restore_identical, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_delta_chain, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_killed_mid_checkpoint, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_symlink_escape, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_gc, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
