@@ -300,12 +300,11 @@ static void start(const char *shadow_extra, const char *const *more)
 	snprintf(primary, sizeof(primary),
 		 "engine.t.primary=%s --model %s --port {port} --tp 2 --kv-cache-bytes 16M",
 		 ENGINE_PATH, weights);
-	/* The shadow's dummy weights come from the file's seed: with the shim's default 2 MiB
-	 * threshold the stand-in's small tensors (norms) are neither retained nor swapped, so they
-	 * must match by construction; the big tensors (tables, projections) and the KV are the
-	 * dead primary's memory. With BELAYER_ALLOC_THRESHOLD=1 they would be swapped too, but the
-	 * stand-in's step-input buffers become weights-class regions rewritten at every step,
-	 * which no checksum can vouch for (README: shadow workers, limits). */
+	/* The shadow's dummy weights come from the file's seed, so that a shadow left serving
+	 * after a refused promotion answers like the file. Promoted, every weight is the dead
+	 * primary's memory: the stand-in's caching allocator keeps all tensors, norms too, in
+	 * tracked segments of its weights pool, and its step buffers (allocated after the KV cache)
+	 * in `other` ones. */
 	snprintf(shadow, sizeof(shadow),
 		 "engine.t.shadow=%s --model %s --port {port} --tp 2 --load-format dummy --seed 1 "
 		 "%s",
@@ -446,9 +445,17 @@ static void kill_during_load_cold_restarts(void **state)
 /* A shadow whose KV size differs has another layout: refused, cold restart. */
 static void mismatched_layout_refused(void **state)
 {
+	uint64_t deadline;
+
 	start("--kv-cache-bytes 12M", NULL);
 	wait_serving_correctly();
 	wait_parked();
+	/* Checksums recorded (two weights regions per rank): the layout is what fails. */
+	deadline = mono_ms() + READY_MS;
+	while (metric(&sv, "belayer_weights_checksums_total", "") < 4) {
+		assert_true(mono_ms() < deadline);
+		(void)poll(NULL, 0, 20);
+	}
 	kill_primary_rank(0);
 	assert_int_equal(wait_recovery(1), 3);
 	assert_reason("layout");
@@ -470,7 +477,8 @@ static void xid_forces_cold_path(void **state)
 	wait_serving_correctly();
 }
 
-/* The emulator allocation id of one of pid's 6 MiB memfds (the weights regions here). */
+/* The emulator allocation id of pid's 20 MiB memfd: the weights' large-pool segment (kLargeBuffer)
+ * holding the per-layer embedding tables, the one segment of that size here. */
 static uint64_t weights_alloc_id(pid_t pid)
 {
 	char dir[64], path[PATH_MAX], link[PATH_MAX];
@@ -492,7 +500,7 @@ static uint64_t weights_alloc_id(pid_t pid)
 		link[n] = '\0';
 		p = strstr(link, "belayer-emu:");
 		/* belayer-emu:<run>:d<dev>:<id>:<bytes> */
-		if (p && strstr(p, ":6291456")) {
+		if (p && strstr(p, ":20971520")) {
 			char *colon = strrchr(p, ':');
 
 			*colon = '\0';
