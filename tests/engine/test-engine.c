@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <dirent.h>
 #include <json-c/json.h>
 #include <poll.h>
 #include <pthread.h>
@@ -794,6 +795,76 @@ static void tp_ranks_follow_rank0(void **state)
 	live_del(follower);
 }
 
+/* The sizes of pid's emulated device allocations (the emulator's memfds are named
+ * belayer-emu:<run>:d<dev>:<id>:<bytes>). */
+static size_t device_allocations(pid_t pid, uint64_t *sizes, size_t max)
+{
+	char path[64], fd[320], link[512];
+	struct dirent *de;
+	size_t n = 0;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	d = opendir(path);
+	assert_non_null(d);
+	while ((de = readdir(d))) {
+		ssize_t k;
+		char *p;
+
+		snprintf(fd, sizeof(fd), "%s/%s", path, de->d_name);
+		k = readlink(fd, link, sizeof(link) - 1);
+		if (k <= 0)
+			continue;
+		link[k] = '\0';
+		p = strstr(link, "belayer-emu:");
+		if (!p)
+			continue;
+		assert_true(n < max);
+		p = strchr(p, ' ');
+		if (p)
+			*p = '\0';
+		sizes[n++] = strtoull(strrchr(link, ':') + 1, NULL, 10);
+	}
+	closedir(d);
+	return n;
+}
+
+/* The driver sees PyTorch's caching-allocator segments, not one allocation per tensor: 2 MiB
+ * small-pool segments (norms, embeddings, projections; activations and step inputs), one
+ * 20 MiB segment for the 8 MiB KV cache (a request under 10 MiB), and one segment per
+ * per-layer table of the 24 MiB model (12 MiB each: >= 10 MiB, rounded up to 2 MiB). */
+static void driver_sees_caching_allocator_segments(void **state)
+{
+	uint64_t sizes[64];
+	size_t n, small = 0, kv = 0, tables = 0;
+	struct engine e;
+	struct output a;
+
+	(void)state;
+	engine_start(&e, big1, NULL, NULL);
+	greedy(e.port, prompt_a, ARRAY_SIZE(prompt_a), &a);
+	n = device_allocations(e.pid, sizes, ARRAY_SIZE(sizes));
+	for (size_t i = 0; i < n; i++) {
+		print_message("device allocation %zu: %" PRIu64 " bytes\n", i, sizes[i]);
+		assert_true(sizes[i] % (2u << 20) == 0);
+		if (sizes[i] == 2u << 20)
+			small++;
+		else if (sizes[i] == 20u << 20)
+			kv++;
+		else if (sizes[i] >= 10u << 20 && sizes[i] < 20u << 20)
+			tables++;
+		else
+			fail_msg("segment of %" PRIu64 " bytes", sizes[i]);
+	}
+	/* the weights' small segment and at least one of the step buffers */
+	assert_true(small >= 2);
+	assert_int_equal(kv, 1);
+	assert_int_equal(tables, 2);
+	/* 22 tensors and 10 step buffers in a handful of driver allocations */
+	assert_true(n <= 8);
+	engine_stop(&e);
+}
+
 /* Spawns the shim's test receiver (a stand-in for the supervisor socket) and waits for it. */
 static pid_t receiver_start(const char *sock, const char *out)
 {
@@ -1001,6 +1072,7 @@ int main(void)
 		cmocka_unit_test_teardown(concurrent_streaming_clients, kill_leftovers),
 		cmocka_unit_test_teardown(tp_ranks_follow_rank0, kill_leftovers),
 		cmocka_unit_test_teardown(runs_under_the_shim, kill_leftovers),
+		cmocka_unit_test_teardown(driver_sees_caching_allocator_segments, kill_leftovers),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
