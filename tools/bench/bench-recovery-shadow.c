@@ -329,7 +329,7 @@ int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufi
 		 "[engine.bench]\n"
 		 "primary = %s --model %s --port {port} --tp %u --kv-cache-bytes 64M\n"
 		 "shadow = %s --model %s --port {port} --tp %u --kv-cache-bytes 64M "
-		 "--load-format dummy\n"
+		 "--load-format dummy --seed 1\n"
 		 "env = LD_PRELOAD=%s\n"
 		 "tp = %u\nport = %u\nshadow_port = %u\nverify = %s\nprobe_interval = 20ms\n"
 		 "checksum_settle = %ums\n",

@@ -191,7 +191,7 @@ state_dir = $tmp/state
 interval = 0
 [engine.demo]
 primary = $engine --model $tmp/w1.safetensors --port {port} --tp 2 --kv-cache-bytes 128M
-shadow = $engine --model $tmp/w1.safetensors --port {port} --tp 2 --kv-cache-bytes 128M --load-format dummy
+shadow = $engine --model $tmp/w1.safetensors --port {port} --tp 2 --kv-cache-bytes 128M --load-format dummy --seed 1
 env = LD_PRELOAD=$shim
 tp = 2
 port = $port
