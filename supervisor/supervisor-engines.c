@@ -316,6 +316,7 @@ static void engine_probe(struct supervisor *s, struct sv_engine *e)
 		e->probe_fail_since_ms = 0;
 		if (!e->primary_ready) {
 			e->primary_ready = true;
+			e->ready_ms = now;
 			supervisor_emit(s, EVENT_ENGINE, 0, e->primary_port,
 					"engine \"%s\" ready on port %u", e->cfg->name,
 					e->primary_port);

@@ -69,6 +69,7 @@ struct sv_engine {
 	struct eng_proc primary, shadow;
 	uint32_t primary_port; /* the port the primary serves on now */
 	bool primary_ready;    /* its probe answered since it started */
+	uint64_t ready_ms;     /* when it became ready (its weights are loaded by then) */
 	uint64_t probe_ok_ms;  /* last good probe of the primary, monotonic */
 	uint64_t probe_fail_since_ms;
 	uint64_t next_probe_ms;

@@ -316,6 +316,7 @@ static void promoted(struct supervisor *s, struct sv_engine *e)
 	e->primary_port = e->primary.port ? e->primary.port : e->primary_port;
 	/* The shadow's HTTP server has been up since before the failure: it serves now. */
 	e->primary_ready = true;
+	e->ready_ms = now_ms();
 	e->probe_fail_since_ms = 0;
 	e->probe_ok_ms = now_ms();
 	rec_log(s, e, "promoted %u ranks, serving on port %u", rec->tp, e->primary_port);
@@ -549,7 +550,10 @@ void promote_record_checksums(struct supervisor *s, struct sv_engine *e)
 	uint64_t now = now_ms();
 	size_t cap = 0;
 
-	if (e->rec || e->cfg->verify == VERIFY_NONE || !e->cfg->shadow[0])
+	/* Not before the engine serves: the initial load writes the weights without moving their
+	 * version, so only readiness says the bytes are final. */
+	if (e->rec || e->cfg->verify == VERIFY_NONE || !e->cfg->shadow[0] || !e->primary_ready ||
+	    now - e->ready_ms < e->cfg->checksum_settle_ms)
 		return;
 	for (int pass = 0; pass < 2; pass++) {
 		for (struct sv_worker *w = s->reg.workers; w; w = w->next) {
