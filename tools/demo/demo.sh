@@ -101,7 +101,8 @@ cleanup() {
 	fi
 	# Anything of ours left (an engine of a group the supervisor could not stop).
 	pkill_tree_of_tmp
-	if ((rc != 0)) && [[ -f $tmp/supervisor.log ]]; then
+	# A failure (not ^C or SIGTERM) shows what the supervisor and the requests saw.
+	if ((rc != 0 && rc != 130 && rc != 143)) && [[ -f $tmp/supervisor.log ]]; then
 		say "demo: the supervisor's log (last 30 lines):" >&2
 		tail -n 30 "$tmp/supervisor.log" >&2
 		if [[ -s $tmp/requests.log ]]; then
