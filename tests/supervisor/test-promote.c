@@ -39,6 +39,7 @@
 static struct sv sv;
 static char weights[PATH_MAX];
 static uint32_t baseline[MAX_TOKENS]; /* greedy tokens of a failure-free engine */
+static uint32_t expected[MAX_TOKENS]; /* what the engine must answer now (baseline by default) */
 static uint16_t port_a, port_b;
 
 static const char *const prompt = "[5,17,3,99,42]";
@@ -209,7 +210,7 @@ static void wait_serving_correctly(void)
 		if (engine_metric("belayer_engine_ready", NULL) == 1 &&
 		    engine_metric("belayer_recovery_last_outcome", NULL) != 1 &&
 		    generate(port, got) == 0) {
-			assert_memory_equal(got, baseline, sizeof(got));
+			assert_memory_equal(got, expected, sizeof(got));
 			return;
 		}
 		if (mono_ms() > deadline)
@@ -318,6 +319,32 @@ static void start(const char *shadow_extra, const char *const *more)
 	sv_start(&sv, settings);
 }
 
+/* Greedy tokens of a failure-free engine (no shim, no supervisor) with weights file w. */
+static void failure_free_tokens(const char *w, uint32_t out[MAX_TOKENS])
+{
+	char port[16];
+	uint16_t p = free_port();
+	uint64_t deadline = mono_ms() + READY_MS;
+	pid_t pid;
+	int st;
+
+	snprintf(port, sizeof(port), "%u", p);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		execl(ENGINE_PATH, ENGINE_PATH, "--model", w, "--port", port, "--tp", "2",
+		      "--kv-cache-bytes", "16M", (char *)NULL);
+		_exit(127);
+	}
+	while (generate(p, out) != 0) {
+		assert_true(mono_ms() < deadline);
+		assert_int_equal(waitpid(pid, &st, WNOHANG), 0);
+		(void)poll(NULL, 0, 20);
+	}
+	kill(pid, SIGTERM);
+	waitpid(pid, &st, 0);
+}
+
 static int setup(void **state)
 {
 	static bool have_baseline;
@@ -332,30 +359,10 @@ static int setup(void **state)
 		assert_int_equal(run_tool(&sv, argv, NULL), 0);
 	}
 	if (!have_baseline) {
-		/* A failure-free engine with these weights, no shim, no supervisor. */
-		char port[16];
-		uint16_t p = free_port();
-		pid_t pid;
-		uint64_t deadline = mono_ms() + READY_MS;
-		int st;
-
-		snprintf(port, sizeof(port), "%u", p);
-		pid = fork();
-		assert_true(pid >= 0);
-		if (pid == 0) {
-			execl(ENGINE_PATH, ENGINE_PATH, "--model", weights, "--port", port, "--tp",
-			      "2", "--kv-cache-bytes", "16M", (char *)NULL);
-			_exit(127);
-		}
-		while (generate(p, baseline) != 0) {
-			assert_true(mono_ms() < deadline);
-			assert_int_equal(waitpid(pid, &st, WNOHANG), 0);
-			(void)poll(NULL, 0, 20);
-		}
-		kill(pid, SIGTERM);
-		waitpid(pid, &st, 0);
+		failure_free_tokens(weights, baseline);
 		have_baseline = true;
 	}
+	memcpy(expected, baseline, sizeof(expected));
 	return 0;
 }
 
@@ -576,6 +583,43 @@ static void kill_during_weight_update(void **state)
 	wait_serving_correctly();
 }
 
+/* The headline: an RL weight update lands, its checksums are recorded, then a rank dies. The
+ * promoted engine holds the *updated* weights (a cold start would reload the old file): its
+ * tokens are those of a failure-free engine started on the new weights. */
+static void promoted_engine_keeps_updated_weights(void **state)
+{
+	char w2[PATH_MAX], body[PATH_MAX + 32];
+	const char *argv[] = {GEN_PATH, "--out", w2, "--size", "24M", "--seed", "2", NULL};
+	uint64_t before, deadline;
+	int fd;
+
+	snprintf(w2, sizeof(w2), "%s/w2.safetensors", sv.dir);
+	assert_int_equal(run_tool(&sv, argv, NULL), 0);
+	start(NULL, NULL);
+	wait_serving_correctly();
+	wait_promotable();
+	before = metric(&sv, "belayer_weights_checksums_total", "");
+	snprintf(body, sizeof(body), "{\"model_path\":\"%s\"}", w2);
+	fd = send_request(port_a, "POST", "/update_weights_from_disk", body);
+	assert_true(fd >= 0);
+	assert_int_equal(reply_status(fd), 200);
+	failure_free_tokens(w2, expected);
+	assert_memory_not_equal(expected, baseline, sizeof(expected));
+	wait_serving_correctly();
+	/* Promotable again once the new version's checksums are recorded (the update rewrote
+	 * every weights region). */
+	deadline = mono_ms() + READY_MS;
+	while (metric(&sv, "belayer_weights_checksums_total", "") <
+	       before + primary_weights_regions()) {
+		assert_true(mono_ms() < deadline);
+		(void)poll(NULL, 0, 20);
+	}
+	wait_promotable();
+	kill_primary_rank(1);
+	assert_int_equal(wait_recovery(1), 2);
+	wait_serving_correctly();
+}
+
 /* A SIGSTOPped primary answers nothing: after liveness_timeout its group is killed and the
  * shadow takes over. Honest scope: the probe detects a primary that stops answering HTTP
  * (stopped, deadlocked, spinning); a primary that answers /health but computes nothing is not
@@ -684,6 +728,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(bit_flip_forces_cold_path, setup, teardown),
 		cmocka_unit_test_setup_teardown(bit_flip_in_a_sampled_page, setup, teardown),
 		cmocka_unit_test_setup_teardown(kill_during_weight_update, setup, teardown),
+		cmocka_unit_test_setup_teardown(promoted_engine_keeps_updated_weights, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(hung_primary_recovered, setup, teardown),
 		cmocka_unit_test_setup_teardown(kill_during_promotion, setup, teardown),
 		cmocka_unit_test_setup_teardown(manual_promote, setup, teardown),
