@@ -347,7 +347,7 @@ until recovery_done; do
 	sleep 0.1
 done
 # Served again: a successful request after the kill.
-until awk -v t="$kill_ms" '$1 > t && $2 == "ok" { f = 1 } END { exit !f }' "$tmp/requests.log"; do
+until awk -v t="$kill_ms" '$1 - $4 > t && $2 == "ok" { f = 1 } END { exit !f }' "$tmp/requests.log"; do
 	((SECONDS < end)) || die "no request served after the recovery"
 	view
 	sleep 0.05
@@ -358,7 +358,7 @@ kill "$stream_pid" 2>/dev/null || true
 wait "$stream_pid" 2>/dev/null || true
 stream_pid=""
 
-first_ok=$(awk -v t="$kill_ms" '$1 > t && $2 == "ok" { print $1; exit }' "$tmp/requests.log")
+first_ok=$(awk -v t="$kill_ms" '$1 - $4 > t && $2 == "ok" { print $1; exit }' "$tmp/requests.log")
 failed=$(awk -v t="$kill_ms" '$1 > t && $2 == "fail"' "$tmp/requests.log" | wc -l)
 wrong=$(awk '$2 == "wrong"' "$tmp/requests.log" | wc -l)
 summary=$(recovery_summary)
@@ -372,7 +372,7 @@ for ph in detect owner health content layout remap ready total; do
 	us=$(grep -o " ${ph}_us=[0-9]*" <<<"$summary" | cut -d= -f2)
 	[[ -n $us ]] && printf '    %-10s %10.2f\n' "$ph" "$(awk -v u="$us" 'BEGIN { print u / 1000 }')"
 done
-say "    client view: first right answer $((first_ok - kill_ms)) ms after the SIGKILL; $failed request(s) refused meanwhile, $wrong wrong answer(s) in the whole run"
+say "    client view: first right answer to a request sent after the SIGKILL at +$((first_ok - kill_ms)) ms; $failed request(s) refused meanwhile, $wrong wrong answer(s) in the whole run"
 
 serving=$shadow_port
 [[ $outcome == promoted ]] || serving=$port
