@@ -37,6 +37,10 @@ struct health_gpu *health_gpu_new(const char *nvml_library, const struct id_list
 void health_gpu_free(struct health_gpu *g);
 /* Checks device dev (-1: every device) into ret[0..max). Returns the number of results. */
 size_t health_gpu_check(struct health_gpu *g, int dev, struct health_result *ret, size_t max);
+/* The same verdicts for the recovery path, on its critical path: "the device answers" is the
+ * uncorrected-ECC query instead of the memory query (which the emulator answers by scanning
+ * /proc, and which a recovery does not need). */
+size_t health_gpu_check_fast(struct health_gpu *g, int dev, struct health_result *ret, size_t max);
 
 /* Checksum (zlib crc32) of the first size bytes of the memory behind fd on the device whose
  * UUID is dev_uuid. Returns 0 or -errno (-EOPNOTSUPP: no way to read this memory). */

@@ -406,7 +406,8 @@ static void pjob_run(struct supervisor *s, struct sv_job *j)
 	if (pj->gpu) {
 		if (!s->gpu)
 			s->gpu = health_gpu_new(s->config.nvml_library, &s->config.fatal_xids);
-		pj->n_results = health_gpu_check(s->gpu, -1, pj->results, ARRAY_SIZE(pj->results));
+		pj->n_results =
+			health_gpu_check_fast(s->gpu, -1, pj->results, ARRAY_SIZE(pj->results));
 		pj->gpu_done_ns = now_ns();
 	}
 	for (size_t i = 0; i < pj->n_items; i++) {
