@@ -38,6 +38,10 @@ static const int32_t prompts[REC_NPROMPTS][6] = {
 	{4000, 1, -1},
 };
 
+/* The world being measured and the weights directory, for the signal handler. */
+static struct rec_world *volatile current_world;
+static char guard_dir[256];
+
 const char *const rec_phase_names[PH_COUNT] = {
 	[PH_DETECT] = "detect",	  [PH_OWNER] = "owner",	  [PH_HEALTH] = "health",
 	[PH_CONTENT] = "content", [PH_LAYOUT] = "layout", [PH_REMAP] = "remap",
@@ -167,6 +171,7 @@ int rec_world_open(struct rec_world *w, const struct rec_paths *p, unsigned tp,
 	snprintf(w->dir, sizeof(w->dir), "%s/belayer-bench-recovery.XXXXXX", tmp ? tmp : "/tmp");
 	if (!mkdtemp(w->dir))
 		return log_error_errno(errno, "mkdtemp: %m");
+	current_world = w;
 	snprintf(w->socket, sizeof(w->socket), "%s/sup.sock", w->dir);
 	snprintf(state, sizeof(state), "%s/state", w->dir);
 	snprintf(cfg, sizeof(cfg), "%s/belayer.conf", w->dir);
@@ -219,15 +224,106 @@ int rec_world_open(struct rec_world *w, const struct rec_paths *p, unsigned tp,
 	return log_error_errno(ETIMEDOUT, "The supervisor did not listen on %s", w->socket);
 }
 
+/*
+ * SIGKILLs every child of this process that is still there and reaps them. The bench is a
+ * child subreaper (rec_guard_install), so engine groups a supervisor launched and left behind
+ * (it was killed, or failed to stop them) are children of ours by then. Async-signal-safe:
+ * the signal handler calls it too.
+ */
+static void kill_children(void)
+{
+	char path[64], buf[4096];
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/self/task/%d/children", (int)getpid());
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		n = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		for (ssize_t i = 0; n > 0 && i < n;) {
+			long pid = 0;
+
+			while (i < n && (buf[i] < '0' || buf[i] > '9'))
+				i++;
+			while (i < n && buf[i] >= '0' && buf[i] <= '9')
+				pid = pid * 10 + (buf[i++] - '0');
+			if (pid > 0)
+				(void)kill((pid_t)pid, SIGKILL);
+		}
+	}
+	while (waitpid(-1, NULL, WNOHANG) > 0)
+		;
+}
+
+static void stop_supervisor(struct rec_world *w, int timeout_ms)
+{
+	if (w->sup_pid <= 0)
+		return;
+	/* SIGTERM: the supervisor stops the engine groups it launched, then exits. */
+	(void)kill(w->sup_pid, SIGTERM);
+	if (w->sup_pidfd < 0 || rec_pidfd_wait(w->sup_pidfd, timeout_ms) < 0)
+		(void)kill(w->sup_pid, SIGKILL);
+	(void)waitpid(w->sup_pid, NULL, 0);
+	w->sup_pid = -1;
+}
+
+/* ^C, SIGTERM (timeout(1)), SIGHUP: stop the world, leave nothing running, exit. */
+static void rm_rf_signal_safe(char *dir)
+{
+	char *argv[] = {"/bin/rm", "-rf", dir, NULL};
+	pid_t pid;
+
+	if (!dir[0])
+		return;
+	pid = fork();
+	if (pid == 0) {
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	if (pid > 0)
+		(void)waitpid(pid, NULL, 0);
+}
+
+static void on_signal(int sig)
+{
+	struct rec_world *w = current_world;
+
+	if (w) {
+		stop_supervisor(w, 5000);
+		kill_children();
+		rm_rf_signal_safe(w->dir);
+	}
+	kill_children();
+	rm_rf_signal_safe(guard_dir);
+	_exit(128 + sig);
+}
+
+void rec_guard_dir(const char *dir)
+{
+	guard_dir[0] = '\0';
+	if (dir && strlen(dir) < sizeof(guard_dir))
+		memcpy(guard_dir, dir, strlen(dir) + 1);
+}
+
+int rec_guard_install(void)
+{
+	struct sigaction sa = {.sa_handler = on_signal};
+
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+		return -errno;
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(SIGINT, &sa, NULL) < 0 || sigaction(SIGTERM, &sa, NULL) < 0 ||
+	    sigaction(SIGHUP, &sa, NULL) < 0)
+		return -errno;
+	return 0;
+}
+
 void rec_world_close(struct rec_world *w)
 {
-	if (w->sup_pid > 0) {
-		(void)kill(w->sup_pid, SIGTERM);
-		if (w->sup_pidfd >= 0 && rec_pidfd_wait(w->sup_pidfd, 10000) < 0)
-			(void)kill(w->sup_pid, SIGKILL);
-		(void)waitpid(w->sup_pid, NULL, 0);
-		w->sup_pid = -1;
-	}
+	stop_supervisor(w, 10000);
+	current_world = NULL;
+	kill_children();
 	w->sup_pidfd = safe_close(w->sup_pidfd);
 	if (w->dir[0] && getenv("BELAYER_BENCH_KEEP") == NULL)
 		(void)rmtree(w->dir);

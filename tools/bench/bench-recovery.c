@@ -514,6 +514,9 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 			ENOENT, "%s or %s missing: build the tree with tests (or --build-dir)",
 			p.engine, p.supervisor);
 
+	r = rec_guard_install();
+	if (r < 0)
+		return log_error_errno(r, "Failed to install the signal handlers: %m");
 	cases = calloc(o.nsizes * o.ntps * PATH_COUNT, sizeof(*cases));
 	if (!cases)
 		return -ENOMEM;
@@ -529,6 +532,7 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 			r = -errno;
 			break;
 		}
+		rec_guard_dir(dir);
 		snprintf(wfile, sizeof(wfile), "%s/w.safetensors", dir);
 		snprintf(ufile, sizeof(ufile), "%s/u.safetensors", dir);
 		fprintf(stderr,
@@ -563,6 +567,7 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 		unlink(wfile);
 		unlink(ufile);
 		rmdir(dir);
+		rec_guard_dir(NULL);
 		if (r < 0) {
 			log_error_errno(r, "Failed to generate %s of weights: %m", sz);
 			break;
@@ -611,7 +616,9 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 			printf("recovery speedup at %s, TP=%u: %.1fx\n", bigs, tpmax, speedup);
 		else
 			printf("recovery speedup at %s, TP=%u: n/a (%s)\n", bigs, tpmax,
-			       shadow ? "a case failed" : "no shadow promotion in this build");
+			       !shadow ? "no shadow promotion in this build"
+			       : !cc   ? "no cold restart measured there"
+				       : "no promotion measured there");
 	}
 	/*
 	 * The exit status (CI runs --quick): every cold case measured; with a supervisor that

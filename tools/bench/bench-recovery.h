@@ -56,6 +56,11 @@ struct rec_world {
 	unsigned tp;
 };
 
+/* The bench as a child subreaper, and ^C/SIGTERM/SIGHUP handlers that stop the current world
+ * (supervisor, engines, temporary directory) before exiting. */
+int rec_guard_install(void);
+/* A directory the handlers also remove (the weights files; NULL: none). */
+void rec_guard_dir(const char *dir);
 int rec_world_open(struct rec_world *w, const struct rec_paths *p, unsigned tp,
 		   uint64_t weights_bytes, const char *config);
 void rec_world_close(struct rec_world *w);
