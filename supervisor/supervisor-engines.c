@@ -423,6 +423,13 @@ void engines_worker_hello(struct supervisor *s, struct sv_worker *w)
 		shadow_sync(s, e);
 }
 
+bool engines_recovering(struct supervisor *s, const struct sv_worker *w)
+{
+	struct sv_engine *e = engines_find(s, worker_engine(w));
+
+	return e && e->rec;
+}
+
 void engines_note_kill(struct supervisor *s, struct sv_worker *w)
 {
 	struct sv_engine *e = engines_find(s, worker_engine(w));

@@ -98,6 +98,8 @@ void engines_worker_hello(struct supervisor *s, struct sv_worker *w);
 void engines_worker_died(struct supervisor *s, struct sv_worker *w);
 /* A kill the supervisor was asked for (belayerctl inject): the detect phase starts there. */
 void engines_note_kill(struct supervisor *s, struct sv_worker *w);
+/* Whether w's engine is being recovered now. */
+bool engines_recovering(struct supervisor *s, const struct sv_worker *w);
 
 /* Starts a process group: cmd through /bin/sh -c with {port}, the engine's env and role. */
 int engines_launch(struct supervisor *s, struct sv_engine *e, const char *cmd,

@@ -534,14 +534,9 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 	if (r < 0)
 		goto out;
 	/* A fresh cgroup at the same path: CRIU puts the tree back where it was dumped. */
-	if (rmdir(e->cgroup) < 0 && errno != ENOENT) {
-		r = -errno;
+	r = env_fresh_cgroup(e);
+	if (r < 0)
 		goto out;
-	}
-	if (mkdir(e->cgroup, 0755) < 0) {
-		r = -errno;
-		goto out;
-	}
 	r = sv_criu_restore(e->criu, criufd, e->root, &pid);
 	if (r < 0)
 		goto out;

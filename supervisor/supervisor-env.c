@@ -15,6 +15,7 @@
 
 #include "log.h"
 #include "util.h"
+#include "supervisor-env-fs.h"
 #include "supervisor-env.h"
 
 #define KILL_WAIT_MS 10000
@@ -328,4 +329,46 @@ void env_destroy(struct sv_env *e)
 	}
 	env_manifest_finish(&e->head_index);
 	free(e);
+}
+
+int env_fresh_cgroup(struct sv_env *e)
+{
+	if (rmdir(e->cgroup) < 0 && errno != ENOENT)
+		return -errno;
+	if (mkdir(e->cgroup, 0755) < 0)
+		return -errno;
+	return 0;
+}
+
+int env_rebuild(struct sv_env *e)
+{
+	_cleanup_close_ int upper = -1, work = -1;
+	int r;
+
+	if (e->adopted)
+		return -EOPNOTSUPP;
+	r = env_kill(e);
+	if (r < 0)
+		return r;
+	if (umount2(e->root, 0) < 0 && errno != EINVAL)
+		return -errno;
+	upper = open(e->upper, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	work = open(e->work, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (upper < 0 || work < 0)
+		return -errno;
+	r = env_fs_wipe(upper);
+	if (r >= 0)
+		r = env_fs_wipe(work);
+	if (r >= 0)
+		r = env_mount_overlay(e);
+	if (r >= 0)
+		r = env_fresh_cgroup(e);
+	if (r >= 0)
+		r = env_launch(e);
+	if (r >= 0) {
+		e->head[0] = '\0';
+		env_manifest_finish(&e->head_index);
+		e->head_valid = false;
+	}
+	return r;
 }

@@ -70,6 +70,14 @@ int env_adopt(const struct env_params *p, const char *cgroup, const char *root, 
 	      struct sv_env **ret);
 /* cgroup.kill, waits for the cgroup to empty (bounded), reaps the init when it is ours. */
 int env_kill(struct sv_env *e);
+/* The replay baseline's first half (issue 10 item 3): kill, empty the upper layer (the base
+ * alone again), a fresh cgroup, launch the command again. The caller re-runs the logged
+ * actions. Checkpoints are kept; the head is cleared (the next checkpoint starts a chain). */
+int env_rebuild(struct sv_env *e);
+/* rmdir + mkdir of the environment's cgroup once it is empty. A cgroup written "1" to
+ * cgroup.kill once kills every later clone3(CLONE_INTO_CGROUP) child on this kernel (6.18):
+ * a killed environment never gets its cgroup back. */
+int env_fresh_cgroup(struct sv_env *e);
 /* Kills, unmounts the overlay, removes the cgroup; keeps the state directory. */
 void env_destroy(struct sv_env *e);
 

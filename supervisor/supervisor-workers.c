@@ -280,8 +280,11 @@ void supervisor_worker_died(struct supervisor *s, struct sv_worker *w)
 		return;
 	}
 	journal_simple(s, JOURNAL_DEAD, w->pid, 0);
-	/* Nothing writes this memory any more: its checksum now is what a recovery compares. */
-	checks_record_content(s, w);
+	/* Nothing writes this memory any more: its checksum now is what a recovery compares. A
+	 * configured engine's recovery compares the checksums taken while it lived instead, and
+	 * must not queue behind reading all of its memory. */
+	if (!engines_recovering(s, w))
+		checks_record_content(s, w);
 	enforce_budget(s);
 }
 
