@@ -99,7 +99,7 @@ static int cmp_names(const void *a, const void *b)
 }
 
 static int hash_dir(int dirfd, const char *rel, const char *const *skip, uint64_t *h,
-		    unsigned depth)
+		    unsigned depth, bool meta_times)
 {
 	char **names = NULL;
 	size_t n = 0, cap = 0;
@@ -156,6 +156,8 @@ static int hash_dir(int dirfd, const char *rel, const char *const *skip, uint64_
 		meta[4] = S_ISREG(st.st_mode) ? (uint64_t)st.st_mtim.tv_sec * 1000000000ull +
 							(uint64_t)st.st_mtim.tv_nsec
 					      : 0;
+		if (!meta_times)
+			meta[1] = meta[2] = meta[4] = 0;
 		*h = fnv(*h, meta, sizeof(meta));
 		if (S_ISLNK(st.st_mode)) {
 			char tgt[PATH_MAX];
@@ -186,7 +188,7 @@ static int hash_dir(int dirfd, const char *rel, const char *const *skip, uint64_
 				r = -errno;
 				break;
 			}
-			r = hash_dir(sfd, sub, NULL, h, depth + 1);
+			r = hash_dir(sfd, sub, NULL, h, depth + 1, meta_times);
 			close(sfd);
 		}
 	}
@@ -203,7 +205,21 @@ int fixture_tree_hash(const char *dir, const char *const *skip, uint64_t *ret)
 
 	if (fd < 0)
 		return -errno;
-	r = hash_dir(fd, "", skip, &h, 0);
+	r = hash_dir(fd, "", skip, &h, 0, true);
+	close(fd);
+	if (r >= 0)
+		*ret = h;
+	return r;
+}
+
+int fixture_content_hash(const char *dir, const char *const *skip, uint64_t *ret)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), r;
+
+	if (fd < 0)
+		return -errno;
+	r = hash_dir(fd, "", skip, &h, 0, false);
 	close(fd);
 	if (r >= 0)
 		*ret = h;

@@ -13,6 +13,9 @@ int fixture_make_base(const char *dir, const char *server_bin);
 /* Hash of the tree under dir (paths, types, modes, owners, sizes, mtimes of files, contents,
  * symlink targets), never following a symlink; skips the top-level names in skip (NULL-ended). */
 int fixture_tree_hash(const char *dir, const char *const *skip, uint64_t *ret);
+/* The same over contents, types, modes and link targets only (no owners, sizes of
+ * directories or times): a tree rebuilt by replaying the same actions hashes alike. */
+int fixture_content_hash(const char *dir, const char *const *skip, uint64_t *ret);
 /* Sends req to the server at the unix socket path and reads its one-line answer (bounded by
  * timeout_ms; connects again until the server listens). */
 int fixture_ask(const char *path, const char *req, char *ans, size_t cap, int timeout_ms);
