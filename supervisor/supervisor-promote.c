@@ -222,7 +222,8 @@ static void finish(struct supervisor *s, struct sv_engine *e, bool promoted)
 {
 	struct sv_recovery *rec = e->rec;
 
-	phase_end(rec, PHASE_READY);
+	if (!rec->end_ns[PHASE_READY])
+		phase_end(rec, PHASE_READY);
 	record_fill(e, rec);
 	e->last.promoted = promoted;
 	e->last.finished = true;
@@ -306,6 +307,9 @@ static void promoted(struct supervisor *s, struct sv_engine *e)
 		w->committing = false;
 		w->parked = false;
 	}
+	/* Serving from here on (its HTTP server has been up since before the failure); what
+	 * follows is bookkeeping. */
+	phase_end(rec, PHASE_READY);
 	/* The promoted ranks hold the memory now (imported handles) and announce it themselves. */
 	forget_dead(s, e, ROLE_PRIMARY);
 	engines_kill_proc(&e->primary); /* dead already: reaped here */
