@@ -38,7 +38,7 @@ int cmd_config(const struct ctl_options *o, int argc, char **argv)
 	/* As INI, so it can be pasted into belayer.conf. */
 	json_object_object_foreach(j, key, val)
 	{
-		const char *dot = strchr(key, '.');
+		const char *dot = strrchr(key, '.'); /* engine.NAME.key: the section has a dot */
 
 		if (!dot)
 			continue;
