@@ -194,6 +194,34 @@ static const struct key engine_keys[] = {
 	ETYPED("checksum_settle", KEY_MS, checksum_settle_ms, "500ms",
 	       "A weights region's checksum is recorded once its weights version has not changed "
 	       "for this long (its writes are done)."),
+	ESTR("gateway_listen", gateway_listen, "",
+	     "ADDRESS:PORT of the engine's gateway: a reverse proxy that journals every in-flight "
+	     "request's tokens and resumes it on the recovered worker (empty: no gateway)."),
+	ETYPED("gateway_max_body", KEY_SIZE, gateway_max_body, "8M",
+	       "Largest request body the gateway accepts (larger: 413)."),
+	ETYPED("gateway_client_buffer", KEY_SIZE, gateway_client_buffer, "1M",
+	       "Bytes queued for a slow client above which the gateway stops reading the "
+	       "engine's stream until they drain."),
+	ETYPED("gateway_recovery_timeout", KEY_MS, gateway_recovery_timeout_ms, "60s",
+	       "How long a request waits for the engine's recovery (in flight when it failed, "
+	       "or arriving meanwhile) before it fails (502 / 503)."),
+	ETYPED("gateway_detect_grace", KEY_MS, gateway_detect_grace_ms, "3s",
+	       "After an engine connection fails while the engine seems healthy, how long the "
+	       "gateway waits for a recovery to start before it answers 502."),
+	{"engine", "gateway_max_requests", KEY_U32, EAT(gateway_max_requests),
+	 ESZ(gateway_max_requests), 1, 1000000, "4096",
+	 "Requests the gateway holds at once (more: 503)."},
+	{"engine", "gateway_max_waiting", KEY_U32, EAT(gateway_max_waiting),
+	 ESZ(gateway_max_waiting), 0, 1000000, "1024",
+	 "Requests arriving during a recovery that wait for it (more: 503)."},
+	{"engine", "gateway_journal_tokens", KEY_U32, EAT(gateway_journal_tokens),
+	 ESZ(gateway_journal_tokens), 1, 16777216, "131072",
+	 "Journal bound per request: prompt + generated tokens (a longer request is served "
+	 "but not resumable)."},
+	ESTR("gateway_seed", gateway_seed, "derived",
+	     "Seed of a resumed seeded sampled request: derived (mix of the seed and the tokens "
+	     "generated), advance (seed + n * 0x9e3779b97f4a7c15: exact for a per-request Weyl "
+	     "generator such as the engine stand-in's) or same."),
 };
 
 static void *at(struct sv_config *c, const struct key *k)

@@ -55,6 +55,16 @@ struct sv_engine_config {
 	uint64_t promote_timeout_ms;
 	uint64_t ready_timeout_ms;
 	uint64_t checksum_settle_ms;
+	/* the gateway in front of the engine (supervisor-gateway.h) */
+	char gateway_listen[64]; /* "ADDRESS:PORT"; "": no gateway */
+	uint64_t gateway_max_body;
+	uint64_t gateway_client_buffer;
+	uint64_t gateway_recovery_timeout_ms;
+	uint64_t gateway_detect_grace_ms;
+	uint32_t gateway_max_requests;
+	uint32_t gateway_max_waiting;
+	uint32_t gateway_journal_tokens;
+	char gateway_seed[16];
 };
 
 struct sv_config {

@@ -21,6 +21,7 @@
 #include "supervisor-checks.h"
 #include "supervisor-client.h"
 #include "supervisor-engines.h"
+#include "supervisor-gateway.h"
 #include "supervisor-events.h"
 #include "supervisor-fdstore.h"
 #include "supervisor-handler.h"
@@ -392,6 +393,7 @@ static void teardown(struct supervisor *s)
 {
 	while (s->clients)
 		client_close(s, s->clients);
+	gateway_stop(s);
 	engines_stop(s);
 	for (struct sv_worker *w = s->reg.workers; w; w = w->next)
 		unwatch_worker(s, w);
@@ -470,6 +472,10 @@ int server_run(struct supervisor *s)
 		ev_eng = event_new(base, -1, EV_PERSIST, on_engines, s);
 		if (!ev_eng ||
 		    event_add(ev_eng, &(struct timeval){.tv_usec = ENGINES_TICK_MS * 1000}) < 0)
+			goto out;
+		/* The engines' gateways (issue 8): listeners in this loop. */
+		r = gateway_start(s, base);
+		if (r < 0)
 			goto out;
 	}
 

@@ -1,0 +1,390 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+#include "supervisor-gateway-resume.h"
+#include "supervisor-gateway-sse.h"
+
+#define WEYL 0x9e3779b97f4a7c15ull
+
+static uint64_t mix64(uint64_t x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ull;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+static int bad(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int bad(char *err, size_t cap, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	(void)vsnprintf(err, cap, fmt, ap);
+	va_end(ap);
+	return -EBADMSG;
+}
+
+static json_object *get(json_object *o, const char *key)
+{
+	json_object *v = NULL;
+
+	return o && json_object_is_type(o, json_type_object) &&
+			       json_object_object_get_ex(o, key, &v)
+		       ? v
+		       : NULL;
+}
+
+/* A present, non-null member. */
+static bool has(json_object *o, const char *key)
+{
+	return get(o, key) != NULL;
+}
+
+static bool truthy(json_object *v)
+{
+	return v && json_object_get_boolean(v);
+}
+
+int gw_call_parse(struct gw_call *c, enum gw_api api, const char *body, size_t len,
+		  size_t max_tokens, char *err, size_t errcap)
+{
+	const char *pkey = api == GW_GENERATE ? "input_ids" : "prompt";
+	json_tokener *tok;
+	json_object *o, *ids, *sp, *v;
+	uint32_t *p;
+	size_t n;
+	int r;
+
+	*c = (struct gw_call){.api = api};
+	gw_journal_init(&c->j, max_tokens);
+	tok = json_tokener_new_ex(64);
+	if (!tok)
+		return -ENOMEM;
+	o = json_tokener_parse_ex(tok, body, (int)len);
+	if (!o || json_tokener_get_error(tok) != json_tokener_success ||
+	    (size_t)json_tokener_get_parse_end(tok) < len) {
+		/* Trailing whitespace is fine; anything else after the object is not. */
+		size_t end = o ? json_tokener_get_parse_end(tok) : 0;
+
+		while (o && end < len &&
+		       (body[end] == ' ' || body[end] == '\n' || body[end] == '\r' ||
+			body[end] == '\t'))
+			end++;
+		if (!o || end < len) {
+			json_tokener_free(tok);
+			json_object_put(o);
+			return bad(err, errcap, "The request body is not valid JSON");
+		}
+	}
+	json_tokener_free(tok);
+	if (!json_object_is_type(o, json_type_object)) {
+		json_object_put(o);
+		return bad(err, errcap, "The request body must be a JSON object");
+	}
+	c->body = o;
+	ids = get(o, pkey);
+	/* Text prompts, batches (a list of lists) and n > 1 are not resumable by token
+	 * prefix: passed through as they are. */
+	if (!ids || !json_object_is_type(ids, json_type_array) ||
+	    json_object_array_length(ids) == 0 ||
+	    !json_object_is_type(json_object_array_get_idx(ids, 0), json_type_int))
+		return -ENOTSUP;
+	if ((v = get(o, "n")) && json_object_get_int64(v) != 1)
+		return -ENOTSUP;
+	if (api == GW_COMPLETIONS && (has(o, "echo") || has(o, "best_of") || has(o, "suffix")))
+		return -ENOTSUP;
+	n = json_object_array_length(ids);
+	if (n > max_tokens)
+		return -E2BIG;
+	p = calloc(n, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		json_object *t = json_object_array_get_idx(ids, i);
+		int64_t x = json_object_get_int64(t);
+
+		if (!json_object_is_type(t, json_type_int) || x < 0 || x > UINT32_MAX) {
+			free(p);
+			return bad(err, errcap, "\"%s\"[%zu] is not a token id", pkey, i);
+		}
+		p[i] = (uint32_t)x;
+	}
+	r = gw_journal_set_prompt(&c->j, p, n);
+	free(p);
+	if (r < 0)
+		return r;
+	c->stream = truthy(get(o, "stream"));
+	if (api == GW_GENERATE) {
+		sp = get(o, "sampling_params");
+		v = get(sp, "max_new_tokens");
+		c->max_new = v ? (uint64_t)json_object_get_int64(v) : 128; /* SGLang's default */
+		c->want_lp = truthy(get(o, "return_logprob"));
+		v = get(sp, "seed");
+		/* SGLang spells it sampling_seed too */
+		if (!v)
+			v = get(sp, "sampling_seed");
+	} else {
+		v = get(o, "max_tokens");
+		c->max_new = v ? (uint64_t)json_object_get_int64(v) : 16; /* OpenAI's default */
+		c->want_lp = has(o, "logprobs");
+		c->want_ids = truthy(get(o, "return_token_ids"));
+		v = get(o, "seed");
+	}
+	if (v && json_object_is_type(v, json_type_int)) {
+		c->seeded = true;
+		c->seed = json_object_get_int64(v);
+	}
+	return 0;
+}
+
+void gw_call_finish(struct gw_call *c)
+{
+	json_object_put(c->body);
+	c->body = NULL;
+	gw_journal_finish(&c->j);
+}
+
+uint64_t gw_call_remaining(const struct gw_call *c)
+{
+	return c->max_new > c->j.ngen ? c->max_new - c->j.ngen : 0;
+}
+
+static int64_t resumed_seed(const struct gw_call *c, enum gw_seed mode)
+{
+	switch (mode) {
+	case GW_SEED_ADVANCE:
+		return (int64_t)((uint64_t)c->seed + (uint64_t)c->j.ngen * WEYL);
+	case GW_SEED_SAME:
+		return c->seed;
+	case GW_SEED_DERIVED:
+	default:
+		/* kept within int64's positive range: engines parse the seed as a signed int */
+		return (int64_t)(mix64((uint64_t)c->seed ^ mix64(c->j.ngen)) >> 1);
+	}
+}
+
+int gw_call_upstream_body(struct gw_call *c, enum gw_seed seed, char **ret, size_t *ret_len)
+{
+	json_object *o = NULL, *ids, *sp;
+	const char *s;
+	size_t len;
+	int r = -ENOMEM;
+
+	if (json_object_deep_copy(c->body, &o, NULL) < 0)
+		return -ENOMEM;
+	if (c->api == GW_GENERATE) {
+		/* output_ids always come with /generate; their logprobs on request */
+		json_object_object_add(o, "return_logprob", json_object_new_boolean(true));
+	} else {
+		json_object_object_add(o, "return_token_ids", json_object_new_boolean(true));
+		if (!c->want_lp)
+			json_object_object_add(o, "logprobs", json_object_new_int(0));
+	}
+	if (c->j.ngen > 0) {
+		ids = json_object_new_array_ext((int)(c->j.nprompt + c->j.ngen));
+		if (!ids)
+			goto out;
+		for (size_t i = 0; i < c->j.nprompt; i++)
+			json_object_array_add(ids, json_object_new_int64(c->j.prompt[i]));
+		for (size_t i = 0; i < c->j.ngen; i++)
+			json_object_array_add(ids, json_object_new_int64(c->j.gen[i]));
+		json_object_object_add(o, c->api == GW_GENERATE ? "input_ids" : "prompt", ids);
+		if (c->api == GW_GENERATE) {
+			sp = get(o, "sampling_params");
+			if (!sp) {
+				sp = json_object_new_object();
+				json_object_object_add(o, "sampling_params", sp);
+			}
+			json_object_object_add(
+				sp, "max_new_tokens",
+				json_object_new_int64((int64_t)gw_call_remaining(c)));
+			if (c->seeded)
+				json_object_object_add(
+					sp, has(sp, "seed") ? "seed" : "sampling_seed",
+					json_object_new_int64(resumed_seed(c, seed)));
+		} else {
+			json_object_object_add(
+				o, "max_tokens",
+				json_object_new_int64((int64_t)gw_call_remaining(c)));
+			if (c->seeded)
+				json_object_object_add(
+					o, "seed", json_object_new_int64(resumed_seed(c, seed)));
+		}
+	}
+	s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
+	len = strlen(s);
+	*ret = malloc(len + 1);
+	if (!*ret)
+		goto out;
+	memcpy(*ret, s, len + 1);
+	*ret_len = len;
+	c->base_gen = (uint32_t)c->j.ngen;
+	c->attempts++;
+	r = 0;
+out:
+	json_object_put(o);
+	return r;
+}
+
+static json_object *ids_array(const uint32_t *t, size_t n)
+{
+	json_object *a = json_object_new_array_ext((int)n);
+
+	for (size_t i = 0; a && i < n; i++)
+		json_object_array_add(a, json_object_new_int64(t[i]));
+	return a;
+}
+
+static int journal_ids(struct gw_call *c, json_object *ids, json_object *lps, bool sglang)
+{
+	size_t n;
+	int r;
+
+	if (!ids || !json_object_is_type(ids, json_type_array))
+		return -EBADMSG;
+	n = json_object_array_length(ids);
+	/* A non-stream attempt returns everything it generated; the journal holds only what
+	 * earlier attempts added (nothing: a non-stream attempt is resubmitted whole). */
+	for (size_t i = 0; i < n; i++) {
+		json_object *t = json_object_array_get_idx(ids, i), *l = NULL;
+		int64_t x = json_object_get_int64(t);
+		float lp = NAN;
+
+		if (!json_object_is_type(t, json_type_int) || x < 0 || x > UINT32_MAX)
+			return -EBADMSG;
+		if (lps && json_object_is_type(lps, json_type_array) &&
+		    i < json_object_array_length(lps)) {
+			l = json_object_array_get_idx(lps, i);
+			/* SGLang: (logprob, token_id, text) triples; OpenAI: plain numbers */
+			if (sglang && json_object_is_type(l, json_type_array))
+				l = json_object_array_get_idx(l, 0);
+			if (l && (json_object_is_type(l, json_type_double) ||
+				  json_object_is_type(l, json_type_int)))
+				lp = (float)json_object_get_double(l);
+		}
+		r = gw_journal_append(&c->j, (uint32_t)x, lp);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+static int rewrite_generate(struct gw_call *c, json_object *o)
+{
+	json_object *meta = get(o, "meta_info"), *fr;
+	int r;
+
+	r = journal_ids(c, get(o, "output_ids"), get(meta, "output_token_logprobs"), true);
+	if (r < 0)
+		return r;
+	if (!meta)
+		return 0;
+	if (has(meta, "prompt_tokens"))
+		json_object_object_add(meta, "prompt_tokens",
+				       json_object_new_int64((int64_t)c->j.nprompt));
+	if (has(meta, "completion_tokens"))
+		json_object_object_add(meta, "completion_tokens",
+				       json_object_new_int64((int64_t)c->j.ngen));
+	fr = get(meta, "finish_reason");
+	if (fr) {
+		c->finished = true;
+		if (has(fr, "length"))
+			json_object_object_add(fr, "length",
+					       json_object_new_int64((int64_t)c->j.ngen));
+	}
+	if (!c->want_lp) {
+		json_object_object_del(meta, "output_token_logprobs");
+		json_object_object_del(meta, "input_token_logprobs");
+	}
+	return 0;
+}
+
+static int rewrite_completion(struct gw_call *c, json_object *o)
+{
+	json_object *ch = get(o, "choices"), *lp, *u, *v;
+
+	if (!ch || !json_object_is_type(ch, json_type_array) || json_object_array_length(ch) != 1)
+		return -EBADMSG;
+	ch = json_object_array_get_idx(ch, 0);
+	lp = get(ch, "logprobs");
+	if (journal_ids(c, get(ch, "token_ids"), get(lp, "token_logprobs"), false) < 0)
+		return -EBADMSG;
+	if (has(ch, "finish_reason"))
+		c->finished = true;
+	/* One response: the first attempt's id and creation time throughout. */
+	if (!c->have_id) {
+		if ((v = get(o, "id")) && json_object_is_type(v, json_type_string))
+			snprintf(c->id, sizeof(c->id), "%s", json_object_get_string(v));
+		if ((v = get(o, "created")))
+			c->created = json_object_get_int64(v);
+		c->have_id = true;
+	} else {
+		if (has(o, "id"))
+			json_object_object_add(o, "id", json_object_new_string(c->id));
+		if (has(o, "created"))
+			json_object_object_add(o, "created", json_object_new_int64(c->created));
+	}
+	if (!c->want_ids) {
+		json_object_object_del(ch, "token_ids");
+		json_object_object_del(ch, "prompt_token_ids");
+	} else if (has(ch, "prompt_token_ids")) {
+		if (c->stream && c->prompt_ids_sent)
+			json_object_object_del(ch, "prompt_token_ids");
+		else
+			json_object_object_add(ch, "prompt_token_ids",
+					       ids_array(c->j.prompt, c->j.nprompt));
+		c->prompt_ids_sent = true;
+	}
+	if (!c->want_lp && json_object_object_get_ex(ch, "logprobs", NULL))
+		json_object_object_add(ch, "logprobs", NULL);
+	if ((u = get(o, "usage"))) {
+		json_object_object_add(u, "prompt_tokens",
+				       json_object_new_int64((int64_t)c->j.nprompt));
+		json_object_object_add(u, "completion_tokens",
+				       json_object_new_int64((int64_t)c->j.ngen));
+		json_object_object_add(u, "total_tokens",
+				       json_object_new_int64((int64_t)(c->j.nprompt + c->j.ngen)));
+	}
+	return 0;
+}
+
+int gw_call_on_response(struct gw_call *c, const char *data, size_t len, struct evbuffer *out)
+{
+	json_tokener *tok = json_tokener_new_ex(64);
+	json_object *o;
+	const char *s;
+	int r;
+
+	if (!tok)
+		return -ENOMEM;
+	o = json_tokener_parse_ex(tok, data, (int)len);
+	json_tokener_free(tok);
+	if (!o || !json_object_is_type(o, json_type_object)) {
+		json_object_put(o);
+		return -EBADMSG;
+	}
+	r = c->api == GW_GENERATE ? rewrite_generate(c, o) : rewrite_completion(c, o);
+	if (r >= 0) {
+		s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
+		if (c->stream)
+			r = gw_sse_write(out, s, strlen(s));
+		else
+			r = evbuffer_add(out, s, strlen(s)) < 0 || evbuffer_add(out, "\n", 1) < 0
+				    ? -ENOMEM
+				    : 0;
+	}
+	json_object_put(o);
+	return r;
+}
