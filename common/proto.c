@@ -257,6 +257,59 @@ static const struct field promote_done_fields[] = {
 	F_STR("msg", promote_done.message),
 };
 
+/* Agent environments (types 30-39). */
+#define OPT_STR(k, member)                                                                        \
+	{                                                                                         \
+		.key = (k), .kind = FIELD_STR, .offset = AT(member), .size = MEMBER_SIZE(member), \
+		.optional = true                                                                  \
+	}
+#define OPT_U64(k, member)                                                            \
+	{                                                                             \
+		.key = (k), .kind = FIELD_U64, .offset = AT(member), .optional = true \
+	}
+#define OPT_U32(k, member, hi)                                                              \
+	{                                                                                   \
+		.key = (k), .kind = FIELD_U32, .offset = AT(member), .min = 0, .max = (hi), \
+		.optional = true                                                            \
+	}
+
+static const struct field env_request_fields[] = {
+	F_ENUM("op", env_request.op, _ENV_OP_MAX), F_STR("env", env_request.env),
+	OPT_STR("root", env_request.root),	   OPT_STR("cmd", env_request.cmd),
+	OPT_STR("cg", env_request.cgroup),	   OPT_U32("pid", env_request.pid, UINT32_MAX),
+	OPT_U64("turn", env_request.turn),	   OPT_U64("plen", env_request.prefix_tokens),
+	OPT_U64("phash", env_request.prefix_hash), OPT_STR("ckpt", env_request.ckpt),
+	OPT_STR("traj", env_request.trajectory),   OPT_U32("fl", env_request.flags, UINT32_MAX),
+};
+
+static const struct field env_info_fields[] = {
+	F_STR("env", env_info.env),
+	F_STR("ckpt", env_info.ckpt),
+	F_STR("par", env_info.parent),
+	F_STR("traj", env_info.trajectory),
+	F_U64("turn", env_info.turn),
+	F_U64("plen", env_info.prefix_tokens),
+	F_U64("phash", env_info.prefix_hash),
+	F_U32("pid", env_info.pid, 0, UINT32_MAX),
+	F_U32("nproc", env_info.nproc, 0, UINT32_MAX),
+	F_U64("fsb", env_info.fs_bytes),
+	F_U64("fsn", env_info.fs_files),
+	F_U64("criub", env_info.criu_bytes),
+	F_U64("frz", env_info.freeze_us),
+	F_U64("dump", env_info.dump_us),
+	F_U64("fs", env_info.fs_us),
+	F_U64("tot", env_info.total_us),
+	F_STR("root", env_info.root),
+	F_STR("cg", env_info.cgroup),
+	F_U32("full", env_info.full_diff, 0, 1),
+};
+
+static const struct field env_item_fields[] = {
+	F_STR("kind", env_item.kind), F_U32("pid", env_item.pid, 0, UINT32_MAX),
+	F_U64("ts", env_item.ts_ns),  F_STR("path", env_item.path),
+	F_STR("p2", env_item.path2),  F_STR("txt", env_item.text),
+};
+
 #define FIELDS(a) .fields = (a), .n_fields = ARRAY_SIZE(a)
 
 static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
@@ -282,6 +335,9 @@ static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
 			       .fd_offsets = {AT(promote_map.fd)}},
 	[PROTO_PROMOTE_COMMIT] = {"promote-commit", FIELDS(promote_commit_fields)},
 	[PROTO_PROMOTE_DONE] = {"promote-done", FIELDS(promote_done_fields)},
+	[PROTO_ENV_REQUEST] = {"env-request", FIELDS(env_request_fields)},
+	[PROTO_ENV_INFO] = {"env-info", FIELDS(env_info_fields)},
+	[PROTO_ENV_ITEM] = {"env-item", FIELDS(env_item_fields)},
 };
 
 static const struct msg_type *msg_type_get(uint64_t type)
@@ -321,6 +377,13 @@ static const char *const ctl_cmd_names[_CTL_CMD_MAX] = {
 	[CTL_STATUS] = "status", [CTL_WORKERS] = "workers", [CTL_REGIONS] = "regions",
 	[CTL_CONFIG] = "config", [CTL_EVENTS] = "events",   [CTL_INJECT] = "inject",
 	[CTL_HEALTH] = "health", [CTL_PROMOTE] = "promote",
+};
+
+static const char *const env_op_names[_ENV_OP_MAX] = {
+	[ENV_OP_CREATE] = "create",   [ENV_OP_ADOPT] = "adopt", [ENV_OP_CHECKPOINT] = "checkpoint",
+	[ENV_OP_RESTORE] = "restore", [ENV_OP_LIST] = "list",	[ENV_OP_DESTROY] = "destroy",
+	[ENV_OP_WATCH] = "watch",     [ENV_OP_DIRTY] = "dirty", [ENV_OP_LOG] = "log",
+	[ENV_OP_REBUILD] = "rebuild",
 };
 
 static const char *const ctl_action_names[_CTL_ACT_MAX] = {
@@ -466,6 +529,21 @@ int ctl_action_from_string(const char *s, enum ctl_action *ret)
 	if (i < 0)
 		return i;
 	*ret = (enum ctl_action)i;
+	return 0;
+}
+
+const char *env_op_to_string(enum env_op op)
+{
+	return NAME_OF(env_op_names, op);
+}
+
+int env_op_from_string(const char *s, enum env_op *ret)
+{
+	int i = name_lookup(env_op_names, ARRAY_SIZE(env_op_names), s);
+
+	if (i < 0)
+		return i;
+	*ret = (enum env_op)i;
 	return 0;
 }
 

@@ -75,6 +75,21 @@
  *   a fresh PROTO_HELLO with role primary, then one PROTO_REGION_ANNOUNCE (with fd) per
  *   promoted region (cls, ord, va as in its SHADOW_REGION, "wver" from the COMMIT), and from
  *   then on behaves as any primary. A failed COMMIT leaves it a parked shadow on scratch.
+ * Agent environments (types 30-39; DESIGN §2, issue 10), no fds:
+ *   PROTO_ENV_REQUEST (30), peer -> supervisor: "op": uint enum env_op, "env": str (an id:
+ *     [A-Za-z0-9_.-], 1..63 bytes, not starting with '.'; "" for list/watch), optional:
+ *     "root": str (create: the base dir; adopt: the root; watch: the cgroup path), "cmd": str,
+ *     "cg": str (adopt: the cgroup), "pid": uint32 (adopt: the init), "turn", "plen", "phash":
+ *     uint64 (checkpoint: the trajectory's turn, token-prefix length and hash), "ckpt": str
+ *     (restore: the checkpoint, "" the latest), "traj": str, "fl": uint32 (ENV_FLAG_*).
+ *     Replies: PROTO_ENV_INFO or PROTO_ENV_ITEM messages closed by PROTO_END, or PROTO_ERROR.
+ *   PROTO_ENV_INFO (31), supervisor -> peer: an environment (list, create, adopt) or a
+ *     checkpoint's manifest (checkpoint, restore, list of checkpoints): "env", "ckpt",
+ *     "par" (parent), "traj": str; "turn", "plen", "phash": uint64; "pid", "nproc": uint32;
+ *     "fsb", "fsn", "criub", "frz", "dump", "fs", "tot": uint64 (bytes, files, µs);
+ *     "root", "cg": str; "full": uint32 0..1.
+ *   PROTO_ENV_ITEM (32), supervisor -> peer: one dirty path or side-effect log record:
+ *     "kind": str, "pid": uint32, "ts": uint64 (ns), "path", "p2", "txt": str.
  * Strings are msgpack str of at most PROTO_MAX_STR bytes without NUL (METRIC "name" and "lbl":
  * 95, CONFIG_ENTRY "key": 63); the encoder writes the
  * keys in the order above, integers in their shortest form.
@@ -122,6 +137,10 @@ enum proto_type {
 	PROTO_PROMOTE_MAP = 22,	   /* supervisor -> shadow: a primary region's fd for a region */
 	PROTO_PROMOTE_COMMIT = 23, /* supervisor -> shadow: remap everything now */
 	PROTO_PROMOTE_DONE = 24,   /* shadow -> supervisor: the commit's outcome */
+	/* 25-29: shadow promotion's; 30-39: agent environments. */
+	PROTO_ENV_REQUEST = 30, /* peer -> supervisor: an environment operation */
+	PROTO_ENV_INFO = 31,	/* supervisor -> peer: an environment or a checkpoint */
+	PROTO_ENV_ITEM = 32,	/* supervisor -> peer: a dirty path or side-effect record */
 	_PROTO_TYPE_MAX,
 };
 
@@ -139,6 +158,23 @@ enum ctl_cmd {
 	CTL_PROMOTE = 7, /* fail engine "eng" over to its shadow group now (manual promotion) */
 	_CTL_CMD_MAX,
 };
+
+/* What a PROTO_ENV_REQUEST asks for. */
+enum env_op {
+	ENV_OP_CREATE = 0,     /* env, root (base), cmd: start an environment */
+	ENV_OP_ADOPT = 1,      /* env, root, cg, pid: register another runtime's environment */
+	ENV_OP_CHECKPOINT = 2, /* env, turn, plen, phash, traj: full checkpoint */
+	ENV_OP_RESTORE = 3,    /* env, ckpt: full restore; replies the checkpoint's manifest */
+	ENV_OP_LIST = 4,       /* env "": every environment; else its checkpoints */
+	ENV_OP_DESTROY = 5,    /* env: kill, unmount, forget (checkpoints stay on disk) */
+	ENV_OP_WATCH = 6,      /* root: a cgroup path to trace (env: its name, "" for one) */
+	ENV_OP_DIRTY = 7,      /* env: the paths changed since its last checkpoint */
+	ENV_OP_LOG = 8,	       /* env: its side-effect log (fl ENV_FLAG_FOLLOW: then stream) */
+	ENV_OP_REBUILD = 9,    /* env: rebuild from the base, run cmd again (replay baseline) */
+	_ENV_OP_MAX,
+};
+
+#define ENV_FLAG_FOLLOW 1u
 
 enum ctl_action {
 	CTL_ACT_NONE = 0,
@@ -370,6 +406,41 @@ struct proto_promote_done {
 	char message[PROTO_MAX_STR + 1];
 };
 
+struct proto_env_request {
+	enum env_op op;
+	char env[64];
+	char root[PROTO_MAX_STR + 1];		   /* optional */
+	char cmd[PROTO_MAX_STR + 1];		   /* optional */
+	char cgroup[PROTO_MAX_STR + 1];		   /* optional "cg" */
+	uint32_t pid;				   /* optional */
+	uint64_t turn, prefix_tokens, prefix_hash; /* optional */
+	char ckpt[64];				   /* optional */
+	char trajectory[PROTO_MAX_STR + 1];	   /* optional "traj" */
+	uint32_t flags;				   /* optional "fl" */
+};
+
+struct proto_env_info {
+	char env[64];
+	char ckpt[64];
+	char parent[64];
+	char trajectory[PROTO_MAX_STR + 1];
+	uint64_t turn, prefix_tokens, prefix_hash;
+	uint32_t pid, nproc;
+	uint64_t fs_bytes, fs_files, criu_bytes, freeze_us, dump_us, fs_us, total_us;
+	char root[PROTO_MAX_STR + 1];
+	char cgroup[PROTO_MAX_STR + 1];
+	uint32_t full_diff;
+};
+
+struct proto_env_item {
+	char kind[16];
+	uint32_t pid;
+	uint64_t ts_ns;
+	char path[PROTO_MAX_STR + 1];
+	char path2[PROTO_MAX_STR + 1];
+	char text[PROTO_MAX_STR + 1];
+};
+
 struct proto_msg {
 	enum proto_type type;
 	union {
@@ -392,6 +463,9 @@ struct proto_msg {
 		struct proto_promote_map promote_map;
 		struct proto_promote_commit promote_commit;
 		struct proto_promote_done promote_done;
+		struct proto_env_request env_request;
+		struct proto_env_info env_info;
+		struct proto_env_item env_item;
 	};
 };
 
@@ -406,6 +480,8 @@ const char *worker_role_to_string(enum worker_role role);
 int worker_role_from_string(const char *s, enum worker_role *ret);
 const char *ctl_cmd_to_string(enum ctl_cmd cmd);
 const char *ctl_action_to_string(enum ctl_action act);
+const char *env_op_to_string(enum env_op op);
+int env_op_from_string(const char *s, enum env_op *ret);
 int ctl_action_from_string(const char *s, enum ctl_action *ret);
 const char *metric_kind_to_string(enum metric_kind kind);
 const char *worker_state_to_string(enum worker_state state);

@@ -129,6 +129,19 @@ static const struct key keys[] = {
 	TYPED("journal", "max_size", KEY_SIZE, journal_max_size, "4M",
 	      "Journal size that triggers compaction into a snapshot."),
 
+	TYPED("env", "trace", KEY_BOOL, env_trace, "yes",
+	      "Trace agent environments' side effects with eBPF (dirty paths, side-effect log); "
+	      "when BPF is unavailable the supervisor says so once and runs without it."),
+	STR("env", "criu", env_criu, "",
+	    "CRIU >= 4 binary for environment checkpoints (empty: $BELAYER_CRIU, else "
+	    "/usr/local/sbin/criu, else criu on PATH)."),
+	STR("env", "cgroup", env_cgroup, "/sys/fs/cgroup/unified/belayer-envs",
+	    "cgroup v2 directory under which each environment gets its own cgroup (this "
+	    "machine's cgroup v2 is at /sys/fs/cgroup/unified: a hybrid layout)."),
+	U32("env", "keep", env_keep, 1, 100000, "8",
+	    "Checkpoints kept per environment; older ones are garbage-collected (the oldest kept "
+	    "one absorbs the data it still needs)."),
+
 	U32("events", "history", event_history, 0, 1000000, "256",
 	    "Recent events kept for `belayerctl events` to replay."),
 

@@ -104,6 +104,11 @@ struct sv_config {
 	/* [metrics] */
 	char http_address[64];
 	uint32_t http_port;
+	/* [env] */
+	bool env_trace;
+	char env_criu[256];
+	char env_cgroup[256];
+	uint32_t env_keep;
 	/* [engine.NAME] sections, in file order */
 	uint32_t n_engines;
 	struct sv_engine_config engines[CONFIG_ENGINES_MAX];

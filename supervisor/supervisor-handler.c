@@ -197,6 +197,11 @@ int handler_dispatch(struct supervisor *s, struct sv_client *c, struct proto_msg
 					     "hello first");
 		promote_on_done(s, c->worker, &m->promote_done);
 		return 0;
+	case PROTO_ENV_REQUEST:
+		if (!s->hooks || !s->hooks->env_request)
+			return client_send_error(s, c, EOPNOTSUPP, PROTO_ENV_REQUEST,
+						 "environments are served by the daemon only");
+		return s->hooks->env_request(s, c, &m->env_request);
 	case PROTO_ERROR:
 		/* A peer's complaint about something we sent: nothing to answer. */
 		log_debug("Peer pid %d reports error %d: %s", c->cred.pid, m->error.code,

@@ -21,6 +21,8 @@
 #include "supervisor-checks.h"
 #include "supervisor-client.h"
 #include "supervisor-engines.h"
+#include "supervisor-env-ctl.h"
+#include "supervisor-envtrace.h"
 #include "supervisor-gateway.h"
 #include "supervisor-events.h"
 #include "supervisor-fdstore.h"
@@ -138,10 +140,19 @@ static void unwatch_worker(struct supervisor *s, struct sv_worker *w)
 	w->watch = NULL;
 }
 
+static void on_envtrace(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	envs_drain(arg);
+	sweep(arg);
+}
+
 static const struct sv_hooks hooks = {
 	.want_write = want_write,
 	.watch_worker = watch_worker,
 	.unwatch_worker = unwatch_worker,
+	.env_request = envs_dispatch,
 };
 
 static void on_accept(evutil_socket_t fd, short what, void *arg)
@@ -406,8 +417,9 @@ int server_run(struct supervisor *s)
 		     *ev_off = NULL, *ev_eng = NULL, *ev_sig[4] = {NULL};
 	static const int sigs[4] = {SIGTERM, SIGINT, SIGHUP, 0};
 	struct evhttp *http = NULL;
+	struct event *ev_et = NULL, *ev_et_timer = NULL;
 	uint64_t wd_usec = 0;
-	int r;
+	int r, et_fd = -1;
 
 	the = s;
 	s->hooks = &hooks;
@@ -463,6 +475,20 @@ int server_run(struct supervisor *s)
 	r = http_start(s, &http);
 	if (r < 0)
 		goto out;
+	/* Environments: the tracer's ring buffer on the loop, drained on wakeups and every
+	 * ENVTRACE_DRAIN_INTERVAL_MS (records below the wakeup threshold wake nobody). */
+	r = envs_start(s, &et_fd);
+	if (r < 0)
+		goto out;
+	if (et_fd >= 0) {
+		r = -ENOMEM;
+		ev_et = event_new(base, et_fd, EV_READ | EV_PERSIST, on_envtrace, s);
+		ev_et_timer = event_new(base, -1, EV_PERSIST, on_envtrace, s);
+		if (!ev_et || !ev_et_timer || event_add(ev_et, NULL) < 0 ||
+		    event_add(ev_et_timer,
+			      &(struct timeval){.tv_usec = ENVTRACE_DRAIN_INTERVAL_MS * 1000}) < 0)
+			goto out;
+	}
 	/* Engines last: their shims connect to the socket that now listens. */
 	if (s->config.n_engines) {
 		r = engines_start(s);
@@ -485,6 +511,11 @@ int server_run(struct supervisor *s)
 	r = event_base_dispatch(base) < 0 ? -EIO : 0;
 
 out:
+	if (ev_et)
+		event_free(ev_et);
+	if (ev_et_timer)
+		event_free(ev_et_timer);
+	envs_stop(s);
 	if (http)
 		evhttp_free(http);
 	for (int i = 0; i < 4; i++)

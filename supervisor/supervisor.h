@@ -20,6 +20,7 @@ struct sv_journal;
 struct sv_offload;
 struct health_gpu;
 struct sv_engines;
+struct sv_envs;
 
 struct sv_packet {
 	struct sv_packet *next;
@@ -49,6 +50,9 @@ struct sv_hooks {
 	/* Watch w->pidfd; call supervisor_worker_died() when it fires. */
 	int (*watch_worker)(struct supervisor *s, struct sv_worker *w);
 	void (*unwatch_worker)(struct supervisor *s, struct sv_worker *w);
+	/* PROTO_ENV_REQUEST (supervisor-env-ctl.h): served by the daemon only. */
+	int (*env_request)(struct supervisor *s, struct sv_client *c,
+			   const struct proto_env_request *q);
 };
 
 struct sv_event_ring {
@@ -74,6 +78,7 @@ struct supervisor {
 	enum health_verdict gpu_verdict;
 	char gpu_message[PROTO_MAX_STR + 1];
 	struct sv_engines *engines; /* configured engines (supervisor-engines.h); NULL: none */
+	struct sv_envs *envs;	    /* agent environments (supervisor-env-ctl.h); NULL: none */
 };
 
 uint64_t now_ms(void);

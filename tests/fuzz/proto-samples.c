@@ -269,6 +269,54 @@ static void sample_promote_done_failed(struct proto_msg *m)
 	memset(m->promote_done.message, 'p', PROTO_MAX_STR);
 }
 
+static void sample_env_checkpoint(struct proto_msg *m)
+{
+	m->type = PROTO_ENV_REQUEST;
+	m->env_request.op = ENV_OP_CHECKPOINT;
+	(void)snprintf(m->env_request.env, sizeof(m->env_request.env), "env-7");
+	(void)snprintf(m->env_request.trajectory, sizeof(m->env_request.trajectory), "traj-42");
+	m->env_request.turn = 12;
+	m->env_request.prefix_tokens = 8192;
+	m->env_request.prefix_hash = 0x1234abcd5678ef90ull;
+}
+
+static void sample_env_create(struct proto_msg *m)
+{
+	m->type = PROTO_ENV_REQUEST;
+	m->env_request.op = ENV_OP_CREATE;
+	(void)snprintf(m->env_request.env, sizeof(m->env_request.env), "env-7");
+	(void)snprintf(m->env_request.root, sizeof(m->env_request.root), "/srv/bases/py311");
+	(void)snprintf(m->env_request.cmd, sizeof(m->env_request.cmd), "exec sleep infinity");
+}
+
+static void sample_env_info(struct proto_msg *m)
+{
+	m->type = PROTO_ENV_INFO;
+	(void)snprintf(m->env_info.env, sizeof(m->env_info.env), "env-7");
+	(void)snprintf(m->env_info.ckpt, sizeof(m->env_info.ckpt), "c00000012");
+	(void)snprintf(m->env_info.parent, sizeof(m->env_info.parent), "c00000011");
+	(void)snprintf(m->env_info.trajectory, sizeof(m->env_info.trajectory), "traj-42");
+	m->env_info.turn = 12;
+	m->env_info.prefix_tokens = 8192;
+	m->env_info.prefix_hash = UINT64_MAX;
+	m->env_info.pid = 4321;
+	m->env_info.nproc = 5;
+	m->env_info.fs_bytes = 20480;
+	m->env_info.criu_bytes = 322560;
+	m->env_info.freeze_us = 77000;
+	m->env_info.full_diff = 1;
+}
+
+static void sample_env_item(struct proto_msg *m)
+{
+	m->type = PROTO_ENV_ITEM;
+	(void)snprintf(m->env_item.kind, sizeof(m->env_item.kind), "exec");
+	m->env_item.pid = 77;
+	m->env_item.ts_ns = 123456789;
+	(void)snprintf(m->env_item.path, sizeof(m->env_item.path), "/usr/bin/make");
+	(void)snprintf(m->env_item.text, sizeof(m->env_item.text), "make -j2");
+}
+
 static const struct {
 	const char *name;
 	void (*fill)(struct proto_msg *m);
@@ -299,6 +347,10 @@ static const struct {
 	{"promote-commit", sample_promote_commit, NULL},
 	{"promote-done", sample_promote_done, NULL},
 	{"promote-done-failed", sample_promote_done_failed, NULL},
+	{"env-checkpoint", sample_env_checkpoint, NULL},
+	{"env-create", sample_env_create, NULL},
+	{"env-info", sample_env_info, NULL},
+	{"env-item", sample_env_item, NULL},
 };
 
 size_t proto_sample_count(void)

@@ -493,9 +493,23 @@ static bool key_is_optional(enum proto_type type, const char *key)
 		enum proto_type type;
 		const char *key;
 	} optional[] = {
-		{PROTO_CTL, "eng"},	     {PROTO_WORKER_INFO, "lay"},
-		{PROTO_WORKER_INFO, "nlay"}, {PROTO_WORKER_INFO, "park"},
-		{PROTO_WORKER_INFO, "port"}, {PROTO_WORKER_INFO, "rdy"},
+		{PROTO_CTL, "eng"},
+		{PROTO_WORKER_INFO, "lay"},
+		{PROTO_WORKER_INFO, "nlay"},
+		{PROTO_WORKER_INFO, "park"},
+		{PROTO_WORKER_INFO, "port"},
+		{PROTO_WORKER_INFO, "rdy"},
+		/* An environment request carries only what its op needs. */
+		{PROTO_ENV_REQUEST, "root"},
+		{PROTO_ENV_REQUEST, "cmd"},
+		{PROTO_ENV_REQUEST, "cg"},
+		{PROTO_ENV_REQUEST, "pid"},
+		{PROTO_ENV_REQUEST, "turn"},
+		{PROTO_ENV_REQUEST, "plen"},
+		{PROTO_ENV_REQUEST, "phash"},
+		{PROTO_ENV_REQUEST, "ckpt"},
+		{PROTO_ENV_REQUEST, "traj"},
+		{PROTO_ENV_REQUEST, "fl"},
 	};
 
 	for (size_t i = 0; i < ARRAY_SIZE(optional); i++)
@@ -821,6 +835,48 @@ static void names_round_trip(void **state)
 	assert_int_equal(proto_type_nfds(_PROTO_TYPE_MAX), -EINVAL);
 }
 
+/* Agent-environment messages (30-32): optional request fields may be absent; an id longer
+ * than 63 bytes and an unknown op are refused; names of every op round-trip. */
+static void env_messages(void **state)
+{
+	struct proto_msg m = {.type = PROTO_ENV_REQUEST}, d;
+	uint8_t out[PROTO_MAX_MSG];
+	enum env_op op;
+	size_t len;
+
+	(void)state;
+	m.env_request.op = ENV_OP_RESTORE;
+	snprintf(m.env_request.env, sizeof(m.env_request.env), "e1");
+	snprintf(m.env_request.ckpt, sizeof(m.env_request.ckpt), "c00000003");
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), 0);
+	assert_int_equal(proto_decode(out, len, NULL, 0, &d), 0);
+	assert_int_equal(d.type, PROTO_ENV_REQUEST);
+	assert_int_equal(d.env_request.op, ENV_OP_RESTORE);
+	assert_string_equal(d.env_request.ckpt, "c00000003");
+	assert_string_equal(d.env_request.root, "");
+	/* A minimal request: "v", "t", "op", "env" only. */
+	{
+		static const uint8_t minimal[] = {0x84, 0xa1, 'v',  0x01, 0xa1, 't', 30,  0xa2,
+						  'o',	'p',  0x04, 0xa3, 'e',	'n', 'v', 0xa0};
+
+		assert_int_equal(proto_decode(minimal, sizeof(minimal), NULL, 0, &d), 0);
+		assert_int_equal(d.env_request.op, ENV_OP_LIST);
+	}
+	m.env_request.op = _ENV_OP_MAX;
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), -EINVAL);
+	for (int i = 0; i < _ENV_OP_MAX; i++) {
+		assert_non_null(env_op_to_string(i));
+		assert_int_equal(env_op_from_string(env_op_to_string(i), &op), 0);
+		assert_int_equal(op, i);
+	}
+	assert_null(env_op_to_string(_ENV_OP_MAX));
+	assert_int_equal(env_op_from_string("reboot", &op), -EINVAL);
+	for (int t = PROTO_ENV_REQUEST; t <= PROTO_ENV_ITEM; t++) {
+		assert_non_null(proto_type_to_string(t));
+		assert_int_equal(proto_type_nfds(t), 0);
+	}
+}
+
 /* Every value of every control-plane enum has a name, and nothing past the end does. */
 static void control_names_are_complete(void **state)
 {
@@ -879,6 +935,7 @@ int main(void)
 		cmocka_unit_test(promote_map_owns_its_fd),
 		cmocka_unit_test(names_round_trip),
 		cmocka_unit_test(control_names_are_complete),
+		cmocka_unit_test(env_messages),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -26,6 +26,10 @@ static const struct {
 	{"health", cmd_health, "health [--pid PID] [--dev N] run health checks now"},
 	{"promote", cmd_promote,
 	 "promote [--wait] ENGINE     fail ENGINE over to its shadow group now"},
+	{"env", cmd_env,
+	 "env create|adopt|checkpoint|restore|rebuild|list|destroy|watch|dirty|log ...  agent "
+	 "environments"},
+	{"bpf", cmd_bpf, "bpf [--no-run]               bpftool commands for the pinned tracer"},
 };
 
 static void help(FILE *f)

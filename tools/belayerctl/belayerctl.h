@@ -49,3 +49,5 @@ int cmd_inject(const struct ctl_options *o, int argc, char **argv);
 int cmd_config(const struct ctl_options *o, int argc, char **argv);
 int cmd_health(const struct ctl_options *o, int argc, char **argv);
 int cmd_promote(const struct ctl_options *o, int argc, char **argv);
+int cmd_env(const struct ctl_options *o, int argc, char **argv);
+int cmd_bpf(const struct ctl_options *o, int argc, char **argv);

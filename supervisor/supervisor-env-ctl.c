@@ -1,0 +1,753 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "supervisor-client.h"
+#include "supervisor-criu.h"
+#include "supervisor-dirty.h"
+#include "supervisor-env-ctl.h"
+#include "supervisor-env.h"
+#include "supervisor-envtrace.h"
+#include "supervisor-offload.h"
+#include "supervisor-sidelog.h"
+
+/* Paths and ids are copied into the protocol's 255-byte strings and PATH_MAX buffers: a longer
+ * one is cut in a reply (never used to open anything); env_prepare() bounds the others. */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+#define MAX_FOLLOWERS 8
+
+struct env_slot {
+	struct env_slot *next;
+	char id[ENV_ID_MAX + 1];
+	struct sv_env *env; /* NULL: a watch of another runtime's cgroup only */
+	bool busy;	    /* a job owns env */
+	char cgroup[PATH_MAX], root[PATH_MAX];
+	uint32_t trace_id;
+	struct sv_dirty *dirty;
+	struct sv_sidelog *log;
+	char log_path[PATH_MAX];
+	uint64_t followers[MAX_FOLLOWERS]; /* client serials of `env log --follow` */
+};
+
+struct sv_envs {
+	struct env_slot *slots;
+	struct sv_envtrace *et;
+	uint32_t next_trace_id;
+	uint32_t next_watch;
+};
+
+struct env_job {
+	struct sv_job job;
+	uint64_t client;
+	struct env_slot *slot;
+	struct proto_env_request q;
+	struct env_params p;
+	char state_dir[PATH_MAX], cgroup_parent[PATH_MAX], criu[PATH_MAX];
+	struct sv_env *created;
+	int r;
+	struct env_manifest m;
+	bool have_manifest;
+	/* The dirty set at the checkpoint (sorted "path\0subtree"), its full-diff reason. */
+	struct dirty_item *dirty;
+	char **dirty_paths;
+	size_t n_dirty;
+	char full_reason[ENV_STR_MAX + 1];
+	bool traced;
+	uint64_t us;
+};
+
+static uint64_t mono_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+static struct env_slot *slot_find(struct sv_envs *es, const char *id)
+{
+	for (struct env_slot *sl = es ? es->slots : NULL; sl; sl = sl->next)
+		if (strcmp(sl->id, id) == 0)
+			return sl;
+	return NULL;
+}
+
+static struct env_slot *slot_by_trace(struct sv_envs *es, uint32_t trace_id)
+{
+	for (struct env_slot *sl = es ? es->slots : NULL; sl; sl = sl->next)
+		if (sl->trace_id == trace_id)
+			return sl;
+	return NULL;
+}
+
+static void slot_unwatch(struct sv_envs *es, struct env_slot *sl)
+{
+	if (sl->trace_id && es->et)
+		(void)envtrace_watch_remove(es->et, sl->trace_id);
+	sl->trace_id = 0;
+	dirty_destroy(sl->dirty);
+	sl->dirty = NULL;
+	sidelog_close(sl->log);
+	sl->log = NULL;
+}
+
+static void slot_remove(struct sv_envs *es, struct env_slot *sl)
+{
+	for (struct env_slot **pp = &es->slots; *pp; pp = &(*pp)->next)
+		if (*pp == sl) {
+			*pp = sl->next;
+			break;
+		}
+	slot_unwatch(es, sl);
+	free(sl);
+}
+
+/* Starts tracing the slot's cgroup (no-op without the tracer). */
+static int slot_watch(struct supervisor *s, struct env_slot *sl)
+{
+	struct sv_envs *es = s->envs;
+	uint32_t id;
+	int r;
+
+	if (!es->et)
+		return 0;
+	for (id = es->next_trace_id; slot_by_trace(es, id) || id == 0;)
+		id = id % (ENVTRACE_MAX_ENVS - 1) + 1;
+	es->next_trace_id = id % (ENVTRACE_MAX_ENVS - 1) + 1;
+	r = dirty_create(&sl->dirty);
+	if (r >= 0)
+		r = sidelog_open(sl->log_path, &sl->log);
+	if (r >= 0)
+		r = envtrace_watch_add(es->et, sl->cgroup, sl->root[0] ? sl->root : NULL, id);
+	if (r < 0) {
+		slot_unwatch(es, sl);
+		return log_warning_errno(r, "Failed to trace %s: %m, ignoring.", sl->cgroup);
+	}
+	sl->trace_id = id;
+	(void)dirty_rescan_writers(sl->dirty, sl->cgroup, sl->root[0] ? sl->root : NULL);
+	return 0;
+}
+
+/* --- tracer on the loop ------------------------------------------------------------------ */
+
+static void send_item(struct supervisor *s, struct sv_client *c, const char *kind, uint32_t pid,
+		      uint64_t ts, const char *path, const char *path2, const char *text)
+{
+	struct proto_msg m = {.type = PROTO_ENV_ITEM};
+
+	snprintf(m.env_item.kind, sizeof(m.env_item.kind), "%s", kind);
+	m.env_item.pid = pid;
+	m.env_item.ts_ns = ts;
+	snprintf(m.env_item.path, sizeof(m.env_item.path), "%s", path ? path : "");
+	snprintf(m.env_item.path2, sizeof(m.env_item.path2), "%s", path2 ? path2 : "");
+	snprintf(m.env_item.text, sizeof(m.env_item.text), "%s", text ? text : "");
+	(void)client_send(s, c, &m);
+}
+
+static void argv_join(const char *argv, size_t len, char *out, size_t cap)
+{
+	size_t o = 0;
+
+	for (size_t i = 0; i < len && o + 1 < cap; i++)
+		out[o++] = argv[i] ? argv[i] : ' ';
+	while (o > 0 && out[o - 1] == ' ')
+		o--;
+	out[o] = '\0';
+}
+
+static int on_record(const struct envtrace_record *rec, void *userdata)
+{
+	struct supervisor *s = userdata;
+	struct env_slot *sl = slot_by_trace(s->envs, rec->env_id);
+
+	if (!sl)
+		return 0;
+	if (sl->dirty)
+		(void)dirty_apply(sl->dirty, rec);
+	if (sl->log)
+		(void)sidelog_append(sl->log, rec);
+	for (size_t i = 0; i < MAX_FOLLOWERS; i++) {
+		struct sv_client *c =
+			sl->followers[i] ? client_by_serial(s, sl->followers[i]) : NULL;
+		char text[PROTO_MAX_STR + 1] = "";
+
+		if (!c) {
+			sl->followers[i] = 0;
+			continue;
+		}
+		if (rec->type == ENVTRACE_EV_EXEC) {
+			argv_join(rec->argv, rec->argv_len, text, sizeof(text));
+			send_item(s, c, "exec", (uint32_t)rec->pid, rec->ts_ns, rec->exe, NULL,
+				  text);
+		} else if (rec->npaths) {
+			send_item(s, c, "file", (uint32_t)rec->pid, rec->ts_ns, rec->path[0],
+				  rec->npaths > 1 ? rec->path[1] : NULL,
+				  envtrace_op_to_string(rec->op));
+		}
+	}
+	return 0;
+}
+
+void envs_drain(struct supervisor *s)
+{
+	if (s->envs && s->envs->et)
+		while (envtrace_consume(s->envs->et, on_record, s) > 0)
+			;
+}
+
+int envs_start(struct supervisor *s, int *ret_fd)
+{
+	struct envtrace_options o = {0};
+	int r;
+
+	*ret_fd = -1;
+	s->envs = calloc(1, sizeof(*s->envs));
+	if (!s->envs)
+		return -ENOMEM;
+	s->envs->next_trace_id = 1;
+	if (!s->config.env_trace)
+		return 0;
+	r = envtrace_setup_fs();
+	if (r >= 0)
+		r = envtrace_create(&o, &s->envs->et);
+	if (r < 0) {
+		log_warning_errno(r, "BPF unavailable (%m): environments run without side-effect "
+				     "tracing.");
+		s->envs->et = NULL;
+		return 0;
+	}
+	*ret_fd = envtrace_fd(s->envs->et);
+	log_info("Environment tracing on (maps and programs pinned under %s).",
+		 envtrace_pin_dir(s->envs->et));
+	return 0;
+}
+
+void envs_stop(struct supervisor *s)
+{
+	struct sv_envs *es = s->envs;
+
+	if (!es)
+		return;
+	while (es->slots) {
+		struct env_slot *sl = es->slots;
+
+		es->slots = sl->next;
+		slot_unwatch(es, sl);
+		if (sl->env) {
+			env_manifest_finish(&sl->env->head_index);
+			free(sl->env);
+		}
+		free(sl);
+	}
+	envtrace_destroy(es->et);
+	free(es);
+	s->envs = NULL;
+}
+
+/* --- replies ----------------------------------------------------------------------------- */
+
+static void info_of_env(const struct env_slot *sl, struct proto_msg *m)
+{
+	memset(m, 0, sizeof(*m));
+	m->type = PROTO_ENV_INFO;
+	snprintf(m->env_info.env, sizeof(m->env_info.env), "%s", sl->id);
+	snprintf(m->env_info.root, sizeof(m->env_info.root), "%s", sl->root);
+	snprintf(m->env_info.cgroup, sizeof(m->env_info.cgroup), "%s", sl->cgroup);
+	if (sl->env) {
+		int n = sl->busy ? 0 : env_count_procs(sl->env);
+
+		snprintf(m->env_info.ckpt, sizeof(m->env_info.ckpt), "%s", sl->env->head);
+		m->env_info.pid = (uint32_t)(sl->env->pid > 0 ? sl->env->pid : 0);
+		m->env_info.nproc = n > 0 ? (uint32_t)n : 0;
+	}
+}
+
+static void info_of_manifest(const char *env, const struct env_manifest *mf, uint64_t total_us,
+			     struct proto_msg *m)
+{
+	memset(m, 0, sizeof(*m));
+	m->type = PROTO_ENV_INFO;
+	snprintf(m->env_info.env, sizeof(m->env_info.env), "%s", env);
+	snprintf(m->env_info.ckpt, sizeof(m->env_info.ckpt), "%s", mf->id);
+	snprintf(m->env_info.parent, sizeof(m->env_info.parent), "%s", mf->parent);
+	snprintf(m->env_info.trajectory, sizeof(m->env_info.trajectory), "%s", mf->trajectory);
+	m->env_info.turn = mf->turn;
+	m->env_info.prefix_tokens = mf->prefix_tokens;
+	m->env_info.prefix_hash = mf->prefix_hash;
+	m->env_info.nproc = (uint32_t)mf->nproc;
+	m->env_info.fs_bytes = mf->fs_bytes;
+	m->env_info.fs_files = mf->fs_files;
+	m->env_info.criu_bytes = mf->criu_bytes;
+	m->env_info.freeze_us = mf->freeze_us;
+	m->env_info.dump_us = mf->dump_us;
+	m->env_info.fs_us = mf->fs_us;
+	m->env_info.total_us = total_us;
+	m->env_info.full_diff = mf->full_diff;
+}
+
+static int send_end(struct supervisor *s, struct sv_client *c, uint32_t n)
+{
+	struct proto_msg m = {.type = PROTO_END};
+
+	m.end.in_reply_to = PROTO_ENV_REQUEST;
+	m.end.count = n;
+	return client_send(s, c, &m);
+}
+
+/* --- jobs -------------------------------------------------------------------------------- */
+
+static int cmp_str_ptr(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The dirty set as the checkpoint sees it: the path or one of its ancestors ("/"-rooted in
+ * the tracer, relative in the manifest). Conservative: any ancestor entry counts. */
+static bool job_force(const char *path, void *userdata)
+{
+	struct env_job *j = userdata;
+	char buf[ENV_PATH_MAX + 2];
+	char *key = buf;
+
+	snprintf(buf, sizeof(buf), "/%s", path);
+	for (;;) {
+		if (bsearch(&key, j->dirty_paths, j->n_dirty, sizeof(*j->dirty_paths), cmp_str_ptr))
+			return true;
+		char *slash = strrchr(buf, '/');
+
+		if (!slash || slash == buf)
+			return false;
+		*slash = '\0';
+	}
+}
+
+static void job_free(struct sv_job *jb)
+{
+	struct env_job *j = (struct env_job *)jb;
+
+	for (size_t i = 0; i < j->n_dirty; i++)
+		free(j->dirty_paths[i]);
+	free(j->dirty_paths);
+	if (j->have_manifest)
+		env_manifest_finish(&j->m);
+	free(j);
+}
+
+/* Offload thread: the slot's env is the job's alone while busy. */
+static void job_run(struct supervisor *s, struct sv_job *jb)
+{
+	struct env_job *j = (struct env_job *)jb;
+	struct sv_env *e = j->slot->env;
+	uint64_t t0 = mono_us();
+
+	(void)s;
+	switch (j->q.op) {
+	case ENV_OP_CREATE:
+		j->r = env_create(&j->p, &j->created);
+		break;
+	case ENV_OP_ADOPT:
+		j->r = env_adopt(&j->p, j->q.cgroup, j->q.root, (pid_t)j->q.pid, &j->created);
+		break;
+	case ENV_OP_CHECKPOINT: {
+		struct env_ckpt_params cp = {
+			.trajectory = j->q.trajectory,
+			.turn = j->q.turn,
+			.prefix_tokens = j->q.prefix_tokens,
+			.prefix_hash = j->q.prefix_hash,
+			.force = j->traced ? job_force : NULL,
+			.userdata = j,
+			.full_diff_reason = j->full_reason[0] ? j->full_reason : NULL,
+		};
+
+		j->r = env_checkpoint(e, &cp, &j->m);
+		j->have_manifest = j->r >= 0;
+		break;
+	}
+	case ENV_OP_RESTORE:
+		j->r = env_restore(e, j->q.ckpt[0] ? j->q.ckpt : NULL, &j->m);
+		j->have_manifest = j->r >= 0;
+		break;
+	case ENV_OP_REBUILD:
+		j->r = env_rebuild(e);
+		break;
+	case ENV_OP_DESTROY:
+		env_destroy(e);
+		j->slot->env = NULL;
+		j->r = 0;
+		break;
+	default:
+		j->r = -EOPNOTSUPP;
+	}
+	j->us = mono_us() - t0;
+}
+
+static void job_done(struct supervisor *s, struct sv_job *jb)
+{
+	struct env_job *j = (struct env_job *)jb;
+	struct sv_client *c = j->client ? client_by_serial(s, j->client) : NULL;
+	struct env_slot *sl = j->slot;
+	struct proto_msg m;
+
+	sl->busy = false;
+	if (j->created) {
+		sl->env = j->created;
+		snprintf(sl->root, sizeof(sl->root), "%s", sl->env->root);
+		snprintf(sl->cgroup, sizeof(sl->cgroup), "%s", sl->env->cgroup);
+		snprintf(sl->log_path, sizeof(sl->log_path), "%s/sidelog.mpk", sl->env->dir);
+		(void)slot_watch(s, sl);
+	}
+	if (j->r < 0) {
+		if (!sl->env && (j->q.op == ENV_OP_CREATE || j->q.op == ENV_OP_ADOPT))
+			slot_remove(s->envs, sl);
+		if (c)
+			(void)client_send_error(s, c, -j->r, PROTO_ENV_REQUEST,
+						"env %s %s failed: %s", j->q.env,
+						env_op_to_string(j->q.op), strerror(-j->r));
+		log_warning_errno(j->r, "Environment %s: %s failed: %m", j->q.env,
+				  env_op_to_string(j->q.op));
+		return;
+	}
+	switch (j->q.op) {
+	case ENV_OP_DESTROY:
+		slot_remove(s->envs, sl);
+		sl = NULL;
+		break;
+	case ENV_OP_RESTORE:
+	case ENV_OP_REBUILD:
+		/* The tree is new: the tracer's view restarts with it (the cgroup is new too). */
+		slot_unwatch(s->envs, sl);
+		(void)slot_watch(s, sl);
+		break;
+	default:
+		break;
+	}
+	log_info("Environment %s: %s done in %" PRIu64 " ms.", j->q.env, env_op_to_string(j->q.op),
+		 j->us / 1000);
+	if (!c)
+		return;
+	if (j->have_manifest)
+		info_of_manifest(j->q.env, &j->m, j->us, &m);
+	else if (sl)
+		info_of_env(sl, &m);
+	if (j->have_manifest || sl)
+		(void)client_send(s, c, &m);
+	(void)send_end(s, c, j->have_manifest || sl ? 1 : 0);
+}
+
+static struct env_job *job_new(struct supervisor *s, struct sv_client *c, struct env_slot *sl,
+			       const struct proto_env_request *q)
+{
+	struct env_job *j = calloc(1, sizeof(*j));
+
+	if (!j)
+		return NULL;
+	j->job.run = job_run;
+	j->job.done = job_done;
+	j->job.free = job_free;
+	j->client = c->serial;
+	j->slot = sl;
+	j->q = *q;
+	snprintf(j->state_dir, sizeof(j->state_dir), "%s", s->config.state_dir);
+	snprintf(j->cgroup_parent, sizeof(j->cgroup_parent), "%s", s->config.env_cgroup);
+	snprintf(j->criu, sizeof(j->criu), "%s", sv_criu_binary(s->config.env_criu) ?: "criu");
+	j->p = (struct env_params){
+		.id = j->q.env,
+		.base = j->q.root,
+		.cmd = j->q.cmd,
+		.state_dir = j->state_dir,
+		.cgroup_parent = j->cgroup_parent,
+		.criu = j->criu,
+		.keep = s->config.env_keep,
+	};
+	sl->busy = true;
+	return j;
+}
+
+/* Snapshot the dirty set for the checkpoint, then start a new one (loop thread). */
+static int snapshot_dirty(struct supervisor *s, struct env_slot *sl, struct env_job *j)
+{
+	struct envtrace_env_stats st;
+	struct dirty_item *items = NULL;
+	const char *reason = NULL;
+	size_t n = 0;
+	int r;
+
+	if (!sl->dirty || !s->envs->et)
+		return 0;
+	envs_drain(s);
+	if (envtrace_env_stats(s->envs->et, sl->trace_id, &st) >= 0)
+		dirty_note_drops(sl->dirty, st.drops);
+	if (dirty_needs_full_diff(sl->dirty, &reason))
+		snprintf(j->full_reason, sizeof(j->full_reason), "%s", reason ? reason : "tracer");
+	r = dirty_list(sl->dirty, &items, &n);
+	if (r < 0)
+		return r;
+	j->dirty_paths = calloc(n + 1, sizeof(*j->dirty_paths));
+	if (!j->dirty_paths) {
+		free(items);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++) {
+		j->dirty_paths[i] = strdup(items[i].path);
+		if (!j->dirty_paths[i]) {
+			free(items);
+			return -ENOMEM;
+		}
+		j->n_dirty++;
+	}
+	free(items);
+	qsort(j->dirty_paths, j->n_dirty, sizeof(*j->dirty_paths), cmp_str_ptr);
+	j->traced = true;
+	dirty_reset(sl->dirty);
+	(void)dirty_rescan_writers(sl->dirty, sl->cgroup, sl->root[0] ? sl->root : NULL);
+	return 0;
+}
+
+/* --- requests ---------------------------------------------------------------------------- */
+
+static int reply_list(struct supervisor *s, struct sv_client *c, const char *env)
+{
+	struct proto_msg m;
+	uint32_t n = 0;
+
+	if (!env[0]) {
+		for (struct env_slot *sl = s->envs->slots; sl; sl = sl->next, n++) {
+			info_of_env(sl, &m);
+			if (client_send(s, c, &m) < 0)
+				return -ECONNRESET;
+		}
+		return send_end(s, c, n);
+	}
+	{
+		struct env_slot *sl = slot_find(s->envs, env);
+		char **ids = NULL;
+		size_t k = 0;
+		int r;
+
+		if (!sl || !sl->env)
+			return client_send_error(s, c, ENOENT, PROTO_ENV_REQUEST,
+						 "no environment %s", env);
+		if (sl->busy)
+			return client_send_error(s, c, EBUSY, PROTO_ENV_REQUEST, "%s is busy", env);
+		r = env_checkpoints(sl->env, &ids, &k);
+		if (r < 0)
+			return client_send_error(s, c, -r, PROTO_ENV_REQUEST, "%s", strerror(-r));
+		for (size_t i = 0; i < k; i++) {
+			char dir[PATH_MAX];
+			struct env_manifest mf;
+			int dfd;
+
+			snprintf(dir, sizeof(dir), "%s/ckpt/%s", sl->env->dir, ids[i]);
+			dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (dfd >= 0 && env_manifest_load(dfd, "manifest.mpk", &mf) >= 0) {
+				info_of_manifest(env, &mf, 0, &m);
+				env_manifest_finish(&mf);
+				if (client_send(s, c, &m) >= 0)
+					n++;
+			}
+			if (dfd >= 0)
+				(void)close(dfd);
+			free(ids[i]);
+		}
+		free(ids);
+		return send_end(s, c, n);
+	}
+}
+
+static int reply_dirty(struct supervisor *s, struct sv_client *c, struct env_slot *sl)
+{
+	struct dirty_item *items = NULL;
+	const char *reason = NULL;
+	size_t n = 0;
+	uint32_t sent = 0;
+	int r;
+
+	if (!sl->dirty)
+		return client_send_error(s, c, ENODATA, PROTO_ENV_REQUEST,
+					 "%s is not traced (BPF unavailable or [env] trace=no)",
+					 sl->id);
+	envs_drain(s);
+	if (dirty_needs_full_diff(sl->dirty, &reason)) {
+		send_item(s, c, "full_diff", 0, 0, NULL, NULL, reason);
+		sent++;
+	}
+	r = dirty_list(sl->dirty, &items, &n);
+	if (r < 0)
+		return client_send_error(s, c, -r, PROTO_ENV_REQUEST, "%s", strerror(-r));
+	for (size_t i = 0; i < n; i++, sent++)
+		send_item(s, c, items[i].subtree ? "dirty" : "dirty_self", 0, 0, items[i].path,
+			  NULL, NULL);
+	free(items);
+	return send_end(s, c, sent);
+}
+
+struct log_ctx {
+	struct supervisor *s;
+	struct sv_client *c;
+	uint32_t n;
+};
+
+static int log_entry(const struct sidelog_entry *e, void *userdata)
+{
+	struct log_ctx *lc = userdata;
+	char text[PROTO_MAX_STR + 1] = "";
+	size_t o = 0;
+
+	if (strcmp(e->kind, "exec") == 0)
+		for (size_t i = 0; i < e->argc && o + 2 < sizeof(text); i++)
+			o += (size_t)snprintf(text + o, sizeof(text) - o, "%s%s", i ? " " : "",
+					      e->argv[i]);
+	else if (e->op)
+		snprintf(text, sizeof(text), "%s", e->op);
+	else if (e->reason)
+		snprintf(text, sizeof(text), "%s", e->reason);
+	send_item(lc->s, lc->c, e->kind, (uint32_t)e->pid, e->ts_ns,
+		  strcmp(e->kind, "exec") == 0 ? e->exe : e->path, e->path2, text);
+	lc->n++;
+	return 0;
+}
+
+static int reply_log(struct supervisor *s, struct sv_client *c, struct env_slot *sl, uint32_t flags)
+{
+	struct log_ctx lc = {.s = s, .c = c};
+	int r;
+
+	if (!sl->log)
+		return client_send_error(s, c, ENODATA, PROTO_ENV_REQUEST,
+					 "%s is not traced (BPF unavailable or [env] trace=no)",
+					 sl->id);
+	envs_drain(s);
+	r = sidelog_read(sl->log_path, log_entry, &lc);
+	if (r < 0 && r != -ENOENT)
+		return client_send_error(s, c, -r, PROTO_ENV_REQUEST, "%s", strerror(-r));
+	if (flags & ENV_FLAG_FOLLOW) {
+		size_t i;
+
+		for (i = 0;
+		     i < MAX_FOLLOWERS && sl->followers[i] && client_by_serial(s, sl->followers[i]);
+		     i++)
+			;
+		if (i == MAX_FOLLOWERS)
+			return client_send_error(s, c, EUSERS, PROTO_ENV_REQUEST,
+						 "%d followers already", MAX_FOLLOWERS);
+		sl->followers[i] = c->serial;
+	}
+	return send_end(s, c, lc.n);
+}
+
+static int do_watch(struct supervisor *s, struct sv_client *c, const struct proto_env_request *q)
+{
+	struct sv_envs *es = s->envs;
+	struct env_slot *sl;
+	struct proto_msg m;
+	char id[ENV_ID_MAX + 1];
+
+	if (!es->et)
+		return client_send_error(s, c, ENODATA, PROTO_ENV_REQUEST,
+					 "tracing is off (BPF unavailable or [env] trace=no)");
+	if (q->env[0])
+		snprintf(id, sizeof(id), "%s", q->env);
+	else
+		snprintf(id, sizeof(id), "watch%u", ++es->next_watch);
+	if (!env_id_valid(id) || slot_find(es, id))
+		return client_send_error(s, c, EEXIST, PROTO_ENV_REQUEST, "%s: taken or invalid",
+					 id);
+	sl = calloc(1, sizeof(*sl));
+	if (!sl)
+		return client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory");
+	snprintf(sl->id, sizeof(sl->id), "%s", id);
+	snprintf(sl->cgroup, sizeof(sl->cgroup), "%s", q->root);
+	snprintf(sl->log_path, sizeof(sl->log_path), "%s/watch-%s.sidelog.mpk", s->config.state_dir,
+		 id);
+	(void)unlink(sl->log_path);
+	sl->next = es->slots;
+	es->slots = sl;
+	if (slot_watch(s, sl) < 0 || !sl->trace_id) {
+		slot_remove(es, sl);
+		return client_send_error(s, c, EINVAL, PROTO_ENV_REQUEST, "cannot watch %s",
+					 q->root);
+	}
+	info_of_env(sl, &m);
+	(void)client_send(s, c, &m);
+	return send_end(s, c, 1);
+}
+
+int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_env_request *q)
+{
+	struct sv_envs *es = s->envs;
+	struct env_slot *sl;
+	struct env_job *j;
+	bool mutating = q->op != ENV_OP_LIST && q->op != ENV_OP_DIRTY && q->op != ENV_OP_LOG;
+
+	if (!es)
+		return client_send_error(s, c, ENOTSUP, PROTO_ENV_REQUEST, "environments are off");
+	if (mutating && c->cred.uid != 0 && c->cred.uid != s->uid)
+		return client_refuse(s, c, REJECT_UNAUTHORIZED, EPERM, PROTO_ENV_REQUEST,
+				     "env %s needs root", env_op_to_string(q->op));
+	if (q->env[0] && !env_id_valid(q->env))
+		return client_send_error(s, c, EINVAL, PROTO_ENV_REQUEST, "invalid id \"%s\"",
+					 q->env);
+	switch (q->op) {
+	case ENV_OP_LIST:
+		return reply_list(s, c, q->env);
+	case ENV_OP_WATCH:
+		return do_watch(s, c, q);
+	case ENV_OP_CREATE:
+	case ENV_OP_ADOPT:
+		if (!q->env[0] || !q->root[0] ||
+		    (q->op == ENV_OP_ADOPT && (!q->cgroup[0] || !q->pid)))
+			return client_send_error(s, c, EINVAL, PROTO_ENV_REQUEST,
+						 "create: env and root; adopt: env, root, cg, pid");
+		if (slot_find(es, q->env))
+			return client_send_error(s, c, EEXIST, PROTO_ENV_REQUEST,
+						 "environment %s exists", q->env);
+		sl = calloc(1, sizeof(*sl));
+		if (!sl)
+			return client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory");
+		snprintf(sl->id, sizeof(sl->id), "%s", q->env);
+		sl->next = es->slots;
+		es->slots = sl;
+		j = job_new(s, c, sl, q);
+		if (!j) {
+			slot_remove(es, sl);
+			return client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory");
+		}
+		offload_submit(s, &j->job);
+		return 0;
+	default:
+		break;
+	}
+	sl = slot_find(es, q->env);
+	if (!sl)
+		return client_send_error(s, c, ENOENT, PROTO_ENV_REQUEST, "no environment %s",
+					 q->env);
+	if (q->op == ENV_OP_DIRTY)
+		return reply_dirty(s, c, sl);
+	if (q->op == ENV_OP_LOG)
+		return reply_log(s, c, sl, q->flags);
+	if (sl->busy)
+		return client_send_error(s, c, EBUSY, PROTO_ENV_REQUEST,
+					 "%s: another operation runs", q->env);
+	if (!sl->env) {
+		if (q->op != ENV_OP_DESTROY)
+			return client_send_error(s, c, EOPNOTSUPP, PROTO_ENV_REQUEST,
+						 "%s is a watch only", q->env);
+		slot_remove(es, sl);
+		return send_end(s, c, 0);
+	}
+	j = job_new(s, c, sl, q);
+	if (!j)
+		return client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory");
+	if (q->op == ENV_OP_CHECKPOINT && snapshot_dirty(s, sl, j) < 0)
+		j->traced = false; /* metadata comparison alone still catches every change */
+	offload_submit(s, &j->job);
+	return 0;
+}

@@ -1,0 +1,98 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+# The supervisor serves environments over its socket (issue 9 item 3, issue 10 item 1):
+# belayerctl env create, dirty and log show what the environment did (eBPF), checkpoint and
+# restore bring its files and processes back, a broken request is refused clearly, and the
+# tracer's pinned maps are what belayerctl bpf shows.
+# Usage: test-env-daemon.sh SUPERVISOR BELAYERCTL
+set -euo pipefail
+
+supervisor=$1
+ctl_bin=$2
+skip() {
+	echo "SKIP: $*"
+	[[ ${BELAYER_TEST_NO_SKIP:-0} == 1 ]] && exit 1
+	exit 77
+}
+fail() {
+	echo "FAIL: $*" >&2
+	exit 1
+}
+((EUID == 0)) || skip "needs root"
+[[ -d /sys/fs/cgroup/unified ]] || skip "no cgroup v2 at /sys/fs/cgroup/unified"
+
+dir=$(mktemp -d /tmp/belayer-envd.XXXXXX)
+cg=/sys/fs/cgroup/unified/belayer-envd-$$
+sv_pid=
+cleanup() {
+	[[ -n $sv_pid ]] && kill "$sv_pid" 2>/dev/null && wait "$sv_pid" 2>/dev/null
+	if [[ -d $cg/e1 ]]; then
+		echo 1 >"$cg/e1/cgroup.kill" 2>/dev/null || true
+	fi
+	umount -l "$dir/state/envs/e1/root" 2>/dev/null || true
+	for _ in 1 2 3 4 5 6 7 8 9 10; do
+		rmdir "$cg/e1" 2>/dev/null || true
+		rmdir "$cg" 2>/dev/null && break
+		sleep 0.1
+	done
+	rm -rf "$dir"
+}
+trap cleanup EXIT
+
+mkdir -p "$dir"/base/{usr,etc,dev,proc,tmp,work}
+for l in bin lib lib64 sbin; do ln -s "usr/$l" "$dir/base/$l"; done
+cat >"$dir/conf.ini" <<CONF
+[supervisor]
+socket = $dir/sv.sock
+state_dir = $dir/state
+[journal]
+enabled = no
+[health]
+interval = 0
+[env]
+cgroup = $cg
+CONF
+"$supervisor" -c "$dir/conf.ini" >"$dir/sv.log" 2>&1 &
+sv_pid=$!
+ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
+for _ in $(seq 200); do grep -q "Listening on" "$dir/sv.log" && break; sleep 0.05; done
+[[ -S $dir/sv.sock ]] || fail "supervisor did not start: $(cat "$dir/sv.log")"
+grep -q "Environment tracing on" "$dir/sv.log" || fail "tracer not loaded: $(cat "$dir/sv.log")"
+
+ctl env create e1 --root "$dir/base" --cmd 'cd /tmp; exec sleep infinity' >/dev/null
+pid=$(ctl --json env list | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
+[[ -n $pid && $pid -gt 0 ]] || fail "no pid for e1"
+in_env() {
+	sh -c "echo \$\$ >$cg/e1/cgroup.procs; exec nsenter -t $pid -m -p -r -w sh -c '$1'"
+}
+in_env 'mkdir -p /work/x && echo hi >/work/x/a && cp /work/x/a /work/x/b'
+
+# What the environment did: the dirty set and the side-effect log (commands with arguments).
+dirty=$(ctl env dirty e1)
+grep -qx /work/x/a <<<"$dirty" || fail "dirty set lacks /work/x/a: $dirty"
+log=$(ctl env log e1)
+grep -q 'cp /work/x/a /work/x/b' <<<"$log" || fail "log lacks the cp with its argv: $log"
+
+ctl env checkpoint e1 --turn 4 --prefix-tokens 1234 --prefix-hash 0x99 >"$dir/ck.txt"
+grep -q 'turn 4 prefix 1234' "$dir/ck.txt" || fail "checkpoint reply: $(cat "$dir/ck.txt")"
+in_env 'rm -rf /work/x && echo later >/work/later'
+ctl --json env restore e1 >"$dir/rs.json"
+grep -q '"turn":4' "$dir/rs.json" || fail "restore reply lacks the turn: $(cat "$dir/rs.json")"
+grep -q '"prefix_tokens":1234' "$dir/rs.json" || fail "restore reply lacks the prefix"
+[[ $(cat "$dir/state/envs/e1/root/work/x/a") == hi ]] || fail "x/a not restored"
+[[ ! -e $dir/state/envs/e1/root/work/later ]] || fail "a file from after the checkpoint survived"
+[[ $(ctl --json env list | sed -n 's/.*"processes":\([0-9]*\).*/\1/p') -ge 1 ]] ||
+	fail "no process after restore"
+
+# Refusals: an unknown checkpoint, a checkpoint without --turn, an unknown environment.
+if ctl env restore e1 --checkpoint c99999999 2>/dev/null; then fail "restored a missing checkpoint"; fi
+if ctl env checkpoint e1 2>/dev/null; then fail "checkpoint without --turn accepted"; fi
+if ctl env dirty nope 2>/dev/null; then fail "dirty of an unknown environment"; fi
+
+# belayerctl bpf shows the pinned maps (and dumps them when bpftool is there).
+bpf_out=$(ctl bpf --no-run)
+grep -q 'bpftool map dump pinned /sys/fs/bpf/belayer/envtrace/' <<<"$bpf_out" ||
+	fail "belayerctl bpf shows no pinned map: $bpf_out"
+
+ctl env destroy e1 >/dev/null
+echo "OK"
