@@ -310,6 +310,22 @@ static const struct field env_item_fields[] = {
 	F_STR("p2", env_item.path2),  F_STR("txt", env_item.text),
 };
 
+static const struct field nccl_comm_fields[] = {
+	F_U64("id", nccl_comm.id),
+	F_U64("hash", nccl_comm.hash),
+	F_I32("rank", nccl_comm.rank, 0, INT32_MAX),
+	F_U32("n", nccl_comm.nranks, 1, UINT32_MAX),
+	F_I32("cdev", nccl_comm.cuda_dev, -1, INT32_MAX),
+	F_UUID("dev", nccl_comm.device_uuid),
+	F_U64("par", nccl_comm.parent_id),
+	F_ENUM("how", nccl_comm.origin, _NCCL_ORIGIN_MAX),
+};
+
+static const struct field nccl_comm_end_fields[] = {
+	F_U64("id", nccl_comm_end.id),
+	F_ENUM("how", nccl_comm_end.how, _NCCL_END_MAX),
+};
+
 #define FIELDS(a) .fields = (a), .n_fields = ARRAY_SIZE(a)
 
 static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
@@ -338,6 +354,9 @@ static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
 	[PROTO_ENV_REQUEST] = {"env-request", FIELDS(env_request_fields)},
 	[PROTO_ENV_INFO] = {"env-info", FIELDS(env_info_fields)},
 	[PROTO_ENV_ITEM] = {"env-item", FIELDS(env_item_fields)},
+	[PROTO_NCCL_COMM] = {"nccl-comm", FIELDS(nccl_comm_fields), .nfds = 1,
+			     .fd_offsets = {AT(nccl_comm.fd)}},
+	[PROTO_NCCL_COMM_END] = {"nccl-comm-end", FIELDS(nccl_comm_end_fields)},
 };
 
 static const struct msg_type *msg_type_get(uint64_t type)
@@ -426,6 +445,7 @@ static const char *const event_kind_names[_EVENT_KIND_MAX] = {
 	[EVENT_SHADOW_PARKED] = "shadow-parked",
 	[EVENT_RECOVERY] = "recovery",
 	[EVENT_ENGINE] = "engine",
+	[EVENT_NCCL] = "nccl",
 };
 
 static const char *const health_check_names[_HEALTH_CHECK_MAX] = {
@@ -450,6 +470,28 @@ const char *ctl_cmd_to_string(enum ctl_cmd cmd)
 const char *ctl_action_to_string(enum ctl_action act)
 {
 	return NAME_OF(ctl_action_names, act);
+}
+
+static const char *const nccl_origin_names[_NCCL_ORIGIN_MAX] = {
+	[NCCL_ORIGIN_INIT_RANK] = "init-rank", [NCCL_ORIGIN_INIT_RANK_CONFIG] = "init-rank-config",
+	[NCCL_ORIGIN_INIT_ALL] = "init-all",   [NCCL_ORIGIN_SPLIT] = "split",
+	[NCCL_ORIGIN_SHRINK] = "shrink",
+};
+
+static const char *const nccl_end_names[_NCCL_END_MAX] = {
+	[NCCL_END_FINALIZE] = "finalize",
+	[NCCL_END_DESTROY] = "destroy",
+	[NCCL_END_ABORT] = "abort",
+};
+
+const char *nccl_origin_to_string(enum nccl_origin o)
+{
+	return NAME_OF(nccl_origin_names, o);
+}
+
+const char *nccl_end_to_string(enum nccl_end how)
+{
+	return NAME_OF(nccl_end_names, how);
 }
 
 const char *metric_kind_to_string(enum metric_kind kind)

@@ -90,6 +90,18 @@
  *     "root", "cg": str; "full": uint32 0..1.
  *   PROTO_ENV_ITEM (32), supervisor -> peer: one dirty path or side-effect log record:
  *     "kind": str, "pid": uint32, "ts": uint64 (ns), "path", "p2", "txt": str.
+ * NCCL communicators (types 50-59; DESIGN §1.4, issue 12):
+ *   PROTO_NCCL_COMM (50), shim -> supervisor, 1 fd -> fd (a memfd holding the communicator's
+ *     progress counters, struct nccl_counters of common/nccl-counters.h, read-only to the
+ *     supervisor): "id": uint64 (the communicator's id within the process, 1..)
+ *     "hash": uint64 (hash of its unique id; a split/shrink: derived from the parent's)
+ *     "rank": int 0..INT32_MAX  "n": uint32 1..UINT32_MAX -> nranks
+ *     "cdev": int -1..INT32_MAX -> cuda_dev  "dev": bin[16] -> device_uuid
+ *     "par": uint64 -> parent_id (0: none)  "how": uint enum nccl_origin -> origin
+ *     Sent as the communicator is created (and again after a reconnect); an announce of an id
+ *     the supervisor holds replaces it.
+ *   PROTO_NCCL_COMM_END (51), shim -> supervisor, no fd: "id": uint64, "how": uint enum
+ *     nccl_end -> how (finalize keeps the record; destroy and abort end it).
  * Strings are msgpack str of at most PROTO_MAX_STR bytes without NUL (METRIC "name" and "lbl":
  * 95, CONFIG_ENTRY "key": 63); the encoder writes the
  * keys in the order above, integers in their shortest form.
@@ -141,6 +153,9 @@ enum proto_type {
 	PROTO_ENV_REQUEST = 30, /* peer -> supervisor: an environment operation */
 	PROTO_ENV_INFO = 31,	/* supervisor -> peer: an environment or a checkpoint */
 	PROTO_ENV_ITEM = 32,	/* supervisor -> peer: a dirty path or side-effect record */
+	/* 50-59: NCCL communicators. */
+	PROTO_NCCL_COMM = 50,	  /* shim -> supervisor: a communicator, with its counters' memfd */
+	PROTO_NCCL_COMM_END = 51, /* shim -> supervisor: a communicator finalized or ended */
 	_PROTO_TYPE_MAX,
 };
 
@@ -175,6 +190,24 @@ enum env_op {
 };
 
 #define ENV_FLAG_FOLLOW 1u
+
+/* How a PROTO_NCCL_COMM communicator was made. */
+enum nccl_origin {
+	NCCL_ORIGIN_INIT_RANK = 0,
+	NCCL_ORIGIN_INIT_RANK_CONFIG = 1,
+	NCCL_ORIGIN_INIT_ALL = 2,
+	NCCL_ORIGIN_SPLIT = 3,
+	NCCL_ORIGIN_SHRINK = 4,
+	_NCCL_ORIGIN_MAX,
+};
+
+/* How a PROTO_NCCL_COMM_END communicator ended. */
+enum nccl_end {
+	NCCL_END_FINALIZE = 0,
+	NCCL_END_DESTROY = 1,
+	NCCL_END_ABORT = 2,
+	_NCCL_END_MAX,
+};
 
 enum ctl_action {
 	CTL_ACT_NONE = 0,
@@ -220,6 +253,7 @@ enum event_kind {
 	EVENT_SHADOW_PARKED = 12, /* id: the layout hash */
 	EVENT_RECOVERY = 13,	  /* a recovery's steps, outcome and phase durations */
 	EVENT_ENGINE = 14,	  /* a configured engine's process group started, ready or exited */
+	EVENT_NCCL = 15, /* a communicator hang (diagnosis) or a rank lost mid-collective */
 	_EVENT_KIND_MAX,
 };
 
@@ -441,6 +475,23 @@ struct proto_env_item {
 	char text[PROTO_MAX_STR + 1];
 };
 
+struct proto_nccl_comm {
+	uint64_t id;
+	uint64_t hash;
+	int32_t rank;
+	uint32_t nranks;
+	int32_t cuda_dev;
+	uint8_t device_uuid[PROTO_UUID_LEN];
+	uint64_t parent_id;
+	enum nccl_origin origin;
+	int fd; /* the counters' memfd; owned by the message after decode */
+};
+
+struct proto_nccl_comm_end {
+	uint64_t id;
+	enum nccl_end how;
+};
+
 struct proto_msg {
 	enum proto_type type;
 	union {
@@ -466,6 +517,8 @@ struct proto_msg {
 		struct proto_env_request env_request;
 		struct proto_env_info env_info;
 		struct proto_env_item env_item;
+		struct proto_nccl_comm nccl_comm;
+		struct proto_nccl_comm_end nccl_comm_end;
 	};
 };
 
@@ -483,6 +536,8 @@ const char *ctl_action_to_string(enum ctl_action act);
 const char *env_op_to_string(enum env_op op);
 int env_op_from_string(const char *s, enum env_op *ret);
 int ctl_action_from_string(const char *s, enum ctl_action *ret);
+const char *nccl_origin_to_string(enum nccl_origin o);
+const char *nccl_end_to_string(enum nccl_end how);
 const char *metric_kind_to_string(enum metric_kind kind);
 const char *worker_state_to_string(enum worker_state state);
 const char *region_state_to_string(enum region_state state);

@@ -72,19 +72,59 @@
 	X(cuMemcpyAsync, "cuMemcpyAsync", 4000, 0, PFN_cuMemcpyAsync_v4000)                     \
 	X(cuMemcpyAsync_ptsz, "cuMemcpyAsync", 7000, 1, PFN_cuMemcpyAsync_v7000_ptsz)
 
-#define BELAYER_NCCL_HOOKS(X)                                                                     \
-	X(ncclBroadcast, ncclResult_t,                                                            \
-	  (const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root, \
-	   ncclComm_t comm, cudaStream_t stream),                                                 \
-	  (sendbuff, recvbuff, count, datatype, root, comm, stream))                              \
-	X(ncclBcast, ncclResult_t,                                                                \
-	  (void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,          \
-	   cudaStream_t stream),                                                                  \
-	  (buff, count, datatype, root, comm, stream))                                            \
-	X(ncclRecv, ncclResult_t,                                                                 \
-	  (void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,      \
-	   cudaStream_t stream),                                                                  \
-	  (recvbuff, count, datatype, peer, comm, stream))
+#define BELAYER_NCCL_HOOKS(X)                                                                      \
+	X(ncclBroadcast, ncclResult_t,                                                             \
+	  (const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,  \
+	   ncclComm_t comm, cudaStream_t stream),                                                  \
+	  (sendbuff, recvbuff, count, datatype, root, comm, stream))                               \
+	X(ncclBcast, ncclResult_t,                                                                 \
+	  (void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,           \
+	   cudaStream_t stream),                                                                   \
+	  (buff, count, datatype, root, comm, stream))                                             \
+	X(ncclRecv, ncclResult_t,                                                                  \
+	  (void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,       \
+	   cudaStream_t stream),                                                                   \
+	  (recvbuff, count, datatype, peer, comm, stream))                                         \
+	X(ncclSend, ncclResult_t,                                                                  \
+	  (const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, \
+	   cudaStream_t stream),                                                                   \
+	  (sendbuff, count, datatype, peer, comm, stream))                                         \
+	X(ncclAllReduce, ncclResult_t,                                                             \
+	  (const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,            \
+	   ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream),                                  \
+	  (sendbuff, recvbuff, count, datatype, op, comm, stream))                                 \
+	X(ncclReduce, ncclResult_t,                                                                \
+	  (const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,            \
+	   ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream),                        \
+	  (sendbuff, recvbuff, count, datatype, op, root, comm, stream))                           \
+	X(ncclAllGather, ncclResult_t,                                                             \
+	  (const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,        \
+	   ncclComm_t comm, cudaStream_t stream),                                                  \
+	  (sendbuff, recvbuff, sendcount, datatype, comm, stream))                                 \
+	X(ncclReduceScatter, ncclResult_t,                                                         \
+	  (const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,        \
+	   ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream),                                  \
+	  (sendbuff, recvbuff, recvcount, datatype, op, comm, stream))                             \
+	X(ncclGroupStart, ncclResult_t, (void), ())                                                \
+	X(ncclGroupEnd, ncclResult_t, (void), ())                                                  \
+	X(ncclCommInitRank, ncclResult_t,                                                          \
+	  (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank),                          \
+	  (comm, nranks, commId, rank))                                                            \
+	X(ncclCommInitRankConfig, ncclResult_t,                                                    \
+	  (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t *config),    \
+	  (comm, nranks, commId, rank, config))                                                    \
+	X(ncclCommInitAll, ncclResult_t, (ncclComm_t * comm, int ndev, const int *devlist),        \
+	  (comm, ndev, devlist))                                                                   \
+	X(ncclCommSplit, ncclResult_t,                                                             \
+	  (ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config),        \
+	  (comm, color, key, newcomm, config))                                                     \
+	X(ncclCommShrink, ncclResult_t,                                                            \
+	  (ncclComm_t comm, int *excludeRanksList, int excludeRanksCount, ncclComm_t *newcomm,     \
+	   ncclConfig_t *config, int shrinkFlags),                                                 \
+	  (comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags))               \
+	X(ncclCommFinalize, ncclResult_t, (ncclComm_t comm), (comm))                               \
+	X(ncclCommDestroy, ncclResult_t, (ncclComm_t comm), (comm))                                \
+	X(ncclCommAbort, ncclResult_t, (ncclComm_t comm), (comm))
 
 /* Symbols exported besides the hooks: the tagging API (belayer.h) and dlsym itself. */
 #define BELAYER_EXTRA_EXPORTS(X) X(belayer_set_tag) X(belayer_clear_tag) X(dlsym)

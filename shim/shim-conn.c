@@ -30,6 +30,7 @@
 
 #include "log.h"
 #include "shim.h"
+#include "shim-nccl.h"
 #include "util.h"
 
 struct item {
@@ -208,7 +209,7 @@ static int announce_all(void)
 		if (r < 0)
 			return r;
 	}
-	return 0;
+	return nccl_announce_all(send_msg);
 }
 
 /* Handles whatever the supervisor sent. Returns 0, 1 when this process just became a
@@ -331,6 +332,15 @@ static void *conn_thread(void *arg)
 		} else if (it.type == CONN_SHADOW_REGION) {
 			if (!regions_build_shadow_region(it.id, &m))
 				continue;
+		} else if (it.type == CONN_NCCL_COMM) {
+			if (!nccl_build_comm(it.id, &m))
+				continue;
+		} else if (it.type >= CONN_NCCL_FINALIZE && it.type <= CONN_NCCL_ABORT) {
+			m = (struct proto_msg){.type = PROTO_NCCL_COMM_END};
+			m.nccl_comm_end.id = it.id;
+			m.nccl_comm_end.how = it.type == CONN_NCCL_FINALIZE  ? NCCL_END_FINALIZE
+					      : it.type == CONN_NCCL_DESTROY ? NCCL_END_DESTROY
+									     : NCCL_END_ABORT;
 		} else {
 			m = (struct proto_msg){.type = PROTO_REGION_RELEASE};
 			m.release.id = it.id;
@@ -374,6 +384,7 @@ static void atfork_child(void)
 	regions_reset_after_fork();
 	ipc_reset_after_fork();
 	shadow_reset_after_fork();
+	nccl_reset_after_fork();
 }
 
 static void register_atfork(void)

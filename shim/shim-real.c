@@ -33,6 +33,11 @@ static void *lookup(const char *soname, const char *name)
 	return fn;
 }
 
+void *real_lookup(const char *soname, const char *name)
+{
+	return lookup(soname, name);
+}
+
 static void store_if_unset(void **slot, void *fn)
 {
 	void *expected = NULL;

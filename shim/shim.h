@@ -87,6 +87,10 @@ struct real_extra {
 };
 const struct real_extra *real_extra(void);
 
+/* A function of the library with this soname if it is loaded, else from the global scope
+ * after us; never loads anything. */
+void *real_lookup(const char *soname, const char *name);
+
 /* glibc's dlsym, never ours. */
 void *real_dlsym(void *handle, const char *name);
 
@@ -211,6 +215,11 @@ enum conn_item {
 	CONN_ANNOUNCE = 1,
 	CONN_RELEASE = 2,
 	CONN_SHADOW_REGION = 3,
+	/* NCCL communicators (shim-nccl.c); the id is the communicator's. */
+	CONN_NCCL_COMM = 4,
+	CONN_NCCL_FINALIZE = 5,
+	CONN_NCCL_DESTROY = 6,
+	CONN_NCCL_ABORT = 7,
 };
 
 /* Starts the connection thread once per process (after fork, once per child). */

@@ -142,6 +142,20 @@ static const struct key keys[] = {
 	    "Checkpoints kept per environment; older ones are garbage-collected (the oldest kept "
 	    "one absorbs the data it still needs)."),
 
+	TYPED("nccl", "hang_timeout", KEY_MS, nccl_hang_timeout_ms, "10s",
+	      "A communicator with a collective in flight and no progress for this long, while "
+	      "a rank that has not caught up is stopped (SIGSTOP, a debugger) or blocked in "
+	      "another communicator, is declared hung. A dead rank is declared at once."),
+	TYPED("nccl", "stall_timeout", KEY_MS, nccl_stall_timeout_ms, "60s",
+	      "Every rank inside the same collective, none completing, for this long: declared "
+	      "hung (the least advanced rank is named)."),
+	TYPED("nccl", "poll_interval", KEY_MS, nccl_poll_ms, "100ms",
+	      "How often the communicators' progress counters are read."),
+	TYPED("nccl", "recover", KEY_BOOL, nccl_recover, "yes",
+	      "Stop a hung group: configured engines through their recovery (shadow promotion "
+	      "or cold restart), other processes sharing the communicator by SIGKILL (no: only "
+	      "report the diagnosis)."),
+
 	U32("events", "history", event_history, 0, 1000000, "256",
 	    "Recent events kept for `belayerctl events` to replay."),
 

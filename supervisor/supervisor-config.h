@@ -109,6 +109,11 @@ struct sv_config {
 	char env_criu[256];
 	char env_cgroup[256];
 	uint32_t env_keep;
+	/* [nccl] */
+	uint64_t nccl_hang_timeout_ms;
+	uint64_t nccl_stall_timeout_ms;
+	uint64_t nccl_poll_ms;
+	bool nccl_recover;
 	/* [engine.NAME] sections, in file order */
 	uint32_t n_engines;
 	struct sv_engine_config engines[CONFIG_ENGINES_MAX];

@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "supervisor-nccl.h"
 #include "supervisor-checks.h"
 #include "supervisor-client.h"
 #include "supervisor-ctl.h"
@@ -32,6 +33,8 @@ static int ctl_status(struct supervisor *s, struct sv_client *c)
 		if (client_send(s, c, &m) < 0)
 			return -ECONNRESET;
 	if (promote_status_events(s, c, &n) < 0)
+		return -ECONNRESET;
+	if (nccl_status_events(s, c, &n) < 0)
 		return -ECONNRESET;
 	return send_end(s, c, n);
 }

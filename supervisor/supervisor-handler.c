@@ -7,6 +7,7 @@
 
 #include "fdpass.h"
 #include "log.h"
+#include "supervisor-nccl.h"
 #include "supervisor-client.h"
 #include "supervisor-ctl.h"
 #include "supervisor-events.h"
@@ -202,6 +203,10 @@ int handler_dispatch(struct supervisor *s, struct sv_client *c, struct proto_msg
 			return client_send_error(s, c, EOPNOTSUPP, PROTO_ENV_REQUEST,
 						 "environments are served by the daemon only");
 		return s->hooks->env_request(s, c, &m->env_request);
+	case PROTO_NCCL_COMM:
+		return nccl_on_comm(s, c, &m->nccl_comm);
+	case PROTO_NCCL_COMM_END:
+		return nccl_on_comm_end(s, c, &m->nccl_comm_end);
 	case PROTO_ERROR:
 		/* A peer's complaint about something we sent: nothing to answer. */
 		log_debug("Peer pid %d reports error %d: %s", c->cred.pid, m->error.code,

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "supervisor-nccl.h"
 #include "supervisor-registry.h"
 #include "util.h"
 
@@ -97,6 +98,7 @@ void registry_worker_remove(struct sv_registry *reg, struct sv_worker *w)
 			break;
 		}
 	group_put(reg, w->group);
+	nccl_worker_removed(w);
 	(void)safe_close(w->pidfd);
 	free(w->shadow_regions);
 	free(w);

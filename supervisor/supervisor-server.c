@@ -18,12 +18,13 @@
 #include <systemd/sd-daemon.h>
 
 #include "log.h"
+#include "supervisor-nccl.h"
 #include "supervisor-checks.h"
 #include "supervisor-client.h"
 #include "supervisor-engines.h"
+#include "supervisor-gateway.h"
 #include "supervisor-env-ctl.h"
 #include "supervisor-envtrace.h"
-#include "supervisor-gateway.h"
 #include "supervisor-events.h"
 #include "supervisor-fdstore.h"
 #include "supervisor-handler.h"
@@ -222,6 +223,14 @@ static void on_engines(evutil_socket_t fd, short what, void *arg)
 	sweep(arg);
 }
 
+static void on_nccl(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	nccl_tick(arg);
+	sweep(arg);
+}
+
 static void on_gpu_timer(evutil_socket_t fd, short what, void *arg)
 {
 	(void)fd;
@@ -409,12 +418,13 @@ static void teardown(struct supervisor *s)
 	for (struct sv_worker *w = s->reg.workers; w; w = w->next)
 		unwatch_worker(s, w);
 	registry_finish(&s->reg);
+	nccl_finish();
 }
 
 int server_run(struct supervisor *s)
 {
 	struct event *ev_listen = NULL, *ev_tick = NULL, *ev_gpu = NULL, *ev_wd = NULL,
-		     *ev_off = NULL, *ev_eng = NULL, *ev_sig[4] = {NULL};
+		     *ev_off = NULL, *ev_eng = NULL, *ev_sig[4] = {NULL}, *ev_nccl = NULL;
 	static const int sigs[4] = {SIGTERM, SIGINT, SIGHUP, 0};
 	struct evhttp *http = NULL;
 	struct event *ev_et = NULL, *ev_et_timer = NULL;
@@ -472,6 +482,17 @@ int server_run(struct supervisor *s)
 					     .tv_usec = (suseconds_t)(wd_usec / 2 % 1000000)}) < 0)
 			goto out;
 	}
+	{
+		/* NCCL hang detection: reads the communicators' counters. */
+		uint64_t ms = MAX(s->config.nccl_poll_ms, (uint64_t)10);
+
+		ev_nccl = event_new(base, -1, EV_PERSIST, on_nccl, s);
+		if (!ev_nccl ||
+		    event_add(ev_nccl,
+			      &(struct timeval){.tv_sec = (time_t)(ms / 1000),
+						.tv_usec = (suseconds_t)(ms % 1000) * 1000}) < 0)
+			goto out;
+	}
 	r = http_start(s, &http);
 	if (r < 0)
 		goto out;
@@ -525,6 +546,8 @@ out:
 		event_free(ev_wd);
 	if (ev_eng)
 		event_free(ev_eng);
+	if (ev_nccl)
+		event_free(ev_nccl);
 	if (ev_gpu)
 		event_free(ev_gpu);
 	if (ev_off)

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "supervisor-nccl.h"
 #include "supervisor-checks.h"
 #include "supervisor-engines.h"
 #include "supervisor-events.h"
@@ -265,6 +266,8 @@ void supervisor_worker_died(struct supervisor *s, struct sv_worker *w)
 	supervisor_emit(s, EVENT_WORKER_EXIT, (uint32_t)w->pid, 0,
 			"engine \"%s\" rank %d exited; %u regions (%" PRIu64 " bytes) retained",
 			worker_engine(w), w->rank, w->n_regions, retained);
+	/* Its communicators' peers (diagnosis; peers outside configured engines stopped). */
+	nccl_worker_died(s, w);
 	/* A configured engine's primary: recovery starts (it may forget w). */
 	engines_worker_died(s, w);
 	{

@@ -317,6 +317,39 @@ static void sample_env_item(struct proto_msg *m)
 	(void)snprintf(m->env_item.text, sizeof(m->env_item.text), "make -j2");
 }
 
+static void sample_nccl_comm(struct proto_msg *m, int fd)
+{
+	m->type = PROTO_NCCL_COMM;
+	m->nccl_comm.id = 1;
+	m->nccl_comm.hash = 0x5bd1e9955bd1e995ull;
+	m->nccl_comm.rank = 1;
+	m->nccl_comm.nranks = 4;
+	m->nccl_comm.cuda_dev = 1;
+	fill_uuid(m->nccl_comm.device_uuid, 5);
+	m->nccl_comm.origin = NCCL_ORIGIN_INIT_RANK;
+	m->nccl_comm.fd = fd;
+}
+
+static void sample_nccl_comm_split(struct proto_msg *m, int fd)
+{
+	m->type = PROTO_NCCL_COMM;
+	m->nccl_comm.id = UINT64_MAX;
+	m->nccl_comm.hash = UINT64_MAX;
+	m->nccl_comm.rank = INT32_MAX;
+	m->nccl_comm.nranks = UINT32_MAX;
+	m->nccl_comm.cuda_dev = -1;
+	m->nccl_comm.parent_id = 1;
+	m->nccl_comm.origin = NCCL_ORIGIN_SHRINK;
+	m->nccl_comm.fd = fd;
+}
+
+static void sample_nccl_comm_end(struct proto_msg *m)
+{
+	m->type = PROTO_NCCL_COMM_END;
+	m->nccl_comm_end.id = 2;
+	m->nccl_comm_end.how = NCCL_END_ABORT;
+}
+
 static const struct {
 	const char *name;
 	void (*fill)(struct proto_msg *m);
@@ -347,6 +380,9 @@ static const struct {
 	{"promote-commit", sample_promote_commit, NULL},
 	{"promote-done", sample_promote_done, NULL},
 	{"promote-done-failed", sample_promote_done_failed, NULL},
+	{"nccl-comm", NULL, sample_nccl_comm},
+	{"nccl-comm-split", NULL, sample_nccl_comm_split},
+	{"nccl-comm-end", sample_nccl_comm_end, NULL},
 	{"env-checkpoint", sample_env_checkpoint, NULL},
 	{"env-create", sample_env_create, NULL},
 	{"env-info", sample_env_info, NULL},

@@ -197,6 +197,7 @@ static void send_and_recv_over_a_socket(void **state)
 		if (proto_type_nfds(m.type) == 1) {
 			int *got_fd = m.type == PROTO_REGION_FD	    ? &got.region_fd.region.fd
 				      : m.type == PROTO_PROMOTE_MAP ? &got.promote_map.fd
+				      : m.type == PROTO_NCCL_COMM   ? &got.nccl_comm.fd
 								    : &got.region.fd;
 			struct stat a, b;
 
@@ -877,6 +878,59 @@ static void env_messages(void **state)
 	}
 }
 
+/* NCCL communicator messages (50-51): the announce carries its counters' memfd; a rank below
+ * 0, zero ranks, an unknown origin or end are refused; every origin and end has a name. */
+static void nccl_messages(void **state)
+{
+	struct proto_msg m = {.type = PROTO_NCCL_COMM}, d;
+	uint8_t out[PROTO_MAX_MSG];
+	int fds[PROTO_MAX_FDS], fd = new_memfd();
+	size_t len, nfds;
+
+	(void)state;
+	m.nccl_comm.id = 3;
+	m.nccl_comm.hash = 0xfeedull;
+	m.nccl_comm.rank = 2;
+	m.nccl_comm.nranks = 4;
+	m.nccl_comm.cuda_dev = 2;
+	m.nccl_comm.parent_id = 1;
+	m.nccl_comm.origin = NCCL_ORIGIN_SPLIT;
+	m.nccl_comm.fd = fd;
+	assert_int_equal(proto_type_nfds(PROTO_NCCL_COMM), 1);
+	assert_int_equal(proto_type_nfds(PROTO_NCCL_COMM_END), 0);
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, fds, &nfds), 0);
+	assert_int_equal(nfds, 1);
+	assert_int_equal(proto_decode(out, len, fds, nfds, &d), 0);
+	assert_int_equal(d.nccl_comm.rank, 2);
+	assert_int_equal(d.nccl_comm.origin, NCCL_ORIGIN_SPLIT);
+	assert_int_equal(d.nccl_comm.parent_id, 1);
+	assert_int_equal(d.nccl_comm.fd, fd);
+	proto_msg_finish(&d);
+	assert_false(fd_is_open(fd));
+	/* Without its fd the announce does not decode. */
+	assert_int_equal(proto_decode(out, len, NULL, 0, &d), -EBADMSG);
+	m.nccl_comm.fd = new_memfd();
+	m.nccl_comm.rank = -1;
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, fds, &nfds), -EINVAL);
+	m.nccl_comm.rank = 0;
+	m.nccl_comm.nranks = 0;
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, fds, &nfds), -EINVAL);
+	m.nccl_comm.nranks = 1;
+	m.nccl_comm.origin = _NCCL_ORIGIN_MAX;
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, fds, &nfds), -EINVAL);
+	(void)safe_close(m.nccl_comm.fd);
+	m = (struct proto_msg){.type = PROTO_NCCL_COMM_END};
+	m.nccl_comm_end.how = _NCCL_END_MAX;
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), -EINVAL);
+	for (int i = 0; i < _NCCL_ORIGIN_MAX; i++)
+		assert_non_null(nccl_origin_to_string(i));
+	for (int i = 0; i < _NCCL_END_MAX; i++)
+		assert_non_null(nccl_end_to_string(i));
+	assert_null(nccl_origin_to_string(_NCCL_ORIGIN_MAX));
+	assert_null(nccl_end_to_string(_NCCL_END_MAX));
+	assert_string_equal(event_kind_to_string(EVENT_NCCL), "nccl");
+}
+
 /* Every value of every control-plane enum has a name, and nothing past the end does. */
 static void control_names_are_complete(void **state)
 {
@@ -936,6 +990,7 @@ int main(void)
 		cmocka_unit_test(names_round_trip),
 		cmocka_unit_test(control_names_are_complete),
 		cmocka_unit_test(env_messages),
+		cmocka_unit_test(nccl_messages),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

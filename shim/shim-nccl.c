@@ -1,0 +1,682 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Communicator records and progress counters (see shim-nccl.h).
+ *
+ * Hot path, per operation: two atomic adds on the counters, one lookup in a short array, and
+ * one cuEventRecord through the real driver on the operation's stream (an event from a free
+ * list, created once). Nothing waits: the "completed" counter is advanced by the poller
+ * thread, which queries the oldest pending event of each communicator with cuEventQuery
+ * (non-blocking) every BELAYER_NCCL_POLL_US while events are pending and sleeps otherwise.
+ * Events of one communicator are completed in issue order, so "completed == N" means the
+ * first N operations are done. On a real GPU the event fires when the collective's kernel
+ * has finished; on the emulated driver streams are synchronous and it fires at once.
+ *
+ * A stream being captured into a CUDA graph gets no event (recording one would put it into
+ * the graph, and the capture's replays are invisible to us): such operations count as issued
+ * and, at once, complete ("untracked").
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "nccl-counters.h"
+#include "shim-nccl.h"
+#include "shim.h"
+#include "util.h"
+
+#define MAX_COMMS   256
+#define MAX_PENDING 4096 /* events in flight per communicator; beyond: untracked */
+#define MAX_DEFER   1024 /* operations of one ncclGroupStart/End section */
+
+struct pend {
+	CUevent ev;
+	CUcontext ctx;
+	uint64_t seq;
+	bool p2p;
+};
+
+struct spare {
+	CUevent ev;
+	CUcontext ctx;
+};
+
+struct rec {
+	ncclComm_t comm;
+	uint64_t id, hash, parent_id, nsplits;
+	int32_t rank, nranks, dev;
+	enum nccl_origin origin;
+	int memfd;
+	struct nccl_counters *ctr;
+	struct pend *ring;
+	size_t head, count;
+	struct spare *spares;
+	size_t n_spares;
+	bool gone;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static struct rec *recs[MAX_COMMS];
+static size_t n_recs;
+static uint64_t next_id = 1, initall_calls;
+static bool poller_started;
+static long poll_us = 500;
+
+struct defer {
+	struct rec *rec;
+	uint64_t seq;
+	bool p2p;
+	cudaStream_t stream;
+};
+static __thread int group_depth;
+static __thread struct defer *deferred;
+static __thread size_t n_deferred;
+
+static struct {
+	pthread_once_t once;
+	PFN_cuEventCreate_v2000 cuEventCreate;
+	PFN_cuEventRecord_v2000 cuEventRecord;
+	PFN_cuEventQuery_v2000 cuEventQuery;
+	PFN_cuEventDestroy_v4000 cuEventDestroy;
+	PFN_cuCtxGetCurrent_v4000 cuCtxGetCurrent;
+	PFN_cuStreamIsCapturing_v10000 cuStreamIsCapturing;
+	ncclResult_t (*ncclCommUserRank)(const ncclComm_t, int *);
+	ncclResult_t (*ncclCommCount)(const ncclComm_t, int *);
+	ncclResult_t (*ncclCommCuDevice)(const ncclComm_t, int *);
+} fn = {.once = PTHREAD_ONCE_INIT};
+
+static void resolve(void)
+{
+	const char *s = secure_getenv("BELAYER_NCCL_POLL_US");
+
+	if (s) {
+		long v = strtol(s, NULL, 10);
+		if (v >= 10 && v <= 1000000)
+			poll_us = v;
+	}
+	shim_busy++;
+#define C(f, n) fn.f = (__typeof__(fn.f))real_lookup("libcuda.so.1", n)
+	C(cuEventCreate, "cuEventCreate");
+	C(cuEventRecord, "cuEventRecord");
+	C(cuEventQuery, "cuEventQuery");
+	C(cuEventDestroy, "cuEventDestroy_v2");
+	C(cuCtxGetCurrent, "cuCtxGetCurrent");
+	C(cuStreamIsCapturing, "cuStreamIsCapturing");
+#undef C
+#define N(f) fn.f = (__typeof__(fn.f))real_lookup("libnccl.so.2", #f)
+	N(ncclCommUserRank);
+	N(ncclCommCount);
+	N(ncclCommCuDevice);
+#undef N
+	shim_busy--;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+#define FNV_INIT 0xcbf29ce484222325ull
+
+static struct rec *find_locked(ncclComm_t comm)
+{
+	for (size_t i = 0; i < n_recs; i++)
+		if (recs[i]->comm == comm && !recs[i]->gone)
+			return recs[i];
+	return NULL;
+}
+
+static struct rec *find_id_locked(uint64_t id)
+{
+	for (size_t i = 0; i < n_recs; i++)
+		if (recs[i]->id == id)
+			return recs[i];
+	return NULL;
+}
+
+static void announce(enum conn_item item, uint64_t id)
+{
+	regions_lock();
+	if (conn_active_locked())
+		conn_enqueue_locked(item, id);
+	regions_unlock();
+}
+
+static int counters_create(struct nccl_counters **ret)
+{
+	_cleanup_close_ int fd = memfd_create("belayer-nccl", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	struct nccl_counters *c;
+
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, NCCL_COUNTERS_SIZE) < 0)
+		return -errno;
+	/* The supervisor maps it: it must never shrink under that mapping. */
+	(void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+	c = mmap(NULL, NCCL_COUNTERS_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (c == MAP_FAILED)
+		return -errno;
+	c->version = NCCL_COUNTERS_VERSION;
+	__atomic_store_n(&c->magic, NCCL_COUNTERS_MAGIC, __ATOMIC_RELEASE);
+	*ret = c;
+	return TAKE_FD(fd);
+}
+
+static void *poller(void *arg);
+
+static void start_poller_locked(void)
+{
+	sigset_t all, old;
+	pthread_attr_t attr;
+	pthread_t t;
+
+	if (poller_started)
+		return;
+	poller_started = true;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, 128 * 1024);
+	if (pthread_create(&t, &attr, poller, NULL) != 0) {
+		poller_started = false;
+		log_debug("Failed to start the NCCL poller: completions stay untracked.");
+	} else
+		(void)pthread_setname_np(t, "belayer-nccl");
+	pthread_attr_destroy(&attr);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* Adds the record of comm with this hash (parent_id 0: none). */
+static void comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nccl_origin origin,
+		     int rank, int nranks)
+{
+	struct nccl_counters *ctr = NULL;
+	struct rec *r;
+	int v, fd;
+
+	if (!comm)
+		return;
+	(void)pthread_once(&fn.once, resolve);
+	shim_first_use();
+	shim_busy++;
+	if (rank < 0 && fn.ncclCommUserRank && fn.ncclCommUserRank(comm, &v) == ncclSuccess)
+		rank = v;
+	if (nranks < 0 && fn.ncclCommCount && fn.ncclCommCount(comm, &v) == ncclSuccess)
+		nranks = v;
+	v = -1;
+	if (fn.ncclCommCuDevice && fn.ncclCommCuDevice(comm, &v) != ncclSuccess)
+		v = -1;
+	if (v < 0 && real_extra()->cuCtxGetDevice) {
+		CUdevice d;
+		if (real_extra()->cuCtxGetDevice(&d) == CUDA_SUCCESS)
+			v = (int)d;
+	}
+	shim_busy--;
+	fd = counters_create(&ctr);
+	if (fd < 0) {
+		log_debug("No counters for a communicator (%d), not tracking it.", fd);
+		return;
+	}
+	r = calloc(1, sizeof(*r));
+	if (r) {
+		r->ring = calloc(MAX_PENDING, sizeof(*r->ring));
+		r->spares = calloc(MAX_PENDING, sizeof(*r->spares));
+	}
+	pthread_mutex_lock(&lock);
+	if (!r || !r->ring || !r->spares || n_recs == MAX_COMMS) {
+		pthread_mutex_unlock(&lock);
+		log_debug("Out of memory or too many communicators, not tracking one more.");
+		if (r) {
+			free(r->ring);
+			free(r->spares);
+		}
+		free(r);
+		(void)munmap(ctr, NCCL_COUNTERS_SIZE);
+		(void)close(fd);
+		return;
+	}
+	r->comm = comm;
+	r->rank = rank < 0 ? 0 : rank;
+	r->nranks = nranks < 1 ? 1 : nranks;
+	r->dev = v;
+	r->origin = origin;
+	r->memfd = fd;
+	r->ctr = ctr;
+	r->hash = hash;
+	r->parent_id = parent_id;
+	r->id = next_id++;
+	recs[n_recs++] = r;
+	start_poller_locked();
+	pthread_mutex_unlock(&lock);
+	announce(CONN_NCCL_COMM, r->id);
+}
+
+void nccl_comm_created(ncclComm_t comm, const ncclUniqueId *uid, enum nccl_origin origin,
+		       ncclComm_t parent, uint64_t salt, int rank, int nranks)
+{
+	uint64_t h = FNV_INIT, parent_id = 0;
+	struct rec *p;
+
+	pthread_mutex_lock(&lock);
+	p = parent ? find_locked(parent) : NULL;
+	if (p) {
+		h = fnv1a(h, &p->hash, sizeof(p->hash));
+		parent_id = p->id;
+	}
+	pthread_mutex_unlock(&lock);
+	if (uid)
+		h = fnv1a(h, uid->internal, sizeof(uid->internal));
+	h = fnv1a(h, &salt, sizeof(salt));
+	h = fnv1a(h, &origin, sizeof(origin));
+	comm_add(comm, h, parent_id, origin, rank, nranks);
+}
+
+void nccl_initall_created(ncclComm_t *comms, int n)
+{
+	/* Every rank is in this process: one hash per call. */
+	pid_t pid = getpid();
+	uint64_t h = FNV_INIT, k;
+
+	pthread_mutex_lock(&lock);
+	k = ++initall_calls;
+	pthread_mutex_unlock(&lock);
+	h = fnv1a(fnv1a(h, &pid, sizeof(pid)), &k, sizeof(k));
+	for (int i = 0; i < n; i++)
+		comm_add(comms[i], h, 0, NCCL_ORIGIN_INIT_ALL, i, n);
+}
+
+uint64_t nccl_comm_next_split(ncclComm_t parent)
+{
+	struct rec *p;
+	uint64_t n = 0;
+
+	pthread_mutex_lock(&lock);
+	p = find_locked(parent);
+	if (p)
+		n = ++p->nsplits;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
+void nccl_comm_ending(ncclComm_t comm, enum nccl_end how)
+{
+	struct rec *r;
+	uint64_t id = 0;
+
+	pthread_mutex_lock(&lock);
+	r = find_locked(comm);
+	if (r && how == NCCL_END_FINALIZE) {
+		__atomic_store_n(&r->ctr->state, NCCL_COMM_FINALIZED, __ATOMIC_RELEASE);
+		id = r->id;
+	}
+	pthread_mutex_unlock(&lock);
+	if (id)
+		announce(CONN_NCCL_FINALIZE, id);
+}
+
+/* With the lock held: frees r's events and counters (its memfd stays with the supervisor). */
+static void rec_free_locked(struct rec *r)
+{
+	shim_busy++;
+	for (size_t i = 0; i < r->count; i++)
+		if (fn.cuEventDestroy)
+			(void)fn.cuEventDestroy(r->ring[(r->head + i) % MAX_PENDING].ev);
+	for (size_t i = 0; i < r->n_spares; i++)
+		if (fn.cuEventDestroy)
+			(void)fn.cuEventDestroy(r->spares[i].ev);
+	shim_busy--;
+	(void)munmap(r->ctr, NCCL_COUNTERS_SIZE);
+	(void)safe_close(r->memfd);
+	free(r->ring);
+	free(r->spares);
+	free(r);
+}
+
+void nccl_comm_gone(ncclComm_t comm, enum nccl_end how)
+{
+	struct rec *r;
+	uint64_t id = 0;
+
+	pthread_mutex_lock(&lock);
+	r = find_locked(comm);
+	if (r) {
+		__atomic_store_n(&r->ctr->state, NCCL_COMM_ENDED, __ATOMIC_RELEASE);
+		id = r->id;
+		for (size_t i = 0; i < n_recs; i++)
+			if (recs[i] == r) {
+				recs[i] = recs[--n_recs];
+				break;
+			}
+		rec_free_locked(r);
+	}
+	pthread_mutex_unlock(&lock);
+	if (id)
+		announce(how == NCCL_END_ABORT ? CONN_NCCL_ABORT : CONN_NCCL_DESTROY, id);
+}
+
+void nccl_op_begin(ncclComm_t comm, uint32_t op, uint64_t bytes, bool p2p,
+		   struct nccl_op_ticket *ret)
+{
+	struct rec *r;
+
+	*ret = (struct nccl_op_ticket){0};
+	pthread_mutex_lock(&lock);
+	r = find_locked(comm);
+	pthread_mutex_unlock(&lock);
+	if (!r)
+		return;
+	ret->rec = r;
+	ret->p2p = p2p;
+	if (p2p)
+		ret->seq = __atomic_add_fetch(&r->ctr->p2p_enqueued, 1, __ATOMIC_RELEASE);
+	else {
+		__atomic_store_n(&r->ctr->last_op, op, __ATOMIC_RELAXED);
+		__atomic_store_n(&r->ctr->last_bytes, bytes, __ATOMIC_RELAXED);
+		__atomic_store_n(&r->ctr->enqueue_ns, now_ns(), __ATOMIC_RELAXED);
+		ret->seq = __atomic_add_fetch(&r->ctr->coll_enqueued, 1, __ATOMIC_RELEASE);
+	}
+	__atomic_add_fetch(&r->ctr->in_call, 1, __ATOMIC_RELEASE);
+}
+
+/* With the lock held: the operation counts complete now (no event to wait for). */
+static void complete_locked(struct rec *r, uint64_t seq, bool p2p)
+{
+	uint64_t *c = p2p ? &r->ctr->p2p_completed : &r->ctr->coll_completed;
+
+	if (__atomic_load_n(c, __ATOMIC_RELAXED) < seq)
+		__atomic_store_n(c, seq, __ATOMIC_RELEASE);
+	if (!p2p)
+		__atomic_store_n(&r->ctr->complete_ns, now_ns(), __ATOMIC_RELEASE);
+}
+
+static bool rec_live_locked(const struct rec *r)
+{
+	for (size_t i = 0; i < n_recs; i++)
+		if (recs[i] == r)
+			return true;
+	return false;
+}
+
+/* Records the completion event of one operation on stream. */
+static void track(struct rec *r, uint64_t seq, bool p2p, cudaStream_t stream)
+{
+	CUstream s = (CUstream)stream;
+	CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
+	struct spare ev = {0};
+	bool have = false, ok = false;
+
+	(void)pthread_once(&fn.once, resolve);
+	shim_busy++;
+	if (fn.cuStreamIsCapturing && fn.cuStreamIsCapturing(s, &cap) != CUDA_SUCCESS)
+		cap = CU_STREAM_CAPTURE_STATUS_NONE;
+	if (cap == CU_STREAM_CAPTURE_STATUS_NONE && fn.cuEventRecord && fn.cuCtxGetCurrent &&
+	    fn.cuCtxGetCurrent(&ev.ctx) == CUDA_SUCCESS) {
+		pthread_mutex_lock(&lock);
+		if (rec_live_locked(r)) {
+			/* A spare of this context, or a new event below. */
+			for (size_t i = r->n_spares; i-- > 0;)
+				if (r->spares[i].ctx == ev.ctx) {
+					ev = r->spares[i];
+					r->spares[i] = r->spares[--r->n_spares];
+					have = true;
+					break;
+				}
+		}
+		pthread_mutex_unlock(&lock);
+		if (!have && fn.cuEventCreate &&
+		    fn.cuEventCreate(&ev.ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS)
+			have = true;
+		if (have)
+			ok = fn.cuEventRecord(ev.ev, s) == CUDA_SUCCESS;
+	}
+	shim_busy--;
+
+	pthread_mutex_lock(&lock);
+	if (!rec_live_locked(r)) {
+		pthread_mutex_unlock(&lock);
+		if (have && fn.cuEventDestroy) {
+			shim_busy++;
+			(void)fn.cuEventDestroy(ev.ev);
+			shim_busy--;
+		}
+		return;
+	}
+	if (ok && r->count < MAX_PENDING) {
+		r->ring[(r->head + r->count) % MAX_PENDING] =
+			(struct pend){.ev = ev.ev, .ctx = ev.ctx, .seq = seq, .p2p = p2p};
+		if (r->count++ == 0)
+			pthread_cond_signal(&wake);
+	} else {
+		if (have && r->n_spares < MAX_PENDING)
+			r->spares[r->n_spares++] = ev;
+		else if (have && fn.cuEventDestroy) {
+			shim_busy++;
+			(void)fn.cuEventDestroy(ev.ev);
+			shim_busy--;
+		}
+		__atomic_add_fetch(&r->ctr->untracked, 1, __ATOMIC_RELAXED);
+		/* Only when nothing older is pending: completion stays in order. */
+		if (r->count == 0)
+			complete_locked(r, seq, p2p);
+		else {
+			/* Rides on the newest pending event of its kind: done when that is. */
+			struct pend *last = &r->ring[(r->head + r->count - 1) % MAX_PENDING];
+
+			if (last->p2p == p2p)
+				last->seq = seq;
+		}
+	}
+	pthread_mutex_unlock(&lock);
+}
+
+void nccl_op_end(const struct nccl_op_ticket *t, cudaStream_t stream, ncclResult_t res)
+{
+	struct rec *r = t->rec;
+
+	if (!r)
+		return;
+	__atomic_sub_fetch(&r->ctr->in_call, 1, __ATOMIC_RELEASE);
+	if (res != ncclSuccess && res != ncclInProgress) {
+		/* Not enqueued: nothing will complete it but us. */
+		pthread_mutex_lock(&lock);
+		if (rec_live_locked(r) && r->count == 0)
+			complete_locked(r, t->seq, t->p2p);
+		pthread_mutex_unlock(&lock);
+		return;
+	}
+	if (group_depth > 0) {
+		/* Launched by the outermost ncclGroupEnd: the event is recorded after it. */
+		if (!deferred)
+			deferred = calloc(MAX_DEFER, sizeof(*deferred));
+		if (deferred && n_deferred < MAX_DEFER) {
+			deferred[n_deferred++] = (struct defer){
+				.rec = r, .seq = t->seq, .p2p = t->p2p, .stream = stream};
+			return;
+		}
+	}
+	track(r, t->seq, t->p2p, stream);
+}
+
+void nccl_group_start(void)
+{
+	group_depth++;
+}
+
+void nccl_group_end(ncclResult_t res)
+{
+	if (group_depth > 0)
+		group_depth--;
+	if (group_depth > 0 || n_deferred == 0)
+		return;
+	for (size_t i = 0; i < n_deferred; i++) {
+		struct defer *d = &deferred[i];
+
+		if (res == ncclSuccess || res == ncclInProgress)
+			track(d->rec, d->seq, d->p2p, d->stream);
+		else {
+			pthread_mutex_lock(&lock);
+			if (rec_live_locked(d->rec) && d->rec->count == 0)
+				complete_locked(d->rec, d->seq, d->p2p);
+			pthread_mutex_unlock(&lock);
+		}
+	}
+	n_deferred = 0;
+}
+
+/* One pass over every communicator's oldest events. Returns whether any is still pending. */
+static bool poll_once_locked(CUcontext *cur)
+{
+	bool pending = false;
+
+	for (size_t i = 0; i < n_recs; i++) {
+		struct rec *r = recs[i];
+
+		while (r->count > 0) {
+			struct pend *p = &r->ring[r->head];
+			CUresult q;
+
+			if (p->ctx != *cur && real_extra()->cuCtxSetCurrent &&
+			    real_extra()->cuCtxSetCurrent(p->ctx) == CUDA_SUCCESS)
+				*cur = p->ctx;
+			q = fn.cuEventQuery ? fn.cuEventQuery(p->ev) : CUDA_SUCCESS;
+			if (q == CUDA_ERROR_NOT_READY) {
+				pending = true;
+				break;
+			}
+			/* Done, or an error (a failed context): either way it will not complete
+			 * later, and a stuck counter would read as a hang. */
+			if (q != CUDA_SUCCESS)
+				__atomic_add_fetch(&r->ctr->untracked, 1, __ATOMIC_RELAXED);
+			complete_locked(r, p->seq, p->p2p);
+			if (r->n_spares < MAX_PENDING)
+				r->spares[r->n_spares++] = (struct spare){p->ev, p->ctx};
+			else if (fn.cuEventDestroy)
+				(void)fn.cuEventDestroy(p->ev);
+			r->head = (r->head + 1) % MAX_PENDING;
+			r->count--;
+		}
+	}
+	return pending;
+}
+
+static void *poller(void *arg)
+{
+	CUcontext cur = NULL;
+
+	(void)arg;
+	shim_busy++; /* everything this thread calls is the shim's own */
+	pthread_mutex_lock(&lock);
+	for (;;) {
+		if (!poll_once_locked(&cur)) {
+			bool any = false;
+			for (size_t i = 0; i < n_recs && !any; i++)
+				any = recs[i]->count > 0;
+			if (!any)
+				pthread_cond_wait(&wake, &lock);
+			continue;
+		}
+		pthread_mutex_unlock(&lock);
+		{
+			struct timespec ts = {.tv_sec = poll_us / 1000000,
+					      .tv_nsec = (poll_us % 1000000) * 1000};
+			(void)nanosleep(&ts, NULL);
+		}
+		pthread_mutex_lock(&lock);
+	}
+	return NULL;
+}
+
+bool nccl_build_comm(uint64_t id, struct proto_msg *ret)
+{
+	struct rec *r;
+	bool ok = false;
+
+	pthread_mutex_lock(&lock);
+	r = find_id_locked(id);
+	if (r && !r->gone) {
+		int fd = fcntl(r->memfd, F_DUPFD_CLOEXEC, 3);
+
+		if (fd >= 0) {
+			*ret = (struct proto_msg){.type = PROTO_NCCL_COMM};
+			ret->nccl_comm.id = r->id;
+			ret->nccl_comm.hash = r->hash;
+			ret->nccl_comm.rank = r->rank;
+			ret->nccl_comm.nranks = (uint32_t)r->nranks;
+			ret->nccl_comm.cuda_dev = r->dev;
+			ret->nccl_comm.parent_id = r->parent_id;
+			ret->nccl_comm.origin = r->origin;
+			ret->nccl_comm.fd = fd;
+			ok = true;
+		}
+	}
+	pthread_mutex_unlock(&lock);
+	if (ok && ret->nccl_comm.cuda_dev >= 0) {
+		const struct real_extra *x = real_extra();
+		CUdevice d = ret->nccl_comm.cuda_dev;
+
+		shim_busy++;
+		if (x->cuDeviceGet)
+			(void)x->cuDeviceGet(&d, ret->nccl_comm.cuda_dev);
+		shim_busy--;
+		shim_device_uuid(d, ret->nccl_comm.device_uuid);
+	}
+	return ok;
+}
+
+int nccl_announce_all(int (*send)(const struct proto_msg *m))
+{
+	uint64_t ids[MAX_COMMS];
+	size_t n;
+
+	pthread_mutex_lock(&lock);
+	n = n_recs;
+	for (size_t i = 0; i < n; i++)
+		ids[i] = recs[i]->id;
+	pthread_mutex_unlock(&lock);
+	for (size_t i = 0; i < n; i++) {
+		struct proto_msg m;
+		int r;
+
+		if (!nccl_build_comm(ids[i], &m))
+			continue;
+		r = send(&m);
+		proto_msg_finish(&m);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+void nccl_reset_after_fork(void)
+{
+	/* NCCL communicators do not survive fork: the child starts with none. The parent's
+	 * records are leaked in the child on purpose (their events belong to the parent). */
+	pthread_mutex_init(&lock, NULL);
+	pthread_cond_init(&wake, NULL);
+	n_recs = 0;
+	poller_started = false;
+	group_depth = 0;
+	n_deferred = 0;
+}
