@@ -322,8 +322,9 @@ void env_destroy(struct sv_env *e)
 {
 	if (!e)
 		return;
-	(void)env_kill(e);
+	/* An adopted environment is its runtime's: forgotten, not killed. */
 	if (!e->adopted) {
+		(void)env_kill(e);
 		(void)umount2(e->root, MNT_DETACH);
 		(void)rmdir(e->cgroup);
 	}

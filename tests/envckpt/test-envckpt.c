@@ -561,6 +561,42 @@ static void test_gc(void **state)
 		env_manifest_finish(&m[i]);
 }
 
+/* An environment made by another runtime (here: by env_create, then forgotten) is adopted
+ * from its cgroup, overlay root and init, checkpointed and restored under its new identity. */
+static void test_adopt(void **state)
+{
+	struct fx *f = *state;
+	struct env_params p = {0};
+	struct env_manifest m = {0}, back = {0};
+	struct sv_env *a = NULL;
+	char other_state[PATH_MAX];
+	uint64_t h;
+
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
+	start_env(f, "native", 0);
+	env_exec(f, "echo adopted >/work/mark");
+	snprintf(other_state, sizeof(other_state), "%s/other", f->dir);
+	p.id = "adopted";
+	p.state_dir = other_state;
+	p.cgroup_parent = f->cgparent;
+	p.criu = sv_criu_binary(NULL);
+	assert_int_equal(env_adopt(&p, f->env->cgroup, f->env->root, f->env->pid, &a), 0);
+	assert_true(a->adopted);
+	assert_string_equal(a->upper, f->env->upper);
+	assert_string_equal(a->base, f->env->base);
+	h = tree(f);
+	assert_int_equal(env_checkpoint(a, &(struct env_ckpt_params){.turn = 1}, &m), 0);
+	env_exec(f, "rm /work/mark");
+	assert_int_equal(env_restore(a, NULL, &back), 0);
+	assert_true(tree(f) == h);
+	/* The native handle's init is gone (restored anew, the adopter's child now). */
+	f->env->pid = a->pid;
+	env_manifest_finish(&m);
+	env_manifest_finish(&back);
+	env_destroy(a); /* adopted: nothing killed or unmounted */
+	assert_true(env_count_procs(f->env) >= 4);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -570,6 +606,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_symlink_escape, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_gc, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_adopt, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
