@@ -315,6 +315,16 @@ static void stopped_rank(void **state)
 	assert_int_equal(field(diag, "coll"), 4);
 	assert_int_equal(field(diag, "peer_coll"), 5);
 	assert_true(field(diag, "waited_ms") >= HANG_MS);
+	/* belayerctl status shows the diagnosis. */
+	{
+		const char *argv[] = {BELAYERCTL_PATH, "status", "--json", NULL};
+		char *out = NULL;
+
+		assert_int_equal(run_tool(sv, argv, &out), 0);
+		assert_non_null(strstr(out, "\"last_hang\""));
+		assert_non_null(strstr(out, "\"cause\": \"stopped\""));
+		free(out);
+	}
 	cleanup(rk, 2);
 }
 

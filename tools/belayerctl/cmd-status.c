@@ -10,6 +10,7 @@
 struct status {
 	json_object *metrics;
 	json_object *recoveries; /* engine -> its last recovery */
+	json_object *nccl;	 /* "communicators": the summary, "last_hang": the diagnosis */
 	uint64_t workers_alive, workers_dead, regions_retained, bytes_retained, regions_owned,
 		bytes_owned, connections, uptime;
 };
@@ -58,6 +59,32 @@ static int on_recovery(struct status *st, const char *msg)
 	return 0;
 }
 
+/* "nccl k=v ..." (the summary) or "nccl hang: k=v ..." (the last diagnosis) into st->nccl:
+ * numbers as numbers, the rest as strings. */
+static int on_nccl(struct status *st, const char *msg)
+{
+	char buf[PROTO_MAX_STR + 1], *save = NULL, *tok;
+	bool hang = strncmp(msg, "nccl hang: ", 11) == 0;
+	json_object *o = json_object_new_object();
+
+	snprintf(buf, sizeof(buf), "%s", msg + (hang ? 11 : 5));
+	for (tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+		char *eq = strchr(tok, '='), *end;
+		unsigned long long v;
+
+		if (!eq)
+			continue;
+		*eq++ = '\0';
+		v = strtoull(eq, &end, 10);
+		if (*eq && !*end && strcmp(tok, "comm") != 0)
+			json_object_object_add(o, tok, json_u64(v));
+		else
+			json_object_object_add(o, tok, json_object_new_string(eq));
+	}
+	json_object_object_add(st->nccl, hang ? "last_hang" : "summary", o);
+	return 0;
+}
+
 static int on_metric(const struct proto_msg *m, void *userdata)
 {
 	struct status *st = userdata;
@@ -68,6 +95,8 @@ static int on_metric(const struct proto_msg *m, void *userdata)
 
 	if (m->type == PROTO_EVENT && m->event.kind == EVENT_RECOVERY)
 		return on_recovery(st, m->event.message);
+	if (m->type == PROTO_EVENT && m->event.kind == EVENT_NCCL)
+		return on_nccl(st, m->event.message);
 	if (m->type != PROTO_METRIC)
 		return 0;
 	if (!strcmp(p->name, "belayer_workers") && !strcmp(p->labels, "state=\"alive\""))
@@ -117,7 +146,8 @@ static int on_metric(const struct proto_msg *m, void *userdata)
 int cmd_status(const struct ctl_options *o, int argc, char **argv)
 {
 	struct status st = {.metrics = json_object_new_array(),
-			    .recoveries = json_object_new_object()};
+			    .recoveries = json_object_new_object(),
+			    .nccl = json_object_new_object()};
 	char owned[32], retained[32];
 	int r;
 
@@ -125,12 +155,14 @@ int cmd_status(const struct ctl_options *o, int argc, char **argv)
 		fprintf(stderr, "usage: belayerctl status\n");
 		json_object_put(st.recoveries);
 		json_object_put(st.metrics);
+		json_object_put(st.nccl);
 		return -EINVAL;
 	}
 	r = ctl_query(o, CTL_STATUS, 0, CTL_ACT_NONE, -1, 0, on_metric, &st);
 	if (r < 0) {
 		json_object_put(st.recoveries);
 		json_object_put(st.metrics);
+		json_object_put(st.nccl);
 		return r;
 	}
 	if (o->json) {
@@ -147,6 +179,8 @@ int cmd_status(const struct ctl_options *o, int argc, char **argv)
 		json_object_object_add(j, "metrics", st.metrics);
 		/* The last recovery per engine: outcome, trigger, reason, phase durations. */
 		json_object_object_add(j, "recoveries", st.recoveries);
+		/* NCCL communicators and the last hang diagnosis (which rank, collective, how long). */
+		json_object_object_add(j, "nccl", st.nccl);
 		json_print(j, false);
 		return 0;
 	}
@@ -198,7 +232,24 @@ int cmd_status(const struct ctl_options *o, int argc, char **argv)
 			printf("  %-8s %10.3f ms\n", pk, (double)json_object_get_uint64(pv) / 1000);
 		}
 	}
+	{
+		json_object *sum, *hang;
+
+		if (json_object_object_get_ex(st.nccl, "summary", &sum)) {
+			printf("\nNCCL:");
+			json_object_object_foreach(sum, k, v)
+				printf(" %s=%s", k, json_object_get_string(v));
+			printf("\n");
+		}
+		if (json_object_object_get_ex(st.nccl, "last_hang", &hang)) {
+			printf("  last hang:");
+			json_object_object_foreach(hang, k, v)
+				printf(" %s=%s", k, json_object_get_string(v));
+			printf("\n");
+		}
+	}
 	json_object_put(st.recoveries);
 	json_object_put(st.metrics);
+	json_object_put(st.nccl);
 	return 0;
 }
