@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -203,6 +204,51 @@ void envs_drain(struct supervisor *s)
 			;
 }
 
+/* Environments of an earlier run of the supervisor: their processes and checkpoints
+ * outlived it; take them back so that they can be checkpointed and restored again. */
+static void reopen_all(struct supervisor *s)
+{
+	char dir[PATH_MAX];
+	struct dirent *de;
+	DIR *d;
+
+	snprintf(dir, sizeof(dir), "%s/envs", s->config.state_dir);
+	d = opendir(dir);
+	while (d && (de = readdir(d))) {
+		struct env_params p = {
+			.id = de->d_name,
+			.state_dir = s->config.state_dir,
+			.cgroup_parent = s->config.env_cgroup,
+			.criu = sv_criu_binary(s->config.env_criu) ?: "criu",
+			.keep = s->config.env_keep,
+		};
+		struct env_slot *sl;
+		struct sv_env *e;
+
+		if (!env_id_valid(de->d_name) || env_reopen(&p, &e) < 0)
+			continue;
+		sl = calloc(1, sizeof(*sl));
+		if (!sl) {
+			free(e);
+			break;
+		}
+		snprintf(sl->id, sizeof(sl->id), "%s", e->id);
+		snprintf(sl->root, sizeof(sl->root), "%s", e->root);
+		snprintf(sl->cgroup, sizeof(sl->cgroup), "%s", e->cgroup);
+		snprintf(sl->log_path, sizeof(sl->log_path), "%s/sidelog.mpk", e->dir);
+		sl->env = e;
+		sl->next = s->envs->slots;
+		s->envs->slots = sl;
+		if (e->pid > 0)
+			(void)slot_watch(s, sl);
+		log_info("Environment %s taken back: %s, latest checkpoint %s.", e->id,
+			 e->pid > 0 ? "running" : "not running (restore it)",
+			 e->head[0] ? e->head : "none");
+	}
+	if (d)
+		closedir(d);
+}
+
 int envs_start(struct supervisor *s, int *ret_fd)
 {
 	struct envtrace_options o = {0};
@@ -213,20 +259,21 @@ int envs_start(struct supervisor *s, int *ret_fd)
 	if (!s->envs)
 		return -ENOMEM;
 	s->envs->next_trace_id = 1;
-	if (!s->config.env_trace)
-		return 0;
-	r = envtrace_setup_fs();
-	if (r >= 0)
-		r = envtrace_create(&o, &s->envs->et);
-	if (r < 0) {
-		log_warning_errno(r, "BPF unavailable (%m): environments run without side-effect "
-				     "tracing.");
-		s->envs->et = NULL;
-		return 0;
+	if (s->config.env_trace) {
+		r = envtrace_setup_fs();
+		if (r >= 0)
+			r = envtrace_create(&o, &s->envs->et);
+		if (r < 0) {
+			log_warning_errno(r, "BPF unavailable (%m): environments run without "
+					     "side-effect tracing.");
+			s->envs->et = NULL;
+		} else {
+			*ret_fd = envtrace_fd(s->envs->et);
+			log_info("Environment tracing on (maps and programs pinned under %s).",
+				 envtrace_pin_dir(s->envs->et));
+		}
 	}
-	*ret_fd = envtrace_fd(s->envs->et);
-	log_info("Environment tracing on (maps and programs pinned under %s).",
-		 envtrace_pin_dir(s->envs->et));
+	reopen_all(s);
 	return 0;
 }
 

@@ -58,6 +58,38 @@ static int read_or_make_uuid(const char *dir, uint8_t uuid[16])
 	return 0;
 }
 
+static int write_small(const char *dir, const char *name, const char *text)
+{
+	char path[PATH_MAX];
+	_cleanup_close_ int fd = -1;
+	size_t n = strlen(text);
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	if (write(fd, text, n) != (ssize_t)n || fsync(fd) < 0)
+		return -EIO;
+	return 0;
+}
+
+static int read_small(const char *dir, const char *name, char *buf, size_t cap)
+{
+	char path[PATH_MAX];
+	_cleanup_close_ int fd = -1;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	n = read(fd, buf, cap - 1);
+	if (n < 0)
+		return -errno;
+	buf[n] = '\0';
+	return 0;
+}
+
 static void read_head(struct sv_env *e)
 {
 	char path[PATH_MAX];
@@ -144,6 +176,9 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 	r = env_launch(e);
 	if (r < 0)
 		goto fail_mount;
+	/* What a restarted supervisor needs to take the environment back (env_reopen). */
+	(void)write_small(e->dir, "base", e->base);
+	(void)write_small(e->dir, "cmd", e->cmd);
 	*ret = e;
 	return 0;
 fail_mount:
@@ -372,4 +407,59 @@ int env_rebuild(struct sv_env *e)
 		e->head_valid = false;
 	}
 	return r;
+}
+
+/* The process of the cgroup that is pid 1 of its namespace (NSpid ends in 1). */
+static pid_t find_init(const char *cgroup)
+{
+	char path[PATH_MAX], line[256];
+	pid_t found = 0;
+	FILE *procs;
+	int pid;
+
+	snprintf(path, sizeof(path), "%s/cgroup.procs", cgroup);
+	procs = fopen(path, "re");
+	if (!procs)
+		return 0;
+	while (!found && fscanf(procs, "%d", &pid) == 1) {
+		FILE *st;
+
+		snprintf(path, sizeof(path), "/proc/%d/status", pid);
+		st = fopen(path, "re");
+		while (st && fgets(line, sizeof(line), st))
+			if (strncmp(line, "NSpid:", 6) == 0) {
+				char *last = strrchr(line, '\t');
+
+				if (last && strtol(last + 1, NULL, 10) == 1 &&
+				    strchr(line + 7, '\t'))
+					found = pid;
+			}
+		if (st)
+			fclose(st);
+	}
+	fclose(procs);
+	return found;
+}
+
+int env_reopen(const struct env_params *p, struct sv_env **ret)
+{
+	char path[PATH_MAX];
+	struct sv_env *e;
+	int r;
+
+	r = env_prepare(p, &e);
+	if (r < 0)
+		return r;
+	if (read_small(e->dir, "base", e->base, sizeof(e->base)) < 0 || !e->base[0]) {
+		free(e);
+		return -ENOENT; /* not made by env_create (adopted, or older): not ours to take */
+	}
+	(void)read_small(e->dir, "cmd", e->cmd, sizeof(e->cmd));
+	/* A supervisor that died inside a checkpoint left the environment frozen. */
+	snprintf(path, sizeof(path), "%s/cgroup.freeze", e->cgroup);
+	if (access(path, F_OK) == 0)
+		(void)env_write_file(path, "0");
+	e->pid = find_init(e->cgroup);
+	*ret = e;
+	return 0;
 }

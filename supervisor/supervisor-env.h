@@ -64,6 +64,11 @@ struct env_ckpt_params {
 
 /* Creates the state directory, overlay, cgroup, and starts the environment. */
 int env_create(const struct env_params *p, struct sv_env **ret);
+/* Takes back an environment env_create made before a supervisor restart: its state
+ * directory (uuid, head, base, cmd), its cgroup (thawed: a checkpoint cut short leaves it
+ * frozen) and its init if it still runs (pid 0 otherwise: restore it). -ENOENT when the
+ * state directory is not one env_create wrote. */
+int env_reopen(const struct env_params *p, struct sv_env **ret);
 /* Registers an environment another runtime made (see README "env adopt"): root must be an
  * overlay mount whose upperdir/workdir are read from the mount table; pid its init. */
 int env_adopt(const struct env_params *p, const char *cgroup, const char *root, pid_t pid,

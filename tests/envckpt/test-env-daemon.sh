@@ -94,5 +94,21 @@ bpf_out=$(ctl bpf --no-run)
 grep -q 'bpftool map dump pinned /sys/fs/bpf/belayer/envtrace/' <<<"$bpf_out" ||
 	fail "belayerctl bpf shows no pinned map: $bpf_out"
 
+# A supervisor that dies (here inside a checkpoint's freeze, simulated) loses nothing: the
+# restarted one takes the environment back, thaws it, and restores its checkpoints.
+echo 1 >"$cg/e1/cgroup.freeze"
+kill -KILL "$sv_pid"
+wait "$sv_pid" 2>/dev/null || true
+"$supervisor" -c "$dir/conf.ini" >"$dir/sv2.log" 2>&1 &
+sv_pid=$!
+for _ in $(seq 200); do grep -q "Listening on" "$dir/sv2.log" && break; sleep 0.05; done
+grep -q "Environment e1 taken back: running" "$dir/sv2.log" || fail "e1 not taken back: $(cat "$dir/sv2.log")"
+grep -q "frozen 0" "$cg/e1/cgroup.events" || fail "e1 left frozen"
+pid=$(ctl --json env list | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
+[[ -n $pid && $pid -gt 0 ]] || fail "no pid for e1 after the restart"
+in_env 'echo after-restart >/work/later'
+ctl env restore e1 >/dev/null
+[[ ! -e $dir/state/envs/e1/root/work/later ]] || fail "restore after a supervisor restart"
+
 ctl env destroy e1 >/dev/null
 echo "OK"
