@@ -58,6 +58,7 @@ struct diag {
 static struct comm *comms;
 static size_t n_comms;
 static struct diag last;
+static bool seen_any; /* a communicator was ever announced: status reports NCCL from then on */
 
 static uint64_t rd(const uint64_t *p)
 {
@@ -148,6 +149,7 @@ int nccl_on_comm(struct supervisor *s, struct sv_client *cl, struct proto_nccl_c
 	c->seen_enq = rd(&ctr->coll_enqueued);
 	c->seen_cpl = rd(&ctr->coll_completed);
 	c->progress_ms = now_ms();
+	seen_any = true;
 	log_debug("pid %d: communicator %" PRIu64 " (%s) hash %016" PRIx64 " rank %d/%u dev %d",
 		  w->pid, m->id, nccl_origin_to_string(m->origin), m->hash, m->rank, m->nranks,
 		  m->cuda_dev);
@@ -485,6 +487,8 @@ int nccl_status_events(struct supervisor *s, struct sv_client *cl, uint32_t *ret
 	uint64_t enq = 0, cpl = 0;
 	size_t live = 0;
 
+	if (!seen_any)
+		return 0; /* a node without NCCL: its status stays as it was */
 	for (struct comm *c = comms; c; c = c->next)
 		if (!c->dead && !c->ended) {
 			live++;

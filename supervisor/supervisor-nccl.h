@@ -36,8 +36,8 @@ void nccl_worker_died(struct supervisor *s, struct sv_worker *w);
 void nccl_worker_removed(struct sv_worker *w);
 /* The detector; the loop calls it every [nccl] poll_interval. */
 void nccl_tick(struct supervisor *s);
-/* For CTL_STATUS: per-communicator summary and the last diagnosis as PROTO_EVENT
- * (kind EVENT_NCCL); adds the count sent to *ret_n. */
+/* For CTL_STATUS, once any communicator was announced: a summary and the last diagnosis as
+ * PROTO_EVENT (kind EVENT_NCCL); adds the count sent to *ret_n. */
 int nccl_status_events(struct supervisor *s, struct sv_client *c, uint32_t *ret_n);
 /* Frees everything (the supervisor's end). */
 void nccl_finish(void);
