@@ -132,6 +132,9 @@ static const struct key keys[] = {
 	TYPED("env", "trace", KEY_BOOL, env_trace, "yes",
 	      "Trace agent environments' side effects with eBPF (dirty paths, side-effect log); "
 	      "when BPF is unavailable the supervisor says so once and runs without it."),
+	TYPED("env", "trace_preload", KEY_BOOL, env_trace_preload, "no",
+	      "Load the tracer at start rather than at the first environment (loading and "
+	      "attaching its programs takes about a second)."),
 	STR("env", "criu", env_criu, "",
 	    "CRIU >= 4 binary for environment checkpoints (empty: $BELAYER_CRIU, else "
 	    "/usr/local/sbin/criu, else criu on PATH)."),

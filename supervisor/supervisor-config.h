@@ -106,6 +106,7 @@ struct sv_config {
 	uint32_t http_port;
 	/* [env] */
 	bool env_trace;
+	bool env_trace_preload;
 	char env_criu[256];
 	char env_cgroup[256];
 	uint32_t env_keep;

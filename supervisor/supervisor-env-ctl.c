@@ -41,6 +41,8 @@ struct env_slot {
 struct sv_envs {
 	struct env_slot *slots;
 	struct sv_envtrace *et;
+	bool et_tried; /* loaded, or failed once (said so, never again) */
+	int (*watch_fd)(struct supervisor *s, int fd);
 	uint32_t next_trace_id;
 	uint32_t next_watch;
 };
@@ -111,6 +113,31 @@ static void slot_remove(struct sv_envs *es, struct env_slot *sl)
 	free(sl);
 }
 
+static void tracer_load(struct supervisor *s)
+{
+	struct sv_envs *es = s->envs;
+	struct envtrace_options o = {0};
+	int r;
+
+	if (es->et_tried || !s->config.env_trace)
+		return;
+	es->et_tried = true;
+	r = envtrace_setup_fs();
+	if (r >= 0)
+		r = envtrace_create(&o, &es->et);
+	if (r >= 0 && es->watch_fd)
+		r = es->watch_fd(s, envtrace_fd(es->et));
+	if (r < 0) {
+		log_warning_errno(r, "BPF unavailable (%m): environments run without side-effect "
+				     "tracing.");
+		envtrace_destroy(es->et);
+		es->et = NULL;
+		return;
+	}
+	log_info("Environment tracing on (maps and programs pinned under %s).",
+		 envtrace_pin_dir(es->et));
+}
+
 /* Starts tracing the slot's cgroup (no-op without the tracer). */
 static int slot_watch(struct supervisor *s, struct env_slot *sl)
 {
@@ -118,6 +145,7 @@ static int slot_watch(struct supervisor *s, struct env_slot *sl)
 	uint32_t id;
 	int r;
 
+	tracer_load(s);
 	if (!es->et)
 		return 0;
 	for (id = es->next_trace_id; slot_by_trace(es, id) || id == 0;)
@@ -249,30 +277,15 @@ static void reopen_all(struct supervisor *s)
 		closedir(d);
 }
 
-int envs_start(struct supervisor *s, int *ret_fd)
+int envs_start(struct supervisor *s, int (*watch_fd)(struct supervisor *s, int fd))
 {
-	struct envtrace_options o = {0};
-	int r;
-
-	*ret_fd = -1;
 	s->envs = calloc(1, sizeof(*s->envs));
 	if (!s->envs)
 		return -ENOMEM;
 	s->envs->next_trace_id = 1;
-	if (s->config.env_trace) {
-		r = envtrace_setup_fs();
-		if (r >= 0)
-			r = envtrace_create(&o, &s->envs->et);
-		if (r < 0) {
-			log_warning_errno(r, "BPF unavailable (%m): environments run without "
-					     "side-effect tracing.");
-			s->envs->et = NULL;
-		} else {
-			*ret_fd = envtrace_fd(s->envs->et);
-			log_info("Environment tracing on (maps and programs pinned under %s).",
-				 envtrace_pin_dir(s->envs->et));
-		}
-	}
+	s->envs->watch_fd = watch_fd;
+	if (s->config.env_trace_preload)
+		tracer_load(s);
 	reopen_all(s);
 	return 0;
 }
@@ -697,6 +710,7 @@ static int do_watch(struct supervisor *s, struct sv_client *c, const struct prot
 	struct proto_msg m;
 	char id[ENV_ID_MAX + 1];
 
+	tracer_load(s);
 	if (!es->et)
 		return client_send_error(s, c, ENODATA, PROTO_ENV_REQUEST,
 					 "tracing is off (BPF unavailable or [env] trace=no)");

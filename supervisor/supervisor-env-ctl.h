@@ -8,7 +8,7 @@
  * per environment (a second request meanwhile: -EBUSY); the reply (PROTO_ENV_INFO + END) goes
  * out when the job is done. List, dirty and log are answered at once.
  *
- * Tracing: envtrace is loaded at start when [env] trace=yes; when BPF is unavailable one line
+ * Tracing: envtrace is loaded when [env] trace=yes (see envs_start); when BPF is unavailable one line
  * says so and environments work without it (every checkpoint then compares the upper layer
  * by metadata alone, as it always does; the dirty set only adds paths to copy regardless).
  */
@@ -18,9 +18,12 @@
 
 struct sv_envs;
 
-/* At start, on the loop thread: loads the tracer when configured. *ret_fd: its ring-buffer fd
- * to watch (drain with envs_drain on readability and every ENVTRACE_DRAIN_INTERVAL_MS), or -1. */
-int envs_start(struct supervisor *s, int *ret_fd);
+/* At start, on the loop thread: takes back the environments of an earlier run. The tracer is
+ * loaded ([env] trace) at start with [env] trace_preload, else at the first environment:
+ * loading and attaching costs about a second, which a supervisor without environments never
+ * pays. watch_fd puts its ring-buffer fd on the loop (drain with envs_drain on readability and
+ * every ENVTRACE_DRAIN_INTERVAL_MS). */
+int envs_start(struct supervisor *s, int (*watch_fd)(struct supervisor *s, int fd));
 void envs_drain(struct supervisor *s);
 /* Kills nothing: environments outlive a supervisor restart; only the tracer is unloaded. */
 void envs_stop(struct supervisor *s);

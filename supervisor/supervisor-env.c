@@ -359,9 +359,20 @@ void env_destroy(struct sv_env *e)
 		return;
 	/* An adopted environment is its runtime's: forgotten, not killed. */
 	if (!e->adopted) {
+		static const char *const identity[] = {"uuid", "base", "cmd", "head"};
+
 		(void)env_kill(e);
 		(void)umount2(e->root, MNT_DETACH);
 		(void)rmdir(e->cgroup);
+		/* Forgotten for good: not taken back after a restart, and an environment created
+		 * later under the same id gets a new identity, so these checkpoints (kept on disk)
+		 * are foreign to it. */
+		for (size_t i = 0; i < ARRAY_SIZE(identity); i++) {
+			char path[PATH_MAX];
+
+			snprintf(path, sizeof(path), "%s/%s", e->dir, identity[i]);
+			(void)unlink(path);
+		}
 	}
 	env_manifest_finish(&e->head_index);
 	free(e);

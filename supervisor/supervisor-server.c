@@ -149,6 +149,22 @@ static void on_envtrace(evutil_socket_t fd, short what, void *arg)
 	sweep(arg);
 }
 
+static struct event *ev_et, *ev_et_timer;
+
+/* The environment tracer's ring buffer on the loop (once loaded: at start or at the first
+ * environment), drained on wakeups and every ENVTRACE_DRAIN_INTERVAL_MS (records below the
+ * wakeup threshold wake nobody). */
+static int watch_envtrace(struct supervisor *s, int fd)
+{
+	ev_et = event_new(base, fd, EV_READ | EV_PERSIST, on_envtrace, s);
+	ev_et_timer = event_new(base, -1, EV_PERSIST, on_envtrace, s);
+	if (!ev_et || !ev_et_timer || event_add(ev_et, NULL) < 0 ||
+	    event_add(ev_et_timer,
+		      &(struct timeval){.tv_usec = ENVTRACE_DRAIN_INTERVAL_MS * 1000}) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
 static const struct sv_hooks hooks = {
 	.want_write = want_write,
 	.watch_worker = watch_worker,
@@ -427,9 +443,8 @@ int server_run(struct supervisor *s)
 		     *ev_off = NULL, *ev_eng = NULL, *ev_sig[4] = {NULL}, *ev_nccl = NULL;
 	static const int sigs[4] = {SIGTERM, SIGINT, SIGHUP, 0};
 	struct evhttp *http = NULL;
-	struct event *ev_et = NULL, *ev_et_timer = NULL;
 	uint64_t wd_usec = 0;
-	int r, et_fd = -1;
+	int r;
 
 	the = s;
 	s->hooks = &hooks;
@@ -496,20 +511,9 @@ int server_run(struct supervisor *s)
 	r = http_start(s, &http);
 	if (r < 0)
 		goto out;
-	/* Environments: the tracer's ring buffer on the loop, drained on wakeups and every
-	 * ENVTRACE_DRAIN_INTERVAL_MS (records below the wakeup threshold wake nobody). */
-	r = envs_start(s, &et_fd);
+	r = envs_start(s, watch_envtrace);
 	if (r < 0)
 		goto out;
-	if (et_fd >= 0) {
-		r = -ENOMEM;
-		ev_et = event_new(base, et_fd, EV_READ | EV_PERSIST, on_envtrace, s);
-		ev_et_timer = event_new(base, -1, EV_PERSIST, on_envtrace, s);
-		if (!ev_et || !ev_et_timer || event_add(ev_et, NULL) < 0 ||
-		    event_add(ev_et_timer,
-			      &(struct timeval){.tv_usec = ENVTRACE_DRAIN_INTERVAL_MS * 1000}) < 0)
-			goto out;
-	}
 	/* Engines last: their shims connect to the socket that now listens. */
 	if (s->config.n_engines) {
 		r = engines_start(s);
@@ -536,6 +540,7 @@ out:
 		event_free(ev_et);
 	if (ev_et_timer)
 		event_free(ev_et_timer);
+	ev_et = ev_et_timer = NULL;
 	envs_stop(s);
 	if (http)
 		evhttp_free(http);

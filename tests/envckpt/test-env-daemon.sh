@@ -51,6 +51,7 @@ enabled = no
 interval = 0
 [env]
 cgroup = $cg
+trace_preload = yes
 CONF
 "$supervisor" -c "$dir/conf.ini" >"$dir/sv.log" 2>&1 &
 sv_pid=$!
