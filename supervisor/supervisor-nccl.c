@@ -58,6 +58,7 @@ struct diag {
 static struct comm *comms;
 static size_t n_comms;
 static struct diag last;
+static bool ticking;  /* nccl_tick runs: a death it causes is evaluated by it, not again */
 static bool seen_any; /* a communicator was ever announced: status reports NCCL from then on */
 
 static uint64_t rd(const uint64_t *p)
@@ -270,12 +271,27 @@ static struct sv_worker *live_worker(struct supervisor *s, pid_t pid)
 /* Stops the inferred group of culprit: configured engines through their recovery, the other
  * processes by SIGKILL. dead: the culprit already died (its engine's recovery, if any, is
  * started by the death itself). Writes what was done into act. */
-static void stop_group(struct supervisor *s, pid_t culprit, bool dead, uint64_t detect_ns,
-		       char *act, size_t cap)
+/* Whether pid is stuck: a member of the hung communicator, or in a collective of another
+ * communicator that has not progressed for hang_timeout. */
+static bool stuck(struct supervisor *s, pid_t pid, struct comm **m, size_t n, uint64_t now)
+{
+	for (size_t i = 0; i < n; i++)
+		if (m[i]->pid == pid)
+			return true;
+	for (struct comm *c = comms; c; c = c->next)
+		if (c->pid == pid && !c->ended && in_flight(c) &&
+		    now - c->progress_ms >= s->config.nccl_hang_timeout_ms)
+			return true;
+	return false;
+}
+
+static void stop_group(struct supervisor *s, struct comm **m, size_t nm, pid_t culprit, bool dead,
+		       uint64_t detect_ns, char *act, size_t cap)
 {
 	pid_t pids[MAX_MEMBERS];
 	size_t n = group_pids(culprit, pids, MAX_MEMBERS), len = 0;
-	unsigned killed = 0, engines = 0;
+	unsigned killed = 0, engines = 0, spared = 0;
+	uint64_t now = now_ms();
 
 	act[0] = 0;
 	for (size_t i = 0; i < n; i++) {
@@ -290,9 +306,16 @@ static void stop_group(struct supervisor *s, pid_t culprit, bool dead, uint64_t 
 				promote_start(s, e, "nccl_hang", culprit, detect_ns);
 				engines++;
 				len += (size_t)snprintf(act + len, len < cap ? cap - len : 0,
-							"%srecovery of engine %s", len ? ", " : "",
+							"%srecover:%s", len ? "," : "",
 							e->cfg->name);
 			}
+			continue;
+		}
+		/* Outside configured engines only what is stuck is stopped: a process that shares
+		 * another communicator with the group (a trainer's weight-sync group) but still
+		 * progresses is left alone; it is stopped if it blocks on the group later. */
+		if (!stuck(s, w->pid, m, nm, now)) {
+			spared++;
 			continue;
 		}
 		if (w->pidfd >= 0)
@@ -302,10 +325,13 @@ static void stop_group(struct supervisor *s, pid_t culprit, bool dead, uint64_t 
 		killed++;
 	}
 	if (killed)
-		(void)snprintf(act + len, len < cap ? cap - len : 0, "%s%u process(es) killed",
-			       len ? ", " : "", killed);
+		len += (size_t)snprintf(act + len, len < cap ? cap - len : 0, "%skilled:%u",
+					len ? "," : "", killed);
+	if (spared)
+		(void)snprintf(act + len, len < cap ? cap - len : 0, "%sspared:%u", len ? "," : "",
+			       spared);
 	if (!act[0])
-		(void)snprintf(act, cap, "%s", engines ? "" : "nothing left to stop");
+		(void)snprintf(act, cap, "%s", engines ? "" : "none");
 }
 
 static uint64_t mono_ns(void)
@@ -329,9 +355,10 @@ static void declare(struct supervisor *s, struct comm **m, size_t n, struct comm
 	}
 	coll = culprit ? rd(&culprit->ctr->coll_enqueued) : max_enq;
 	if (s->config.nccl_recover)
-		stop_group(s, who, dead, mono_ns() - waited_ms * 1000000ull, act, sizeof(act));
+		stop_group(s, m, n, who, dead, mono_ns() - waited_ms * 1000000ull, act,
+			   sizeof(act));
 	else
-		snprintf(act, sizeof(act), "none ([nccl] recover = no)");
+		snprintf(act, sizeof(act), "report_only");
 	last.seq++;
 	last.ts_us = now_realtime_us();
 	last.hash = m[0]->hash;
@@ -424,6 +451,10 @@ void nccl_tick(struct supervisor *s)
 	struct comm *m[MAX_MEMBERS];
 	uint64_t now = now_ms();
 
+	if (ticking)
+		return;
+	ticking = true;
+
 	/* Progress, and records nobody needs any more. */
 	for (struct comm *c = comms, *next; c; c = next) {
 		uint64_t e, d;
@@ -464,6 +495,7 @@ void nccl_tick(struct supervisor *s)
 				m[n++] = d;
 		evaluate(s, m, n, now);
 	}
+	ticking = false;
 }
 
 void nccl_worker_died(struct supervisor *s, struct sv_worker *w)

@@ -362,27 +362,36 @@ static void slow_rank_is_no_hang(void **state)
 }
 
 /* Four ranks split by color (rank % 2) into two communicators of two; rank 2 (rank 1 of the
- * even child) stops. The child communicator is announced with its own hash (four parent
- * records, four child records), the diagnosis names the child rank, and the whole inferred
- * group (the four processes share the parent) is stopped. */
+ * even child) stops. The children are announced with their own hashes (four parent records,
+ * four child records), the diagnosis names the child rank, the stuck ranks (the even child)
+ * are stopped, and the odd child, which shares only the parent with them and still
+ * progresses, is left to finish. */
 static void split_communicator(void **state)
 {
 	struct sv *sv = *state;
 	struct rank rk[4];
 	char sum[512], diag[512];
 
-	start_ranks(rk, 4, 1000, 2, "stop", 5, true);
+	start_ranks(rk, 4, 200, 2, "stop", 5, true);
 	assert_true(wait_comms(sv, 8));
 	go(rk, 4);
-	for (int i = 0; i < 4; i++) {
+	for (int i = 0; i < 4; i += 2) {
 		assert_true(reap(rk, i, SV_WAIT_MS));
 		assert_true(killed(&rk[i]));
 	}
+	for (int i = 1; i < 4; i += 2)
+		assert_true(read_line(rk[i].out, "done", SV_WAIT_MS));
 	nccl_status(sv, sum, diag, sizeof(sum));
 	assert_non_null(strstr(diag, "cause=stopped"));
 	assert_int_equal(field(diag, "nranks"), 2);
 	assert_int_equal(field(diag, "rank"), 1);
 	assert_int_equal(field(diag, "pid"), (uint64_t)rk[2].pid);
+	assert_non_null(strstr(diag, "action=killed:2,spared:2"));
+	for (int i = 1; i < 4; i += 2) {
+		assert_int_equal(write(rk[i].in, "end\n", 4), 4);
+		assert_true(reap(rk, i, SV_WAIT_MS));
+		assert_true(WIFEXITED(rk[i].status) && WEXITSTATUS(rk[i].status) == 0);
+	}
 	cleanup(rk, 4);
 }
 
