@@ -68,7 +68,7 @@ static size_t n_recs;
 static uint64_t next_id = 1, initall_calls;
 static bool poller_started;
 static long poll_us = 500;
-static bool track = true; /* BELAYER_NCCL_TRACK=0: no records (measures the counters' cost) */
+static bool track_on = true; /* BELAYER_NCCL_TRACK=0: no records (measures the counters' cost) */
 
 struct defer {
 	struct rec *rec;
@@ -104,7 +104,7 @@ static void resolve(void)
 	}
 	s = secure_getenv("BELAYER_NCCL_TRACK");
 	if (s && strcmp(s, "0") == 0)
-		track = false;
+		track_on = false;
 	shim_busy++;
 #define C(f, n) fn.f = (__typeof__(fn.f))real_lookup("libcuda.so.1", n)
 	C(cuEventCreate, "cuEventCreate");
@@ -223,7 +223,7 @@ static void comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nc
 	if (!comm)
 		return;
 	(void)pthread_once(&fn.once, resolve);
-	if (!track)
+	if (!track_on)
 		return;
 	shim_first_use();
 	shim_busy++;
