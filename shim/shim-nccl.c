@@ -4,9 +4,11 @@
  *
  * Hot path, per operation: two atomic adds on the counters, one lookup in a short array, and
  * one cuEventRecord through the real driver on the operation's stream (an event from a free
- * list, created once). Nothing waits: the "completed" counter is advanced by the poller
- * thread, which queries the oldest pending event of each communicator with cuEventQuery
- * (non-blocking) every BELAYER_NCCL_POLL_US while events are pending and sleeps otherwise.
+ * list, created once), then one cuEventQuery (it never waits): an operation already done
+ * (the emulator's synchronous streams, a tiny collective) is completed right there. Otherwise
+ * the "completed" counter is advanced by the poller thread, which queries the oldest pending
+ * event of each communicator every BELAYER_NCCL_POLL_US (default 500) while events are
+ * pending and sleeps otherwise.
  * Events of one communicator are completed in issue order, so "completed == N" means the
  * first N operations are done. On a real GPU the event fires when the collective's kernel
  * has finished; on the emulated driver streams are synchronous and it fires at once.
@@ -431,7 +433,7 @@ static void track(struct rec *r, uint64_t seq, bool p2p, cudaStream_t stream)
 	CUstream s = (CUstream)stream;
 	CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
 	struct spare ev = {0};
-	bool have = false, ok = false;
+	bool have = false, ok = false, done = false;
 
 	(void)pthread_once(&fn.once, resolve);
 	shim_busy++;
@@ -456,6 +458,10 @@ static void track(struct rec *r, uint64_t seq, bool p2p, cudaStream_t stream)
 			have = true;
 		if (have)
 			ok = fn.cuEventRecord(ev.ev, s) == CUDA_SUCCESS;
+		/* Already done (a synchronous stream, a tiny collective): completed here, and
+		 * the poller is not woken for it. cuEventQuery never waits. */
+		if (ok && fn.cuEventQuery && fn.cuEventQuery(ev.ev) == CUDA_SUCCESS)
+			done = true;
 	}
 	shim_busy--;
 
@@ -469,7 +475,16 @@ static void track(struct rec *r, uint64_t seq, bool p2p, cudaStream_t stream)
 		}
 		return;
 	}
-	if (ok && r->count < MAX_PENDING) {
+	if (done && r->count == 0) {
+		complete_locked(r, seq, p2p);
+		if (r->n_spares < MAX_PENDING)
+			r->spares[r->n_spares++] = ev;
+		else if (fn.cuEventDestroy) {
+			shim_busy++;
+			(void)fn.cuEventDestroy(ev.ev);
+			shim_busy--;
+		}
+	} else if (ok && r->count < MAX_PENDING) {
 		r->ring[(r->head + r->count) % MAX_PENDING] =
 			(struct pend){.ev = ev.ev, .ctx = ev.ctx, .seq = seq, .p2p = p2p};
 		if (r->count++ == 0)
