@@ -309,6 +309,29 @@ bool rec_shadow_supported(const struct rec_paths *p)
 int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufile,
 		   const char *verify, struct rec_case *c)
 {
+	return rec_run_shadow_fault(p, wfile, ufile, verify, REC_FAULT_KILL, "", c);
+}
+
+/* Drives one collective into the engine in a child: a /generate that blocks until the
+ * group is stopped (it is the request a hung engine never answers). */
+static pid_t drive_request(uint16_t port)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		struct rec_answers a;
+
+		(void)rec_answers_get(port, &a);
+		_exit(0);
+	}
+	return pid;
+}
+
+int rec_run_shadow_fault(const struct rec_paths *p, const char *wfile, const char *ufile,
+			 const char *verify, enum rec_fault fault, const char *extra_config,
+			 struct rec_case *c)
+{
+	pid_t driver = -1;
 	struct rec_world w = {};
 	struct rec_engine e = {.pid = -1, .pidfd = -1}, promoted = {.pid = -1, .pidfd = -1};
 	struct rec_answers v0 = {}, v1 = {}, after = {};
@@ -332,9 +355,9 @@ int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufi
 		 "--load-format dummy --seed 1\n"
 		 "env = LD_PRELOAD=%s\n"
 		 "tp = %u\nport = %u\nshadow_port = %u\nverify = %s\nprobe_interval = 20ms\n"
-		 "checksum_settle = %ums\n",
+		 "checksum_settle = %ums\n%s",
 		 p->engine, wfile, c->tp, p->engine, wfile, c->tp, p->shim, c->tp, port,
-		 shadow_port, verify, CHECKSUM_SETTLE_MS);
+		 shadow_port, verify, CHECKSUM_SETTLE_MS, extra_config ? extra_config : "");
 	r = rec_world_open(&w, p, c->tp, c->bytes, config);
 	if (r < 0)
 		goto out;
@@ -360,10 +383,20 @@ int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufi
 		goto out;
 	}
 	t_kill = rec_now_ns();
-	(void)kill(primary[c->tp - 1], SIGKILL);
-	r = rec_pidfd_wait(victim_fd, 10000);
-	t_detect = rec_now_ns();
-	r = r ?: follow_recovery(&fl, REC_READY_MS, outcome, sizeof(outcome), sup_ph);
+	if (fault == REC_FAULT_STOP) {
+		/* The rank stops; the next request puts its peers into a collective it never
+		 * joins. Detection is the supervisor's (the NCCL hang detector), measured by it
+		 * from the group's last progress. */
+		(void)kill(primary[c->tp - 1], SIGSTOP);
+		driver = drive_request(port);
+		r = follow_recovery(&fl, REC_READY_MS, outcome, sizeof(outcome), sup_ph);
+		t_detect = t_kill + (uint64_t)(sup_ph[PH_DETECT] > 0 ? sup_ph[PH_DETECT] * 1e6 : 0);
+	} else {
+		(void)kill(primary[c->tp - 1], SIGKILL);
+		r = rec_pidfd_wait(victim_fd, 10000);
+		t_detect = rec_now_ns();
+		r = r ?: follow_recovery(&fl, REC_READY_MS, outcome, sizeof(outcome), sup_ph);
+	}
 	ok_promoted = strcmp(outcome, "promoted") == 0;
 	if (r == 0 && !ok_promoted && strcmp(outcome, "cold_restart") != 0)
 		r = log_error_errno(EIO, "The recovery ended '%s' (%s)", outcome, w.dir);
@@ -409,6 +442,10 @@ out:
 	if (r < 0)
 		snprintf(c->note, sizeof(c->note), "failed: %s", strerror(-r));
 	safe_close(victim_fd);
+	if (driver > 0) {
+		(void)kill(driver, SIGKILL);
+		(void)waitpid(driver, NULL, 0);
+	}
 	follow_stop(&fl);
 	/* The supervisor stops the groups it launched. */
 	rec_world_close(&w);

@@ -123,6 +123,16 @@ int rec_start_primary(const struct rec_world *w, const struct rec_paths *p, cons
 /* Shadow promotion (bench-recovery-shadow.c): whether this build's supervisor can promote,
  * and one promotion case measured with the same "ready" as the cold path. */
 bool rec_shadow_supported(const struct rec_paths *p);
+/* How the victim (the last primary rank) fails: SIGKILL, or SIGSTOP (a hang the NCCL
+ * detector must find; the bench then sends one request so its peers enter a collective). */
+enum rec_fault {
+	REC_FAULT_KILL,
+	REC_FAULT_STOP,
+};
+/* rec_run_shadow with a fault and extra supervisor configuration appended. */
+int rec_run_shadow_fault(const struct rec_paths *p, const char *wfile, const char *ufile,
+			 const char *verify, enum rec_fault fault, const char *extra_config,
+			 struct rec_case *c);
 int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufile,
 		   const char *verify, struct rec_case *c);
 int rec_pidfd_open(pid_t pid);
