@@ -483,6 +483,7 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 	_cleanup_close_ int ckfd = -1, upperfd = -1, workfd = -1, criufd = -1;
 	struct env_manifest m = {0};
 	char criu_dir[ENV_ID_MAX + 8], want[ENV_ID_MAX + 1];
+	uint64_t t[6] = {0};
 	pid_t pid;
 	int r, n;
 
@@ -507,9 +508,11 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 		goto out;
 	}
 
+	t[0] = mono_us();
 	r = env_kill(e);
 	if (r < 0)
 		goto out;
+	t[1] = mono_us();
 	if (umount2(e->root, 0) < 0 && errno != EINVAL && umount2(e->root, MNT_DETACH) < 0 &&
 	    errno != EINVAL) {
 		r = -errno;
@@ -521,11 +524,18 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 		r = -errno;
 		goto out;
 	}
-	r = env_fs_wipe(upperfd);
-	if (r >= 0)
-		r = env_fs_wipe(workfd);
-	if (r >= 0)
-		r = env_fs_rebuild(upperfd, &m, ckfd);
+	/* The upper layer as the head's index knows it: roll back what differs; otherwise (a
+	 * supervisor restart, a rebuild) from nothing. */
+	r = env_fs_wipe(workfd);
+	t[2] = mono_us();
+	if (r >= 0 && e->head_valid && strcmp(e->head_index.id, e->head) == 0) {
+		r = env_fs_rollback(upperfd, &e->head_index, &m, ckfd);
+	} else if (r >= 0) {
+		r = env_fs_wipe(upperfd);
+		if (r >= 0)
+			r = env_fs_rebuild(upperfd, &m, ckfd);
+	}
+	t[3] = mono_us();
 	if (r < 0) {
 		log_error_errno(r, "Rebuilding %s's upper layer from %s failed: %m", e->id, id);
 		goto out;
@@ -537,9 +547,15 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 	r = env_fresh_cgroup(e);
 	if (r < 0)
 		goto out;
+	t[4] = mono_us();
 	r = sv_criu_restore(e->criu, criufd, e->root, &pid);
 	if (r < 0)
 		goto out;
+	t[5] = mono_us();
+	log_debug("Restore of %s to %s: kill %" PRIu64 " µs, unmount %" PRIu64
+		  " µs, roll back %" PRIu64 " µs, mount + cgroup %" PRIu64 " µs, CRIU %" PRIu64
+		  " µs.",
+		  e->id, id, t[1] - t[0], t[2] - t[1], t[3] - t[2], t[4] - t[3], t[5] - t[4]);
 	e->pid = pid;
 	/* Verify: the tree is back, in the environment's cgroup. */
 	n = env_count_procs(e);

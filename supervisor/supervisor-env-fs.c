@@ -486,16 +486,11 @@ static int rebuild_entry(int upper_fd, const struct env_entry *e, int ckpts_fd)
 	return set_times(pfd, name, e, AT_SYMLINK_NOFOLLOW);
 }
 
-int env_fs_rebuild(int upper_fd, const struct env_manifest *m, int ckpts_fd)
+/* Directories last, deepest first: their mtime must survive their content's creation. */
+static int dirs_metadata(int upper_fd, const struct env_manifest *m)
 {
 	int r;
 
-	for (size_t i = 0; i < m->n_entries; i++) {
-		r = rebuild_entry(upper_fd, &m->entries[i], ckpts_fd);
-		if (r < 0)
-			return r;
-	}
-	/* Directories last, deepest first: their mtime must survive their content's creation. */
 	for (size_t i = m->n_entries; i-- > 0;) {
 		const struct env_entry *e = &m->entries[i];
 		_cleanup_close_ int pfd = -1;
@@ -514,6 +509,181 @@ int env_fs_rebuild(int upper_fd, const struct env_manifest *m, int ckpts_fd)
 			return r;
 	}
 	return 0;
+}
+
+int env_fs_rebuild(int upper_fd, const struct env_manifest *m, int ckpts_fd)
+{
+	int r;
+
+	for (size_t i = 0; i < m->n_entries; i++) {
+		r = rebuild_entry(upper_fd, &m->entries[i], ckpts_fd);
+		if (r < 0)
+			return r;
+	}
+	return dirs_metadata(upper_fd, m);
+}
+
+/* --- rollback ---------------------------------------------------------------------------- */
+
+struct rollback {
+	const struct env_manifest *cur, *target;
+	const struct env_entry **cur_sorted, **tgt_sorted;
+	bool *kept; /* per target entry */
+	char path[ENV_PATH_MAX + 2];
+};
+
+static const struct env_entry *find_in(const struct env_entry **arr, size_t n, const char *path)
+{
+	struct env_entry key = {.path = (char *)path};
+	const struct env_entry *kp = &key, **hit;
+
+	if (!arr)
+		return NULL;
+	hit = bsearch(&kp, arr, n, sizeof(*arr), cmp_entry_ptr);
+	return hit ? *hit : NULL;
+}
+
+static const struct env_entry **sorted_of(const struct env_manifest *m)
+{
+	const struct env_entry **a = calloc(m->n_entries + 1, sizeof(*a));
+
+	if (!a)
+		return NULL;
+	for (size_t i = 0; i < m->n_entries; i++)
+		a[i] = &m->entries[i];
+	qsort(a, m->n_entries, sizeof(*a), cmp_entry_ptr);
+	return a;
+}
+
+/* A regular file that is, byte for byte, the target's: unchanged since cur was taken (same
+ * inode, ctime, mtime, size, one link) and cur and the target name the same data. */
+static bool file_is_targets(const struct rollback *rb, const struct stat *st,
+			    const struct env_entry *t)
+{
+	const struct env_entry *c = find_in(rb->cur_sorted, rb->cur->n_entries, rb->path);
+
+	return c && c->kind == ENV_ENTRY_REG && t->kind == ENV_ENTRY_REG && st->st_nlink == 1 &&
+	       c->ino == st->st_ino && c->ctime_ns == ts_ns(&st->st_ctim) &&
+	       c->mtime_ns == ts_ns(&st->st_mtim) && c->size == (uint64_t)st->st_size &&
+	       c->data_key == t->data_key && strcmp(c->src, t->src) == 0;
+}
+
+/* Removes from the upper layer whatever the target does not hold as it is now. */
+static int prune_dir(struct rollback *rb, int dirfd, size_t plen, unsigned depth)
+{
+	struct dirent *de;
+	int r = 0, fd;
+	DIR *d;
+
+	if (depth > WALK_DEPTH_MAX)
+		return -ELOOP;
+	fd = dup(dirfd);
+	if (fd < 0)
+		return -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		(void)close(fd);
+		return -errno;
+	}
+	while (r >= 0 && (errno = 0, de = readdir(d))) {
+		size_t n = strlen(de->d_name);
+		const struct env_entry *t;
+		struct stat st;
+
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		if (plen + !!plen + n > ENV_PATH_MAX) {
+			r = -ENAMETOOLONG;
+			break;
+		}
+		if (plen)
+			rb->path[plen] = '/';
+		memcpy(rb->path + plen + !!plen, de->d_name, n + 1);
+		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			r = -errno;
+			break;
+		}
+		t = find_in(rb->tgt_sorted, rb->target->n_entries, rb->path);
+		if (S_ISDIR(st.st_mode)) {
+			_cleanup_close_ int sub = openat(
+				dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+			if (sub < 0) {
+				r = -errno;
+				break;
+			}
+			if (t && t->kind == ENV_ENTRY_DIR) {
+				rb->kept[t - rb->target->entries] = true;
+				r = prune_dir(rb, sub, plen + !!plen + n, depth + 1);
+			} else {
+				r = wipe_dir(sub, depth + 1);
+				if (r >= 0 && unlinkat(dirfd, de->d_name, AT_REMOVEDIR) < 0)
+					r = -errno;
+			}
+		} else if (S_ISREG(st.st_mode) && t && file_is_targets(rb, &st, t)) {
+			rb->kept[t - rb->target->entries] = true;
+		} else if (unlinkat(dirfd, de->d_name, 0) < 0) {
+			r = -errno;
+		}
+		rb->path[plen] = '\0';
+	}
+	if (r >= 0 && errno)
+		r = -errno;
+	closedir(d);
+	return r;
+}
+
+int env_fs_rollback(int upper_fd, const struct env_manifest *cur, const struct env_manifest *target,
+		    int ckpts_fd)
+{
+	struct rollback rb = {.cur = cur, .target = target};
+	int r = -ENOMEM;
+
+	rb.cur_sorted = sorted_of(cur);
+	rb.tgt_sorted = sorted_of(target);
+	rb.kept = calloc(target->n_entries + 1, sizeof(*rb.kept));
+	if (!rb.cur_sorted || !rb.tgt_sorted || !rb.kept)
+		goto out;
+	r = prune_dir(&rb, upper_fd, 0, 0);
+	for (size_t i = 0; r >= 0 && i < target->n_entries; i++) {
+		const struct env_entry *e = &target->entries[i];
+		_cleanup_close_ int pfd = -1;
+		const char *name;
+
+		if (!rb.kept[i]) {
+			r = rebuild_entry(upper_fd, e, ckpts_fd);
+			continue;
+		}
+		pfd = open_parent(upper_fd, e->path, &name);
+		if (pfd < 0) {
+			r = pfd;
+			break;
+		}
+		if (e->kind == ENV_ENTRY_DIR) {
+			_cleanup_close_ int dfd =
+				openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+			if (dfd < 0)
+				r = -errno;
+			else if (e->opaque)
+				r = fsetxattr(dfd, OVL_OPAQUE_XATTR, "y", 1, 0) < 0 ? -errno : 0;
+			else if (fremovexattr(dfd, OVL_OPAQUE_XATTR) < 0 && errno != ENODATA)
+				r = -errno;
+			continue; /* owner, mode, times: dirs_metadata */
+		}
+		if (fchownat(pfd, name, e->uid, e->gid, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    fchmodat(pfd, name, e->mode, 0) < 0)
+			r = -errno;
+		else
+			r = set_times(pfd, name, e, AT_SYMLINK_NOFOLLOW);
+	}
+	if (r >= 0)
+		r = dirs_metadata(upper_fd, target);
+out:
+	free(rb.cur_sorted);
+	free(rb.tgt_sorted);
+	free(rb.kept);
+	return r;
 }
 
 int env_fs_refresh(int upper_fd, struct env_manifest *m)

@@ -44,6 +44,14 @@ int env_fs_wipe(int dir_fd);
 /* Rebuilds the (empty) upper layer from m: data read from ckpts_fd/<src>/data/<key>. */
 int env_fs_rebuild(int upper_fd, const struct env_manifest *m, int ckpts_fd);
 
+/* Rolls the upper layer back (or forward) to target in place: a regular file still exactly as
+ * cur (the index of the current state: the last checkpoint's or restore's, inode and ctime as
+ * on disk) recorded it, whose data the target shares, stays; everything else the target does
+ * not hold as it is now is removed, and what is missing is rebuilt. Same result as wiping and
+ * env_fs_rebuild, at the cost of what differs. */
+int env_fs_rollback(int upper_fd, const struct env_manifest *cur, const struct env_manifest *target,
+		    int ckpts_fd);
+
 /* After a rebuild: the entries' inode and ctime as they are now, so the next scan compares
  * against the rebuilt files rather than the originals. */
 int env_fs_refresh(int upper_fd, struct env_manifest *m);
