@@ -302,6 +302,8 @@ static void test_delta_chain(void **state)
 {
 	struct fx *f = *state;
 	struct env_manifest m1 = {0}, m2 = {0}, back = {0};
+	char f1[PATH_MAX];
+	struct stat st1, st2;
 	uint64_t h1, h2;
 
 	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
@@ -318,8 +320,13 @@ static void test_delta_chain(void **state)
 	assert_true(m2.fs_files >= 2 && m2.fs_files <= 3);
 	assert_true(m2.fs_removed >= 2);
 
+	/* f1 is the same file in both checkpoints: rolled back in place, it is not copied. */
+	snprintf(f1, sizeof(f1), "%s/work/f1", f->env->upper);
+	assert_int_equal(stat(f1, &st1), 0);
 	assert_int_equal(env_restore(f->env, m1.id, &back), 0);
 	assert_true(tree(f) == h1);
+	assert_int_equal(stat(f1, &st2), 0);
+	assert_int_equal(st1.st_ino, st2.st_ino);
 	env_manifest_finish(&back);
 	assert_int_equal(env_restore(f->env, m2.id, &back), 0);
 	assert_true(tree(f) == h2);
