@@ -78,6 +78,12 @@ struct defer {
 	bool p2p;
 	cudaStream_t stream;
 };
+/* Bumped (under the lock) whenever a record goes: a thread's cached lookup is valid while it
+ * has not moved, so the hot path takes no lock for a communicator it used last. */
+static uint64_t generation;
+static __thread ncclComm_t cached_comm;
+static __thread struct rec *cached_rec;
+static __thread uint64_t cached_gen;
 static __thread int group_depth;
 static __thread struct defer *deferred;
 static __thread size_t n_deferred;
@@ -276,6 +282,7 @@ static void comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nc
 	r->parent_id = parent_id;
 	r->id = next_id++;
 	recs[n_recs++] = r;
+	__atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
 	start_poller_locked();
 	pthread_mutex_unlock(&lock);
 	announce(CONN_NCCL_COMM, r->id);
@@ -372,6 +379,7 @@ void nccl_comm_gone(ncclComm_t comm, enum nccl_end how)
 	if (r) {
 		__atomic_store_n(&r->ctr->state, NCCL_COMM_ENDED, __ATOMIC_RELEASE);
 		id = r->id;
+		__atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
 		for (size_t i = 0; i < n_recs; i++)
 			if (recs[i] == r) {
 				recs[i] = recs[--n_recs];
@@ -390,9 +398,17 @@ void nccl_op_begin(ncclComm_t comm, uint32_t op, uint64_t bytes, bool p2p,
 	struct rec *r;
 
 	*ret = (struct nccl_op_ticket){0};
-	pthread_mutex_lock(&lock);
-	r = find_locked(comm);
-	pthread_mutex_unlock(&lock);
+	if (comm && comm == cached_comm &&
+	    __atomic_load_n(&generation, __ATOMIC_ACQUIRE) == cached_gen)
+		r = cached_rec;
+	else {
+		pthread_mutex_lock(&lock);
+		r = find_locked(comm);
+		cached_comm = comm;
+		cached_rec = r;
+		cached_gen = generation;
+		pthread_mutex_unlock(&lock);
+	}
 	if (!r)
 		return;
 	ret->rec = r;
@@ -697,6 +713,8 @@ void nccl_reset_after_fork(void)
 	pthread_mutex_init(&lock, NULL);
 	pthread_cond_init(&wake, NULL);
 	n_recs = 0;
+	generation++;
+	cached_comm = NULL;
 	poller_started = false;
 	group_depth = 0;
 	n_deferred = 0;

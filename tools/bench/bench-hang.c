@@ -21,7 +21,7 @@
 
 #define WATCHDOG_MS	  600000.0 /* TORCH_NCCL timeout default: 10 minutes */
 #define WEIGHTS_BYTES	  (8u << 20)
-#define OVERHEAD_ROUNDS	  3
+#define OVERHEAD_ROUNDS	  6
 #define OVERHEAD_REQUESTS 10
 
 struct hang_case {
@@ -100,7 +100,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"Usage: belayer-bench hang [--json] [--tp 2,4] [--hang-timeout MS]\n"
-		"                          [--no-overhead] [--build-dir DIR]\n"
+		"                          [--no-overhead | --overhead-only] [--build-dir DIR]\n"
 		"  --hang-timeout  the supervisor's [nccl] hang_timeout (default: its default)\n");
 }
 
@@ -111,6 +111,7 @@ int bench_hang(const struct bench_args *a, int argc, char **argv)
 		{"tp", required_argument, NULL, 't'},
 		{"hang-timeout", required_argument, NULL, 'H'},
 		{"no-overhead", no_argument, NULL, 'n'},
+		{"overhead-only", no_argument, NULL, 'o'},
 		{"build-dir", required_argument, NULL, 'B'},
 		{"help", no_argument, NULL, 'h'},
 		{},
@@ -120,7 +121,7 @@ int bench_hang(const struct bench_args *a, int argc, char **argv)
 	unsigned tps[4] = {2, 4}, ntp = 2;
 	struct hang_case cases[8];
 	size_t n = 0;
-	bool json = a->json, do_overhead = true;
+	bool json = a->json, do_overhead = true, only_overhead = false;
 	double on = 0, off = 0;
 	struct rec_paths p = {};
 	int c, r, ro = -1;
@@ -147,6 +148,9 @@ int bench_hang(const struct bench_args *a, int argc, char **argv)
 		case 'n':
 			do_overhead = false;
 			break;
+		case 'o':
+			only_overhead = true;
+			break;
 		case 'B':
 			build = optarg;
 			break;
@@ -171,7 +175,7 @@ int bench_hang(const struct bench_args *a, int argc, char **argv)
 	snprintf(ufile, sizeof(ufile), "%s/u.safetensors", dir);
 	r = rec_gen_weights(&p, wfile, WEIGHTS_BYTES, 1);
 	r = r ?: rec_gen_weights(&p, ufile, WEIGHTS_BYTES, 2);
-	for (unsigned t = 0; r == 0 && t < ntp; t++)
+	for (unsigned t = 0; r == 0 && !only_overhead && t < ntp; t++)
 		for (int f = 0; f < 2; f++) {
 			struct hang_case *hc = &cases[n++];
 
