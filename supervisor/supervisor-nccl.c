@@ -302,7 +302,12 @@ static void stop_group(struct supervisor *s, struct comm **m, size_t nm, pid_t c
 			continue;
 		e = engines_find(s, worker_engine(w));
 		if (e && w->role == ROLE_PRIMARY) {
-			if (!dead && !e->rec) {
+			if (dead && !strstr(act, "recover:")) {
+				/* The death itself starts (or started) the engine's recovery. */
+				len += (size_t)snprintf(act + len, len < cap ? cap - len : 0,
+							"%srecover:%s", len ? "," : "",
+							e->cfg->name);
+			} else if (!dead && !e->rec) {
 				promote_start(s, e, "nccl_hang", culprit, detect_ns);
 				engines++;
 				len += (size_t)snprintf(act + len, len < cap ? cap - len : 0,
