@@ -1,0 +1,886 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The gateway end to end (suite 'gateway'): the real supervisor launches the engine stand-in
+ * under libbelayer.so on the emulated GPU as primary and shadow with [engine.t] gateway_listen,
+ * and clients talk to the gateway over real sockets. Kill points are exact: the primary is
+ * paused (/debug/pause), stepped a random number of times (each step: one token per running
+ * request), then SIGKILLed with every request in flight; after the promotion (or the cold
+ * restart) each client's whole response must equal its failure-free one byte for byte.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "sv-test.h"
+#include "test-util.h"
+#include "util.h"
+
+#define READY_MS 20000
+#define HTTP_MS	 60000
+#define MAX_REQS 16
+
+static struct sv sv;
+static char weights[PATH_MAX];
+static uint16_t port_a, port_b, port_gw;
+
+static uint16_t free_port(void)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	assert_true(fd >= 0);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+/* ---- a small HTTP/1.1 client: one request per connection, chunked bodies decoded ---- */
+
+struct resp {
+	int status;
+	char *body;
+	size_t len;
+};
+
+static int tcp_connect(uint16_t port)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+				 .sin_port = htons(port)};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int r = -errno;
+
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+static int send_all(int fd, const char *p, size_t n)
+{
+	while (n) {
+		ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return -errno;
+		p += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+static int http_send(int fd, const char *method, const char *path, const char *body)
+{
+	char head[512];
+	size_t n = body ? strlen(body) : 0;
+
+	snprintf(head, sizeof(head),
+		 "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+		 "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+		 method, path, n);
+	if (send_all(fd, head, strlen(head)) < 0 || (n && send_all(fd, body, n) < 0))
+		return -EIO;
+	return 0;
+}
+
+/* Reads until EOF; decodes a chunked body. */
+static int http_recv(int fd, int timeout_ms, struct resp *ret)
+{
+	size_t cap = 1 << 16, len = 0;
+	char *buf = malloc(cap), *hend, *p, *out;
+	uint64_t deadline = mono_ms() + (uint64_t)timeout_ms;
+
+	assert_non_null(buf);
+	for (;;) {
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		ssize_t k;
+
+		if (mono_ms() > deadline) {
+			free(buf);
+			return -ETIMEDOUT;
+		}
+		if (poll(&pf, 1, 100) <= 0)
+			continue;
+		if (len + 4096 > cap) {
+			cap *= 2;
+			buf = realloc(buf, cap);
+			assert_non_null(buf);
+		}
+		k = recv(fd, buf + len, cap - len - 1, 0);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			break;
+		len += (size_t)k;
+	}
+	buf[len] = 0;
+	hend = strstr(buf, "\r\n\r\n");
+	if (!hend || sscanf(buf, "HTTP/1.%*d %d", &ret->status) != 1) {
+		free(buf);
+		return -EBADMSG;
+	}
+	*hend = 0;
+	p = hend + 4;
+	out = malloc(len + 1);
+	assert_non_null(out);
+	if (strcasestr(buf, "Transfer-Encoding: chunked")) {
+		size_t o = 0;
+
+		for (;;) {
+			char *e;
+			unsigned long n = strtoul(p, &e, 16);
+
+			if (e == p || strncmp(e, "\r\n", 2) != 0) {
+				free(buf);
+				free(out);
+				return -EBADMSG; /* cut short */
+			}
+			if (n == 0)
+				break;
+			p = e + 2;
+			if ((size_t)(p - buf) + n > len) {
+				free(buf);
+				free(out);
+				return -EBADMSG;
+			}
+			memcpy(out + o, p, n);
+			o += n;
+			p += n + 2;
+		}
+		out[o] = 0;
+		ret->len = o;
+	} else {
+		ret->len = len - (size_t)(p - buf);
+		memcpy(out, p, ret->len);
+		out[ret->len] = 0;
+	}
+	free(buf);
+	ret->body = out;
+	return 0;
+}
+
+static int http(uint16_t port, const char *method, const char *path, const char *body,
+		struct resp *ret)
+{
+	int fd = tcp_connect(port), r;
+
+	*ret = (struct resp){0};
+	if (fd < 0)
+		return fd;
+	r = http_send(fd, method, path, body);
+	if (r == 0)
+		r = http_recv(fd, HTTP_MS, ret);
+	close(fd);
+	return r;
+}
+
+static void engine_post(uint16_t port, const char *path)
+{
+	struct resp r;
+
+	assert_int_equal(http(port, "POST", path, "", &r), 0);
+	assert_int_equal(r.status, 200);
+	free(r.body);
+}
+
+/* ---- responses: SSE validity, the client-visible content ---- */
+
+/* Removes what differs between two failure-free runs too (the engine's request counter in
+ * the completion id, its clock in created). */
+static void normalize(json_object *o)
+{
+	json_object_object_del(o, "id");
+	json_object_object_del(o, "created");
+}
+
+/* The client-visible content of a response: every event (or the body) normalized, one per
+ * line. Fails the test on an invalid stream: an event without "data: ", a non-JSON event, an
+ * error event, no final [DONE]. */
+static char *content(const struct resp *r, bool stream)
+{
+	size_t cap = r->len + 64, o = 0;
+	char *out = malloc(cap), *copy = strdup(r->body), *save = NULL, *ev;
+	bool done = false;
+
+	assert_non_null(out);
+	assert_non_null(copy);
+	if (r->status != 200)
+		fail_msg("status %d: %s", r->status, r->body);
+	if (!stream) {
+		json_object *j = json_tokener_parse(r->body);
+
+		assert_non_null(j);
+		normalize(j);
+		o = (size_t)snprintf(out, cap, "%s",
+				     json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));
+		json_object_put(j);
+		free(copy);
+		return out;
+	}
+	for (char *s = copy; (ev = strstr(s, "\n\n")) || *s; s = ev ? ev + 2 : s + strlen(s)) {
+		json_object *j;
+		const char *t;
+
+		if (ev)
+			*ev = 0;
+		if (!*s)
+			continue;
+		if (strncmp(s, "data: ", 6) != 0)
+			fail_msg("not an SSE data event: \"%.80s\"", s);
+		if (done)
+			fail_msg("an event after [DONE]");
+		if (strcmp(s + 6, "[DONE]") == 0) {
+			done = true;
+			continue;
+		}
+		j = json_tokener_parse(s + 6);
+		if (!j || !json_object_is_type(j, json_type_object))
+			fail_msg("an event is not a JSON object: \"%.80s\"", s + 6);
+		if (json_object_object_get_ex(j, "error", NULL))
+			fail_msg("an error event: %s", s + 6);
+		normalize(j);
+		t = json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN);
+		if (o + strlen(t) + 2 > cap) {
+			cap = (o + strlen(t) + 2) * 2;
+			out = realloc(out, cap);
+			assert_non_null(out);
+		}
+		o += (size_t)snprintf(out + o, cap - o, "%s\n", t);
+		json_object_put(j);
+		if (!ev)
+			break;
+	}
+	(void)save;
+	free(copy);
+	if (!done)
+		fail_msg("the stream has no final [DONE]");
+	return out;
+}
+
+/* The generated token ids of a response, concatenated: "1,2,3". */
+static char *tokens_of(const struct resp *r, bool stream, bool generate)
+{
+	char *c = content(r, stream), *out = calloc(1, r->len + 16);
+	size_t o = 0;
+
+	assert_non_null(out);
+	for (char *line = c, *next; line && *line; line = next) {
+		json_object *j, *ids = NULL, *ch;
+
+		next = stream ? strchr(line, '\n') : NULL;
+		if (next)
+			*next++ = 0;
+		j = json_tokener_parse(line);
+		assert_non_null(j);
+		if (generate) {
+			json_object_object_get_ex(j, "output_ids", &ids);
+		} else if (json_object_object_get_ex(j, "choices", &ch)) {
+			json_object_object_get_ex(json_object_array_get_idx(ch, 0), "token_ids",
+						  &ids);
+		}
+		for (size_t i = 0; ids && i < json_object_array_length(ids); i++)
+			o += (size_t)sprintf(
+				out + o, "%s%d", o ? "," : "",
+				json_object_get_int(json_object_array_get_idx(ids, i)));
+		json_object_put(j);
+	}
+	free(c);
+	return out;
+}
+
+/* ---- requests in flight, each on a thread of its own ---- */
+
+struct req {
+	const char *path;
+	char body[4096];
+	bool stream, generate;
+	pthread_t t;
+	struct resp r;
+	int rc;
+};
+
+static void *req_run(void *arg)
+{
+	struct req *q = arg;
+
+	q->rc = http(port_gw, "POST", q->path, q->body, &q->r);
+	return NULL;
+}
+
+static void prompt_of(char *buf, size_t cap, unsigned seed, int n)
+{
+	size_t o = 0;
+
+	for (int i = 0; i < n; i++)
+		o += (size_t)snprintf(buf + o, cap - o, "%s%u", i ? "," : "",
+				      (seed * 7919u + (unsigned)i * 104729u) % 500u + 1u);
+}
+
+/* Request i of a mixed set: SGLang and OpenAI styles, streaming and not, with and without
+ * logprobs and token ids asked for. */
+static void req_make(struct req *q, int i, int max_new)
+{
+	char p[2048];
+
+	prompt_of(p, sizeof(p), (unsigned)i + 1, 8 + (i * 13) % 40);
+	*q = (struct req){0};
+	switch (i % 5) {
+	case 0:
+	case 3:
+		q->path = "/generate";
+		q->generate = true;
+		q->stream = i % 5 == 0;
+		snprintf(q->body, sizeof(q->body),
+			 "{\"input_ids\":[%s],\"sampling_params\":{\"max_new_tokens\":%d,"
+			 "\"temperature\":0},\"stream\":%s,\"return_logprob\":%s}",
+			 p, max_new, q->stream ? "true" : "false", i % 2 ? "true" : "false");
+		break;
+	default:
+		q->path = "/v1/completions";
+		q->stream = i % 5 != 4;
+		snprintf(q->body, sizeof(q->body),
+			 "{\"prompt\":[%s],\"max_tokens\":%d,\"temperature\":0,"
+			 "\"stream\":%s,\"return_token_ids\":true%s}",
+			 p, max_new, q->stream ? "true" : "false",
+			 i % 5 == 1 ? ",\"logprobs\":1" : "");
+		break;
+	}
+}
+
+/* ---- the supervisor and its engine ---- */
+
+static void start(int tp, bool shadow, const char *const *more)
+{
+	static char primary[PATH_MAX * 2 + 256], shadowc[PATH_MAX * 2 + 256], env[PATH_MAX + 64],
+		port[32], sport[32], gw[64], tps[32];
+	const char *settings[32] = {primary,
+				    env,
+				    port,
+				    sport,
+				    gw,
+				    tps,
+				    "engine.t.probe_interval=50ms",
+				    "engine.t.checksum_settle=200ms"};
+	size_t n = 8;
+
+	port_a = free_port();
+	port_b = free_port();
+	port_gw = free_port();
+	snprintf(primary, sizeof(primary),
+		 "engine.t.primary=%s --model %s --port {port} --tp %d --kv-cache-bytes 16M "
+		 "--enable-debug-endpoints",
+		 ENGINE_PATH, weights, tp);
+	snprintf(shadowc, sizeof(shadowc),
+		 "engine.t.shadow=%s --model %s --port {port} --tp %d --load-format dummy --seed 1 "
+		 "--kv-cache-bytes 16M --enable-debug-endpoints",
+		 ENGINE_PATH, weights, tp);
+	snprintf(env, sizeof(env), "engine.t.env=LD_PRELOAD=%s BELAYER_PARK_QUIET_MS=300",
+		 SHIM_PATH);
+	snprintf(port, sizeof(port), "engine.t.port=%u", port_a);
+	snprintf(sport, sizeof(sport), "engine.t.shadow_port=%u", port_b);
+	snprintf(gw, sizeof(gw), "engine.t.gateway_listen=127.0.0.1:%u", port_gw);
+	snprintf(tps, sizeof(tps), "engine.t.tp=%d", tp);
+	if (shadow)
+		settings[n++] = shadowc;
+	for (size_t i = 0; more && more[i]; i++)
+		settings[n++] = more[i];
+	settings[n] = NULL;
+	sv_start(&sv, settings);
+}
+
+static uint64_t engine_metric(const char *name)
+{
+	return metric(&sv, name, "engine=\"t\"");
+}
+
+static void wait_serving(void)
+{
+	uint64_t deadline = mono_ms() + READY_MS;
+	struct resp r;
+
+	for (;;) {
+		if (http(port_gw, "GET", "/health", NULL, &r) == 0) {
+			free(r.body);
+			if (r.status == 200)
+				return;
+		}
+		if (mono_ms() > deadline)
+			fail_msg("the engine did not serve through the gateway within %d ms",
+				 READY_MS);
+		(void)poll(NULL, 0, 20);
+	}
+}
+
+static void wait_promotable(void)
+{
+	uint64_t deadline = mono_ms() + READY_MS;
+
+	while (engine_metric("belayer_engine_promotable") != 1) {
+		if (mono_ms() > deadline)
+			fail_msg("engine t not promotable within %d ms", READY_MS);
+		(void)poll(NULL, 0, 20);
+	}
+}
+
+static pid_t primary_pid(int rank)
+{
+	struct proto_msg m[32];
+	int n = ctl_collect(&sv, CTL_WORKERS, 0, CTL_ACT_NONE, -1, m, ARRAY_SIZE(m));
+
+	for (int i = 0; i < n; i++) {
+		const struct proto_worker_info *w = &m[i].worker_info;
+
+		if (m[i].type == PROTO_WORKER_INFO && w->state == WORKER_ALIVE &&
+		    w->role == ROLE_PRIMARY && (w->rank < 0 ? 0 : w->rank) == rank &&
+		    strcmp(w->engine_id, "t") == 0)
+			return (pid_t)w->pid;
+	}
+	return 0;
+}
+
+/* Requests the paused engine on port holds (running + waiting). */
+static int engine_holds(uint16_t port)
+{
+	struct resp r;
+	const char *w;
+	int n = 0;
+
+	if (http(port, "GET", "/debug/kv", NULL, &r) != 0)
+		return -1;
+	for (const char *p = r.body; (p = strstr(p, "\"tokens\":")); p++)
+		n++;
+	w = strstr(r.body, "\"waiting\":");
+	if (w)
+		n += atoi(w + 10);
+	free(r.body);
+	return n;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	sv_setup(&sv);
+	setenv("BELAYER_EMU_KERNELS", KERNELS_PATH, 1);
+	setenv("BELAYER_EMU_DEVICES", "4", 1);
+	snprintf(weights, sizeof(weights), "%s/w.safetensors", sv.dir);
+	{
+		const char *argv[] = {GEN_PATH, "--out",  weights, "--size",
+				      "8M",	"--seed", "1",	   NULL};
+		assert_int_equal(run_tool(&sv, argv, NULL), 0);
+	}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	if (sv.pid > 0)
+		(void)sv_kill(&sv, SIGTERM);
+	sv_teardown(&sv);
+	return 0;
+}
+
+/* ---- tests ---- */
+
+/* Runs n requests through the gateway; with kill, the primary is paused, stepped a random
+ * number of times with every request held, and rank kill_rank SIGKILLed. */
+static void run_set(struct req *q, int n, int max_new, bool kill_it, int tp, unsigned *seed)
+{
+	for (int i = 0; i < n; i++)
+		req_make(&q[i], i, max_new);
+	if (kill_it)
+		engine_post(port_a, "/debug/pause");
+	for (int i = 0; i < n; i++)
+		assert_int_equal(pthread_create(&q[i].t, NULL, req_run, &q[i]), 0);
+	if (kill_it) {
+		uint64_t deadline = mono_ms() + READY_MS;
+		int steps = (int)(rand_r(seed) % (unsigned)(max_new / 2)), rank, held;
+		pid_t pid;
+
+		while ((held = engine_holds(port_a)) != n) {
+			if (mono_ms() > deadline)
+				fail_msg("the engine holds %d requests of %d", held, n);
+			(void)poll(NULL, 0, 5);
+		}
+		for (int s = 0; s < steps; s++)
+			engine_post(port_a, "/debug/step");
+		rank = (int)(rand_r(seed) % (unsigned)tp);
+		pid = primary_pid(rank);
+		print_message("kill point: after %d steps, rank %d of %d (pid %d)\n", steps, rank,
+			      tp, pid);
+		assert_true(pid > 0);
+		assert_int_equal(kill(pid, SIGKILL), 0);
+	}
+	for (int i = 0; i < n; i++) {
+		assert_int_equal(pthread_join(q[i].t, NULL), 0);
+		if (q[i].rc != 0)
+			fail_msg("request %d: %s", i, strerror(-q[i].rc));
+	}
+}
+
+static void greedy_identical(int tp, int n)
+{
+	struct req base[MAX_REQS], failed[MAX_REQS];
+	unsigned seed = (unsigned)time(NULL);
+	int max_new = 60;
+
+	print_message("seed %u\n", seed);
+	start(tp, true, NULL);
+	wait_serving();
+	wait_promotable();
+	run_set(base, n, max_new, false, tp, &seed);
+	run_set(failed, n, max_new, true, tp, &seed);
+	for (int i = 0; i < n; i++) {
+		char *a = content(&base[i].r, base[i].stream);
+		char *b = content(&failed[i].r, failed[i].stream);
+		char *ta = tokens_of(&base[i].r, base[i].stream, base[i].generate);
+		char *tb = tokens_of(&failed[i].r, failed[i].stream, failed[i].generate);
+
+		if (strcmp(ta, tb) != 0)
+			fail_msg("request %d (%s): tokens differ\n  failure-free: %s\n  with kill: "
+				 "   %s",
+				 i, base[i].path, ta, tb);
+		if (strcmp(a, b) != 0)
+			fail_msg("request %d (%s): responses differ\n  failure-free: %.600s\n  "
+				 "with kill:    %.600s",
+				 i, base[i].path, a, b);
+		free(a);
+		free(b);
+		free(ta);
+		free(tb);
+		free(base[i].r.body);
+		free(failed[i].r.body);
+	}
+	assert_int_equal(engine_metric("belayer_recovery_last_outcome"), 2); /* promoted */
+}
+
+static void greedy_identical_tp1(void **state)
+{
+	(void)state;
+	greedy_identical(1, 10);
+}
+
+static void greedy_identical_tp2(void **state)
+{
+	(void)state;
+	greedy_identical(2, 6);
+}
+
+/* Without a shadow the recovery is a cold restart: in-flight streams continue all the same,
+ * and requests sent while it runs wait for it. */
+static void cold_restart_resumes_and_waits(void **state)
+{
+	struct req base[MAX_REQS], failed[MAX_REQS], late[4];
+	unsigned seed = (unsigned)time(NULL) ^ 0x5a5a;
+	int n = 5;
+
+	(void)state;
+	start(1, false, NULL);
+	wait_serving();
+	run_set(base, n, 40, false, 1, &seed);
+	run_set(failed, n, 40, false, 1, &seed); /* warm */
+	for (int i = 0; i < n; i++)
+		free(failed[i].r.body);
+	for (int i = 0; i < n; i++)
+		req_make(&failed[i], i, 40);
+	engine_post(port_a, "/debug/pause");
+	for (int i = 0; i < n; i++)
+		assert_int_equal(pthread_create(&failed[i].t, NULL, req_run, &failed[i]), 0);
+	while (engine_holds(port_a) != n)
+		(void)poll(NULL, 0, 5);
+	for (int s = 0; s < 7; s++)
+		engine_post(port_a, "/debug/step");
+	assert_int_equal(kill(primary_pid(0), SIGKILL), 0);
+	/* sent during the recovery: they wait instead of failing */
+	for (int i = 0; i < 4; i++) {
+		req_make(&late[i], i, 40);
+		assert_int_equal(pthread_create(&late[i].t, NULL, req_run, &late[i]), 0);
+	}
+	for (int i = 0; i < n; i++) {
+		char *a, *b;
+
+		assert_int_equal(pthread_join(failed[i].t, NULL), 0);
+		assert_int_equal(failed[i].rc, 0);
+		a = content(&base[i].r, base[i].stream);
+		b = content(&failed[i].r, failed[i].stream);
+		assert_string_equal(a, b);
+		free(a);
+		free(b);
+	}
+	for (int i = 0; i < 4; i++) {
+		char *a, *b;
+
+		assert_int_equal(pthread_join(late[i].t, NULL), 0);
+		assert_int_equal(late[i].rc, 0);
+		a = content(&base[i].r, base[i].stream);
+		b = content(&late[i].r, late[i].stream);
+		assert_string_equal(a, b);
+		free(a);
+		free(b);
+		free(late[i].r.body);
+	}
+	assert_int_equal(engine_metric("belayer_recovery_last_outcome"), 3); /* cold restart */
+	for (int i = 0; i < n; i++) {
+		free(base[i].r.body);
+		free(failed[i].r.body);
+	}
+}
+
+/* A seeded sampled request resumed with gateway_seed=advance continues the engine stand-in's
+ * generator exactly: the same tokens as without the failure. */
+static void seeded_advance_exact(void **state)
+{
+	const char *more[] = {"engine.t.gateway_seed=advance", NULL};
+	const char *body = "{\"input_ids\":[5,6,7,8],\"sampling_params\":{\"max_new_tokens\":50,"
+			   "\"temperature\":0.9,\"seed\":1234},\"stream\":true}";
+	struct req a = {.path = "/generate", .stream = true, .generate = true};
+	struct req b = a;
+	char *ta, *tb;
+
+	(void)state;
+	snprintf(a.body, sizeof(a.body), "%s", body);
+	snprintf(b.body, sizeof(b.body), "%s", body);
+	start(1, true, more);
+	wait_serving();
+	wait_promotable();
+	req_run(&a);
+	assert_int_equal(a.rc, 0);
+	engine_post(port_a, "/debug/pause");
+	assert_int_equal(pthread_create(&b.t, NULL, req_run, &b), 0);
+	while (engine_holds(port_a) != 1)
+		(void)poll(NULL, 0, 5);
+	for (int s = 0; s < 17; s++)
+		engine_post(port_a, "/debug/step");
+	assert_int_equal(kill(primary_pid(0), SIGKILL), 0);
+	assert_int_equal(pthread_join(b.t, NULL), 0);
+	assert_int_equal(b.rc, 0);
+	ta = tokens_of(&a.r, true, true);
+	tb = tokens_of(&b.r, true, true);
+	assert_string_equal(ta, tb);
+	free(ta);
+	free(tb);
+	free(a.r.body);
+	free(b.r.body);
+}
+
+/* A client that goes away mid-stream cancels its engine request. */
+static void client_disconnect_cancels(void **state)
+{
+	const char *body = "{\"input_ids\":[1,2,3],\"sampling_params\":{\"max_new_tokens\":200,"
+			   "\"temperature\":0},\"stream\":true}";
+	uint64_t deadline;
+	char buf[256];
+	int fd;
+
+	(void)state;
+	start(1, false, NULL);
+	wait_serving();
+	engine_post(port_a, "/debug/pause");
+	fd = tcp_connect(port_gw);
+	assert_true(fd >= 0);
+	assert_int_equal(http_send(fd, "POST", "/generate", body), 0);
+	deadline = mono_ms() + READY_MS;
+	while (engine_holds(port_a) != 1) {
+		assert_true(mono_ms() < deadline);
+		(void)poll(NULL, 0, 5);
+	}
+	for (int s = 0; s < 3; s++)
+		engine_post(port_a, "/debug/step");
+	/* the client saw its stream start */
+	assert_true(recv(fd, buf, sizeof(buf), 0) > 0);
+	close(fd);
+	/* the engine drops the request at its next step, long before its 200 tokens */
+	deadline = mono_ms() + 10000;
+	while (engine_holds(port_a) != 0) {
+		assert_true(mono_ms() < deadline);
+		engine_post(port_a, "/debug/step");
+		(void)poll(NULL, 0, 5);
+	}
+	engine_post(port_a, "/debug/resume");
+}
+
+/* Malformed JSON: 400; a body over gateway_max_body: 413; the engine's own 400 and every
+ * other path: passed through unchanged. */
+static void bad_input_and_passthrough(void **state)
+{
+	const char *more[] = {"engine.t.gateway_max_body=64K", NULL};
+	struct resp a, b;
+	char *big;
+
+	(void)state;
+	start(1, false, more);
+	wait_serving();
+	assert_int_equal(http(port_gw, "POST", "/generate", "{\"input_ids\":[1,2", &a), 0);
+	assert_int_equal(a.status, 400);
+	assert_non_null(strstr(a.body, "not valid JSON"));
+	free(a.body);
+	assert_int_equal(http(port_gw, "POST", "/v1/completions", "[1,2,3]", &a), 0);
+	assert_int_equal(a.status, 400);
+	free(a.body);
+	big = malloc(100 << 10);
+	assert_non_null(big);
+	memset(big, ' ', 100 << 10);
+	big[(100 << 10) - 1] = 0;
+	big[0] = '{';
+	big[(100 << 10) - 2] = '}';
+	assert_int_equal(http(port_gw, "POST", "/generate", big, &a), 0);
+	assert_int_equal(a.status, 413);
+	free(a.body);
+	free(big);
+	/* the engine's verdict on a token outside its vocabulary, unchanged */
+	assert_int_equal(
+		http(port_gw, "POST", "/generate",
+		     "{\"input_ids\":[1,999999],\"sampling_params\":{\"max_new_tokens\":2}}", &a),
+		0);
+	assert_int_equal(
+		http(port_a, "POST", "/generate",
+		     "{\"input_ids\":[1,999999],\"sampling_params\":{\"max_new_tokens\":2}}", &b),
+		0);
+	assert_int_equal(a.status, 400);
+	assert_int_equal(a.status, b.status);
+	assert_string_equal(a.body, b.body);
+	free(a.body);
+	free(b.body);
+	/* other paths, and a text prompt the gateway cannot journal */
+	assert_int_equal(http(port_gw, "GET", "/v1/models", NULL, &a), 0);
+	assert_int_equal(http(port_a, "GET", "/v1/models", NULL, &b), 0);
+	assert_int_equal(a.status, 200);
+	assert_string_equal(a.body, b.body);
+	free(a.body);
+	free(b.body);
+	assert_int_equal(http(port_gw, "POST", "/v1/completions", "{\"prompt\":\"hello\"}", &a), 0);
+	assert_int_equal(http(port_a, "POST", "/v1/completions", "{\"prompt\":\"hello\"}", &b), 0);
+	assert_int_equal(a.status, b.status);
+	assert_string_equal(a.body, b.body);
+	free(a.body);
+	free(b.body);
+}
+
+static long sv_rss_kib(void)
+{
+	char path[64], line[256];
+	long kib = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", sv.pid);
+	f = fopen(path, "re");
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %ld", &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+static int sv_all_fds(void)
+{
+	char path[64];
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", sv.pid);
+	for (int i = 0; i < 4096; i++) {
+		char p[96];
+
+		snprintf(p, sizeof(p), "%s/%d", path, i);
+		n += access(p, F_OK) == 0;
+	}
+	return n;
+}
+
+static void *small_run(void *arg)
+{
+	struct req *q = arg;
+
+	req_run(q);
+	return NULL;
+}
+
+static void batch(int n, int concurrent)
+{
+	struct req *q = calloc((size_t)concurrent, sizeof(*q));
+
+	assert_non_null(q);
+	for (int done = 0; done < n; done += concurrent) {
+		for (int i = 0; i < concurrent; i++) {
+			req_make(&q[i], done + i, 4);
+			assert_int_equal(pthread_create(&q[i].t, NULL, small_run, &q[i]), 0);
+		}
+		for (int i = 0; i < concurrent; i++) {
+			assert_int_equal(pthread_join(q[i].t, NULL), 0);
+			assert_int_equal(q[i].rc, 0);
+			assert_int_equal(q[i].r.status, 200);
+			free(q[i].r.body);
+		}
+	}
+	free(q);
+}
+
+/* 1000 sequential and 200 concurrent requests: the supervisor's fds and memory are where they
+ * were. */
+static void no_leak(void **state)
+{
+	int fds0, fds1 = 0;
+	long rss0, rss1;
+	uint64_t deadline;
+
+	(void)state;
+	start(1, false, NULL);
+	wait_serving();
+	batch(200, 20); /* warm: the allocator's arenas, the journal's sizes */
+	deadline = mono_ms() + 5000;
+	fds0 = sv_all_fds();
+	rss0 = sv_rss_kib();
+	batch(1000, 1);
+	batch(200, 200);
+	/* upstream connections are released from the loop: wait for the count to settle */
+	while (mono_ms() < deadline + 10000 && (fds1 = sv_all_fds()) != fds0)
+		(void)poll(NULL, 0, 20);
+	rss1 = sv_rss_kib();
+	print_message("fds %d -> %d, RSS %ld -> %ld KiB\n", fds0, fds1, rss0, rss1);
+	assert_int_equal(fds1, fds0);
+	/* 1200 requests leaking even 1 KiB each would show as > 1 MiB */
+	assert_true(rss1 - rss0 < 1024);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(bad_input_and_passthrough, setup, teardown),
+		cmocka_unit_test_setup_teardown(greedy_identical_tp1, setup, teardown),
+		cmocka_unit_test_setup_teardown(greedy_identical_tp2, setup, teardown),
+		cmocka_unit_test_setup_teardown(cold_restart_resumes_and_waits, setup, teardown),
+		cmocka_unit_test_setup_teardown(seeded_advance_exact, setup, teardown),
+		cmocka_unit_test_setup_teardown(client_disconnect_cancels, setup, teardown),
+		cmocka_unit_test_setup_teardown(no_leak, setup, teardown),
+	};
+
+	signal(SIGPIPE, SIG_IGN);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
