@@ -23,6 +23,8 @@ static const struct subcommand subcommands[] = {
 	{"shim-overhead", bench_shim_overhead, "ns per driver call with and without libbelayer.so"},
 	{"bpf-overhead", bench_bpf_overhead, "workload wall time with and without envtrace (BPF)"},
 	{"recovery", bench_recovery, "time to ready after a worker dies: cold restart vs shadow"},
+	{"resume", bench_resume,
+	 "in-flight streams across a worker kill: gateway resume vs cold restart + retry"},
 	{"hang", bench_hang,
 	 "NCCL rank killed/stopped mid-run: detection and time to serving; counters' cost"},
 	{"env-recovery", bench_env_recovery,

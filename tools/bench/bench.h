@@ -16,6 +16,7 @@ struct bench_args {
 int bench_shim_overhead(const struct bench_args *a, int argc, char **argv);
 int bench_bpf_overhead(const struct bench_args *a, int argc, char **argv);
 int bench_recovery(const struct bench_args *a, int argc, char **argv);
+int bench_resume(const struct bench_args *a, int argc, char **argv);
 int bench_env_recovery(const struct bench_args *a, int argc, char **argv);
 int bench_hang(const struct bench_args *a, int argc, char **argv);
 /* The measuring side of shim-overhead, run by the bench in a child process. */
