@@ -183,6 +183,7 @@ done
 
 port=$(free_port)
 shadow_port=$(free_port)
+gw_port=$(free_port)
 mkdir -p "$tmp/emu"
 cat >"$tmp/belayer.conf" <<EOF
 [supervisor]
@@ -200,6 +201,8 @@ shadow_port = $shadow_port
 verify = sampled
 probe_interval = 50ms
 checksum_settle = 100ms
+# the gateway: clients talk to it; it resumes their in-flight requests on the recovered group
+gateway_listen = 127.0.0.1:$gw_port
 EOF
 export LD_LIBRARY_PATH=$build/tests/emu
 export BELAYER_EMU_KERNELS=$build/tests/engine/libengine-kernels-host.so
@@ -246,16 +249,15 @@ rm -f "$tmp/w2.safetensors" # the latest weights now exist only in GPU memory
 
 ctlj events >"$tmp/events.log" 2>/dev/null &
 events_pid=$!
-# One request at a time, to the port the supervisor says serves: the primary's until a
-# promotion's event names the promoted group's port (the ports swap; a router in front would
-# hide it). A parked shadow's port is never used before that: its weights are scratch.
+# One request at a time, through the supervisor's gateway: it follows the serving group (the
+# ports swap at a promotion), holds requests that arrive during the recovery until the promoted
+# group serves, and resumes those in flight. A parked shadow's port is never used: its weights
+# are scratch.
 want=$(IFS=,; echo "${a1[0]}")
 stream() {
 	local p t0 t1 body ids
 	while :; do
-		p=$(grep -o 'serving on port [0-9]*' "$tmp/events.log" 2>/dev/null | tail -n 1 |
-			awk '{ print $4 }') || true
-		p=${p:-$port}
+		p=$gw_port
 		t0=$(date +%s%3N)
 		if body=$(http POST "$p" /generate '{"input_ids":[1,2,3,4,5],"sampling_params":{"max_new_tokens":8,"temperature":0}}'); then
 			t1=$(date +%s%3N)
@@ -335,6 +337,17 @@ w = json.load(sys.stdin)
 w = w["workers"] if isinstance(w, dict) else w
 print([x["pid"] for x in w if x.get("engine") == "demo" and x.get("role") == "primary"
        and x.get("rank") == 1 and x.get("state") == "alive"][0])')
+# Long streams in flight through the gateway when the rank dies (their failure-free output
+# first, for the comparison).
+LONG_BODY='{"input_ids":[1,2,3,4,5],"sampling_params":{"max_new_tokens":600,"temperature":0},"stream":true}'
+stream_ids() { grep -o '"output_ids":\[[0-9,]*\]' | sed 's/.*\[//; s/\]//' | paste -sd, -; }
+long_ref=$(http POST "$gw_port" /generate "$LONG_BODY" | stream_ids)
+long_pids=()
+for i in 1 2 3 4; do
+	http POST "$gw_port" /generate "$LONG_BODY" >"$tmp/long$i.sse" &
+	long_pids+=($!)
+done
+sleep 0.1
 kill_ms=$(date +%s%3N)
 kill_us=$((kill_ms * 1000))
 "$ctl" --socket "$tmp/sup.sock" inject kill "$victim" >/dev/null
@@ -374,6 +387,18 @@ for ph in detect owner health content layout remap ready total; do
 done
 say "    client view: first right answer to a request sent after the SIGKILL at +$((first_ok - kill_ms)) ms; $failed request(s) refused meanwhile, $wrong wrong answer(s) in the whole run"
 
+long_ok=0
+for i in "${!long_pids[@]}"; do
+	wait "${long_pids[$i]}" 2>/dev/null || true
+	f=$tmp/long$((i + 1)).sse
+	if grep -q 'data: \[DONE\]' "$f" && ! grep -q '"error"' "$f" &&
+		[[ $(stream_ids <"$f") == "$long_ref" ]]; then
+		long_ok=$((long_ok + 1))
+	fi
+done
+resumed=$(grep -c "resuming after the engine's recovery" "$tmp/supervisor.log" || true)
+say "    in-flight streams (600 tokens each, through the gateway): $long_ok/4 complete with no error and equal to the failure-free output; $resumed request(s) resumed mid-stream on the promoted group"
+
 serving=$shadow_port
 [[ $outcome == promoted ]] || serving=$port
 mapfile -t a2 < <(answers "$serving")
@@ -397,5 +422,6 @@ if ((ci)); then
 	[[ $outcome == promoted ]] || die "not promoted: $summary"
 	((same)) || die "promoted answers differ from the pre-failure answers"
 	((wrong == 0)) || die "$wrong wrong answer(s) served"
+	((long_ok == 4)) || die "$((4 - long_ok)) in-flight stream(s) through the gateway did not continue exactly"
 fi
 step "done; cleaning up"
