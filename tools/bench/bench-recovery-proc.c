@@ -56,6 +56,29 @@ uint64_t rec_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static uint64_t deadline_ns;
+
+void rec_deadline_set(unsigned seconds)
+{
+	deadline_ns = seconds ? rec_now_ns() + (uint64_t)seconds * 1000000000u : 0;
+}
+
+int rec_bound_ms(int want_ms)
+{
+	uint64_t now = rec_now_ns();
+	int64_t left;
+
+	if (!deadline_ns)
+		return want_ms;
+	left = now >= deadline_ns ? 0 : (int64_t)((deadline_ns - now) / 1000000u);
+	return left < want_ms ? (int)left : want_ms;
+}
+
+bool rec_deadline_passed(void)
+{
+	return deadline_ns && rec_now_ns() >= deadline_ns;
+}
+
 static void sleep_ms(unsigned ms)
 {
 	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
@@ -104,8 +127,7 @@ int rec_pidfd_wait(int pidfd, int timeout_ms)
 	return r == 0 ? -ETIMEDOUT : 0;
 }
 
-/* Runs argv to completion within timeout_ms; 0 when it exited 0. */
-static int run_wait(char *const argv[], char *const env[], const char *out, int timeout_ms)
+int rec_run_wait(char *const argv[], char *const env[], const char *out, int timeout_ms)
 {
 	pid_t pid = rec_spawn(argv, env, out);
 	int status, fd, r;
@@ -120,7 +142,7 @@ static int run_wait(char *const argv[], char *const env[], const char *out, int 
 	if (waitpid(pid, &status, 0) < 0)
 		return -errno;
 	if (r < 0)
-		return r;
+		return log_error_errno(r, "%s did not finish in time: %m", argv[0]);
 	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EIO;
 }
 
@@ -136,7 +158,7 @@ int rec_gen_weights(const struct rec_paths *p, const char *out, uint64_t bytes, 
 
 	snprintf(size, sizeof(size), "%" PRIu64 "K", bytes >> 10);
 	snprintf(sd, sizeof(sd), "%u", seed);
-	return run_wait(argv, NULL, NULL, REC_READY_MS);
+	return rec_run_wait(argv, NULL, NULL, rec_bound_ms(REC_READY_MS));
 }
 
 int rec_free_port(uint16_t *ret)
@@ -156,7 +178,7 @@ static int rmtree(const char *dir)
 {
 	char *argv[] = {"/bin/rm", "-rf", (char *)dir, NULL};
 
-	return run_wait(argv, NULL, NULL, 60000);
+	return rec_run_wait(argv, NULL, NULL, 60000);
 }
 
 int rec_world_open(struct rec_world *w, const struct rec_paths *p, unsigned tp,
@@ -410,7 +432,7 @@ static int generate(uint16_t port, unsigned prompt, int32_t *ids, int64_t *versi
 	snprintf(body + n, sizeof(body) - n,
 		 "],\"sampling_params\":{\"max_new_tokens\":%d,\"temperature\":0}}",
 		 REC_NEW_TOKENS);
-	r = client_request(port, "POST", "/generate", body, HTTP_MS, &resp);
+	r = client_request(port, "POST", "/generate", body, rec_bound_ms(HTTP_MS), &resp);
 	if (r < 0)
 		return r;
 	r = resp.status == 200 ? 0 : -EIO;
@@ -437,12 +459,13 @@ static int generate(uint16_t port, unsigned prompt, int32_t *ids, int64_t *versi
 
 int rec_engine_wait_ready(const struct rec_engine *e, int timeout_ms, uint64_t *health_ns)
 {
-	uint64_t end = rec_now_ns() + (uint64_t)timeout_ms * 1000000u;
+	uint64_t end = rec_now_ns() + (uint64_t)rec_bound_ms(timeout_ms) * 1000000u;
 
 	/* Polled: no event says when a restarting engine's port opens. */
 	while (rec_now_ns() < end) {
 		struct http_response resp = {};
-		int r = client_request(e->port, "GET", "/health", NULL, HTTP_MS, &resp);
+		int r = client_request(e->port, "GET", "/health", NULL, rec_bound_ms(HTTP_MS),
+				       &resp);
 		bool ok = r == 0 && resp.status == 200;
 
 		http_response_free(&resp);
@@ -482,7 +505,7 @@ int rec_update_weights(uint16_t port, const char *path)
 
 	json_object_object_add(o, "model_path", json_object_new_string(path));
 	r = client_request(port, "POST", "/update_weights_from_disk", json_object_to_json_string(o),
-			   REC_READY_MS, &resp);
+			   rec_bound_ms(REC_READY_MS), &resp);
 	json_object_put(o);
 	if (r == 0 && resp.status != 200)
 		r = log_error_errno(EIO, "update_weights_from_disk: %d %s", resp.status,

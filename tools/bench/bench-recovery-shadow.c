@@ -14,26 +14,35 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench-recovery.h"
 #include "log.h"
+#include "proto.h"
 #include "util.h"
 
 #define CTL_OUT_MAX	   (4u << 20)
 #define SETTLE_MS	   60000
-#define CHECKSUM_SETTLE_MS 100 /* [engine.bench] checksum_settle */
+#define CTL_MS		   15000 /* one belayerctl query (it gives up after 10 s) */
+#define CHECKSUM_SETTLE_MS 100	 /* [engine.bench] checksum_settle */
+#define FOLLOW_MS	   10000 /* the supervisor answers a subscription at once */
 
-/* Runs belayerctl --json --socket S ARGS; its stdout as JSON (one document). */
+/* Runs belayerctl --json --socket S ARGS within CTL_MS; its stdout as JSON (one document). */
 static int ctl_json(const struct rec_paths *p, const struct rec_world *w, const char *const *args,
 		    struct json_object **ret)
 {
-	char *argv[16] = {(char *)p->ctl, "--json", "--socket", (char *)w->socket};
-	int fds[2], status, n = 4;
+	char *argv[16] = {(char *)p->ctl, "--json",   "--timeout",
+			  "10",		  "--socket", (char *)w->socket};
+	int fds[2], status, n = 6, r = 0;
 	_cleanup_free_ char *buf = NULL;
+	pid_t parent = getpid(), pid;
+	int bound = rec_bound_ms(CTL_MS);
+	uint64_t end = rec_now_ns() + (uint64_t)bound * 1000000u;
 	size_t len = 0;
-	pid_t pid;
 
 	for (; args && *args && n < 15; args++)
 		argv[n++] = (char *)*args;
@@ -49,6 +58,8 @@ static int ctl_json(const struct rec_paths *p, const struct rec_world *w, const 
 	if (pid == 0) {
 		int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
 
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+			_exit(127);
 		if (dup2(fds[1], STDOUT_FILENO) < 0 || null < 0 || dup2(null, STDERR_FILENO) < 0)
 			_exit(127);
 		execv(argv[0], argv);
@@ -56,7 +67,20 @@ static int ctl_json(const struct rec_paths *p, const struct rec_world *w, const 
 	}
 	close(fds[1]);
 	buf = malloc(CTL_OUT_MAX + 1);
-	for (ssize_t k; buf && len < CTL_OUT_MAX;) {
+	while (buf && len < CTL_OUT_MAX) {
+		struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
+		uint64_t now = rec_now_ns();
+		ssize_t k;
+
+		if (now >= end) {
+			r = log_error_errno(ETIMEDOUT, "belayerctl %s did not answer within %d ms",
+					    argv[6] ? argv[6] : "", bound);
+			(void)kill(pid, SIGKILL);
+			break;
+		}
+		k = poll(&pfd, 1, (int)((end - now) / 1000000u) + 1);
+		if (k <= 0)
+			continue;
 		k = read(fds[0], buf + len, CTL_OUT_MAX - len);
 		if (k < 0 && errno == EINTR)
 			continue;
@@ -67,6 +91,8 @@ static int ctl_json(const struct rec_paths *p, const struct rec_world *w, const 
 	close(fds[0]);
 	if (waitpid(pid, &status, 0) < 0 || !buf)
 		return -ECHILD;
+	if (r < 0)
+		return r;
 	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
 		return -EIO;
 	buf[len] = '\0';
@@ -158,7 +184,8 @@ static int read_promotable(const struct rec_paths *p, const struct rec_world *w,
  */
 static int wait_armed(const struct rec_paths *p, const struct rec_world *w, pid_t *primary)
 {
-	uint64_t end = rec_now_ns() + (uint64_t)SETTLE_MS * 1000000u;
+	int bound = rec_bound_ms(SETTLE_MS);
+	uint64_t end = rec_now_ns() + (uint64_t)bound * 1000000u;
 
 	for (;;) {
 		unsigned alive = 0;
@@ -172,120 +199,137 @@ static int wait_armed(const struct rec_paths *p, const struct rec_world *w, pid_
 		if (r == 0 && promotable == 1 && alive == w->tp)
 			return 0;
 		if (rec_now_ns() >= end)
-			return log_error_errno(ETIMEDOUT, "Not promotable within %d s (%s)",
-					       SETTLE_MS / 1000, w->dir);
+			return log_error_errno(ETIMEDOUT, "Not promotable within %d ms (%s)", bound,
+					       w->dir);
 		/* Polled (belayerctl is the interface); the supervisor's own waits are events. */
 		if (rec_pidfd_wait(w->sup_pidfd, 20) == 0)
 			return log_error_errno(ECHILD, "The supervisor exited (%s)", w->dir);
 	}
 }
 
-/* Follows `belayerctl events` until a recovery event says the recovery ended. */
+/*
+ * The supervisor's event stream, subscribed in this process over its control socket (the
+ * protocol belayerctl events speaks). The subscription is complete when the supervisor's END
+ * (after the replayed history) arrives: every later event reaches us. A follower that only
+ * started subscribing (a belayerctl child) could miss a promotion that ends in under a
+ * millisecond after the kill, and the bench then waited for its summary forever.
+ */
 struct follower {
-	pid_t pid;
 	int fd;
-	char buf[65536];
-	size_t len;
 	char reason[160]; /* of the last cold restart */
 };
 
-static int follow_start(const struct rec_paths *p, const struct rec_world *w, struct follower *f)
+static int follow_start(const struct rec_world *w, struct follower *f)
 {
-	int fds[2];
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct proto_msg m = {.type = PROTO_CTL};
+	int bound = rec_bound_ms(FOLLOW_MS), r;
+	uint64_t end = rec_now_ns() + (uint64_t)bound * 1000000u;
 
-	*f = (struct follower){.pid = -1, .fd = -1};
-	if (pipe2(fds, O_CLOEXEC) < 0)
-		return -errno;
-	f->pid = fork();
-	if (f->pid < 0)
-		return -errno;
-	if (f->pid == 0) {
-		char *argv[] = {(char *)p->ctl,	   "--json", "--socket",
-				(char *)w->socket, "events", NULL};
-		int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+	*f = (struct follower){.fd = -1};
+	if (strlen(w->socket) >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	memcpy(sa.sun_path, w->socket, strlen(w->socket));
+	f->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (f->fd < 0)
+		return log_error_errno(errno, "socket: %m");
+	if (connect(f->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		return log_error_errno(errno, "Cannot reach the supervisor at %s: %m", w->socket);
+	m.ctl.cmd = CTL_EVENTS;
+	m.ctl.dev = -1;
+	r = proto_send(f->fd, &m, 0);
+	if (r < 0)
+		return log_error_errno(r, "Subscribing to the events failed: %m");
+	for (;;) {
+		struct pollfd pfd = {.fd = f->fd, .events = POLLIN};
+		uint64_t now = rec_now_ns();
 
-		if (dup2(fds[1], STDOUT_FILENO) < 0 || null < 0 || dup2(null, STDERR_FILENO) < 0)
-			_exit(127);
-		execv(argv[0], argv);
-		_exit(127);
+		if (now >= end)
+			return log_error_errno(ETIMEDOUT,
+					       "The supervisor did not confirm the event "
+					       "subscription within %d ms (%s)",
+					       bound, w->dir);
+		r = poll(&pfd, 1, (int)((end - now) / 1000000u) + 1);
+		if (r < 0 && errno != EINTR)
+			return -errno;
+		if (r <= 0)
+			continue;
+		r = proto_recv(f->fd, &m, 0);
+		if (r < 0)
+			return log_error_errno(r, "Reading the event subscription's reply: %m");
+		bool done = m.type == PROTO_END, refused = m.type == PROTO_ERROR;
+
+		proto_msg_finish(&m);
+		if (refused)
+			return log_error_errno(EPROTO, "The supervisor refused the subscription");
+		if (done)
+			return 0;
 	}
-	close(fds[1]);
-	f->fd = fds[0];
-	return 0;
 }
 
 static void follow_stop(struct follower *f)
 {
-	if (f->pid > 0) {
-		(void)kill(f->pid, SIGKILL);
-		(void)waitpid(f->pid, NULL, 0);
-	}
-	f->pid = -1;
 	f->fd = safe_close(f->fd);
 }
 
-/*
- * Reads events until the recovery's summary event ("engine=bench seq=N outcome=promoted|
- * cold_restart|failed trigger=... detect_us=... ... total_us=..."): the outcome and the
- * phase durations (ms) it carries.
- */
-static int follow_recovery(struct follower *f, int timeout_ms, char *outcome, size_t size,
-			   double *ph)
+/* One recovery event's message: the cold restart's reason, or the summary. */
+static bool follow_event(struct follower *f, const char *m, char *outcome, size_t size, double *ph)
 {
 	static const char *const keys[PH_COUNT] = {
 		[PH_DETECT] = "detect_us=", [PH_OWNER] = "owner_us=",
 		[PH_HEALTH] = "health_us=", [PH_CONTENT] = "content_us=",
 		[PH_LAYOUT] = "layout_us=", [PH_REMAP] = "remap_us=",
 		[PH_READY] = "ready_us="};
-	uint64_t end = rec_now_ns() + (uint64_t)timeout_ms * 1000000u;
+	const char *v = strstr(m, " outcome="), *cr = strstr(m, ": cold restart: ");
 
-	while (rec_now_ns() < end) {
-		struct pollfd pfd = {.fd = f->fd, .events = POLLIN};
-		char *nl;
-		ssize_t k;
+	if (strncmp(m, "engine \"bench\" ", 15) == 0 && cr)
+		snprintf(f->reason, sizeof(f->reason), "%s", cr + 16);
+	if (strncmp(m, "engine=bench ", 13) != 0 || !v)
+		return false;
+	snprintf(outcome, size, "%.*s", (int)strcspn(v + 9, " "), v + 9);
+	for (int i = 0; i < PH_COUNT; i++) {
+		const char *x = keys[i] ? strstr(m, keys[i]) : NULL;
 
-		while ((nl = memchr(f->buf, '\n', f->len))) {
-			struct json_object *o;
-			bool done = false;
-
-			*nl = '\0';
-			o = json_tokener_parse(f->buf);
-			if (o && strcmp(jstr(o, "kind"), "recovery") == 0) {
-				const char *m = jstr(o, "message"), *v = strstr(m, " outcome=");
-
-				const char *cr = strstr(m, ": cold restart: ");
-
-				if (strncmp(m, "engine \"bench\" ", 15) == 0 && cr)
-					snprintf(f->reason, sizeof(f->reason), "%s", cr + 16);
-				if (strncmp(m, "engine=bench ", 13) == 0 && v) {
-					snprintf(outcome, size, "%.*s", (int)strcspn(v + 9, " "),
-						 v + 9);
-					for (int i = 0; i < PH_COUNT; i++) {
-						const char *x = keys[i] ? strstr(m, keys[i]) : NULL;
-
-						ph[i] = x ? strtod(x + strlen(keys[i]), NULL) /
-									1000.0
-							  : -1;
-					}
-					done = true;
-				}
-			}
-			json_object_put(o);
-			f->len -= (size_t)(nl + 1 - f->buf);
-			memmove(f->buf, nl + 1, f->len);
-			if (done)
-				return 0;
-		}
-		if (f->len == sizeof(f->buf))
-			f->len = 0; /* a line longer than any event: drop it */
-		if (poll(&pfd, 1, 100) <= 0)
-			continue;
-		k = read(f->fd, f->buf + f->len, sizeof(f->buf) - f->len);
-		if (k <= 0)
-			return -EPIPE;
-		f->len += (size_t)k;
+		ph[i] = x ? strtod(x + strlen(keys[i]), NULL) / 1000.0 : -1;
 	}
-	return -ETIMEDOUT;
+	return true;
+}
+
+/*
+ * Reads events until the recovery's summary event ("engine=bench seq=N outcome=promoted|
+ * cold_restart|failed trigger=... detect_us=... ... total_us=..."): the outcome and the
+ * phase durations (ms) it carries. Bounded by timeout_ms (and the run's --timeout).
+ */
+static int follow_recovery(struct follower *f, int timeout_ms, char *outcome, size_t size,
+			   double *ph)
+{
+	int bound = rec_bound_ms(timeout_ms);
+	uint64_t end = rec_now_ns() + (uint64_t)bound * 1000000u;
+
+	for (;;) {
+		struct pollfd pfd = {.fd = f->fd, .events = POLLIN};
+		struct proto_msg m;
+		uint64_t now = rec_now_ns();
+		bool done = false;
+		int r;
+
+		if (now >= end)
+			return log_error_errno(ETIMEDOUT, "No recovery summary event within %d ms",
+					       bound);
+		r = poll(&pfd, 1, (int)((end - now) / 1000000u) + 1);
+		if (r < 0 && errno != EINTR)
+			return -errno;
+		if (r <= 0)
+			continue;
+		r = proto_recv(f->fd, &m, 0);
+		if (r < 0)
+			return log_error_errno(r, "The event stream ended: %m");
+		if (m.type == PROTO_EVENT && m.event.kind == EVENT_RECOVERY)
+			done = follow_event(f, m.event.message, outcome, size, ph);
+		proto_msg_finish(&m);
+		if (done)
+			return 0;
+	}
 }
 
 bool rec_shadow_supported(const struct rec_paths *p)
@@ -295,7 +339,8 @@ bool rec_shadow_supported(const struct rec_paths *p)
 	FILE *f;
 
 	/* A supervisor that knows [engine.NAME] sections prints one back. */
-	snprintf(cmd, sizeof(cmd), "'%s' -c /dev/null -o engine.probe.tp=1 --dump-config 2>&1",
+	snprintf(cmd, sizeof(cmd),
+		 "timeout -s KILL 10 '%s' -c /dev/null -o engine.probe.tp=1 --dump-config 2>&1",
 		 p->supervisor);
 	f = popen(cmd, "re");
 	if (!f)
@@ -316,10 +361,13 @@ int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufi
  * group is stopped (it is the request a hung engine never answers). */
 static pid_t drive_request(uint16_t port)
 {
-	pid_t pid = fork();
+	pid_t parent = getpid(), pid = fork();
 
 	if (pid == 0) {
 		struct rec_answers a;
+
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+			_exit(127);
 
 		(void)rec_answers_get(port, &a);
 		_exit(0);
@@ -335,7 +383,7 @@ int rec_run_shadow_fault(const struct rec_paths *p, const char *wfile, const cha
 	struct rec_world w = {};
 	struct rec_engine e = {.pid = -1, .pidfd = -1}, promoted = {.pid = -1, .pidfd = -1};
 	struct rec_answers v0 = {}, v1 = {}, after = {};
-	struct follower fl = {.pid = -1, .fd = -1};
+	struct follower fl = {.fd = -1};
 	pid_t primary[REC_MAX_TP];
 	uint16_t port, shadow_port;
 	uint64_t t_kill, t_detect, t_ready;
@@ -374,7 +422,7 @@ int rec_run_shadow_fault(const struct rec_paths *p, const char *wfile, const cha
 	if (r == 0 && rec_answers_equal(&v0, &v1))
 		r = log_error_errno(EPROTO, "The weight update did not change the answers");
 	r = r ?: wait_armed(p, &w, primary);
-	r = r ?: follow_start(p, &w, &fl);
+	r = r ?: follow_start(&w, &fl);
 	if (r < 0)
 		goto out;
 	victim_fd = rec_pidfd_open(primary[c->tp - 1]);

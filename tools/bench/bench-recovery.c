@@ -258,7 +258,7 @@ static int plot(const struct rec_opts *o, const struct rec_case *cases, size_t n
 {
 	char dir[] = "/tmp/belayer-bench-plot.XXXXXX", dat[64], gp[64];
 	FILE *f;
-	int r = 0, status;
+	int r;
 
 	if (!mkdtemp(dir))
 		return -errno;
@@ -301,11 +301,7 @@ static int plot(const struct rec_opts *o, const struct rec_case *cases, size_t n
 	fclose(f);
 
 	char *argv[] = {"/usr/bin/gnuplot", gp, NULL};
-	pid_t pid = rec_spawn(argv, NULL, NULL);
-	if (pid < 0 || waitpid(pid, &status, 0) < 0)
-		r = -ECHILD;
-	else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-		r = -EIO;
+	r = rec_run_wait(argv, NULL, NULL, 60000);
 	unlink(dat);
 	unlink(gp);
 	rmdir(dir);
@@ -425,12 +421,15 @@ static void paths_init(struct rec_paths *p, const struct bench_args *a, const ch
 
 static void usage(FILE *f)
 {
-	fprintf(f, "Usage: belayer-bench recovery [--json] [--sizes 256M,1G,4G] [--tp 1,2]\n"
-		   "                              [--quick] [--plot FILE.png] [--build-dir DIR]\n"
-		   "                              [--paths cold,sampled,full]\n"
-		   "  --quick      CI size: 8M,32M at TP 1,2\n"
-		   "  --plot       where the PNG goes (default ./belayer-bench-recovery.png)\n"
-		   "  --build-dir  build tree holding the engine stand-in and the supervisor\n");
+	fprintf(f,
+		"Usage: belayer-bench recovery [--json] [--sizes 256M,1G,4G] [--tp 1,2]\n"
+		"                              [--quick] [--plot FILE.png] [--build-dir DIR]\n"
+		"                              [--paths cold,sampled,full] [--timeout SEC]\n"
+		"  --quick      CI size: 8M,32M at TP 1,2 (and --timeout 200 unless given)\n"
+		"  --timeout    bound on the whole run: a step still waiting then fails with its\n"
+		"               reason (default: none beyond each step's own bound)\n"
+		"  --plot       where the PNG goes (default ./belayer-bench-recovery.png)\n"
+		"  --build-dir  build tree holding the engine stand-in and the supervisor\n");
 }
 
 int bench_recovery(const struct bench_args *a, int argc, char **argv)
@@ -443,6 +442,7 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 		{"plot", required_argument, NULL, 'p'},
 		{"build-dir", required_argument, NULL, 'B'},
 		{"paths", required_argument, NULL, 'P'},
+		{"timeout", required_argument, NULL, 'T'},
 		{"help", no_argument, NULL, 'h'},
 		{},
 	};
@@ -454,6 +454,7 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 			     .paths = {true, true, true}};
 	const char *build = BENCH_BUILD_ROOT;
 	bool sizes_set = false, tps_set = false;
+	long timeout_s = -1;
 	struct rec_paths p = {};
 	struct rec_case *cases;
 	size_t n = 0;
@@ -494,6 +495,17 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 				return -EINVAL;
 			}
 			break;
+		case 'T': {
+			char *end;
+
+			errno = 0;
+			timeout_s = strtol(optarg, &end, 10);
+			if (errno || *end || end == optarg || timeout_s < 0 || timeout_s > 86400) {
+				fprintf(stderr, "recovery: bad --timeout '%s' (seconds)\n", optarg);
+				return -EINVAL;
+			}
+			break;
+		}
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -502,6 +514,11 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 			return -EINVAL;
 		}
 	}
+	/* CI's quick run fails with a reason well within its callers' limits (meson: 300 s,
+	 * tests/gpu/run.sh: 240 s) instead of being killed by them mid-wait. */
+	if (timeout_s < 0)
+		timeout_s = o.quick ? REC_QUICK_TIMEOUT_S : 0;
+	rec_deadline_set((unsigned)timeout_s);
 	if (o.quick && !sizes_set) {
 		o.sizes[0] = 8u << 20;
 		o.sizes[1] = 32u << 20;
@@ -631,6 +648,12 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 			continue;
 		if (!k->ok || (k->path != PATH_COLD && (k->note[0] || !k->equal_prefailure)))
 			r = r ?: -EIO;
+	}
+	if (rec_deadline_passed()) {
+		log_error("The run's --timeout of %ld s ran out: the steps still waiting then "
+			  "failed (above)",
+			  timeout_s);
+		r = r ?: -ETIMEDOUT;
 	}
 	free(cases);
 	return r;

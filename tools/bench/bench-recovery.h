@@ -7,12 +7,13 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define REC_MAX_TP     4
-#define REC_MAX_SIZES  8
-#define REC_NPROMPTS   4
-#define REC_NEW_TOKENS 8
-#define REC_READY_MS   600000 /* the longest any engine may take to become ready */
-#define REC_MAX_CHILD  8
+#define REC_MAX_TP	    4
+#define REC_MAX_SIZES	    8
+#define REC_NPROMPTS	    4
+#define REC_NEW_TOKENS	    8
+#define REC_READY_MS	    600000 /* the longest any engine may take to become ready */
+#define REC_MAX_CHILD	    8
+#define REC_QUICK_TIMEOUT_S 200 /* --quick's default --timeout */
 
 /* Where the programs a run needs are (a build tree by default). */
 struct rec_paths {
@@ -93,6 +94,14 @@ int rec_pidfd_wait(int pidfd, int timeout_ms);
 /* fork + exec argv with extra "K=V" env entries; the child dies with this process. */
 pid_t rec_spawn(char *const argv[], char *const env[], const char *out_path);
 uint64_t rec_now_ns(void);
+/* The run's deadline (--timeout): every wait of the bench is bounded by its own limit and by
+ * what is left of the run, so a stuck step fails with its reason instead of hanging. */
+void rec_deadline_set(unsigned seconds);
+/* min(want_ms, ms left to the deadline), >= 0. */
+int rec_bound_ms(int want_ms);
+bool rec_deadline_passed(void);
+/* Runs argv to completion within timeout_ms; 0 when it exited 0. */
+int rec_run_wait(char *const argv[], char *const env[], const char *out, int timeout_ms);
 
 enum rec_path {
 	PATH_COLD,
