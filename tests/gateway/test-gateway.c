@@ -96,6 +96,16 @@ static int send_all(int fd, const char *p, size_t n)
 	return 0;
 }
 
+/* Writes buf to fd from a child process (the reader may be slower than a socket's buffer). */
+static pid_t fork_write(int fd, const char *buf, size_t len)
+{
+	pid_t pid = fork();
+
+	if (pid == 0)
+		_exit(send_all(fd, buf, len) == 0 ? 0 : 1);
+	return pid;
+}
+
 static int http_send(int fd, const char *method, const char *path, const char *body)
 {
 	char head[512];
@@ -783,6 +793,65 @@ static void bad_input_and_passthrough(void **state)
 	free(b.body);
 }
 
+/* A client that reads slowly, with a tiny gateway_client_buffer: the gateway pauses its reads
+ * of the engine's stream and resumes them as the client drains; the client gets everything. */
+static void slow_client_gets_everything(void **state)
+{
+	const char *more[] = {"engine.t.gateway_client_buffer=1K", NULL};
+	const char *body = "{\"input_ids\":[9,8,7],\"sampling_params\":{\"max_new_tokens\":300,"
+			   "\"temperature\":0},\"stream\":true}";
+	struct req a = {.path = "/generate", .stream = true, .generate = true};
+	struct resp slow = {0};
+	size_t cap = 1 << 20, len = 0;
+	char *buf = malloc(cap), *ta, *tb;
+	int fd;
+
+	(void)state;
+	assert_non_null(buf);
+	snprintf(a.body, sizeof(a.body), "%s", body);
+	start(1, false, more);
+	wait_serving();
+	req_run(&a);
+	assert_int_equal(a.rc, 0);
+	fd = tcp_connect(port_gw);
+	assert_true(fd >= 0);
+	assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &(int){4096}, sizeof(int)), 0);
+	assert_int_equal(http_send(fd, "POST", "/generate", body), 0);
+	(void)poll(NULL, 0, 300);
+	for (;;) {
+		ssize_t k = recv(fd, buf + len, MIN(cap - len - 1, (size_t)256), 0);
+
+		if (k <= 0)
+			break;
+		len += (size_t)k;
+		(void)poll(NULL, 0, 1);
+	}
+	close(fd);
+	buf[len] = 0;
+	/* the same decoding as http_recv(), through a socketpair */
+	{
+		int sp[2], st;
+		pid_t pid;
+
+		assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+		pid = fork_write(sp[1], buf, len);
+		assert_true(pid > 0);
+		close(sp[1]);
+		assert_int_equal(http_recv(sp[0], HTTP_MS, &slow), 0);
+		close(sp[0]);
+		assert_int_equal(waitpid(pid, &st, 0), pid);
+		assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	ta = tokens_of(&a.r, true, true);
+	tb = tokens_of(&slow, true, true);
+	assert_string_equal(ta, tb);
+	free(ta);
+	free(tb);
+	free(a.r.body);
+	free(slow.body);
+	free(buf);
+}
+
 static long sv_rss_kib(void)
 {
 	char path[64], line[256];
@@ -885,6 +954,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(cold_restart_resumes_and_waits, setup, teardown),
 		cmocka_unit_test_setup_teardown(seeded_advance_exact, setup, teardown),
 		cmocka_unit_test_setup_teardown(client_disconnect_cancels, setup, teardown),
+		cmocka_unit_test_setup_teardown(slow_client_gets_everything, setup, teardown),
 		cmocka_unit_test_setup_teardown(no_leak, setup, teardown),
 	};
 
