@@ -40,7 +40,7 @@ static const int32_t prompts[REC_NPROMPTS][6] = {
 
 /* The world being measured and the weights directory, for the signal handler. */
 static struct rec_world *volatile current_world;
-static char guard_dir[256];
+static char guard_dir[4096];
 
 const char *const rec_phase_names[PH_COUNT] = {
 	[PH_DETECT] = "detect",	  [PH_OWNER] = "owner",	  [PH_HEALTH] = "health",

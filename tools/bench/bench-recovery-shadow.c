@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,9 +28,10 @@
 
 #define CTL_OUT_MAX	   (4u << 20)
 #define SETTLE_MS	   60000
-#define CTL_MS		   15000 /* one belayerctl query (it gives up after 10 s) */
-#define CHECKSUM_SETTLE_MS 100	 /* [engine.bench] checksum_settle */
-#define FOLLOW_MS	   10000 /* the supervisor answers a subscription at once */
+#define SETPRIV		   "/usr/bin/setpriv" /* util-linux */
+#define CTL_MS		   15000	      /* one belayerctl query (it gives up after 10 s) */
+#define CHECKSUM_SETTLE_MS 100		      /* [engine.bench] checksum_settle */
+#define FOLLOW_MS	   10000	      /* the supervisor answers a subscription at once */
 
 /* Runs belayerctl --json --socket S ARGS within CTL_MS; its stdout as JSON (one document). */
 static int ctl_json(const struct rec_paths *p, const struct rec_world *w, const char *const *args,
@@ -357,6 +359,32 @@ int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufi
 	return rec_run_shadow_fault(p, wfile, ufile, verify, REC_FAULT_KILL, "", c);
 }
 
+/*
+ * The command the supervisor starts for the engine: a script beside the weights that execs it
+ * under setpriv --pdeathsig KILL, so the supervisor's engine groups die with it (and it dies
+ * with the bench: rec_spawn); a bench killed by SIGKILL, which runs no handler, leaves no engine
+ * behind. The supervisor itself keeps its engines across its own restarts, so this is the
+ * bench's choice. A script, not a longer command line: the config parser's lines are short.
+ */
+static int engine_wrapper(const struct rec_paths *p, const char *wfile, char *ret, size_t size)
+{
+	const char *slash = strrchr(wfile, '/');
+	FILE *f;
+
+	if (access(SETPRIV, X_OK) < 0 || !slash) {
+		snprintf(ret, size, "%s", p->engine);
+		return 0;
+	}
+	snprintf(ret, size, "%.*s/engine-pdeath", (int)(slash - wfile), wfile);
+	f = fopen(ret, "we");
+	if (!f)
+		return log_error_errno(errno, "%s: %m", ret);
+	fprintf(f, "#!/bin/sh\nexec %s --pdeathsig KILL '%s' \"$@\"\n", SETPRIV, p->engine);
+	if (fchmod(fileno(f), 0700) < 0 || fclose(f) != 0)
+		return log_error_errno(errno, "%s: %m", ret);
+	return 0;
+}
+
 /* Drives one collective into the engine in a child: a /generate that blocks until the
  * group is stopped (it is the request a hung engine never answers). */
 static pid_t drive_request(uint16_t port)
@@ -387,13 +415,16 @@ int rec_run_shadow_fault(const struct rec_paths *p, const char *wfile, const cha
 	pid_t primary[REC_MAX_TP];
 	uint16_t port, shadow_port;
 	uint64_t t_kill, t_detect, t_ready;
-	char config[12000], outcome[64] = "";
+	char config[12000], outcome[64] = "", engine[4200] = "";
 	double sup_ph[PH_COUNT];
 	bool ok_promoted;
 	int victim_fd = -1, r;
 
 	r = rec_free_port(&port);
 	r = r ?: rec_free_port(&shadow_port);
+	if (r < 0)
+		return r;
+	r = r ?: engine_wrapper(p, wfile, engine, sizeof(engine));
 	if (r < 0)
 		return r;
 	snprintf(config, sizeof(config),
@@ -404,8 +435,8 @@ int rec_run_shadow_fault(const struct rec_paths *p, const char *wfile, const cha
 		 "env = LD_PRELOAD=%s\n"
 		 "tp = %u\nport = %u\nshadow_port = %u\nverify = %s\nprobe_interval = 20ms\n"
 		 "checksum_settle = %ums\n%s",
-		 p->engine, wfile, c->tp, p->engine, wfile, c->tp, p->shim, c->tp, port,
-		 shadow_port, verify, CHECKSUM_SETTLE_MS, extra_config ? extra_config : "");
+		 engine, wfile, c->tp, engine, wfile, c->tp, p->shim, c->tp, port, shadow_port,
+		 verify, CHECKSUM_SETTLE_MS, extra_config ? extra_config : "");
 	r = rec_world_open(&w, p, c->tp, c->bytes, config);
 	if (r < 0)
 		goto out;
@@ -497,5 +528,7 @@ out:
 	follow_stop(&fl);
 	/* The supervisor stops the groups it launched. */
 	rec_world_close(&w);
+	if (strcmp(engine, p->engine) != 0)
+		(void)unlink(engine);
 	return r;
 }

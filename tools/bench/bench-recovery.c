@@ -542,9 +542,12 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 		log_warning("This supervisor cannot promote shadows yet: cold restarts only.");
 
 	for (size_t s = 0; s < o.nsizes; s++) {
-		char dir[] = "/tmp/belayer-bench-weights.XXXXXX", wfile[64], ufile[64], sz[32];
+		const char *tmp = getenv("TMPDIR");
+		char dir[4096], wfile[4200], ufile[4200], sz[32];
 
+		/* Where the worlds are too ($TMPDIR): a run's files stay together. */
 		fmt_size(o.sizes[s], sz, sizeof(sz));
+		snprintf(dir, sizeof(dir), "%s/belayer-bench-weights.XXXXXX", tmp ? tmp : "/tmp");
 		if (!mkdtemp(dir)) {
 			r = -errno;
 			break;
