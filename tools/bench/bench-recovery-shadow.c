@@ -360,26 +360,29 @@ int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufi
 }
 
 /*
- * The command the supervisor starts for the engine: a script beside the weights that execs it
- * under setpriv --pdeathsig KILL, so the supervisor's engine groups die with it (and it dies
- * with the bench: rec_spawn); a bench killed by SIGKILL, which runs no handler, leaves no engine
- * behind. The supervisor itself keeps its engines across its own restarts, so this is the
- * bench's choice. A script, not a longer command line: the config parser's lines are short.
+ * The command the supervisor starts for the engine: a script beside the weights that execs the
+ * engine with the case's fixed arguments, under setpriv --pdeathsig KILL where there is one, so
+ * the supervisor's engine groups die with it (and it dies with the bench: rec_spawn); a bench
+ * killed by SIGKILL, which runs no handler, leaves no engine behind. The supervisor itself
+ * keeps its engines across its own restarts, so this is the bench's choice. A script, not a
+ * command line in the configuration: the supervisor's config lines are short (libinih: 200
+ * characters), and the weights may be under a long $TMPDIR.
  */
-static int engine_wrapper(const struct rec_paths *p, const char *wfile, char *ret, size_t size)
+static int engine_wrapper(const struct rec_paths *p, const char *wfile, unsigned tp, char *ret,
+			  size_t size)
 {
 	const char *slash = strrchr(wfile, '/');
+	bool pdeath = access(SETPRIV, X_OK) == 0;
 	FILE *f;
 
-	if (access(SETPRIV, X_OK) < 0 || !slash) {
-		snprintf(ret, size, "%s", p->engine);
-		return 0;
-	}
-	snprintf(ret, size, "%.*s/engine-pdeath", (int)(slash - wfile), wfile);
+	if (!slash)
+		return -EINVAL;
+	snprintf(ret, size, "%.*s/engine", (int)(slash - wfile), wfile);
 	f = fopen(ret, "we");
 	if (!f)
 		return log_error_errno(errno, "%s: %m", ret);
-	fprintf(f, "#!/bin/sh\nexec %s --pdeathsig KILL '%s' \"$@\"\n", SETPRIV, p->engine);
+	fprintf(f, "#!/bin/sh\nexec %s%s'%s' --model '%s' --tp %u --kv-cache-bytes 64M \"$@\"\n",
+		pdeath ? SETPRIV : "", pdeath ? " --pdeathsig KILL " : "", p->engine, wfile, tp);
 	if (fchmod(fileno(f), 0700) < 0 || fclose(f) != 0)
 		return log_error_errno(errno, "%s: %m", ret);
 	return 0;
@@ -424,19 +427,18 @@ int rec_run_shadow_fault(const struct rec_paths *p, const char *wfile, const cha
 	r = r ?: rec_free_port(&shadow_port);
 	if (r < 0)
 		return r;
-	r = r ?: engine_wrapper(p, wfile, engine, sizeof(engine));
+	r = r ?: engine_wrapper(p, wfile, c->tp, engine, sizeof(engine));
 	if (r < 0)
 		return r;
 	snprintf(config, sizeof(config),
 		 "[engine.bench]\n"
-		 "primary = %s --model %s --port {port} --tp %u --kv-cache-bytes 64M\n"
-		 "shadow = %s --model %s --port {port} --tp %u --kv-cache-bytes 64M "
-		 "--load-format dummy --seed 1\n"
+		 "primary = %s --port {port}\n"
+		 "shadow = %s --port {port} --load-format dummy --seed 1\n"
 		 "env = LD_PRELOAD=%s\n"
 		 "tp = %u\nport = %u\nshadow_port = %u\nverify = %s\nprobe_interval = 20ms\n"
 		 "checksum_settle = %ums\n%s",
-		 engine, wfile, c->tp, engine, wfile, c->tp, p->shim, c->tp, port, shadow_port,
-		 verify, CHECKSUM_SETTLE_MS, extra_config ? extra_config : "");
+		 engine, engine, p->shim, c->tp, port, shadow_port, verify, CHECKSUM_SETTLE_MS,
+		 extra_config ? extra_config : "");
 	r = rec_world_open(&w, p, c->tp, c->bytes, config);
 	if (r < 0)
 		goto out;
@@ -528,7 +530,7 @@ out:
 	follow_stop(&fl);
 	/* The supervisor stops the groups it launched. */
 	rec_world_close(&w);
-	if (strcmp(engine, p->engine) != 0)
+	if (engine[0])
 		(void)unlink(engine);
 	return r;
 }
