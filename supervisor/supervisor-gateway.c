@@ -10,12 +10,10 @@
  * then, so attempts are detached and freed from a zero-timeout event, never in a callback.
  */
 #include <errno.h>
-#include <inttypes.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -32,11 +30,13 @@
 #include "supervisor.h"
 #include "util.h"
 
-#define GW_TICK_MS	   5
-#define GW_EVENT_MAX	   (4u << 20)  /* one SSE event from the engine */
-#define GW_RESPONSE_MAX	   (64u << 20) /* one non-stream response from the engine */
-#define GW_UPSTREAM_HOST   "127.0.0.1"
-#define GW_CONNECT_TIMEOUT 10
+#define GW_TICK_MS	 5
+#define GW_EVENT_MAX	 (4u << 20)  /* one SSE event from the engine */
+#define GW_RESPONSE_MAX	 (64u << 20) /* one non-stream response from the engine */
+#define GW_UPSTREAM_HOST "127.0.0.1"
+/* An engine connection silent this long is dropped (a hung engine is the liveness probe's to
+ * find; this only bounds a connection nothing else would end). */
+#define GW_UPSTREAM_IDLE_S 600
 
 enum req_state {
 	REQ_WAITING,	/* for the engine to serve (it is recovering) */
@@ -564,7 +564,7 @@ static int attempt_start(struct gw_req *r)
 	a->ureq = a->conn ? evhttp_request_new(on_up_done, a) : NULL;
 	if (!a->sse || !a->body || !a->ureq)
 		goto nomem;
-	evhttp_connection_set_timeout(a->conn, GW_CONNECT_TIMEOUT * 60);
+	evhttp_connection_set_timeout(a->conn, GW_UPSTREAM_IDLE_S);
 	evhttp_request_set_header_cb(a->ureq, on_up_header);
 	evhttp_request_set_chunked_cb(a->ureq, on_up_chunk);
 	h = evhttp_request_get_output_headers(a->ureq);
