@@ -36,8 +36,8 @@ BUILD=${BUILD:-$ROOT/build}
 DEADLINE_S=${GPU_DEADLINE_S:-480}
 
 # The only N/A results allowed on the emulated stack: PyTorch's libcudart cannot run there
-# (DESIGN §5), and shadow promotion does not exist yet.
-EMU_NA_OK=(shim-pytorch/default shim-pytorch/expandable engine-recovery/shadow-promotion)
+# (DESIGN §5).
+EMU_NA_OK=(shim-pytorch/default shim-pytorch/expandable)
 
 # Binaries of the meson build that checks use (relative to BUILD).
 SHIM=shim/libbelayer.so
@@ -62,6 +62,7 @@ PASSED=0
 FAILED=0
 NOT_APPLICABLE=0
 BG_PIDS=()
+CUR_PID="" # the timeout(1) of the check program running now (run_program)
 WORK=""
 RESULTS_FILE=""
 EMU_KERNELS=""
@@ -131,6 +132,24 @@ cleanup() {
 			-o -name '*.details' -o -name '*.stdout' \) -size -4M -exec cp {} "$OUT/gpu-logs/" \;
 	fi
 	if [[ -n $WORK && ${KEEP_WORK:-0} != 1 ]]; then rm -rf "$WORK"; fi
+}
+
+# SIGTERM (an outer timeout), SIGINT, SIGHUP: stop the running check program, whose timeout(1)
+# passes the signal to its whole process group (and SIGKILLs it 5 s later), then exit; the
+# EXIT trap (cleanup) stops the background helpers. Without it the program ran on to its own
+# limit, and a second SIGKILL left its children behind.
+on_signal() {
+	local end
+	trap - TERM INT HUP
+	if [[ -n $CUR_PID ]]; then
+		kill -TERM "$CUR_PID" 2>/dev/null || true
+		end=$(($(date +%s) + 10))
+		while kill -0 "$CUR_PID" 2>/dev/null && (($(date +%s) < end)); do sleep 0.1; done
+		kill -KILL "$CUR_PID" 2>/dev/null || true
+		wait "$CUR_PID" 2>/dev/null || true
+	fi
+	echo "run.sh: stopped by SIG$1" >&2
+	exit $((128 + $2))
 }
 
 # --- environment ------------------------------------------------------------------------------
@@ -340,7 +359,12 @@ run_program() {
 	fi
 	log=$WORK/$(tr / - <<<"$name").log
 	t0=$(date +%s.%N)
-	timeout --kill-after=5 "$limit" "$@" >"$log" 2>&1 || rc=$?
+	# In the background and waited for: a SIGTERM/^C to this script is handled at once
+	# (on_signal stops the program) instead of after the program's own limit.
+	timeout --kill-after=5 "$limit" "$@" >"$log" 2>&1 </dev/null &
+	CUR_PID=$!
+	wait "$CUR_PID" || rc=$?
+	CUR_PID=""
 	summary=$(sed -n 's/^summary: //p' "$log" | head -n1 || true)
 	grep -v '^summary: ' "$log" >"$log.details" || true
 	case $rc in
@@ -609,9 +633,17 @@ check_engine_recovery() {
 		help=$(LD_LIBRARY_PATH=$(lib_path_for "$BUILD/$BENCH") "$BUILD/$BENCH" --help 2>&1 || true)
 	fi
 	if grep -q '^ *recovery ' <<<"$help"; then
+		# The emulated run keeps to CI sizes; a GPU runs the full table (256M, 1G, 4G).
+		local sizes=()
+		[[ $EMU == 1 ]] && sizes=(--quick)
+		# The bench's own bound ends it with its reason well before run_program's limit.
+		local bound
+		bound=$(($(budget 240) - 30))
+		((bound >= 10)) || bound=10
 		run_program engine-recovery/shadow-promotion 240 env \
 			LD_LIBRARY_PATH="$(lib_path_for "$BUILD/$BENCH")" "$BUILD/$BENCH" \
-			--shim "$BUILD/$SHIM" recovery
+			--shim "$BUILD/$SHIM" recovery --build-dir "$BUILD" \
+			--plot "$(dirname "$RESULTS_FILE")/recovery.png" --timeout "$bound" "${sizes[@]}"
 	else
 		na engine-recovery/shadow-promotion \
 			"belayer-bench recovery does not exist yet (the shadow-worker recovery issue)"
@@ -693,6 +725,9 @@ main() {
 
 	WORK=$(mktemp -d "${TMPDIR:-/tmp}/belayer-gpu.XXXXXX")
 	trap cleanup EXIT
+	trap 'on_signal TERM 15' TERM
+	trap 'on_signal INT 2' INT
+	trap 'on_signal HUP 1' HUP
 	if [[ $EMU == 1 ]]; then
 		if [[ ! -e $BUILD/tests/emu/libcuda.so.1 ]]; then
 			echo "run.sh: EMU=1 needs the emulated stack in $BUILD/tests/emu (ninja -C $BUILD)" >&2
