@@ -326,6 +326,30 @@ static const struct field nccl_comm_end_fields[] = {
 	F_ENUM("how", nccl_comm_end.how, _NCCL_END_MAX),
 };
 
+static const struct field traj_step_fields[] = {
+	F_ENUM("ev", traj_step.ev, _TRAJ_EVENT_MAX),
+	F_STR("traj", traj_step.trajectory),
+	F_STR("env", traj_step.env),
+	OPT_U64("turn", traj_step.turn),
+	OPT_U64("plen", traj_step.prompt_tokens),
+	OPT_U64("gen", traj_step.generated_tokens),
+	OPT_U64("mtps", traj_step.decode_mtps),
+	OPT_U64("out", traj_step.output_tokens),
+};
+
+static const struct field traj_decision_fields[] = {
+	F_ENUM("ev", traj_decision.ev, _TRAJ_EVENT_MAX),
+	F_STR("traj", traj_decision.trajectory),
+	F_STR("env", traj_decision.env),
+	F_ENUM("act", traj_decision.act, _TRAJ_ACT_MAX),
+	F_STR("why", traj_decision.why),
+	F_U64("bub", traj_decision.bubble_us),
+	F_U32("berr", traj_decision.bubble_err_pm, 0, UINT32_MAX),
+	F_U64("cost", traj_decision.cost_us),
+	F_U32("cerr", traj_decision.cost_err_pm, 0, UINT32_MAX),
+	F_U64("held", traj_decision.held_us),
+};
+
 #define FIELDS(a) .fields = (a), .n_fields = ARRAY_SIZE(a)
 
 static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
@@ -357,6 +381,8 @@ static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
 	[PROTO_NCCL_COMM] = {"nccl-comm", FIELDS(nccl_comm_fields), .nfds = 1,
 			     .fd_offsets = {AT(nccl_comm.fd)}},
 	[PROTO_NCCL_COMM_END] = {"nccl-comm-end", FIELDS(nccl_comm_end_fields)},
+	[PROTO_TRAJ_STEP] = {"traj-step", FIELDS(traj_step_fields)},
+	[PROTO_TRAJ_DECISION] = {"traj-decision", FIELDS(traj_decision_fields)},
 };
 
 static const struct msg_type *msg_type_get(uint64_t type)
@@ -494,6 +520,27 @@ const char *nccl_end_to_string(enum nccl_end how)
 	return NAME_OF(nccl_end_names, how);
 }
 
+static const char *const traj_event_names[_TRAJ_EVENT_MAX] = {
+	[TRAJ_STEP_BEGIN] = "step-begin",
+	[TRAJ_STEP_END] = "step-end",
+};
+
+static const char *const traj_action_names[_TRAJ_ACT_MAX] = {
+	[TRAJ_ACT_NONE] = "none",
+	[TRAJ_ACT_CHECKPOINT] = "checkpoint",
+	[TRAJ_ACT_CHECKPOINT_SYNC] = "checkpoint-sync",
+};
+
+const char *traj_event_to_string(enum traj_event ev)
+{
+	return NAME_OF(traj_event_names, ev);
+}
+
+const char *traj_action_to_string(enum traj_action act)
+{
+	return NAME_OF(traj_action_names, act);
+}
+
 const char *metric_kind_to_string(enum metric_kind kind)
 {
 	return NAME_OF(metric_kind_names, kind);
@@ -586,6 +633,16 @@ int env_op_from_string(const char *s, enum env_op *ret)
 	if (i < 0)
 		return i;
 	*ret = (enum env_op)i;
+	return 0;
+}
+
+int traj_event_from_string(const char *s, enum traj_event *ret)
+{
+	int i = name_lookup(traj_event_names, ARRAY_SIZE(traj_event_names), s);
+
+	if (i < 0)
+		return i;
+	*ret = (enum traj_event)i;
 	return 0;
 }
 

@@ -102,6 +102,20 @@
  *     the supervisor holds replaces it.
  *   PROTO_NCCL_COMM_END (51), shim -> supervisor, no fd: "id": uint64, "how": uint enum
  *     nccl_end -> how (finalize keeps the record; destroy and abort end it).
+ * Trajectory events (types 60-69; DESIGN §2, issue 11), no fds:
+ *   PROTO_TRAJ_STEP (60), RL framework -> supervisor: a trajectory's environment step began
+ *     (the action arrived) or ended (the observation went back; an inference bubble starts):
+ *     "ev": uint enum traj_event  "traj": str (1..255 bytes)  "env": str (an environment id)
+ *     optional: "turn": uint64  "plen": uint64 (the pending request's prompt tokens)
+ *     "gen": uint64 (tokens generated so far)  "mtps": uint64 (decode rate, tokens/s x 1000)
+ *     "out": uint64 (step-begin: output tokens of the generation that produced the action)
+ *     Answered with PROTO_TRAJ_DECISION, or PROTO_ERROR.
+ *   PROTO_TRAJ_DECISION (61), supervisor -> framework: what the checkpoint policy did:
+ *     "ev": uint enum traj_event (the event answered)  "traj", "env": str
+ *     "act": uint enum traj_action  "why": str (the policy's reason)
+ *     "bub": uint64 (predicted bubble, µs; 0: unknown)  "berr": uint32 (its error, per mille)
+ *     "cost": uint64 (predicted checkpoint cost, µs)  "cerr": uint32 (per mille)
+ *     "held": uint64 (step-begin: µs the reply waited for a running checkpoint)
  * Strings are msgpack str of at most PROTO_MAX_STR bytes without NUL (METRIC "name" and "lbl":
  * 95, CONFIG_ENTRY "key": 63); the encoder writes the
  * keys in the order above, integers in their shortest form.
@@ -156,6 +170,9 @@ enum proto_type {
 	/* 50-59: NCCL communicators. */
 	PROTO_NCCL_COMM = 50,	  /* shim -> supervisor: a communicator, with its counters' memfd */
 	PROTO_NCCL_COMM_END = 51, /* shim -> supervisor: a communicator finalized or ended */
+	/* 60-69: trajectory events (the adaptive checkpoint policy). */
+	PROTO_TRAJ_STEP = 60,	  /* framework -> supervisor: an environment step began or ended */
+	PROTO_TRAJ_DECISION = 61, /* supervisor -> framework: the checkpoint policy's answer */
 	_PROTO_TYPE_MAX,
 };
 
@@ -207,6 +224,21 @@ enum nccl_end {
 	NCCL_END_DESTROY = 1,
 	NCCL_END_ABORT = 2,
 	_NCCL_END_MAX,
+};
+
+/* Which edge of an environment step a PROTO_TRAJ_STEP reports. */
+enum traj_event {
+	TRAJ_STEP_BEGIN = 0, /* the action arrived: the bubble is over */
+	TRAJ_STEP_END = 1,   /* the observation went back: a bubble starts */
+	_TRAJ_EVENT_MAX,
+};
+
+/* What the checkpoint policy did at a PROTO_TRAJ_STEP. */
+enum traj_action {
+	TRAJ_ACT_NONE = 0,	      /* no checkpoint */
+	TRAJ_ACT_CHECKPOINT = 1,      /* a checkpoint in the bubble */
+	TRAJ_ACT_CHECKPOINT_SYNC = 2, /* a checkpoint the next action waits for */
+	_TRAJ_ACT_MAX,
 };
 
 enum ctl_action {
@@ -492,6 +524,31 @@ struct proto_nccl_comm_end {
 	enum nccl_end how;
 };
 
+struct proto_traj_step {
+	enum traj_event ev;
+	char trajectory[PROTO_MAX_STR + 1];
+	char env[64];
+	/* Optional (absent: 0). */
+	uint64_t turn;
+	uint64_t prompt_tokens;	   /* "plen" */
+	uint64_t generated_tokens; /* "gen" */
+	uint64_t decode_mtps;	   /* "mtps": tokens/s x 1000 */
+	uint64_t output_tokens;	   /* "out" */
+};
+
+struct proto_traj_decision {
+	enum traj_event ev;
+	char trajectory[PROTO_MAX_STR + 1];
+	char env[64];
+	enum traj_action act;
+	char why[32];
+	uint64_t bubble_us;
+	uint32_t bubble_err_pm;
+	uint64_t cost_us;
+	uint32_t cost_err_pm;
+	uint64_t held_us;
+};
+
 struct proto_msg {
 	enum proto_type type;
 	union {
@@ -519,6 +576,8 @@ struct proto_msg {
 		struct proto_env_item env_item;
 		struct proto_nccl_comm nccl_comm;
 		struct proto_nccl_comm_end nccl_comm_end;
+		struct proto_traj_step traj_step;
+		struct proto_traj_decision traj_decision;
 	};
 };
 
@@ -538,6 +597,9 @@ int env_op_from_string(const char *s, enum env_op *ret);
 int ctl_action_from_string(const char *s, enum ctl_action *ret);
 const char *nccl_origin_to_string(enum nccl_origin o);
 const char *nccl_end_to_string(enum nccl_end how);
+const char *traj_event_to_string(enum traj_event ev);
+int traj_event_from_string(const char *s, enum traj_event *ret);
+const char *traj_action_to_string(enum traj_action act);
 const char *metric_kind_to_string(enum metric_kind kind);
 const char *worker_state_to_string(enum worker_state state);
 const char *region_state_to_string(enum region_state state);

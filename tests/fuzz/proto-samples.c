@@ -350,6 +350,42 @@ static void sample_nccl_comm_end(struct proto_msg *m)
 	m->nccl_comm_end.how = NCCL_END_ABORT;
 }
 
+static void sample_traj_step_end(struct proto_msg *m)
+{
+	m->type = PROTO_TRAJ_STEP;
+	m->traj_step.ev = TRAJ_STEP_END;
+	strcpy(m->traj_step.trajectory, "rollout-7/traj-3");
+	strcpy(m->traj_step.env, "swe-3");
+	m->traj_step.turn = 4;
+	m->traj_step.prompt_tokens = 5120;
+	m->traj_step.generated_tokens = 12;
+	m->traj_step.decode_mtps = 41500;
+}
+
+static void sample_traj_step_begin(struct proto_msg *m)
+{
+	m->type = PROTO_TRAJ_STEP;
+	m->traj_step.ev = TRAJ_STEP_BEGIN;
+	strcpy(m->traj_step.trajectory, "t");
+	strcpy(m->traj_step.env, "e");
+	m->traj_step.output_tokens = UINT64_MAX;
+}
+
+static void sample_traj_decision(struct proto_msg *m)
+{
+	m->type = PROTO_TRAJ_DECISION;
+	m->traj_decision.ev = TRAJ_STEP_END;
+	strcpy(m->traj_decision.trajectory, "rollout-7/traj-3");
+	strcpy(m->traj_decision.env, "swe-3");
+	m->traj_decision.act = TRAJ_ACT_CHECKPOINT;
+	strcpy(m->traj_decision.why, "fits");
+	m->traj_decision.bubble_us = 2400000;
+	m->traj_decision.bubble_err_pm = 120;
+	m->traj_decision.cost_us = 180000;
+	m->traj_decision.cost_err_pm = UINT32_MAX;
+	m->traj_decision.held_us = 0;
+}
+
 static const struct {
 	const char *name;
 	void (*fill)(struct proto_msg *m);
@@ -387,6 +423,9 @@ static const struct {
 	{"env-create", sample_env_create, NULL},
 	{"env-info", sample_env_info, NULL},
 	{"env-item", sample_env_item, NULL},
+	{"traj-step-end", sample_traj_step_end, NULL},
+	{"traj-step-begin", sample_traj_step_begin, NULL},
+	{"traj-decision", sample_traj_decision, NULL},
 };
 
 size_t proto_sample_count(void)

@@ -511,6 +511,12 @@ static bool key_is_optional(enum proto_type type, const char *key)
 		{PROTO_ENV_REQUEST, "ckpt"},
 		{PROTO_ENV_REQUEST, "traj"},
 		{PROTO_ENV_REQUEST, "fl"},
+		/* A step event carries what the framework knows of the pending request. */
+		{PROTO_TRAJ_STEP, "turn"},
+		{PROTO_TRAJ_STEP, "plen"},
+		{PROTO_TRAJ_STEP, "gen"},
+		{PROTO_TRAJ_STEP, "mtps"},
+		{PROTO_TRAJ_STEP, "out"},
 	};
 
 	for (size_t i = 0; i < ARRAY_SIZE(optional); i++)
@@ -639,6 +645,15 @@ static void out_of_range_values_are_rejected(void **state)
 		{"error", "msg", STR(PROTO_MAX_STR + 1)},
 		{"hello", "t", UINT(15)}, /* unassigned types between the ranges */
 		{"hello", "t", UINT(19)},
+		{"hello", "t", UINT(59)},
+		{"hello", "t", UINT(62)},
+		{"traj-step-end", "ev", UINT(_TRAJ_EVENT_MAX)},
+		{"traj-step-end", "traj", STR(PROTO_MAX_STR + 1)},
+		{"traj-step-end", "env", STR(64)},
+		{"traj-step-end", "mtps", NINT(-1)},
+		{"traj-decision", "act", UINT(_TRAJ_ACT_MAX)},
+		{"traj-decision", "berr", UINT(1ull << 32)},
+		{"traj-decision", "why", STR(32)},
 		{"shadow-region", "cls", UINT(_REGION_CLASS_MAX)},
 		{"shadow-region", "dev", BIN(15)},
 		{"shadow-region", "va", NINT(-1)},
@@ -689,6 +704,10 @@ static void in_range_edges_are_accepted(void **state)
 		{"promote-done", "msg", STR(PROTO_MAX_STR)},
 		{"shadow-parked", "n", UINT(UINT32_MAX)},
 		{"promote-map", "pid", UINT(0)},
+		{"traj-step-end", "env", STR(63)},
+		{"traj-step-end", "traj", STR(PROTO_MAX_STR)},
+		{"traj-decision", "why", STR(31)},
+		{"traj-decision", "cerr", UINT(UINT32_MAX)},
 	};
 
 	memset(filler, 'f', sizeof(filler));
@@ -931,6 +950,50 @@ static void nccl_messages(void **state)
 	assert_string_equal(event_kind_to_string(EVENT_NCCL), "nccl");
 }
 
+/* Trajectory events (60-61): the step's optional fields may be absent, an unknown event or
+ * action is refused, an empty trajectory id decodes (the supervisor refuses it), and every
+ * event and action has a name. */
+static void traj_messages(void **state)
+{
+	struct proto_msg m = {.type = PROTO_TRAJ_STEP}, d;
+	uint8_t out[PROTO_MAX_MSG];
+	enum traj_event ev;
+	size_t len;
+
+	(void)state;
+	m.traj_step.ev = TRAJ_STEP_END;
+	strcpy(m.traj_step.trajectory, "traj-1");
+	strcpy(m.traj_step.env, "env-1");
+	m.traj_step.decode_mtps = 30000;
+	assert_int_equal(proto_type_nfds(PROTO_TRAJ_STEP), 0);
+	assert_int_equal(proto_type_nfds(PROTO_TRAJ_DECISION), 0);
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), 0);
+	assert_int_equal(proto_decode(out, len, NULL, 0, &d), 0);
+	assert_int_equal(d.traj_step.ev, TRAJ_STEP_END);
+	assert_string_equal(d.traj_step.trajectory, "traj-1");
+	assert_string_equal(d.traj_step.env, "env-1");
+	assert_int_equal(d.traj_step.decode_mtps, 30000);
+	assert_int_equal(d.traj_step.output_tokens, 0);
+	m.traj_step.ev = _TRAJ_EVENT_MAX;
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), -EINVAL);
+	m = (struct proto_msg){.type = PROTO_TRAJ_DECISION};
+	m.traj_decision.act = _TRAJ_ACT_MAX;
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), -EINVAL);
+	m.traj_decision.act = TRAJ_ACT_CHECKPOINT_SYNC;
+	memset(m.traj_decision.why, 'x', sizeof(m.traj_decision.why)); /* no room for NUL */
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), -EINVAL);
+	for (int i = 0; i < _TRAJ_EVENT_MAX; i++) {
+		assert_int_equal(traj_event_from_string(traj_event_to_string(i), &ev), 0);
+		assert_int_equal(ev, i);
+	}
+	for (int i = 0; i < _TRAJ_ACT_MAX; i++)
+		assert_non_null(traj_action_to_string(i));
+	assert_null(traj_event_to_string(_TRAJ_EVENT_MAX));
+	assert_null(traj_action_to_string(_TRAJ_ACT_MAX));
+	assert_int_equal(traj_event_from_string("step", &ev), -EINVAL);
+	assert_string_equal(proto_type_to_string(PROTO_TRAJ_STEP), "traj-step");
+}
+
 /* Every value of every control-plane enum has a name, and nothing past the end does. */
 static void control_names_are_complete(void **state)
 {
@@ -991,6 +1054,7 @@ int main(void)
 		cmocka_unit_test(control_names_are_complete),
 		cmocka_unit_test(env_messages),
 		cmocka_unit_test(nccl_messages),
+		cmocka_unit_test(traj_messages),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
