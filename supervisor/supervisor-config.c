@@ -34,6 +34,7 @@ enum key_type {
 	KEY_LOGLEVEL,
 	KEY_MS,	    /* uint64_t milliseconds, ms/s/m/h suffixes (none: seconds) */
 	KEY_VERIFY, /* enum verify_mode */
+	KEY_POLICY, /* enum policy_mode (supervisor-policy.h) */
 };
 
 struct key {
@@ -158,6 +159,25 @@ static const struct key keys[] = {
 	      "Stop a hung group: configured engines through their recovery (shadow promotion "
 	      "or cold restart), other processes sharing the communicator by SIGKILL (no: only "
 	      "report the diagnosis)."),
+
+	TYPED("policy", "mode", KEY_POLICY, policy_mode, "adaptive",
+	      "When agent environments of trajectories that report step events (traj step-begin "
+	      "/ step-end) are checkpointed: never; every-turn (at every step end, the next action "
+	      "waits for it); adaptive (inside the inference bubble when it is predicted to hide "
+	      "the checkpoint, or when forced by max_turns / max_unprotected)."),
+	U32("policy", "confidence", policy_confidence_pct, 0, 1000, "100",
+	    "Adaptive: margin, in percent of each predictor's error estimate, by which the "
+	    "predicted bubble is shrunk and the predicted checkpoint cost grown before comparing "
+	    "them (0: compare the predictions as they are)."),
+	TYPED("policy", "max_delay", KEY_MS, policy_max_delay_ms, "50ms",
+	      "Adaptive: longest an action waits for a checkpoint still running when it arrives; "
+	      "past it the checkpoint is aborted and the turn stays unprotected."),
+	U32("policy", "max_turns", policy_max_turns, 0, 1000000, "8",
+	    "Adaptive: force a checkpoint when more dirty turns than this are unprotected (0: "
+	    "never forced by turns)."),
+	TYPED("policy", "max_unprotected", KEY_MS, policy_max_unprotected_ms, "5m",
+	      "Adaptive: force a checkpoint when the last one (or the last clean step end) is "
+	      "older than this (0: never forced by time)."),
 
 	U32("events", "history", event_history, 0, 1000000, "256",
 	    "Recent events kept for `belayerctl events` to replay."),
@@ -420,6 +440,8 @@ static int key_parse(struct sv_config *c, const struct key *k, const char *value
 		}
 		return parse_scaled(value, "smh", ms_scales, p);
 	}
+	case KEY_POLICY:
+		return policy_mode_from_string(value, p);
 	case KEY_VERIFY:
 		for (size_t i = 0; i < ARRAY_SIZE(verify_names); i++)
 			if (strcmp(value, verify_names[i]) == 0) {
@@ -671,6 +693,9 @@ static void key_format(const struct sv_config *c, const struct key *k, char *buf
 		return;
 	case KEY_VERIFY:
 		snprintf(buf, cap, "%s", verify_names[*(const enum verify_mode *)p]);
+		return;
+	case KEY_POLICY:
+		snprintf(buf, cap, "%s", policy_mode_to_string(*(const enum policy_mode *)p));
 		return;
 	}
 	snprintf(buf, cap, "?");

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "supervisor-policy.h"
+
 #define CONFIG_DEFAULT_PATH "/etc/belayer/belayer.conf"
 #define CONFIG_LIST_MAX	    64
 
@@ -115,6 +117,12 @@ struct sv_config {
 	uint64_t nccl_stall_timeout_ms;
 	uint64_t nccl_poll_ms;
 	bool nccl_recover;
+	/* [policy] (supervisor-policy.h) */
+	enum policy_mode policy_mode;
+	uint32_t policy_confidence_pct;
+	uint64_t policy_max_delay_ms;
+	uint32_t policy_max_turns;
+	uint64_t policy_max_unprotected_ms;
 	/* [engine.NAME] sections, in file order */
 	uint32_t n_engines;
 	struct sv_engine_config engines[CONFIG_ENGINES_MAX];

@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include "supervisor-config.h"
 #include "supervisor-policy.h"
 #include "util.h"
 
@@ -197,6 +198,32 @@ static void mode_names_round_trip(void **state)
 		assert_string_not_equal(policy_reason_to_string(i), "?");
 }
 
+/* The [policy] keys parse into what the policy takes, and refuse what it does not know. */
+static void config_policy_section(void **state)
+{
+	static struct sv_config c; /* large: not on the stack */
+
+	config_init_defaults(&c);
+	assert_int_equal(c.policy_mode, POLICY_ADAPTIVE);
+	assert_int_equal(c.policy_confidence_pct, 100);
+	assert_int_equal(c.policy_max_delay_ms, 50);
+	assert_int_equal(c.policy_max_turns, 8);
+	assert_int_equal(c.policy_max_unprotected_ms, 300000);
+	assert_int_equal(config_set(&c, "policy", "mode", "every-turn"), 0);
+	assert_int_equal(c.policy_mode, POLICY_EVERY_TURN);
+	assert_int_equal(config_set(&c, "policy", "mode", "never"), 0);
+	assert_int_equal(c.policy_mode, POLICY_NEVER);
+	assert_true(config_set(&c, "policy", "mode", "sometimes") < 0);
+	assert_int_equal(c.policy_mode, POLICY_NEVER);
+	assert_int_equal(config_set(&c, "policy", "max_delay", "250ms"), 0);
+	assert_int_equal(c.policy_max_delay_ms, 250);
+	assert_int_equal(config_set(&c, "policy", "max_unprotected", "2m"), 0);
+	assert_int_equal(c.policy_max_unprotected_ms, 120000);
+	assert_true(config_set(&c, "policy", "confidence", "1001") < 0);
+	assert_int_equal(config_set(&c, "policy", "max_turns", "0"), 0);
+	assert_int_equal(c.policy_max_turns, 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -208,6 +235,7 @@ int main(void)
 		cmocka_unit_test(adaptive_forces_after_unprotected_time),
 		cmocka_unit_test(clean_resets_the_turn_count),
 		cmocka_unit_test(mode_names_round_trip),
+		cmocka_unit_test(config_policy_section),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
