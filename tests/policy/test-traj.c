@@ -1,0 +1,178 @@
+/* SPDX-License-Identifier: MIT */
+/* Step events through the trajectory tracker (supervisor/supervisor-traj.h): scripted
+ * timelines from PROTO_TRAJ_STEP messages to PROTO_TRAJ_DECISION answers. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "supervisor-traj.h"
+#include "util.h"
+
+#define S 1000000ull
+
+static struct proto_traj_step step(enum traj_event ev, const char *traj, const char *env,
+				   uint64_t out, uint64_t mtps)
+{
+	struct proto_traj_step q = {.ev = ev, .output_tokens = out, .decode_mtps = mtps};
+
+	strcpy(q.trajectory, traj);
+	strcpy(q.env, env);
+	return q;
+}
+
+/* A trajectory whose actions take 500 tokens at 100 tokens/s: the first bubble is unknown,
+ * the second is predicted but the predictor has not yet been checked (error 1.0: no bet at
+ * confidence 100%), from the third on the 5 s bubble hides the checkpoint. */
+static void bubbles_learnt_then_checkpointed(void **state)
+{
+	const struct policy_config c = {
+		.mode = POLICY_ADAPTIVE, .confidence = 1.0, .max_delay_us = 50000};
+	const struct traj_env_view v = {
+		.dirty = true, .dirty_bytes = 1 << 20, .mem_bytes = 100 << 20};
+	struct traj_tracker *t = traj_tracker_new(8, 0.2);
+	const enum traj_action want[] = {TRAJ_ACT_NONE, TRAJ_ACT_NONE, TRAJ_ACT_CHECKPOINT,
+					 TRAJ_ACT_CHECKPOINT};
+	uint64_t now = 10 * S;
+
+	assert_non_null(t);
+	for (size_t turn = 0; turn < ARRAY_SIZE(want); turn++) {
+		struct proto_traj_step q = step(TRAJ_STEP_END, "T", "E", 0, 100000);
+		struct proto_traj_decision d;
+
+		assert_int_equal(traj_on_step(t, &c, &q, &v, now, &d), 0);
+		print_message("turn %zu: %s (%s) bubble %lu us err %u, cost %lu us err %u\n", turn,
+			      traj_action_to_string(d.act), d.why, (unsigned long)d.bubble_us,
+			      d.bubble_err_pm, (unsigned long)d.cost_us, d.cost_err_pm);
+		assert_int_equal(d.ev, TRAJ_STEP_END);
+		assert_string_equal(d.trajectory, "T");
+		assert_string_equal(d.env, "E");
+		assert_int_equal(d.act, want[turn]);
+		if (turn > 0)
+			assert_int_equal(d.bubble_us, 5 * S);
+		if (d.act == TRAJ_ACT_CHECKPOINT) {
+			struct cost_sample s = {.fs_bytes = 1 << 20,
+						.criu_bytes = 100 << 20,
+						.fs_s = 0.001,
+						.dump_s = 0.100,
+						.total_s = 0.130};
+
+			assert_string_equal(d.why, "fits");
+			assert_int_equal(traj_checkpoint_done(t, "T", "E", &s, now + 130000), 0);
+		}
+		now += 5 * S;
+		q = step(TRAJ_STEP_BEGIN, "T", "E", 500, 0);
+		assert_int_equal(traj_on_step(t, &c, &q, &v, now, &d), 0);
+		assert_int_equal(d.ev, TRAJ_STEP_BEGIN);
+		assert_int_equal(d.act, TRAJ_ACT_NONE);
+		now += 2 * S; /* the environment's step */
+	}
+	assert_int_equal(traj_bubble(t, "T")->n_lengths, ARRAY_SIZE(want));
+	assert_true(traj_bubble(t, "T")->err.mean < 0.01);
+	assert_int_equal(traj_env_cost(t, "E")->n, 2);
+	assert_true(traj_env_cost(t, "E")->err.mean < 1.0);
+	traj_tracker_free(t);
+}
+
+/* Short bubbles (10 tokens at a learnt 100 tokens/s) on a big environment never fit: the turn
+ * bound forces a checkpoint; it cannot finish within the bubble plus max_delay, so the daemon
+ * aborts it when the action arrives (nothing reported done) and the turns stay unprotected:
+ * forced again at the next bubble. */
+static void short_bubbles_are_forced_by_turns(void **state)
+{
+	const struct policy_config c = {
+		.mode = POLICY_ADAPTIVE, .confidence = 1.0, .max_turns = 2, .max_delay_us = 50000};
+	const struct traj_env_view v = {.dirty = true, .mem_bytes = 4ull << 30};
+	struct traj_tracker *t = traj_tracker_new(8, 0.2);
+	const char *want[] = {"no-fit", "no-fit", "force-turns", "force-turns"};
+	uint64_t now = S;
+
+	assert_non_null(t);
+	for (size_t turn = 0; turn < ARRAY_SIZE(want); turn++) {
+		struct proto_traj_step q = step(TRAJ_STEP_END, "short", "big", 0, 0);
+		struct proto_traj_decision d;
+
+		assert_int_equal(traj_on_step(t, &c, &q, &v, now, &d), 0);
+		assert_string_equal(d.why, want[turn]);
+		if (turn >= 1)
+			assert_int_equal(d.bubble_us, 100000);
+		/* 4 GiB at the 500 MB/s prior: far longer than the bubble and the bound. */
+		assert_true(d.cost_us > d.bubble_us + c.max_delay_us);
+		now += S / 10;
+		q = step(TRAJ_STEP_BEGIN, "short", "big", 10, 0);
+		assert_int_equal(traj_on_step(t, &c, &q, &v, now, &d), 0);
+		assert_int_equal(policy_action_hold_us(&c), 50000);
+		now += S;
+	}
+	traj_tracker_free(t);
+}
+
+static void every_turn_and_clean_environments(void **state)
+{
+	const struct policy_config c = {.mode = POLICY_EVERY_TURN};
+	struct traj_env_view v = {.dirty = false};
+	struct traj_tracker *t = traj_tracker_new(8, 0.2);
+	struct proto_traj_step q = step(TRAJ_STEP_END, "T", "E", 0, 1000);
+	struct proto_traj_decision d;
+
+	assert_non_null(t);
+	assert_int_equal(traj_on_step(t, &c, &q, &v, S, &d), 0);
+	assert_int_equal(d.act, TRAJ_ACT_NONE);
+	assert_string_equal(d.why, "clean");
+	v.dirty = true;
+	assert_int_equal(traj_on_step(t, &c, &q, &v, 2 * S, &d), 0);
+	assert_int_equal(d.act, TRAJ_ACT_CHECKPOINT_SYNC);
+	assert_string_equal(d.why, "every-turn");
+	traj_tracker_free(t);
+}
+
+static void bad_ids_and_bounded_tracking(void **state)
+{
+	const struct policy_config c = {.mode = POLICY_NEVER};
+	const struct traj_env_view v = {0};
+	struct traj_tracker *t = traj_tracker_new(2, 0.2);
+	struct proto_traj_step q = step(TRAJ_STEP_END, "", "E", 0, 0);
+	struct proto_traj_decision d;
+	struct cost_sample s = {.total_s = 1};
+
+	assert_non_null(t);
+	assert_int_equal(traj_on_step(t, &c, &q, &v, S, &d), -EINVAL);
+	q = step(TRAJ_STEP_END, "T", "", 0, 0);
+	assert_int_equal(traj_on_step(t, &c, &q, &v, S, &d), -EINVAL);
+	/* Two trajectories fit; a third forgets the least recently seen. */
+	q = step(TRAJ_STEP_END, "a", "E", 0, 0);
+	assert_int_equal(traj_on_step(t, &c, &q, &v, 1 * S, &d), 0);
+	q = step(TRAJ_STEP_END, "b", "E", 0, 0);
+	assert_int_equal(traj_on_step(t, &c, &q, &v, 2 * S, &d), 0);
+	q = step(TRAJ_STEP_END, "a", "E", 0, 0);
+	assert_int_equal(traj_on_step(t, &c, &q, &v, 3 * S, &d), 0);
+	q = step(TRAJ_STEP_END, "c", "E", 0, 0);
+	assert_int_equal(traj_on_step(t, &c, &q, &v, 4 * S, &d), 0);
+	assert_non_null(traj_bubble(t, "a"));
+	assert_null(traj_bubble(t, "b"));
+	assert_non_null(traj_bubble(t, "c"));
+	/* A checkpoint of a forgotten trajectory still teaches its environment's cost. */
+	assert_int_equal(traj_checkpoint_done(t, "b", "E", &s, 5 * S), -ENOENT);
+	assert_int_equal(traj_env_cost(t, "E")->n, 1);
+	assert_null(traj_env_cost(t, "nope"));
+	traj_tracker_free(t);
+	assert_null(traj_tracker_new(0, 0.2));
+	assert_int_equal(errno, EINVAL);
+	assert_null(traj_tracker_new(4, 0));
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(bubbles_learnt_then_checkpointed),
+		cmocka_unit_test(short_bubbles_are_forced_by_turns),
+		cmocka_unit_test(every_turn_and_clean_environments),
+		cmocka_unit_test(bad_ids_and_bounded_tracking),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
