@@ -226,32 +226,63 @@ int fixture_content_hash(const char *dir, const char *const *skip, uint64_t *ret
 	return r;
 }
 
-int fixture_ask(const char *path, const char *req, char *ans, size_t cap, int timeout_ms)
+/* A connected stream socket to the server at addr: a unix socket path (starting with '/') or
+ * a TCP port on 127.0.0.1, as envckpt-server takes it; retries until the deadline. */
+static int ask_connect(const char *addr, uint64_t deadline)
 {
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	uint64_t deadline = fixture_now_us() + (uint64_t)timeout_ms * 1000;
-	size_t got = 0;
-	int s, r = -ETIMEDOUT;
+	struct sockaddr_un su = {.sun_family = AF_UNIX};
+	struct sockaddr_in si = {.sin_family = AF_INET};
+	struct sockaddr *sa;
+	socklen_t salen;
+	int s;
 
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return -ENAMETOOLONG;
-	memcpy(sa.sun_path, path, strlen(path));
+	if (addr[0] == '/') {
+		if (strlen(addr) >= sizeof(su.sun_path))
+			return -ENAMETOOLONG;
+		memcpy(su.sun_path, addr, strlen(addr));
+		sa = (struct sockaddr *)&su;
+		salen = sizeof(su);
+	} else {
+		char *end;
+		unsigned long port = strtoul(addr, &end, 10);
+
+		if (*addr == '\0' || *end != '\0' || port == 0 || port > UINT16_MAX)
+			return -EINVAL;
+		si.sin_port = htons((uint16_t)port);
+		si.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		sa = (struct sockaddr *)&si;
+		salen = sizeof(si);
+	}
 	/* The server may still be starting: retry the connect until the deadline. */
 	for (;;) {
-		s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		s = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 		if (s < 0)
 			return -errno;
-		if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) == 0)
-			break;
+		if (connect(s, sa, salen) == 0)
+			return s;
 		close(s);
 		if (fixture_now_us() > deadline)
 			return -ETIMEDOUT;
 		(void)poll(NULL, 0, 5);
 	}
+}
+
+int fixture_ask(const char *addr, const char *req, char *ans, size_t cap, int timeout_ms)
+{
+	uint64_t deadline = fixture_now_us() + (uint64_t)timeout_ms * 1000;
+	size_t got = 0;
+	int s, r = -ETIMEDOUT;
+
+	s = ask_connect(addr, deadline);
+	if (s < 0)
+		return s;
 	if (write(s, req, strlen(req)) != (ssize_t)strlen(req)) {
 		close(s);
 		return -EIO;
 	}
+	/* Reads until the server closes the connection, not just until the newline: a caller that
+	 * checkpoints right after an answer must not catch the server between its write and its
+	 * close, holding a connected TCP socket that CRIU (without --tcp-established) refuses. */
 	while (got + 1 < cap) {
 		int left = (int)((deadline - fixture_now_us()) / 1000);
 		ssize_t n;
@@ -259,16 +290,14 @@ int fixture_ask(const char *path, const char *req, char *ans, size_t cap, int ti
 		if (left <= 0 || poll(&(struct pollfd){.fd = s, .events = POLLIN}, 1, left) <= 0)
 			break;
 		n = read(s, ans + got, cap - 1 - got);
-		if (n <= 0) {
-			r = got ? 0 : -EIO;
+		if (n <= 0) { /* the close (or a reset after the answer) */
+			r = memchr(ans, '\n', got) ? 0 : n < 0 ? -errno : -EIO;
 			break;
 		}
 		got += (size_t)n;
-		if (memchr(ans, '\n', got)) {
-			r = 0;
-			break;
-		}
 	}
+	if (got + 1 >= cap && memchr(ans, '\n', got))
+		r = 0; /* a full buffer with the whole answer line: no room left to see the close */
 	ans[got] = '\0';
 	ans[strcspn(ans, "\n")] = '\0';
 	close(s);

@@ -16,9 +16,10 @@ int fixture_tree_hash(const char *dir, const char *const *skip, uint64_t *ret);
 /* The same over contents, types, modes and link targets only (no owners, sizes of
  * directories or times): a tree rebuilt by replaying the same actions hashes alike. */
 int fixture_content_hash(const char *dir, const char *const *skip, uint64_t *ret);
-/* Sends req to the server at the unix socket path and reads its one-line answer (bounded by
- * timeout_ms; connects again until the server listens). */
-int fixture_ask(const char *path, const char *req, char *ans, size_t cap, int timeout_ms);
+/* Sends req to the server at addr (a unix socket path, or a TCP port on 127.0.0.1 as a decimal
+ * string: envckpt-server's argument) and reads its one-line answer until the server closes
+ * the connection (bounded by timeout_ms; connects again until the server listens). */
+int fixture_ask(const char *addr, const char *req, char *ans, size_t cap, int timeout_ms);
 /* Waits (bounded) until path exists. */
 int fixture_wait_file(const char *path, int timeout_ms);
 /* A free loopback TCP port. */

@@ -4,9 +4,9 @@
  * request counter): "set X" stores X; any request answers "TOKEN COUNT\n" and closes. After a
  * CRIU restore it must answer from its saved state.
  *
- * Listens on a unix socket (argument: an absolute path) or TCP 127.0.0.1:PORT. CRIU 4.1.1
- * cannot dump an inet socket on kernels >= 6.16 (SO_PASSCRED now fails there: CRIU issue
- * #2718, fixed upstream after 4.1.1), so the tests use the unix socket.
+ * Listens on a unix socket (argument: an absolute path) or TCP 127.0.0.1:PORT (argument: the
+ * port). The tests run both; the TCP one needs CRIU >= 4.2 on kernels >= 6.16 (4.1.1 fails
+ * to read the socket's options there: CRIU issue #2705).
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Full checkpoint and full restore of real environments (issue 10 item 6): real namespaces,
- * a real overlay and cgroup v2, real CRIU (>= 4, BELAYER_CRIU). Root only; skips through
- * TEST_REQUIRE otherwise (a failure under BELAYER_TEST_NO_SKIP=1, as CI runs it).
+ * a real overlay and cgroup v2, real CRIU (>= 4.2, BELAYER_CRIU: 4.1.1 cannot dump an inet
+ * socket on kernels >= 6.16). Root only; skips through TEST_REQUIRE otherwise (a failure
+ * under BELAYER_TEST_NO_SKIP=1, as CI runs it).
  *
- * The environment runs: a TCP server on loopback holding state in memory (envckpt-server),
- * two processes joined by a pipe, a shell holding a file open with /work as its cwd.
+ * The environment runs: two servers holding state in memory (envckpt-server), one on a TCP
+ * port on loopback (the environment shares the host's network namespace), one on a unix
+ * socket; two processes joined by a pipe; a shell holding a file open with /work as its cwd.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -42,6 +44,7 @@ struct fx {
 	char *dir;
 	char base[PATH_MAX], state[PATH_MAX], cgparent[PATH_MAX], secret[PATH_MAX];
 	char sock[PATH_MAX];
+	char tcp[16]; /* the TCP server's port on 127.0.0.1, as fixture_ask takes it */
 	struct sv_env *env;
 };
 
@@ -50,7 +53,7 @@ static bool preconditions(void)
 	const char *criu = sv_criu_binary(NULL);
 
 	return test_is_root() && access(CGROUP_V2 "/cgroup.procs", F_OK) == 0 && criu &&
-	       sv_criu_version(criu) >= 40000;
+	       sv_criu_version(criu) >= 40200;
 }
 
 static int setup(void **state)
@@ -79,16 +82,17 @@ static int teardown(void **state)
 
 static const char env_script[] =
 	"cd /work; exec 3>>/work/open.log; echo start >&3; "
-	"/work/server /work/server.sock & "
+	"/work/server %u & /work/server /work/server.sock & "
 	"sleep infinity | cat >/dev/null & "
 	"mkdir -p /work/proj/src; echo 'int main(void){return 0;}' >/work/proj/src/main.c; "
 	"touch /work/ready; exec sleep infinity";
 
-/* Creates the environment and waits until it is up (its files and its server). */
+/* Creates the environment and waits until it is up (its files and its servers). */
 static void start_env(struct fx *f, const char *id, unsigned keep)
 {
 	char cmd[1024], ready[PATH_MAX], ans[256];
 	struct env_params p = {0};
+	uint16_t port;
 
 	f->dir = test_mkdtemp("belayer-envckpt");
 	assert_non_null(f->dir);
@@ -96,7 +100,9 @@ static void start_env(struct fx *f, const char *id, unsigned keep)
 	snprintf(f->state, sizeof(f->state), "%s/state", f->dir);
 	snprintf(f->cgparent, sizeof(f->cgparent), CGROUP_V2 "/belayer-test-%d", (int)getpid());
 	assert_int_equal(fixture_make_base(f->base, ENVCKPT_SERVER), 0);
-	snprintf(cmd, sizeof(cmd), "%s", env_script);
+	assert_int_equal(fixture_free_port(&port), 0);
+	snprintf(f->tcp, sizeof(f->tcp), "%u", (unsigned)port);
+	snprintf(cmd, sizeof(cmd), env_script, (unsigned)port);
 	p.id = id;
 	p.base = f->base;
 	p.cmd = cmd;
@@ -109,6 +115,7 @@ static void start_env(struct fx *f, const char *id, unsigned keep)
 	snprintf(ready, sizeof(ready), "%s/work/ready", f->env->root);
 	assert_int_equal(fixture_wait_file(ready, WAIT_MS), 0);
 	assert_int_equal(fixture_ask(f->sock, "get", ans, sizeof(ans), WAIT_MS), 0);
+	assert_int_equal(fixture_ask(f->tcp, "get", ans, sizeof(ans), WAIT_MS), 0);
 }
 
 /* Runs a shell command inside the environment's namespaces (nsenter into its init). */
@@ -238,34 +245,53 @@ static void checkpoint(struct fx *f, uint64_t turn, struct env_manifest *m)
 	assert_int_equal(r, 0);
 }
 
+/* after (a server's answer after the restore) holds token, the state of before (its answer
+ * when the checkpoint was taken), and counts exactly one request more. */
+static void same_state(const char *before, const char *after, const char *token)
+{
+	char tok[128];
+	unsigned long n0, n1;
+
+	assert_int_equal(sscanf(before, "%127s %lu", tok, &n0), 2);
+	assert_string_equal(tok, token);
+	assert_int_equal(sscanf(after, "%127s %lu", tok, &n1), 2);
+	assert_string_equal(tok, token);
+	assert_int_equal(n1, n0 + 1);
+}
+
 /* The restored environment equals the checkpointed one: tree hash, processes (namespace pids,
- * command lines, cwd, open files, the pipe), the server's in-memory state; the manifest is
+ * command lines, cwd, open files, the pipe), both servers' in-memory state; the manifest is
  * the caller's to truncate its context to. */
 static void test_restore_identical(void **state)
 {
 	struct fx *f = *state;
 	struct env_manifest m = {0}, back = {0};
 	uint64_t h_before, h_after;
-	char ans_before[256], ans[256];
+	char ans_before[256], tcp_before[256], ans[256];
 	_cleanup_free_ char *procs_before = NULL, *procs_after = NULL;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
 	start_env(f, "ident", 0);
 	assert_int_equal(
 		fixture_ask(f->sock, "set before-ckpt", ans_before, sizeof(ans_before), WAIT_MS),
 		0);
+	assert_int_equal(
+		fixture_ask(f->tcp, "set tcp-before", tcp_before, sizeof(tcp_before), WAIT_MS), 0);
 	env_exec(f, "echo hello >/work/a.txt; ln /work/a.txt /work/a.hard; mkfifo /work/fifo");
 	h_before = tree(f);
 	procs_before = snapshot(f);
 	checkpoint(f, 3, &m);
 	assert_int_equal(m.turn, 3);
-	assert_true(m.nproc >= 4); /* init, server, the pipe pair */
+	assert_true(m.nproc >= 5); /* init, two servers, the pipe pair */
 	assert_true(m.criu_bytes > 0);
 	assert_true(m.freeze_us > 0 && m.dump_us > 0);
 
 	/* After the checkpoint the environment moves on: files, server state. */
 	env_exec(f, "echo changed >/work/a.txt; rm -rf /work/proj; echo new >/work/b.txt");
 	assert_int_equal(fixture_ask(f->sock, "set after-ckpt", ans, sizeof(ans), WAIT_MS), 0);
+	assert_int_equal(fixture_ask(f->tcp, "set tcp-after", ans, sizeof(ans), WAIT_MS), 0);
+	assert_int_equal(fixture_ask(f->tcp, "get", ans, sizeof(ans), WAIT_MS), 0);
+	assert_true(strncmp(ans, "tcp-after ", 10) == 0);
 	assert_true(tree(f) != h_before);
 
 	assert_int_equal(env_restore(f->env, NULL, &back), 0);
@@ -279,18 +305,12 @@ static void test_restore_identical(void **state)
 	if (strcmp(procs_before, procs_after) != 0)
 		print_message("before:\n%s\nafter:\n%s\n", procs_before, procs_after);
 	assert_string_equal(procs_before, procs_after);
-	/* The server answers from its state at the checkpoint (token and one more request). */
+	/* Both servers answer from their state at the checkpoint (token and one more request):
+	 * the unix one, and the TCP one on loopback (its listening socket restored). */
 	assert_int_equal(fixture_ask(f->sock, "get", ans, sizeof(ans), WAIT_MS), 0);
-	{
-		char tok[128];
-		unsigned long n0, n1;
-
-		assert_int_equal(sscanf(ans_before, "%127s %lu", tok, &n0), 2);
-		assert_string_equal(tok, "before-ckpt");
-		assert_int_equal(sscanf(ans, "%127s %lu", tok, &n1), 2);
-		assert_string_equal(tok, "before-ckpt");
-		assert_int_equal(n1, n0 + 1);
-	}
+	same_state(ans_before, ans, "before-ckpt");
+	assert_int_equal(fixture_ask(f->tcp, "get", ans, sizeof(ans), WAIT_MS), 0);
+	same_state(tcp_before, ans, "tcp-before");
 	env_manifest_finish(&m);
 	env_manifest_finish(&back);
 }
@@ -306,7 +326,7 @@ static void test_delta_chain(void **state)
 	struct stat st1, st2;
 	uint64_t h1, h2;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
 	start_env(f, "chain", 0);
 	env_exec(f, "for i in 1 2 3 4 5 6 7 8; do echo $i >/work/f$i; done; echo x >/work/gone");
 	h1 = tree(f);
@@ -363,7 +383,7 @@ static void test_killed_mid_checkpoint(void **state)
 	int status;
 	bool seen = false;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
 	start_env(f, "killed", 0);
 	h1 = tree(f);
 	checkpoint(f, 1, &m1);
@@ -443,7 +463,7 @@ static void test_symlink_escape(void **state)
 	DIR *d;
 	int dfd, fd;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
 	start_env(f, "escape", 0);
 	snprintf(f->secret, sizeof(f->secret), "%s/secret", f->dir);
 	fd = open(f->secret, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
@@ -496,7 +516,7 @@ static void test_refusals(void **state)
 	char path[PATH_MAX], cmd[3 * PATH_MAX];
 	uint64_t h2;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
 	start_env(f, "refuse", 0);
 	env_exec(f, "echo one >/work/one");
 	checkpoint(f, 1, &m1);
@@ -543,7 +563,7 @@ static void test_gc(void **state)
 	char **ids;
 	size_t n;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
 	start_env(f, "gc", 2);
 	for (int i = 0; i < 4; i++) {
 		env_exec(f, "echo %d >/work/turn%d; echo %d >>/work/acc", i, i, i);
@@ -579,7 +599,7 @@ static void test_adopt(void **state)
 	char other_state[PATH_MAX];
 	uint64_t h;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4 needed");
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
 	start_env(f, "native", 0);
 	env_exec(f, "echo adopted >/work/mark");
 	snprintf(other_state, sizeof(other_state), "%s/other", f->dir);

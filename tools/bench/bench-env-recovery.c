@@ -5,9 +5,10 @@
  *
  * The environment (supervisor-env.h: own namespaces, cgroup v2, overlay root) holds a
  * generated git repository of NFILES C files (a few thousand) and runs a long-lived server
- * (its state in memory; on a unix socket: CRIU 4.1.1 cannot dump inet sockets on kernels
- * >= 6.16). A trajectory of NTURNS actions runs in it: edits, builds (make -j2), tests, git
- * commits, installing a dependency from a local tarball into a local prefix, links, chmod.
+ * (its state in memory) on a TCP port on loopback (CRIU >= 4.2: 4.1.1 cannot dump inet
+ * sockets on kernels >= 6.16). A trajectory of NTURNS actions runs in it: edits, builds
+ * (make -j2), tests, git commits, installing a dependency from a local tarball into a local
+ * prefix, links, chmod.
  * After every action the server's state is updated and a full checkpoint is taken (its cost
  * is reported: frozen time, CRIU dump, FS delta copy, bytes).
  *
@@ -174,12 +175,12 @@ static int env_run(struct sv_env *e, const char *action)
 	return system(cmd) == 0 ? 0 : -EIO;
 }
 
-static int set_state(const char *sock, unsigned turn)
+static int set_state(const char *addr, unsigned turn)
 {
 	char req[64], ans[256];
 
 	snprintf(req, sizeof(req), "set turn-%u", turn);
-	return fixture_ask(sock, req, ans, sizeof(ans), WAIT_MS);
+	return fixture_ask(addr, req, ans, sizeof(ans), WAIT_MS);
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -245,17 +246,18 @@ int bench_env_recovery(const struct bench_args *a, int argc, char **argv)
 		ok_replay_content[ARRAY_SIZE(fail_turns)];
 	char ckpt_id[NTURNS + 1][ENV_ID_MAX + 1];
 	char dir[] = "/tmp/belayer-bench-env.XXXXXX", base[PATH_MAX], state[PATH_MAX], cg[PATH_MAX],
-	     sock[PATH_MAX], ans[256];
+	     srv_cmd[128], addr[16] /* the server's TCP port on 127.0.0.1 */, ans[256];
 	struct env_params p = {0};
 	struct sv_env *e = NULL;
 	const char *criu = sv_criu_binary(NULL);
 	uint64_t t0, setup_us;
+	uint16_t port;
 	int r = 0;
 
 	(void)argc;
 	(void)argv;
-	if (geteuid() != 0 || !criu || sv_criu_version(criu) < 40000) {
-		fprintf(stderr, "env-recovery needs root and CRIU >= 4 (BELAYER_CRIU).\n");
+	if (geteuid() != 0 || !criu || sv_criu_version(criu) < 40200) {
+		fprintf(stderr, "env-recovery needs root and CRIU >= 4.2 (BELAYER_CRIU).\n");
 		return 77;
 	}
 	if (!mkdtemp(dir))
@@ -272,7 +274,12 @@ int bench_env_recovery(const struct bench_args *a, int argc, char **argv)
 	setup_us = bench_now_ns() / 1000 - t0;
 	p.id = "bench";
 	p.base = base;
-	p.cmd = "cd /work; /work/server /work/server.sock & exec sleep infinity";
+	r = fixture_free_port(&port);
+	if (r < 0)
+		goto out;
+	snprintf(addr, sizeof(addr), "%u", (unsigned)port);
+	snprintf(srv_cmd, sizeof(srv_cmd), "cd /work; /work/server %s & exec sleep infinity", addr);
+	p.cmd = srv_cmd;
 	p.state_dir = state;
 	p.cgroup_parent = cg;
 	p.criu = criu;
@@ -282,8 +289,7 @@ int bench_env_recovery(const struct bench_args *a, int argc, char **argv)
 		log_error_errno(r, "Failed to create the environment: %m");
 		goto out;
 	}
-	snprintf(sock, sizeof(sock), "%s/work/server.sock", e->root);
-	r = fixture_ask(sock, "get", ans, sizeof(ans), WAIT_MS);
+	r = fixture_ask(addr, "get", ans, sizeof(ans), WAIT_MS);
 	if (r < 0)
 		goto out;
 
@@ -301,7 +307,7 @@ int bench_env_recovery(const struct bench_args *a, int argc, char **argv)
 			log_error("Action %u failed: %s", t, actions[t - 1]);
 			goto out;
 		}
-		r = set_state(sock, t);
+		r = set_state(addr, t);
 		if (r < 0)
 			goto out;
 		c0 = bench_now_ns() / 1000;
@@ -341,7 +347,7 @@ int bench_env_recovery(const struct bench_args *a, int argc, char **argv)
 			log_error_errno(r, "Restore of turn %u failed: %m", F);
 			goto out;
 		}
-		r = fixture_ask(sock, "get", ans, sizeof(ans), WAIT_MS);
+		r = fixture_ask(addr, "get", ans, sizeof(ans), WAIT_MS);
 		t_restore[i] = bench_now_ns() / 1000 - s0;
 		env_manifest_finish(&m);
 		if (r < 0)
@@ -355,11 +361,11 @@ int bench_env_recovery(const struct bench_args *a, int argc, char **argv)
 		s0 = bench_now_ns() / 1000;
 		r = env_rebuild(e);
 		if (r >= 0)
-			r = fixture_ask(sock, "get", ans, sizeof(ans), WAIT_MS);
+			r = fixture_ask(addr, "get", ans, sizeof(ans), WAIT_MS);
 		for (unsigned t = 1; r >= 0 && t <= F; t++) {
 			r = env_run(e, actions[t - 1]);
 			if (r >= 0)
-				r = set_state(sock, t);
+				r = set_state(addr, t);
 		}
 		t_replay[i] = bench_now_ns() / 1000 - s0;
 		if (r < 0) {
