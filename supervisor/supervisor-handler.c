@@ -15,6 +15,7 @@
 #include "supervisor-handler.h"
 #include "supervisor-promote.h"
 #include "supervisor-shadow.h"
+#include "supervisor-traj-ctl.h"
 #include "supervisor-workers.h"
 
 static int on_announce(struct supervisor *s, struct sv_client *c, struct proto_region *r)
@@ -207,6 +208,8 @@ int handler_dispatch(struct supervisor *s, struct sv_client *c, struct proto_msg
 		return nccl_on_comm(s, c, &m->nccl_comm);
 	case PROTO_NCCL_COMM_END:
 		return nccl_on_comm_end(s, c, &m->nccl_comm_end);
+	case PROTO_TRAJ_STEP:
+		return traj_ctl_on_step(s, c, &m->traj_step);
 	case PROTO_ERROR:
 		/* A peer's complaint about something we sent: nothing to answer. */
 		log_debug("Peer pid %d reports error %d: %s", c->cred.pid, m->error.code,

@@ -32,6 +32,7 @@
 #include "supervisor-journal.h"
 #include "supervisor-offload.h"
 #include "supervisor-server.h"
+#include "supervisor-traj-ctl.h"
 #include "supervisor-workers.h"
 
 #define ACCEPT_BURST 64
@@ -569,6 +570,7 @@ out:
 	}
 	journal_close(s->journal);
 	s->journal = NULL;
+	traj_ctl_free(s);
 	health_gpu_free(s->gpu);
 	s->gpu = NULL;
 	event_base_free(base);

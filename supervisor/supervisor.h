@@ -21,6 +21,7 @@ struct sv_offload;
 struct health_gpu;
 struct sv_engines;
 struct sv_envs;
+struct traj_tracker;
 
 struct sv_packet {
 	struct sv_packet *next;
@@ -79,6 +80,7 @@ struct supervisor {
 	char gpu_message[PROTO_MAX_STR + 1];
 	struct sv_engines *engines; /* configured engines (supervisor-engines.h); NULL: none */
 	struct sv_envs *envs;	    /* agent environments (supervisor-env-ctl.h); NULL: none */
+	struct traj_tracker *trajs; /* step events (supervisor-traj-ctl.h); NULL: none yet */
 };
 
 uint64_t now_ms(void);

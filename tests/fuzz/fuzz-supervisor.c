@@ -18,6 +18,7 @@
 #include "supervisor-events.h"
 #include "supervisor-handler.h"
 #include "supervisor-health.h"
+#include "supervisor-traj-ctl.h"
 #include "supervisor.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -111,6 +112,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	client_free(&s, c);
 	registry_finish(&s.reg);
 	events_finish(&s);
+	traj_ctl_free(&s); /* step events allocate the tracker */
 	drain(sv[0]);
 	FUZZ_CHECK(close(sv[0]) == 0);
 	fuzz_fd_check();
