@@ -42,19 +42,6 @@ static struct sv sv;
 static char weights[PATH_MAX];
 static uint16_t port_a, port_b, port_gw;
 
-static uint16_t free_port(void)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	assert_true(fd >= 0);
-	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
 /* ---- a small HTTP/1.1 client: one request per connection, chunked bodies decoded ---- */
 
 struct resp {
@@ -400,9 +387,9 @@ static void start(int tp, bool shadow, const char *const *more)
 				    "engine.t.checksum_settle=200ms"};
 	size_t n = 8;
 
-	port_a = free_port();
-	port_b = free_port();
-	port_gw = free_port();
+	port_a = sv_free_port();
+	port_b = sv_free_port();
+	port_gw = sv_free_port();
 	snprintf(primary, sizeof(primary),
 		 "engine.t.primary=%s --model %s --port {port} --tp %d --kv-cache-bytes 16M "
 		 "--enable-debug-endpoints",

@@ -74,3 +74,6 @@ bool wait_regions(const struct sv *sv, pid_t pid, int state, int want);
 int run_tool(const struct sv *sv, const char *const *argv, char **ret_out);
 
 uint64_t mono_ms(void);
+
+/* A free TCP port on the loopback (the kernel's choice; free again once we close it). */
+uint16_t sv_free_port(void);

@@ -44,19 +44,6 @@ static uint16_t port_a, port_b;
 
 static const char *const prompt = "[5,17,3,99,42]";
 
-static uint16_t free_port(void)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	assert_true(fd >= 0);
-	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
 /* POST /generate (greedy); 0 and the tokens, or -errno when nothing serves on port. */
 static int generate(uint16_t port, uint32_t out[MAX_TOKENS])
 {
@@ -295,8 +282,8 @@ static void start(const char *shadow_extra, const char *const *more)
 				    "engine.t.checksum_settle=200ms"};
 	size_t n = 8;
 
-	port_a = free_port();
-	port_b = free_port();
+	port_a = sv_free_port();
+	port_b = sv_free_port();
 	snprintf(primary, sizeof(primary),
 		 "engine.t.primary=%s --model %s --port {port} --tp 2 --kv-cache-bytes 16M",
 		 ENGINE_PATH, weights);
@@ -323,7 +310,7 @@ static void start(const char *shadow_extra, const char *const *more)
 static void failure_free_tokens(const char *w, uint32_t out[MAX_TOKENS])
 {
 	char port[16];
-	uint16_t p = free_port();
+	uint16_t p = sv_free_port();
 	uint64_t deadline = mono_ms() + READY_MS;
 	pid_t pid;
 	int st;

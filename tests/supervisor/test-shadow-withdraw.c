@@ -35,19 +35,6 @@
 
 static struct sv sv;
 
-static uint16_t free_port(void)
-{
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	assert_true(fd >= 0);
-	assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-	assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-	close(fd);
-	return ntohs(a.sin_port);
-}
-
 static uint64_t engine_metric(const char *name)
 {
 	return metric(&sv, name, "engine=\"w\"");
@@ -106,8 +93,8 @@ static void withdrawn_region_leaves_the_layout(void **state)
 		 SHADOW_WITHDRAW_PATH);
 	snprintf(env, sizeof(env), "engine.w.env=LD_PRELOAD=%s BELAYER_PARK_QUIET_MS=200",
 		 SHIM_PATH);
-	snprintf(port, sizeof(port), "engine.w.port=%u", free_port());
-	snprintf(sport, sizeof(sport), "engine.w.shadow_port=%u", free_port());
+	snprintf(port, sizeof(port), "engine.w.port=%u", sv_free_port());
+	snprintf(sport, sizeof(sport), "engine.w.shadow_port=%u", sv_free_port());
 	sv_start(&sv, settings);
 
 	/* The supervisor's own verdict: the shadow parked with the primary's layout. */

@@ -1101,20 +1101,6 @@ static void content_checksum_through_driver(void **state)
 	close(fd);
 }
 
-/* A free TCP port on the loopback (the kernel's choice; free again once we close it). */
-static int free_port(void)
-{
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	assert_true(fd >= 0);
-	assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-	assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-	close(fd);
-	return ntohs(a.sin_port);
-}
-
 static char *http_get(int port, const char *path)
 {
 	struct sockaddr_in a = {.sin_family = AF_INET,
@@ -1161,7 +1147,7 @@ static void prometheus_listener(void **state)
 				NULL};
 	struct worker w;
 	const char *text;
-	int port = free_port();
+	int port = sv_free_port();
 
 	snprintf(port_setting, sizeof(port_setting), "metrics.http_port=%d", port);
 	sv_start(&sv, settings);
