@@ -225,6 +225,18 @@ static int scan_entry(struct scan *sc, int dirfd, const char *name, const struct
 	return env_manifest_add(sc->out, &e);
 }
 
+/* Appends name (n bytes) to the walk's path of plen bytes ("" at the top) with a '/' between;
+ * path holds ENV_PATH_MAX + 1 bytes at least. 0, or -ENAMETOOLONG and path unchanged. */
+static int path_append(char *path, size_t plen, const char *name, size_t n)
+{
+	if (plen + !!plen + n > ENV_PATH_MAX)
+		return -ENAMETOOLONG;
+	if (plen)
+		path[plen] = '/';
+	memcpy(path + plen + !!plen, name, n + 1);
+	return 0;
+}
+
 static int scan_dir(struct scan *sc, int dirfd, size_t plen, unsigned depth)
 {
 	DIR *d;
@@ -247,13 +259,10 @@ static int scan_dir(struct scan *sc, int dirfd, size_t plen, unsigned depth)
 
 		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 			continue;
-		if (plen + !!plen + n > ENV_PATH_MAX) {
+		if (path_append(sc->path, plen, de->d_name, n) < 0) {
 			r = -ENAMETOOLONG;
 			break;
 		}
-		if (plen)
-			sc->path[plen] = '/';
-		memcpy(sc->path + plen + !!plen, de->d_name, n + 1);
 		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 			r = -errno;
 			break;
@@ -592,13 +601,10 @@ static int prune_dir(struct rollback *rb, int dirfd, size_t plen, unsigned depth
 
 		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 			continue;
-		if (plen + !!plen + n > ENV_PATH_MAX) {
+		if (path_append(rb->path, plen, de->d_name, n) < 0) {
 			r = -ENAMETOOLONG;
 			break;
 		}
-		if (plen)
-			rb->path[plen] = '/';
-		memcpy(rb->path + plen + !!plen, de->d_name, n + 1);
 		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 			r = -errno;
 			break;
