@@ -17,9 +17,7 @@
  *
  * Usage: shadow-workload SEED WEIGHTS_BYTES KV_BYTES   (sizes multiples of 8 MiB)
  */
-#include <dlfcn.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,16 +26,13 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include "workload-driver.h"
+
 #define MIB	 ((size_t)1 << 20)
 #define CHUNK	 (4 * MIB)
 #define MAX_REGS 8
 
 static struct {
-	PFN_cuGetProcAddress_v12000 gpa;
-	CUresult (*init)(unsigned);
-	CUresult (*device_get)(CUdevice *, int);
-	CUresult (*primary_retain)(CUcontext *, CUdevice);
-	CUresult (*ctx_set)(CUcontext);
 	CUresult (*alloc)(CUdeviceptr *, size_t);
 	CUresult (*htod)(CUdeviceptr, const void *, size_t);
 	CUresult (*dtoh)(void *, CUdeviceptr, size_t);
@@ -55,70 +50,25 @@ static struct {
 static size_t n_regs;
 static unsigned char buf[CHUNK];
 
-static void die(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	fprintf(stderr, "shadow-workload: ");
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "\n");
-	va_end(ap);
-	exit(1);
-}
-
-#define CHECK(call)                                                               \
-	do {                                                                      \
-		CUresult r_ = (call);                                             \
-		if (r_ != CUDA_SUCCESS)                                           \
-			die("%s failed: %d (line %d)", #call, (int)r_, __LINE__); \
-	} while (0)
-
-static void *resolve(const char *name, int version)
-{
-	CUdriverProcAddressQueryResult status;
-	void *fn = NULL;
-
-	if (d.gpa(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
-	    status != CU_GET_PROC_ADDRESS_SUCCESS || !fn)
-		die("cannot resolve %s at %d", name, version);
-	return fn;
-}
-
 static void driver_open(void)
 {
-	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-	CUcontext ctx;
-	CUdevice dev;
+	wl_driver_open();
+	d.alloc = wl_resolve("cuMemAlloc", 3020);
+	d.htod = wl_resolve("cuMemcpyHtoD", 3020);
+	d.dtoh = wl_resolve("cuMemcpyDtoH", 3020);
+	d.mem_info = wl_resolve("cuMemGetInfo", 3020);
+	d.create = wl_resolve("cuMemCreate", 10020);
+	d.reserve = wl_resolve("cuMemAddressReserve", 10020);
+	d.map = wl_resolve("cuMemMap", 10020);
+	d.set_access = wl_resolve("cuMemSetAccess", 10020);
 
-	if (!lib)
-		die("dlopen libcuda.so.1: %s", dlerror());
-	d.gpa = (PFN_cuGetProcAddress_v12000)dlsym(lib, "cuGetProcAddress_v2");
-	if (!d.gpa)
-		die("no cuGetProcAddress_v2");
-	d.init = resolve("cuInit", 2000);
-	d.device_get = resolve("cuDeviceGet", 2000);
-	d.primary_retain = resolve("cuDevicePrimaryCtxRetain", 7000);
-	d.ctx_set = resolve("cuCtxSetCurrent", 4000);
-	d.alloc = resolve("cuMemAlloc", 3020);
-	d.htod = resolve("cuMemcpyHtoD", 3020);
-	d.dtoh = resolve("cuMemcpyDtoH", 3020);
-	d.mem_info = resolve("cuMemGetInfo", 3020);
-	d.create = resolve("cuMemCreate", 10020);
-	d.reserve = resolve("cuMemAddressReserve", 10020);
-	d.map = resolve("cuMemMap", 10020);
-	d.set_access = resolve("cuMemSetAccess", 10020);
-
-	CHECK(d.init(0));
-	CHECK(d.device_get(&dev, 0));
-	CHECK(d.primary_retain(&ctx, dev));
-	CHECK(d.ctx_set(ctx));
+	(void)wl_ctx_init();
 }
 
 static void add(CUdeviceptr va, size_t size)
 {
 	if (n_regs == MAX_REGS)
-		die("too many regions");
+		wl_die("too many regions");
 	regs[n_regs].va = va;
 	regs[n_regs].size = size;
 	n_regs++;
@@ -186,12 +136,12 @@ int main(int argc, char **argv)
 	unsigned seed;
 
 	if (argc != 4)
-		die("usage: shadow-workload SEED WEIGHTS_BYTES KV_BYTES");
+		wl_die("usage: shadow-workload SEED WEIGHTS_BYTES KV_BYTES");
 	seed = (unsigned)strtoul(argv[1], NULL, 10);
 	w = strtoull(argv[2], NULL, 10);
 	kv = strtoull(argv[3], NULL, 10);
 	if (w == 0 || kv == 0 || w % (8 * MIB) || kv % (8 * MIB))
-		die("sizes must be positive multiples of 8 MiB");
+		wl_die("sizes must be positive multiples of 8 MiB");
 
 	driver_open();
 	add(alloc(w / 2), w / 2);

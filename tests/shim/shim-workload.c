@@ -16,7 +16,6 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,15 +28,11 @@
 #include <nccl.h>
 
 #include "hooks-table.h"
+#include "workload-driver.h"
 
 #define MIB ((size_t)1 << 20)
 
 static struct {
-	PFN_cuGetProcAddress_v12000 gpa;
-	CUresult (*init)(unsigned);
-	CUresult (*device_get)(CUdevice *, int);
-	CUresult (*primary_retain)(CUcontext *, CUdevice);
-	CUresult (*ctx_set)(CUcontext);
 	CUresult (*alloc)(CUdeviceptr *, size_t);
 	CUresult (*free)(CUdeviceptr);
 	CUresult (*range)(CUdeviceptr *, size_t *, CUdeviceptr);
@@ -49,63 +44,19 @@ static struct {
 
 static CUcontext ctx;
 
-static void die(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	fprintf(stderr, "shim-workload: ");
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "\n");
-	va_end(ap);
-	exit(1);
-}
-
-#define CHECK(call)                                                               \
-	do {                                                                      \
-		CUresult r_ = (call);                                             \
-		if (r_ != CUDA_SUCCESS)                                           \
-			die("%s failed: %d (line %d)", #call, (int)r_, __LINE__); \
-	} while (0)
-
-static void *resolve(const char *name, int version)
-{
-	CUdriverProcAddressQueryResult status;
-	void *fn = NULL;
-
-	if (d.gpa(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
-	    status != CU_GET_PROC_ADDRESS_SUCCESS || !fn)
-		die("cannot resolve %s at %d", name, version);
-	return fn;
-}
-
 /* As libcudart does it. */
 static void driver_open(void)
 {
-	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-	CUdevice dev;
+	wl_driver_open();
+	d.alloc = wl_resolve("cuMemAlloc", 3020);
+	d.free = wl_resolve("cuMemFree", 3020);
+	d.range = wl_resolve("cuMemGetAddressRange", 3020);
+	d.htod = wl_resolve("cuMemcpyHtoD", 3020);
+	d.dtoh = wl_resolve("cuMemcpyDtoH", 3020);
+	d.mem_info = wl_resolve("cuMemGetInfo", 3020);
+	d.ptr_attr = wl_resolve("cuPointerGetAttribute", 4000);
 
-	if (!lib)
-		die("dlopen libcuda.so.1: %s", dlerror());
-	d.gpa = (PFN_cuGetProcAddress_v12000)dlsym(lib, "cuGetProcAddress_v2");
-	if (!d.gpa)
-		die("no cuGetProcAddress_v2");
-	d.init = resolve("cuInit", 2000);
-	d.device_get = resolve("cuDeviceGet", 2000);
-	d.primary_retain = resolve("cuDevicePrimaryCtxRetain", 7000);
-	d.ctx_set = resolve("cuCtxSetCurrent", 4000);
-	d.alloc = resolve("cuMemAlloc", 3020);
-	d.free = resolve("cuMemFree", 3020);
-	d.range = resolve("cuMemGetAddressRange", 3020);
-	d.htod = resolve("cuMemcpyHtoD", 3020);
-	d.dtoh = resolve("cuMemcpyDtoH", 3020);
-	d.mem_info = resolve("cuMemGetInfo", 3020);
-	d.ptr_attr = resolve("cuPointerGetAttribute", 4000);
-
-	CHECK(d.init(0));
-	CHECK(d.device_get(&dev, 0));
-	CHECK(d.primary_retain(&ctx, dev));
-	CHECK(d.ctx_set(ctx));
+	ctx = wl_ctx_init();
 }
 
 /* Waits for the test: returns true on a "free" line, false at EOF. */
@@ -152,9 +103,9 @@ static int run_runtime(void)
 	/* Converted memory answers like cudaMalloc memory. */
 	CHECK(d.range(&base, &size, a + 4096));
 	if (base != a || size != 8 * MIB)
-		die("cuMemGetAddressRange: base %llx size %zu", (unsigned long long)base, size);
+		wl_die("cuMemGetAddressRange: base %llx size %zu", (unsigned long long)base, size);
 	if (d.free(a + 4096) != CUDA_ERROR_INVALID_VALUE)
-		die("cuMemFree of an interior pointer was not rejected");
+		wl_die("cuMemFree of an interior pointer was not rejected");
 	/* The 3 MiB one is mapped as 4 MiB of VMM memory, which must not show. */
 	{
 		unsigned long long types = 1;
@@ -163,21 +114,21 @@ static int run_runtime(void)
 
 		CHECK(d.range(&base, &size, c + MIB));
 		if (base != c || size != 3 * MIB)
-			die("cuMemGetAddressRange of 3 MiB: base %llx size %zu",
-			    (unsigned long long)base, size);
+			wl_die("cuMemGetAddressRange of 3 MiB: base %llx size %zu",
+			       (unsigned long long)base, size);
 		CHECK(d.ptr_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, c + MIB));
 		CHECK(d.ptr_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, c + MIB));
 		CHECK(d.ptr_attr(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, c));
 		CHECK(d.ptr_attr(&types, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, c));
 		if (size != 3 * MIB || start != c || ipc != 1 || types != 0)
-			die("pointer attributes of converted memory: size %zu start %llx ipc %d "
-			    "types %llu",
-			    size, (unsigned long long)start, ipc, types);
+			wl_die("pointer attributes of converted memory: size %zu start %llx ipc %d "
+			       "types %llu",
+			       size, (unsigned long long)start, ipc, types);
 	}
 	fill(b, 0x30);
 	CHECK(d.dtoh(back, b, sizeof(back)));
 	if (back[0] != 0x30 || back[15] != 0x3f)
-		die("copy round trip");
+		wl_die("copy round trip");
 	CHECK(d.free(c));
 	CHECK(d.free(s));
 	printf("ok runtime\n");
@@ -232,21 +183,21 @@ static int run_nccl(void)
 	driver_open();
 	lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL); /* as ctypes.CDLL does */
 	if (!lib)
-		die("dlopen libnccl.so.2: %s", dlerror());
+		wl_die("dlopen libnccl.so.2: %s", dlerror());
 	get_id = (__typeof__(get_id))dlsym(lib, "ncclGetUniqueId");
 	init_rank = (__typeof__(init_rank))dlsym(lib, "ncclCommInitRank");
 	bcast = (__typeof__(bcast))dlsym(lib, "ncclBroadcast");
 	if (!get_id || !init_rank || !bcast)
-		die("libnccl.so.2 lacks symbols");
+		wl_die("libnccl.so.2 lacks symbols");
 	if (get_id(&id) != ncclSuccess || init_rank(&comm, 1, id, 0) != ncclSuccess)
-		die("ncclCommInitRank failed");
+		wl_die("ncclCommInitRank failed");
 	w = alloc(8 * MIB);
 	fill(w, 7);
 	CHECK(d.mem_info(&fr, &tot));
 	alloc(16 * MIB);
 	/* The RL weight sync: a broadcast into the weights. */
 	if (bcast((void *)w, (void *)w, 1024, ncclFloat32, 0, comm, NULL) != ncclSuccess)
-		die("ncclBroadcast failed");
+		wl_die("ncclBroadcast failed");
 	printf("ok nccl w=0x%llx\n", (unsigned long long)w);
 	hold();
 	return 0;
@@ -261,7 +212,7 @@ static void *storm_thread(void *arg)
 {
 	struct storm *s = arg;
 
-	CHECK(d.ctx_set(ctx));
+	CHECK(wl.ctx_set(ctx));
 	for (int i = 0; i < s->count; i++)
 		s->ptrs[i] = alloc(2 * MIB);
 	return NULL;
@@ -271,7 +222,7 @@ static void *storm_free_thread(void *arg)
 {
 	struct storm *s = arg;
 
-	CHECK(d.ctx_set(ctx));
+	CHECK(wl.ctx_set(ctx));
 	for (int i = 0; i < s->count; i++)
 		CHECK(d.free(s->ptrs[i]));
 	return NULL;
@@ -283,7 +234,7 @@ static int run_storm(int nthreads, int count)
 	struct storm s[64];
 
 	if (nthreads < 1 || nthreads > 64 || count < 1)
-		die("bad storm size");
+		wl_die("bad storm size");
 	driver_open();
 	for (int i = 0; i < nthreads; i++) {
 		s[i] = (struct storm){.count = count, .ptrs = calloc(count, sizeof(CUdeviceptr))};
@@ -313,7 +264,7 @@ static int run_fork(void)
 	fflush(stdout);
 	child = fork();
 	if (child < 0)
-		die("fork");
+		wl_die("fork");
 	if (child == 0) {
 		/* CUDA does not survive fork: the child starts over, as a forked worker would. */
 		driver_open();
@@ -325,7 +276,7 @@ static int run_fork(void)
 	printf("ok parent pid=%d child=%d\n", getpid(), child);
 	hold();
 	if (waitpid(child, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-		die("child failed");
+		wl_die("child failed");
 	return 0;
 }
 
@@ -337,13 +288,13 @@ static int run_exec(const char *self)
 	fflush(stdout);
 	child = fork();
 	if (child < 0)
-		die("fork");
+		wl_die("fork");
 	if (child == 0) {
 		execl(self, self, "small", (char *)NULL);
 		_exit(127);
 	}
 	if (waitpid(child, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-		die("exec'd child failed");
+		wl_die("exec'd child failed");
 	printf("ok exec child=%d\n", child);
 	return 0;
 }
@@ -364,7 +315,7 @@ static int run_ipc_export(void)
 	CUdeviceptr a, s;
 
 	driver_open();
-	get = resolve("cuIpcGetMemHandle", 4010);
+	get = wl_resolve("cuIpcGetMemHandle", 4010);
 	a = alloc(8 * MIB);
 	s = alloc(64 << 10);
 	fill(a + MIB, 0x40);
@@ -386,16 +337,16 @@ static int run_ipc_open(const char *hex, size_t offset)
 	unsigned char buf[16];
 
 	driver_open();
-	open_ = resolve("cuIpcOpenMemHandle", 11000);
-	close_ = resolve("cuIpcCloseMemHandle", 4010);
+	open_ = wl_resolve("cuIpcOpenMemHandle", 11000);
+	close_ = wl_resolve("cuIpcCloseMemHandle", 4010);
 	if (strlen(hex) != 2 * sizeof(h))
-		die("bad handle");
+		wl_die("bad handle");
 	for (size_t i = 0; i < sizeof(h); i++)
 		sscanf(hex + 2 * i, "%2hhx", (unsigned char *)&h.reserved[i]);
 	CHECK(open_(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
 	CHECK(open_(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
 	if (p != q)
-		die("opening a handle twice gave two addresses");
+		wl_die("opening a handle twice gave two addresses");
 	CHECK(d.dtoh(buf, p + offset, sizeof(buf)));
 	print_hex("bytes", buf, sizeof(buf));
 	CHECK(close_(q));
@@ -414,20 +365,20 @@ static int run_tags(const char *tms_path)
 	void *tms;
 
 	if (!set_tag || !clear_tag)
-		die("belayer_set_tag is not exported");
+		wl_die("belayer_set_tag is not exported");
 	tms = dlopen(tms_path, RTLD_NOW | RTLD_LOCAL);
 	if (!tms)
-		die("dlopen %s: %s", tms_path, dlerror());
+		wl_die("dlopen %s: %s", tms_path, dlerror());
 	tms_tag = (__typeof__(tms_tag))dlsym(tms, "tms_set_current_tag");
 	tms_region = (__typeof__(tms_region))dlsym(tms, "tms_set_interesting_region");
 	last_tag = (__typeof__(last_tag))dlsym(tms, "tms_standin_last_tag");
 	if (!tms_tag || !tms_region || !last_tag)
-		die("tms stand-in lacks symbols");
+		wl_die("tms stand-in lacks symbols");
 
 	driver_open();
 	b = alloc(8 * MIB); /* untagged, during load: weights */
 	if (set_tag("no-such-class") != -EINVAL || set_tag("kv") != 0)
-		die("belayer_set_tag");
+		wl_die("belayer_set_tag");
 	a = alloc(8 * MIB);
 	clear_tag();
 	tms_region(true);
@@ -469,10 +420,10 @@ static int run_procaddr(void)
 		CUdriverProcAddressQueryResult status;
 
 		fn = NULL;
-		if (d.gpa(hooks[i].proc, &fn, hooks[i].version,
-			  hooks[i].ptds ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
-					: CU_GET_PROC_ADDRESS_LEGACY_STREAM,
-			  &status) != CUDA_SUCCESS ||
+		if (wl.gpa(hooks[i].proc, &fn, hooks[i].version,
+			   hooks[i].ptds ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+					 : CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+			   &status) != CUDA_SUCCESS ||
 		    !fn)
 			continue; /* not in this driver: nothing to hook */
 		resolved++;
@@ -483,9 +434,9 @@ static int run_procaddr(void)
 	if (resolved < 30)
 		printf("only %d hooked entry points resolved\n", resolved);
 	/* The old 32-bit cuMemAlloc and unhooked functions are the driver's own. */
-	if (d.gpa("cuMemAlloc", &fn, 2000, 0, NULL) == CUDA_SUCCESS && in_shim(fn))
+	if (wl.gpa("cuMemAlloc", &fn, 2000, 0, NULL) == CUDA_SUCCESS && in_shim(fn))
 		printf("cuMemAlloc at 2000 was wrapped\n");
-	if (d.gpa("cuCtxGetDevice", &fn, 12000, 0, NULL) != CUDA_SUCCESS || in_shim(fn))
+	if (wl.gpa("cuCtxGetDevice", &fn, 12000, 0, NULL) != CUDA_SUCCESS || in_shim(fn))
 		printf("cuCtxGetDevice was not passed through\n");
 	lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
 	if (!lib || !in_shim(dlsym(lib, "cuMemAlloc_v2")) || in_shim(dlsym(lib, "cuMemAlloc")) ||
@@ -513,7 +464,7 @@ int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc < 2)
-		die("usage: shim-workload SCENARIO");
+		wl_die("usage: shim-workload SCENARIO");
 	if (strcmp(argv[1], "runtime") == 0)
 		return run_runtime();
 	if (strcmp(argv[1], "small") == 0)
@@ -536,6 +487,6 @@ int main(int argc, char **argv)
 		return run_ipc_export();
 	if (strcmp(argv[1], "ipc-open") == 0 && argc == 4)
 		return run_ipc_open(argv[2], (size_t)strtoul(argv[3], NULL, 0));
-	die("unknown scenario %s", argv[1]);
+	wl_die("unknown scenario %s", argv[1]);
 	return 1;
 }
