@@ -31,6 +31,7 @@
 
 #include "bench-recovery.h"
 #include "bench.h"
+#include "engine-client.h"
 #include "log.h"
 #include "util.h"
 
@@ -54,30 +55,12 @@ struct opts {
 	bool quick, json;
 };
 
-static int tcp_connect(uint16_t port)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-				 .sin_port = htons(port)};
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	if (fd < 0)
-		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		int r = -errno;
-
-		close(fd);
-		return r;
-	}
-	return fd;
-}
-
 /* One attempt: the events' arrival times appended to c; 1 when the stream ended with [DONE]. */
 static int stream_once(struct client *c)
 {
 	char head[256], buf[65536], tail[8] = "";
 	size_t n = strlen(c->body);
-	int fd = tcp_connect(c->port), done = 0;
+	int fd = client_connect(c->port), done = 0;
 
 	if (fd < 0)
 		return fd;
@@ -239,7 +222,7 @@ static int wait_port(uint16_t port, int timeout_ms)
 	uint64_t deadline = rec_now_ns() + (uint64_t)timeout_ms * 1000000;
 
 	while (rec_now_ns() < deadline) {
-		int fd = tcp_connect(port);
+		int fd = client_connect(port);
 
 		if (fd >= 0) {
 			close(fd);
