@@ -225,6 +225,20 @@ static int scan_entry(struct scan *sc, int dirfd, const char *name, const struct
 	return env_manifest_add(sc->out, &e);
 }
 
+/* A DIR of its own on a dup of dirfd (closedir leaves dirfd open); NULL with errno set. */
+static DIR *dir_reopen(int dirfd)
+{
+	int fd = dup(dirfd);
+	DIR *d;
+
+	if (fd < 0)
+		return NULL;
+	d = fdopendir(fd);
+	if (!d)
+		(void)close(fd);
+	return d;
+}
+
 /* Appends name (n bytes) to the walk's path of plen bytes ("" at the top) with a '/' between;
  * path holds ENV_PATH_MAX + 1 bytes at least. 0, or -ENAMETOOLONG and path unchanged. */
 static int path_append(char *path, size_t plen, const char *name, size_t n)
@@ -241,18 +255,13 @@ static int scan_dir(struct scan *sc, int dirfd, size_t plen, unsigned depth)
 {
 	DIR *d;
 	struct dirent *de;
-	int r = 0, fd;
+	int r = 0;
 
 	if (depth > WALK_DEPTH_MAX)
 		return -ELOOP;
-	fd = dup(dirfd);
-	if (fd < 0)
+	d = dir_reopen(dirfd);
+	if (!d)
 		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		(void)close(fd);
-		return -errno;
-	}
 	while (r >= 0 && (errno = 0, de = readdir(d))) {
 		size_t n = strlen(de->d_name);
 		struct stat st;
@@ -342,18 +351,13 @@ static int wipe_dir(int dirfd, unsigned depth)
 {
 	DIR *d;
 	struct dirent *de;
-	int r = 0, fd;
+	int r = 0;
 
 	if (depth > WALK_DEPTH_MAX)
 		return -ELOOP;
-	fd = dup(dirfd);
-	if (fd < 0)
+	d = dir_reopen(dirfd);
+	if (!d)
 		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		(void)close(fd);
-		return -errno;
-	}
 	while (r >= 0 && (de = readdir(d))) {
 		struct stat st;
 
@@ -581,19 +585,14 @@ static bool file_is_targets(const struct rollback *rb, const struct stat *st,
 static int prune_dir(struct rollback *rb, int dirfd, size_t plen, unsigned depth)
 {
 	struct dirent *de;
-	int r = 0, fd;
+	int r = 0;
 	DIR *d;
 
 	if (depth > WALK_DEPTH_MAX)
 		return -ELOOP;
-	fd = dup(dirfd);
-	if (fd < 0)
+	d = dir_reopen(dirfd);
+	if (!d)
 		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		(void)close(fd);
-		return -errno;
-	}
 	while (r >= 0 && (errno = 0, de = readdir(d))) {
 		size_t n = strlen(de->d_name);
 		const struct env_entry *t;
