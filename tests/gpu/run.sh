@@ -161,13 +161,13 @@ torch_site() {
 		2>/dev/null || true
 }
 
-# The directory of cuda.h (and cudaTypedefs.h): $CUDA_INCLUDE, beside nvcc, the usual
-# places, else the headers of PyTorch's nvidia-* wheels.
+# The directory of cuda.h (and cudaTypedefs.h): $CUDA_INCLUDE, the toolkit nvcc reports
+# (tools/find-cuda-include), the usual places, else the headers of PyTorch's nvidia-* wheels.
 cuda_include() {
 	local nvcc beside="" d site
 	nvcc=$(command -v nvcc || true)
 	[[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
-	[[ -n $nvcc ]] && beside=$(dirname "$(dirname "$(readlink -f "$nvcc")")")/include
+	beside=$("$ROOT/tools/find-cuda-include" "$nvcc")
 	for d in "${CUDA_INCLUDE:-}" "$beside" /usr/local/cuda/include \
 		/usr/local/cuda/targets/x86_64-linux/include /usr/local/cuda/targets/sbsa-linux/include; do
 		if [[ -n $d && -r $d/cuda.h && -r $d/cudaTypedefs.h ]]; then
