@@ -16,6 +16,7 @@
  */
 #pragma once
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <limits.h>
@@ -60,6 +61,20 @@ struct env_ckpt_params {
 	bool (*force)(const char *path, void *userdata);
 	void *userdata;
 	const char *full_diff_reason;
+	/* Cancellation (issue 11: a checkpoint run inside an inference bubble must give the
+	 * environment back when the bubble ends). NULL: not cancellable. Once *cancel is seen set
+	 * at a safe point env_checkpoint returns -ECANCELED with the environment thawed, the
+	 * partial checkpoint (ckpt/.tmp-*) removed and the head unchanged. Safe points: before
+	 * freezing, between files of the FS delta and between chunks of a large file's copy,
+	 * before the CRIU dump, and right after it. A CRIU dump already running is not
+	 * interrupted: CRIU has no cancellation, and killing it while its parasite code runs in
+	 * the environment's tasks can kill them; its images are discarded when it returns. */
+	const atomic_bool *cancel;
+	/* NULL or called (on the caller's thread, with userdata) the moment the environment runs
+	 * again: thawed after the dump, or after an abort or failure. Called exactly once per
+	 * env_checkpoint call that froze the cgroup, before env_checkpoint returns; not called
+	 * when it returned before freezing. */
+	void (*thawed)(void *userdata);
 };
 
 /* Creates the state directory, overlay, cgroup, and starts the environment. */
@@ -91,7 +106,8 @@ void env_destroy(struct sv_env *e);
 /* Processes in the environment's cgroup (and below), or -errno. */
 int env_count_procs(const struct sv_env *e);
 
-/* Checkpoint: the new manifest (its index included) in *ret (env_manifest_finish it). */
+/* Checkpoint: the new manifest (its index included) in *ret (env_manifest_finish it).
+ * -ECANCELED: p->cancel was seen set (see struct env_ckpt_params). */
 int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env_manifest *ret);
 /* Restore id (NULL: the head): kill, roll the upper layer back, CRIU-restore into a fresh
  * cgroup, verify; *ret: the checkpoint's manifest (the caller truncates its context to the
