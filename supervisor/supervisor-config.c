@@ -578,7 +578,32 @@ struct load_ctx {
 	struct sv_config *c;
 	const char *path;
 	int error;
+	FILE *f;
+	int line;     /* lines read so far */
+	int too_long; /* the first line longer than libinih's buffer, 0: none */
+	int cap;      /* libinih's buffer */
 };
+
+/* libinih reads through a fixed buffer (Debian's: 200 bytes) and would split a longer line
+ * silently, then report a syntax error on a line that does not exist. This reader stops at
+ * such a line instead, so that the error names it. */
+static char *read_line(char *buf, int cap, void *user)
+{
+	struct load_ctx *ctx = user;
+	char *r = fgets(buf, cap, ctx->f);
+	size_t n;
+
+	if (!r)
+		return NULL;
+	ctx->line++;
+	n = strlen(buf);
+	if (n + 1 == (size_t)cap && buf[n - 1] != '\n' && !feof(ctx->f)) {
+		ctx->too_long = ctx->line;
+		ctx->cap = cap;
+		return NULL;
+	}
+	return r;
+}
 
 /* Debian's libinih is built without INI_HANDLER_LINENO: no line numbers in the callback. */
 static int ini_cb(void *user, const char *section, const char *name, const char *value)
@@ -612,7 +637,13 @@ int config_load(struct sv_config *c, const char *path, bool missing_ok)
 		}
 		return log_error_errno(r, "Failed to open %s: %m", path);
 	}
-	r = ini_parse_file(f, ini_cb, &ctx);
+	ctx.f = f;
+	r = ini_parse_stream(read_line, &ctx, ini_cb, &ctx);
+	if (ctx.too_long)
+		return log_error_errno(-E2BIG,
+				       "%s:%d: line too long for the INI parser (at most %d "
+				       "characters); move a long engine command into a script.",
+				       path, ctx.too_long, ctx.cap - 2);
 	if (r > 0)
 		return log_error_errno(-EINVAL, "%s:%d: syntax error.", path, r);
 	if (r < 0)

@@ -132,7 +132,8 @@ struct sv_config {
 void config_init_defaults(struct sv_config *c);
 /* Reads path over the current values. A missing file is fine when missing_ok (the defaults
  * stand); unknown keys are warned about and ignored; an invalid value is an error (-EINVAL,
- * logged with file and line). */
+ * logged with file and line); a line longer than the INI parser's buffer (198 characters with
+ * Debian's libinih) is refused with its number (-E2BIG) rather than split. */
 int config_load(struct sv_config *c, const char *path, bool missing_ok);
 /* Sets one key ("section.key" or section + key) from a string, as the file would. */
 int config_set(struct sv_config *c, const char *section, const char *key, const char *value);

@@ -113,6 +113,34 @@ static void file_loads_and_warns_on_unknown_keys(void **state)
 	free(dir);
 }
 
+/* libinih's line buffer is 200 bytes: a longer line is refused with its number, not split. */
+static void long_line_named(void **state)
+{
+	char *dir = test_mkdtemp("belayer-conf");
+	char path[512], cmd[400];
+	struct sv_config c;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/belayer.conf", dir);
+	memset(cmd, 'x', sizeof(cmd) - 1);
+	cmd[sizeof(cmd) - 1] = '\0';
+	f = fopen(path, "w");
+	assert_non_null(f);
+	fprintf(f, "[limits]\nmax_connections = 12\n[engine.big]\nprimary = %.180s\n", cmd);
+	fclose(f);
+	config_init_defaults(&c);
+	assert_int_equal(config_load(&c, path, false), 0);
+
+	f = fopen(path, "w");
+	fprintf(f, "[limits]\nmax_connections = 12\n[engine.big]\nprimary = %s\n", cmd);
+	fclose(f);
+	config_init_defaults(&c);
+	assert_int_equal(config_load(&c, path, false), -E2BIG);
+	unlink(path);
+	test_rmtree(dir);
+	free(dir);
+}
+
 static void entries_round_trip(void **state)
 {
 	struct sv_config a, b;
@@ -202,6 +230,7 @@ int main(void)
 		cmocka_unit_test(values_parse_by_type),
 		cmocka_unit_test(bad_values_refused),
 		cmocka_unit_test(file_loads_and_warns_on_unknown_keys),
+		cmocka_unit_test(long_line_named),
 		cmocka_unit_test(entries_round_trip),
 		cmocka_unit_test(engine_sections),
 	};
