@@ -348,6 +348,9 @@ static const struct field traj_decision_fields[] = {
 	F_U64("cost", traj_decision.cost_us),
 	F_U32("cerr", traj_decision.cost_err_pm, 0, UINT32_MAX),
 	F_U64("held", traj_decision.held_us),
+	OPT_STR("ckpt", traj_decision.ckpt),
+	OPT_U64("ckus", traj_decision.ckpt_us),
+	OPT_U32("abrt", traj_decision.aborted, 1),
 };
 
 #define FIELDS(a) .fields = (a), .n_fields = ARRAY_SIZE(a)

@@ -116,6 +116,10 @@
  *     "bub": uint64 (predicted bubble, µs; 0: unknown)  "berr": uint32 (its error, per mille)
  *     "cost": uint64 (predicted checkpoint cost, µs)  "cerr": uint32 (per mille)
  *     "held": uint64 (step-begin: µs the reply waited for a running checkpoint)
+ *     optional, meaningful on step-begin answers (0 / "" otherwise): "ckpt": str (the id of
+ *     the policy's checkpoint of the bubble that just ended, when it completed by the reply;
+ *     "" none)  "ckus": uint64 (µs that checkpoint ran, to its thaw or its end, completed or
+ *     aborted; 0: none ran)  "abrt": uint32 0..1 -> aborted (1: aborted at the delay bound)
  * Strings are msgpack str of at most PROTO_MAX_STR bytes without NUL (METRIC "name" and "lbl":
  * 95, CONFIG_ENTRY "key": 63); the encoder writes the
  * keys in the order above, integers in their shortest form.
@@ -547,6 +551,10 @@ struct proto_traj_decision {
 	uint64_t cost_us;
 	uint32_t cost_err_pm;
 	uint64_t held_us;
+	/* Optional (absent: 0 / ""); step-begin answers only. */
+	char ckpt[64];	  /* "ckpt" */
+	uint64_t ckpt_us; /* "ckus" */
+	uint32_t aborted; /* "abrt": 0..1 */
 };
 
 struct proto_msg {

@@ -386,6 +386,20 @@ static void sample_traj_decision(struct proto_msg *m)
 	m->traj_decision.held_us = 0;
 }
 
+/* A step-begin answer: the bubble's checkpoint, aborted at the delay bound after a hold. */
+static void sample_traj_decision_begin(struct proto_msg *m)
+{
+	m->type = PROTO_TRAJ_DECISION;
+	m->traj_decision.ev = TRAJ_STEP_BEGIN;
+	strcpy(m->traj_decision.trajectory, "rollout-7/traj-3");
+	strcpy(m->traj_decision.env, "swe-3");
+	strcpy(m->traj_decision.why, "step-begin");
+	m->traj_decision.held_us = 51234;
+	strcpy(m->traj_decision.ckpt, "c00000042");
+	m->traj_decision.ckpt_us = UINT64_MAX;
+	m->traj_decision.aborted = 1;
+}
+
 static const struct {
 	const char *name;
 	void (*fill)(struct proto_msg *m);
@@ -426,6 +440,7 @@ static const struct {
 	{"traj-step-end", sample_traj_step_end, NULL},
 	{"traj-step-begin", sample_traj_step_begin, NULL},
 	{"traj-decision", sample_traj_decision, NULL},
+	{"traj-decision-begin", sample_traj_decision_begin, NULL},
 };
 
 size_t proto_sample_count(void)

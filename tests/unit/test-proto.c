@@ -517,6 +517,10 @@ static bool key_is_optional(enum proto_type type, const char *key)
 		{PROTO_TRAJ_STEP, "gen"},
 		{PROTO_TRAJ_STEP, "mtps"},
 		{PROTO_TRAJ_STEP, "out"},
+		/* A step-begin answer's checkpoint (added with the daemon running them). */
+		{PROTO_TRAJ_DECISION, "ckpt"},
+		{PROTO_TRAJ_DECISION, "ckus"},
+		{PROTO_TRAJ_DECISION, "abrt"},
 	};
 
 	for (size_t i = 0; i < ARRAY_SIZE(optional); i++)
@@ -654,6 +658,9 @@ static void out_of_range_values_are_rejected(void **state)
 		{"traj-decision", "act", UINT(_TRAJ_ACT_MAX)},
 		{"traj-decision", "berr", UINT(1ull << 32)},
 		{"traj-decision", "why", STR(32)},
+		{"traj-decision-begin", "ckpt", STR(64)},
+		{"traj-decision-begin", "abrt", UINT(2)},
+		{"traj-decision-begin", "ckus", NINT(-1)},
 		{"shadow-region", "cls", UINT(_REGION_CLASS_MAX)},
 		{"shadow-region", "dev", BIN(15)},
 		{"shadow-region", "va", NINT(-1)},
@@ -708,6 +715,8 @@ static void in_range_edges_are_accepted(void **state)
 		{"traj-step-end", "traj", STR(PROTO_MAX_STR)},
 		{"traj-decision", "why", STR(31)},
 		{"traj-decision", "cerr", UINT(UINT32_MAX)},
+		{"traj-decision-begin", "ckpt", STR(63)},
+		{"traj-decision-begin", "abrt", UINT(0)},
 	};
 
 	memset(filler, 'f', sizeof(filler));
@@ -981,6 +990,39 @@ static void traj_messages(void **state)
 	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), -EINVAL);
 	m.traj_decision.act = TRAJ_ACT_CHECKPOINT_SYNC;
 	memset(m.traj_decision.why, 'x', sizeof(m.traj_decision.why)); /* no room for NUL */
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), -EINVAL);
+	/* A step-begin answer's checkpoint fields: round trip, and absent ones read as none (a
+	 * supervisor from before them). */
+	m = (struct proto_msg){.type = PROTO_TRAJ_DECISION};
+	m.traj_decision.ev = TRAJ_STEP_BEGIN;
+	strcpy(m.traj_decision.trajectory, "traj-1");
+	strcpy(m.traj_decision.env, "env-1");
+	m.traj_decision.held_us = 50100;
+	strcpy(m.traj_decision.ckpt, "c00000007");
+	m.traj_decision.ckpt_us = 123456;
+	m.traj_decision.aborted = 1;
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), 0);
+	assert_int_equal(proto_decode(out, len, NULL, 0, &d), 0);
+	assert_int_equal(d.traj_decision.held_us, 50100);
+	assert_string_equal(d.traj_decision.ckpt, "c00000007");
+	assert_int_equal(d.traj_decision.ckpt_us, 123456);
+	assert_int_equal(d.traj_decision.aborted, 1);
+	{
+		uint8_t cut[PROTO_MAX_MSG];
+		ssize_t n = proto_mutate(out, len, "ckpt", MUT_REMOVE, NULL, cut, sizeof(cut));
+
+		assert_true(n > 0);
+		n = proto_mutate(cut, (size_t)n, "ckus", MUT_REMOVE, NULL, out, sizeof(out));
+		assert_true(n > 0);
+		n = proto_mutate(out, (size_t)n, "abrt", MUT_REMOVE, NULL, cut, sizeof(cut));
+		assert_true(n > 0);
+		assert_int_equal(proto_decode(cut, (size_t)n, NULL, 0, &d), 0);
+		assert_string_equal(d.traj_decision.ckpt, "");
+		assert_int_equal(d.traj_decision.ckpt_us, 0);
+		assert_int_equal(d.traj_decision.aborted, 0);
+		assert_int_equal(d.traj_decision.held_us, 50100);
+	}
+	m.traj_decision.aborted = 2;
 	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), -EINVAL);
 	for (int i = 0; i < _TRAJ_EVENT_MAX; i++) {
 		assert_int_equal(traj_event_from_string(traj_event_to_string(i), &ev), 0);
