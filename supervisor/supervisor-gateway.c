@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -26,6 +27,7 @@
 #include "supervisor-engines.h"
 #include "supervisor-gateway-resume.h"
 #include "supervisor-gateway-sse.h"
+#include "supervisor-gateway-traj.h"
 #include "supervisor-gateway.h"
 #include "supervisor.h"
 #include "util.h"
@@ -76,6 +78,7 @@ struct gw_req {
 	uint64_t target_nrec; /* the recovery that replaces the failed attempt's worker */
 	uint64_t deadline_ms, grace_ms;
 	char why[160];
+	struct gateway_traj_ticket traj; /* X-Belayer-Trajectory's entry; seq 0: untagged */
 };
 
 struct gw_engine {
@@ -99,6 +102,14 @@ struct gateway {
 static struct gateway *gw;
 
 static void req_advance(struct gw_req *r);
+
+static uint64_t mono_us(void)
+{
+	struct timespec ts;
+
+	(void)clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
 
 /* ---- attempts ---------------------------------------------------------------------------- */
 
@@ -141,6 +152,9 @@ static void req_free(struct gw_req *r)
 	struct gw_engine *ge = r->ge;
 
 	attempt_drop(r);
+	if (r->traj.seq)
+		gateway_trajs_end(gw->s->gw_trajs, &r->traj, r->managed && r->call.finished,
+				  r->call.j.ngen, mono_us());
 	if (r->state == REQ_WAITING)
 		ge->n_waiting--;
 	if (r->prev)
@@ -421,6 +435,9 @@ static void on_up_chunk(struct evhttp_request *ureq, void *arg)
 	if (a->code == 200 && r->managed && r->call.stream) {
 		evbuffer_add_buffer(a->sse, in);
 		k = stream_events(r, a);
+		if (r->traj.seq)
+			gateway_trajs_progress(gw->s->gw_trajs, &r->traj, r->call.j.ngen,
+					       mono_us());
 		if (k == -E2BIG) {
 			/* Served on, no longer resumable. */
 			r->call.j.max = 0;
@@ -592,6 +609,7 @@ static int attempt_start(struct gw_req *r)
 			goto nomem;
 	}
 	r->state = REQ_UPSTREAM;
+	gateway_trajs_attempt(gw->s->gw_trajs, &r->traj);
 	if (evhttp_make_request(a->conn, a->ureq, r->method, r->uri) < 0) {
 		/* evhttp freed the request */
 		a->ureq = NULL;
@@ -663,6 +681,24 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 
 /* ---- client requests in ------------------------------------------------------------------ */
 
+/* X-Belayer-Trajectory (issue 11): a token-in/token-out request becomes its trajectory's
+ * pending one. -EINVAL: the header is not a trajectory id (the request is refused: a tag that
+ * cannot be matched to the framework's step events would be silently useless). */
+static int req_tag(struct gw_req *r)
+{
+	const char *v =
+		evhttp_find_header(evhttp_request_get_input_headers(r->creq), GATEWAY_TRAJ_HEADER);
+
+	if (!v)
+		return 0;
+	if (gateway_traj_id_check(v) < 0)
+		return -EINVAL;
+	/* proxied unchanged: no token counts to keep */
+	if (!r->managed || !gw->s->gw_trajs)
+		return 0;
+	return gateway_trajs_begin(gw->s->gw_trajs, v, r->call.j.nprompt, mono_us(), &r->traj);
+}
+
 static void on_request(struct evhttp_request *creq, void *arg)
 {
 	struct gw_engine *ge = arg;
@@ -721,6 +757,10 @@ static void on_request(struct evhttp_request *creq, void *arg)
 		return;
 	}
 	r->managed = k == 0;
+	if (req_tag(r) < 0) {
+		req_fail(r, 400, GATEWAY_TRAJ_HEADER " must be 1 to 255 visible ASCII characters");
+		return;
+	}
 	if (!r->managed) {
 		/* proxied unchanged: its headers and body are kept for a resubmission */
 		r->cheaders = calloc(1, sizeof(*r->cheaders));
@@ -831,6 +871,11 @@ int gateway_start(struct supervisor *s, struct event_base *base)
 		gw = NULL;
 		return 0;
 	}
+	s->gw_trajs = gateway_trajs_new(GATEWAY_TRAJ_MAX);
+	if (!s->gw_trajs) {
+		r = -ENOMEM;
+		goto fail;
+	}
 	gw->tick = event_new(base, -1, EV_PERSIST, on_tick, NULL);
 	if (!gw->tick || event_add(gw->tick, &(struct timeval){.tv_usec = GW_TICK_MS * 1000}) < 0) {
 		r = -ENOMEM;
@@ -844,7 +889,6 @@ fail:
 
 void gateway_stop(struct supervisor *s)
 {
-	(void)s;
 	if (!gw)
 		return;
 	for (size_t i = 0; i < gw->n; i++) {
@@ -857,6 +901,8 @@ void gateway_stop(struct supervisor *s)
 	}
 	if (gw->tick)
 		event_free(gw->tick);
+	gateway_trajs_free(s->gw_trajs);
+	s->gw_trajs = NULL;
 	/* detached attempts still scheduled are freed when the loop runs them, or not at all:
 	 * the process is exiting */
 	free(gw);

@@ -22,6 +22,7 @@ struct health_gpu;
 struct sv_engines;
 struct sv_envs;
 struct traj_tracker;
+struct gateway_trajs;
 
 struct sv_packet {
 	struct sv_packet *next;
@@ -81,6 +82,8 @@ struct supervisor {
 	struct sv_engines *engines; /* configured engines (supervisor-engines.h); NULL: none */
 	struct sv_envs *envs;	    /* agent environments (supervisor-env-ctl.h); NULL: none */
 	struct traj_tracker *trajs; /* step events (supervisor-traj-ctl.h); NULL: none yet */
+	/* tagged requests (supervisor-gateway-traj.h); NULL: no gateway */
+	struct gateway_trajs *gw_trajs;
 };
 
 uint64_t now_ms(void);
