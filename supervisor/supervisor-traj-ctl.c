@@ -5,6 +5,7 @@
 
 #include "log.h"
 #include "supervisor-client.h"
+#include "supervisor-gateway-traj.h"
 #include "supervisor-traj-ctl.h"
 #include "supervisor-traj.h"
 
@@ -31,8 +32,36 @@ static void policy_of_config(const struct sv_config *cf, struct policy_config *r
 	};
 }
 
+/* gateway-traj: what the framework did not send, from the gateway's view of the trajectory's
+ * requests (X-Belayer-Trajectory): a step-end without plen/gen/mtps gets the pending request's,
+ * a step-begin without out the last completed request's output tokens. */
+static const struct proto_traj_step *gateway_fill(struct supervisor *s,
+						  const struct proto_traj_step *q,
+						  struct proto_traj_step *buf)
+{
+	struct gateway_traj_pending p;
+	uint64_t out;
+
+	if (q->ev == TRAJ_STEP_END && !q->prompt_tokens && !q->generated_tokens &&
+	    !q->decode_mtps && gateway_traj_pending(s, q->trajectory, &p) == 0) {
+		*buf = *q;
+		buf->prompt_tokens = p.prompt_tokens;
+		buf->generated_tokens = p.generated_tokens;
+		buf->decode_mtps = p.decode_mtps;
+		return buf;
+	}
+	if (q->ev == TRAJ_STEP_BEGIN && !q->output_tokens &&
+	    gateway_traj_last_output(s, q->trajectory, &out) == 0) {
+		*buf = *q;
+		buf->output_tokens = out;
+		return buf;
+	}
+	return q;
+}
+
 int traj_ctl_on_step(struct supervisor *s, struct sv_client *c, const struct proto_traj_step *q)
 {
+	struct proto_traj_step filled; /* gateway-traj */
 	const struct traj_env_view v = {.dirty = true};
 	struct policy_config pc;
 	struct proto_msg m = {.type = PROTO_TRAJ_DECISION};
@@ -44,6 +73,7 @@ int traj_ctl_on_step(struct supervisor *s, struct sv_client *c, const struct pro
 			return client_send_error(s, c, ENOMEM, PROTO_TRAJ_STEP, "out of memory");
 	}
 	policy_of_config(&s->config, &pc);
+	q = gateway_fill(s, q, &filled); /* gateway-traj */
 	r = traj_on_step(s->trajs, &pc, q, &v, mono_now_us(), &m.traj_decision);
 	if (r < 0)
 		return client_send_error(s, c, -r, PROTO_TRAJ_STEP,
