@@ -353,6 +353,33 @@ static const struct field traj_decision_fields[] = {
 	OPT_U32("abrt", traj_decision.aborted, 1),
 };
 
+static const struct field traj_list_fields[] = {
+	F_STR("traj", traj_list.trajectory),
+};
+
+static const struct field traj_info_fields[] = {
+	F_ENUM("kind", traj_info.kind, _TRAJ_INFO_KIND_MAX),
+	F_STR("traj", traj_info.trajectory),
+	F_STR("env", traj_info.env),
+	F_U32("turns", traj_info.unprotected_turns, 0, UINT32_MAX),
+	F_U64("unp", traj_info.unprotected_us),
+	F_U64("bub", traj_info.bubble_us),
+	F_U32("berr", traj_info.bubble_err_pm, 0, UINT32_MAX),
+	F_U32("nlen", traj_info.n_lengths, 0, UINT32_MAX),
+	F_U64("mtps", traj_info.decode_mtps),
+	F_U32("gw", traj_info.pending, 0, 1),
+	F_U64("plen", traj_info.prompt_tokens),
+	F_U64("gen", traj_info.generated_tokens),
+	F_U64("out", traj_info.last_output_tokens),
+	F_U32("ndone", traj_info.ckpt_done, 0, UINT32_MAX),
+	F_U32("nabrt", traj_info.ckpt_aborted, 0, UINT32_MAX),
+	F_U64("cost", traj_info.cost_us),
+	F_U64("fsbps", traj_info.fs_bps),
+	F_U64("dmbps", traj_info.dump_bps),
+	F_U32("cerr", traj_info.cost_err_pm, 0, UINT32_MAX),
+	F_U32("ncost", traj_info.cost_n, 0, UINT32_MAX),
+};
+
 #define FIELDS(a) .fields = (a), .n_fields = ARRAY_SIZE(a)
 
 static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
@@ -386,6 +413,8 @@ static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
 	[PROTO_NCCL_COMM_END] = {"nccl-comm-end", FIELDS(nccl_comm_end_fields)},
 	[PROTO_TRAJ_STEP] = {"traj-step", FIELDS(traj_step_fields)},
 	[PROTO_TRAJ_DECISION] = {"traj-decision", FIELDS(traj_decision_fields)},
+	[PROTO_TRAJ_LIST] = {"traj-list", FIELDS(traj_list_fields)},
+	[PROTO_TRAJ_INFO] = {"traj-info", FIELDS(traj_info_fields)},
 };
 
 static const struct msg_type *msg_type_get(uint64_t type)
@@ -533,6 +562,16 @@ static const char *const traj_action_names[_TRAJ_ACT_MAX] = {
 	[TRAJ_ACT_CHECKPOINT] = "checkpoint",
 	[TRAJ_ACT_CHECKPOINT_SYNC] = "checkpoint-sync",
 };
+
+static const char *const traj_info_kind_names[_TRAJ_INFO_KIND_MAX] = {
+	[TRAJ_INFO_TRAJECTORY] = "trajectory",
+	[TRAJ_INFO_ENV] = "env",
+};
+
+const char *traj_info_kind_to_string(enum traj_info_kind k)
+{
+	return NAME_OF(traj_info_kind_names, k);
+}
 
 const char *traj_event_to_string(enum traj_event ev)
 {

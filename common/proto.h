@@ -120,6 +120,24 @@
  *     the policy's checkpoint of the bubble that just ended, when it completed by the reply;
  *     "" none)  "ckus": uint64 (µs that checkpoint ran, to its thaw or its end, completed or
  *     aborted; 0: none ran)  "abrt": uint32 0..1 -> aborted (1: aborted at the delay bound)
+ *   PROTO_TRAJ_LIST (62), belayerctl -> supervisor: what the policy knows of trajectories:
+ *     "traj": str (only that trajectory and its environment; "" every one). Answered with
+ *     PROTO_TRAJ_INFO items closed by PROTO_END (in_reply_to 62), open to every peer.
+ *   PROTO_TRAJ_INFO (63), supervisor -> belayerctl: one trajectory or one environment:
+ *     "kind": uint enum traj_info_kind  "traj": str ("" for an environment)  "env": str
+ *     trajectories: "turns": uint32 -> unprotected_turns  "unp": uint64 -> unprotected_us
+ *     (since the last checkpoint, or since tracking began)  "bub": uint64 -> bubble_us (the
+ *     prediction made at the last step end; 0: none)  "berr": uint32 -> bubble_err_pm
+ *     "nlen": uint32 -> n_lengths (output lengths the predictor remembers)
+ *     "mtps": uint64 -> decode_mtps (the gateway's for the trajectory's requests, else the
+ *     rate learnt from its bubbles; tokens/s x 1000)  "gw": uint32 0..1 -> pending (the
+ *     gateway has a request of it in flight)  "plen", "gen": uint64 (that request's prompt
+ *     and generated tokens)  "out": uint64 -> last_output_tokens (its last completed one's)
+ *     "ndone", "nabrt": uint32 -> ckpt_done, ckpt_aborted (the policy's checkpoints)
+ *     environments: "cost": uint64 -> cost_us (the predicted fixed cost of a checkpoint)
+ *     "fsbps", "dmbps": uint64 -> fs_bps, dump_bps (learnt copy rates, bytes/s)
+ *     "cerr": uint32 -> cost_err_pm  "ncost": uint32 -> cost_n (checkpoints observed)
+ *     Fields of the other kind are 0.
  * Strings are msgpack str of at most PROTO_MAX_STR bytes without NUL (METRIC "name" and "lbl":
  * 95, CONFIG_ENTRY "key": 63); the encoder writes the
  * keys in the order above, integers in their shortest form.
@@ -177,6 +195,8 @@ enum proto_type {
 	/* 60-69: trajectory events (the adaptive checkpoint policy). */
 	PROTO_TRAJ_STEP = 60,	  /* framework -> supervisor: an environment step began or ended */
 	PROTO_TRAJ_DECISION = 61, /* supervisor -> framework: the checkpoint policy's answer */
+	PROTO_TRAJ_LIST = 62,	  /* belayerctl -> supervisor: list trajectories, environments */
+	PROTO_TRAJ_INFO = 63,	  /* supervisor -> belayerctl: one of them */
 	_PROTO_TYPE_MAX,
 };
 
@@ -243,6 +263,13 @@ enum traj_action {
 	TRAJ_ACT_CHECKPOINT = 1,      /* a checkpoint in the bubble */
 	TRAJ_ACT_CHECKPOINT_SYNC = 2, /* a checkpoint the next action waits for */
 	_TRAJ_ACT_MAX,
+};
+
+/* What a PROTO_TRAJ_INFO describes. */
+enum traj_info_kind {
+	TRAJ_INFO_TRAJECTORY = 0,
+	TRAJ_INFO_ENV = 1,
+	_TRAJ_INFO_KIND_MAX,
 };
 
 enum ctl_action {
@@ -557,6 +584,27 @@ struct proto_traj_decision {
 	uint32_t aborted; /* "abrt": 0..1 */
 };
 
+struct proto_traj_list {
+	char trajectory[PROTO_MAX_STR + 1]; /* "": all */
+};
+
+struct proto_traj_info {
+	enum traj_info_kind kind;
+	char trajectory[PROTO_MAX_STR + 1];
+	char env[64];
+	uint32_t unprotected_turns;
+	uint64_t unprotected_us;
+	uint64_t bubble_us;
+	uint32_t bubble_err_pm;
+	uint32_t n_lengths;
+	uint64_t decode_mtps;
+	uint32_t pending;
+	uint64_t prompt_tokens, generated_tokens, last_output_tokens;
+	uint32_t ckpt_done, ckpt_aborted;
+	uint64_t cost_us, fs_bps, dump_bps;
+	uint32_t cost_err_pm, cost_n;
+};
+
 struct proto_msg {
 	enum proto_type type;
 	union {
@@ -586,6 +634,8 @@ struct proto_msg {
 		struct proto_nccl_comm_end nccl_comm_end;
 		struct proto_traj_step traj_step;
 		struct proto_traj_decision traj_decision;
+		struct proto_traj_list traj_list;
+		struct proto_traj_info traj_info;
 	};
 };
 
@@ -606,6 +656,7 @@ int ctl_action_from_string(const char *s, enum ctl_action *ret);
 const char *nccl_origin_to_string(enum nccl_origin o);
 const char *nccl_end_to_string(enum nccl_end how);
 const char *traj_event_to_string(enum traj_event ev);
+const char *traj_info_kind_to_string(enum traj_info_kind k);
 int traj_event_from_string(const char *s, enum traj_event *ret);
 const char *traj_action_to_string(enum traj_action act);
 const char *metric_kind_to_string(enum metric_kind kind);

@@ -400,6 +400,44 @@ static void sample_traj_decision_begin(struct proto_msg *m)
 	m->traj_decision.aborted = 1;
 }
 
+static void sample_traj_list(struct proto_msg *m)
+{
+	m->type = PROTO_TRAJ_LIST;
+	strcpy(m->traj_list.trajectory, "rollout-7/traj-3");
+}
+
+static void sample_traj_info(struct proto_msg *m)
+{
+	m->type = PROTO_TRAJ_INFO;
+	m->traj_info.kind = TRAJ_INFO_TRAJECTORY;
+	strcpy(m->traj_info.trajectory, "rollout-7/traj-3");
+	strcpy(m->traj_info.env, "swe-3");
+	m->traj_info.unprotected_turns = 2;
+	m->traj_info.unprotected_us = 4100000;
+	m->traj_info.bubble_us = 2400000;
+	m->traj_info.bubble_err_pm = 120;
+	m->traj_info.n_lengths = 64;
+	m->traj_info.decode_mtps = 41500;
+	m->traj_info.pending = 1;
+	m->traj_info.prompt_tokens = 5120;
+	m->traj_info.generated_tokens = 12;
+	m->traj_info.last_output_tokens = UINT64_MAX;
+	m->traj_info.ckpt_done = 3;
+	m->traj_info.ckpt_aborted = UINT32_MAX;
+}
+
+static void sample_traj_info_env(struct proto_msg *m)
+{
+	m->type = PROTO_TRAJ_INFO;
+	m->traj_info.kind = TRAJ_INFO_ENV;
+	strcpy(m->traj_info.env, "swe-3");
+	m->traj_info.cost_us = 20000;
+	m->traj_info.fs_bps = 500000000;
+	m->traj_info.dump_bps = UINT64_MAX;
+	m->traj_info.cost_err_pm = 1000;
+	m->traj_info.cost_n = 7;
+}
+
 static const struct {
 	const char *name;
 	void (*fill)(struct proto_msg *m);
@@ -441,6 +479,9 @@ static const struct {
 	{"traj-step-begin", sample_traj_step_begin, NULL},
 	{"traj-decision", sample_traj_decision, NULL},
 	{"traj-decision-begin", sample_traj_decision_begin, NULL},
+	{"traj-list", sample_traj_list, NULL},
+	{"traj-info", sample_traj_info, NULL},
+	{"traj-info-env", sample_traj_info_env, NULL},
 };
 
 size_t proto_sample_count(void)

@@ -650,7 +650,13 @@ static void out_of_range_values_are_rejected(void **state)
 		{"hello", "t", UINT(15)}, /* unassigned types between the ranges */
 		{"hello", "t", UINT(19)},
 		{"hello", "t", UINT(59)},
-		{"hello", "t", UINT(62)},
+		{"hello", "t", UINT(64)},
+		{"traj-list", "traj", STR(PROTO_MAX_STR + 1)},
+		{"traj-info", "kind", UINT(_TRAJ_INFO_KIND_MAX)},
+		{"traj-info", "env", STR(64)},
+		{"traj-info", "gw", UINT(2)},
+		{"traj-info", "turns", UINT(1ull << 32)},
+		{"traj-info-env", "cost", NINT(-1)},
 		{"traj-step-end", "ev", UINT(_TRAJ_EVENT_MAX)},
 		{"traj-step-end", "traj", STR(PROTO_MAX_STR + 1)},
 		{"traj-step-end", "env", STR(64)},
@@ -717,6 +723,10 @@ static void in_range_edges_are_accepted(void **state)
 		{"traj-decision", "cerr", UINT(UINT32_MAX)},
 		{"traj-decision-begin", "ckpt", STR(63)},
 		{"traj-decision-begin", "abrt", UINT(0)},
+		{"traj-list", "traj", STR(0)},
+		{"traj-info", "gw", UINT(0)},
+		{"traj-info", "env", STR(63)},
+		{"traj-info-env", "dmbps", UINT(UINT64_MAX)},
 	};
 
 	memset(filler, 'f', sizeof(filler));
@@ -1036,6 +1046,52 @@ static void traj_messages(void **state)
 	assert_string_equal(proto_type_to_string(PROTO_TRAJ_STEP), "traj-step");
 }
 
+/* Trajectory listing (62-63): a list request and both kinds of items round-trip; an unknown
+ * kind is refused; every kind has a name. */
+static void traj_list_messages(void **state)
+{
+	struct proto_msg m = {.type = PROTO_TRAJ_LIST}, d;
+	uint8_t out[PROTO_MAX_MSG];
+	size_t len;
+
+	(void)state;
+	assert_int_equal(proto_type_nfds(PROTO_TRAJ_LIST), 0);
+	assert_int_equal(proto_type_nfds(PROTO_TRAJ_INFO), 0);
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), 0);
+	assert_int_equal(proto_decode(out, len, NULL, 0, &d), 0);
+	assert_int_equal(d.type, PROTO_TRAJ_LIST);
+	assert_string_equal(d.traj_list.trajectory, "");
+	m = (struct proto_msg){.type = PROTO_TRAJ_INFO};
+	m.traj_info.kind = TRAJ_INFO_TRAJECTORY;
+	strcpy(m.traj_info.trajectory, "traj-1");
+	strcpy(m.traj_info.env, "env-1");
+	m.traj_info.unprotected_turns = 3;
+	m.traj_info.decode_mtps = 41500;
+	m.traj_info.pending = 1;
+	m.traj_info.generated_tokens = 17;
+	m.traj_info.ckpt_aborted = 2;
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), 0);
+	assert_int_equal(proto_decode(out, len, NULL, 0, &d), 0);
+	assert_memory_equal(&d.traj_info, &m.traj_info, sizeof(m.traj_info));
+	m.traj_info.kind = TRAJ_INFO_ENV;
+	m.traj_info.cost_us = 20000;
+	m.traj_info.dump_bps = 1ull << 40;
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), 0);
+	assert_int_equal(proto_decode(out, len, NULL, 0, &d), 0);
+	assert_int_equal(d.traj_info.kind, TRAJ_INFO_ENV);
+	assert_int_equal(d.traj_info.dump_bps, 1ull << 40);
+	m.traj_info.kind = _TRAJ_INFO_KIND_MAX;
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), -EINVAL);
+	m.traj_info.kind = TRAJ_INFO_ENV;
+	m.traj_info.pending = 2;
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), -EINVAL);
+	for (int i = 0; i < _TRAJ_INFO_KIND_MAX; i++)
+		assert_non_null(traj_info_kind_to_string(i));
+	assert_null(traj_info_kind_to_string(_TRAJ_INFO_KIND_MAX));
+	assert_string_equal(proto_type_to_string(PROTO_TRAJ_LIST), "traj-list");
+	assert_string_equal(proto_type_to_string(PROTO_TRAJ_INFO), "traj-info");
+}
+
 /* Every value of every control-plane enum has a name, and nothing past the end does. */
 static void control_names_are_complete(void **state)
 {
@@ -1097,6 +1153,7 @@ int main(void)
 		cmocka_unit_test(env_messages),
 		cmocka_unit_test(nccl_messages),
 		cmocka_unit_test(traj_messages),
+		cmocka_unit_test(traj_list_messages),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
