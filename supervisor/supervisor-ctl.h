@@ -10,3 +10,6 @@
 #include "supervisor.h"
 
 int ctl_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_ctl *ctl);
+/* PROTO_TRAJ_LIST: PROTO_TRAJ_INFO per trajectory (the tracker's, then those only the gateway
+ * has seen) and per environment, closed by PROTO_END; open to every peer, like the queries. */
+int ctl_traj_list(struct supervisor *s, struct sv_client *c, const struct proto_traj_list *q);

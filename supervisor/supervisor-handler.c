@@ -210,6 +210,8 @@ int handler_dispatch(struct supervisor *s, struct sv_client *c, struct proto_msg
 		return nccl_on_comm_end(s, c, &m->nccl_comm_end);
 	case PROTO_TRAJ_STEP:
 		return traj_ctl_on_step(s, c, &m->traj_step);
+	case PROTO_TRAJ_LIST:
+		return ctl_traj_list(s, c, &m->traj_list);
 	case PROTO_ERROR:
 		/* A peer's complaint about something we sent: nothing to answer. */
 		log_debug("Peer pid %d reports error %d: %s", c->cred.pid, m->error.code,

@@ -18,6 +18,7 @@ struct traj {
 	double bubble_pred_s; /* at the bubble's start; < 0: none */
 	double tps;	      /* learnt decode rate (output tokens / bubble), 0: none */
 	double cost_pred_s;   /* of the checkpoint decided at the last step end; < 0: none */
+	uint32_t ckpt_done, ckpt_aborted; /* reported to traj_foreach() */
 };
 
 struct env_cost {
@@ -229,6 +230,7 @@ int traj_checkpoint_done(struct traj_tracker *t, const char *trajectory, const c
 		return -ENOENT;
 	policy_checkpoint_done(&x->policy, now_us);
 	x->cost_pred_s = -1;
+	x->ckpt_done++;
 	return 0;
 }
 
@@ -244,4 +246,60 @@ const struct cost_predictor *traj_env_cost(const struct traj_tracker *t, const c
 	const struct env_cost *e = env_find(t, env);
 
 	return e ? &e->cost : NULL;
+}
+
+int traj_checkpoint_aborted(struct traj_tracker *t, const char *trajectory)
+{
+	struct traj *x = traj_find(t, trajectory);
+
+	if (!x)
+		return -ENOENT;
+	x->ckpt_aborted++;
+	return 0;
+}
+
+int traj_foreach(const struct traj_tracker *t, const char *only,
+		 int (*on_traj)(const struct traj_view *v, void *userdata),
+		 int (*on_env)(const char *env, const struct cost_predictor *p, void *userdata),
+		 void *userdata)
+{
+	int r;
+
+	for (uint32_t i = 0; t && on_traj && i < t->max; i++) {
+		const struct traj *x = &t->trajs[i];
+
+		if (!x->id[0] || (only && only[0] && strcmp(x->id, only) != 0))
+			continue;
+		r = on_traj(
+			&(const struct traj_view){
+				.id = x->id,
+				.env = x->env,
+				.policy = &x->policy,
+				.bubble = &x->bubble,
+				.bubble_pred_s = x->bubble_pred_s,
+				.tps = x->tps,
+				.ckpt_done = x->ckpt_done,
+				.ckpt_aborted = x->ckpt_aborted,
+			},
+			userdata);
+		if (r < 0)
+			return r;
+	}
+	for (uint32_t i = 0; t && on_env && i < t->max; i++) {
+		const struct env_cost *e = &t->envs[i];
+
+		if (!e->id[0])
+			continue;
+		/* one trajectory asked: its environment only */
+		if (only && only[0]) {
+			const struct traj *x = traj_find(t, only);
+
+			if (!x || strcmp(x->env, e->id) != 0)
+				continue;
+		}
+		r = on_env(e->id, &e->cost, userdata);
+		if (r < 0)
+			return r;
+	}
+	return 0;
 }

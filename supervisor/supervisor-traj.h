@@ -47,3 +47,25 @@ int traj_checkpoint_done(struct traj_tracker *t, const char *trajectory, const c
 /* The predictors' state, for reports and tests; NULL when unknown. */
 const struct bubble_predictor *traj_bubble(const struct traj_tracker *t, const char *trajectory);
 const struct cost_predictor *traj_env_cost(const struct traj_tracker *t, const char *env);
+
+/* A checkpoint a step-end decision asked for was aborted (at the delay bound) or failed: only
+ * counted, for reports. -ENOENT for an unknown trajectory. */
+int traj_checkpoint_aborted(struct traj_tracker *t, const char *trajectory);
+
+/* One trajectory as traj_foreach() shows it; valid during the callback only. */
+struct traj_view {
+	const char *id, *env;
+	const struct policy_traj *policy; /* unprotected turns, protected since */
+	const struct bubble_predictor *bubble;
+	double bubble_pred_s; /* made at the last step end; < 0: none */
+	double tps;	      /* decode rate learnt from its bubbles; 0: none */
+	uint32_t ckpt_done, ckpt_aborted;
+};
+
+/* Calls on_traj for every trajectory, then on_env for every environment (either may be NULL),
+ * in no order; only (NULL or "": all) restricts both to that trajectory and its environment.
+ * Stops at the first callback < 0 and returns it. t may be NULL (nothing to list). */
+int traj_foreach(const struct traj_tracker *t, const char *only,
+		 int (*on_traj)(const struct traj_view *v, void *userdata),
+		 int (*on_env)(const char *env, const struct cost_predictor *p, void *userdata),
+		 void *userdata);
