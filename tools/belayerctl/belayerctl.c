@@ -30,6 +30,9 @@ static const struct {
 	 "env create|adopt|checkpoint|restore|rebuild|list|destroy|watch|dirty|log ...  agent "
 	 "environments"},
 	{"bpf", cmd_bpf, "bpf [--no-run]               bpftool commands for the pinned tracer"},
+	{"traj", cmd_traj,
+	 "traj [TRAJECTORY]            checkpoint policy: trajectories, bubbles, environments' "
+	 "costs"},
 };
 
 static void help(FILE *f)

@@ -51,3 +51,4 @@ int cmd_health(const struct ctl_options *o, int argc, char **argv);
 int cmd_promote(const struct ctl_options *o, int argc, char **argv);
 int cmd_env(const struct ctl_options *o, int argc, char **argv);
 int cmd_bpf(const struct ctl_options *o, int argc, char **argv);
+int cmd_traj(const struct ctl_options *o, int argc, char **argv);
