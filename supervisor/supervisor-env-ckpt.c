@@ -7,6 +7,18 @@
  * same instant. Everything is written into ckpt/.tmp-<id>, synced (syncfs), then renamed to
  * ckpt/<id> and the directory fsynced: a checkpoint is either all there or not there at all
  * (a supervisor killed midway leaves a .tmp-* that is never read and is removed later).
+ *
+ * Cancellation (issue 11): a checkpoint the policy runs inside an inference bubble must give
+ * the environment back when the bubble ends. The caller's flag is read at safe points: on
+ * entry and before freezing (nothing frozen yet), before every entry of the FS delta and
+ * between chunks of a file's copy, before the CRIU dump, and when the dump returns (before
+ * the thaw: a cancel that comes after the thaw is too late to matter and the checkpoint
+ * commits). The dump itself is not interrupted: CRIU has no cancellation, and killing it
+ * while its parasite code runs inside the environment's tasks can leave them dead or
+ * half-restored; its images are discarded once it returns. A cancelled call thaws, tells
+ * the caller (thawed), and only then removes the partial .tmp-* (unlinking hundreds of MiB
+ * is not the environment's wait). The thaw is reported the same way on success, before the
+ * commit's syncfs, and on every failure after the freeze was asked for.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -87,6 +99,25 @@ static int set_frozen(const struct sv_env *e, bool frozen)
 			return -ETIMEDOUT;
 		(void)poll(&(struct pollfd){.fd = fd, .events = POLLPRI}, 1, 50);
 	}
+}
+
+static bool cancelled(const struct env_ckpt_params *p)
+{
+	return p->cancel && atomic_load_explicit(p->cancel, memory_order_relaxed);
+}
+
+/* Thaws and reports it (once: *frozen is cleared), whatever the thaw's result: the caller
+ * waiting for the environment must not wait forever on a freezer that misbehaves. */
+static int thaw(const struct sv_env *e, const struct env_ckpt_params *p, bool *frozen)
+{
+	int r = set_frozen(e, false);
+
+	*frozen = false;
+	if (r < 0)
+		log_debug_errno(r, "Failed to thaw %s: %m", e->cgroup);
+	if (p->thawed)
+		p->thawed(p->userdata);
+	return r;
 }
 
 static int write_atomic(const char *dir, const char *name, const char *text)
@@ -281,6 +312,8 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 
 	if (e->pid <= 0 && !e->adopted)
 		return -ESRCH;
+	if (cancelled(p))
+		return -ECANCELED;
 	ckfd = ckpts_open(e);
 	if (ckfd < 0)
 		return ckfd;
@@ -332,27 +365,41 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 		goto out;
 	}
 
+	if (cancelled(p)) {
+		r = -ECANCELED;
+		goto out;
+	}
 	t_freeze = mono_us();
+	/* Frozen from the write on: a freeze that timed out half-way is undone (and reported). */
+	frozen = true;
 	r = set_frozen(e, true);
 	if (r < 0) {
 		log_debug_errno(r, "Failed to freeze %s: %m", e->cgroup);
 		goto out;
 	}
-	frozen = true;
 	nproc = env_count_procs(e);
 	m.nproc = nproc > 0 ? (uint64_t)nproc : 0;
-	r = env_fs_scan(upperfd, base, p->force, p->userdata, datafd, &m, &st);
+	r = env_fs_scan(upperfd, base, p->force, p->userdata, p->cancel, datafd, &m, &st);
 	t_fs = mono_us();
 	if (r < 0) {
-		log_debug_errno(r, "FS delta of %s failed: %m", e->id);
+		if (r != -ECANCELED)
+			log_debug_errno(r, "FS delta of %s failed: %m", e->id);
+		goto out;
+	}
+	if (cancelled(p)) {
+		r = -ECANCELED;
 		goto out;
 	}
 	r = sv_criu_dump(e->criu, e->pid, e->cgroup, criufd, true);
 	t_dump = mono_us();
 	if (r < 0)
 		goto out;
-	r = set_frozen(e, false);
-	frozen = false;
+	/* Cancelled while CRIU ran: its images go (out: thaw, then remove the .tmp-*). */
+	if (cancelled(p)) {
+		r = -ECANCELED;
+		goto out;
+	}
+	r = thaw(e, p, &frozen);
 	t_thaw = mono_us();
 	if (r < 0)
 		goto out;
@@ -392,13 +439,15 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 		ret->commit_us = e->head_index.commit_us;
 out:
 	if (frozen)
-		(void)set_frozen(e, false);
+		(void)thaw(e, p, &frozen);
+	if (r == -ECANCELED)
+		log_debug("Checkpoint %s of %s cancelled.", m.id, e->id);
 	if (r < 0 && tmpfd >= 0) {
 		/* CRIU's log of a failed dump stays for the operator: <env>/dump-failed.log. */
 		char log[PATH_MAX];
 
 		snprintf(log, sizeof(log), "%s/dump-failed.log", e->dir);
-		if (criufd >= 0)
+		if (criufd >= 0 && r != -ECANCELED)
 			(void)renameat(criufd, "dump.log", AT_FDCWD, log);
 		(void)rmtree_at(ckfd, tmpname);
 	}

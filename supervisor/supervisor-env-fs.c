@@ -52,6 +52,7 @@ struct scan {
 	const struct env_entry **base_sorted;
 	env_fs_force_cb force;
 	void *userdata;
+	const atomic_bool *cancel;
 	int data_fd;
 	struct env_manifest *out;
 	struct env_fs_stats stats;
@@ -79,13 +80,26 @@ static const struct env_entry *base_find(const struct scan *sc, const char *path
 	return hit ? *hit : NULL;
 }
 
-static int copy_fd(int in, int out, uint64_t size)
+static bool cancelled(const atomic_bool *cancel)
+{
+	return cancel && atomic_load_explicit(cancel, memory_order_relaxed);
+}
+
+/* Cancellable (cancel non-NULL): in ENV_FS_COPY_CHUNK pieces, cancel read before each. One
+ * copy_file_range of the whole file otherwise (a reflink where the file system has them). */
+static int copy_fd(int in, int out, uint64_t size, const atomic_bool *cancel)
 {
 	uint64_t done = 0;
 
 	while (done < size) {
-		ssize_t n = copy_file_range(in, NULL, out, NULL, size - done, 0);
+		size_t want = (size_t)(size - done);
+		ssize_t n;
 
+		if (cancelled(cancel))
+			return -ECANCELED;
+		if (cancel && want > ENV_FS_COPY_CHUNK)
+			want = ENV_FS_COPY_CHUNK;
+		n = copy_file_range(in, NULL, out, NULL, want, 0);
 		if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS)) {
 			char buf[65536];
 
@@ -125,7 +139,7 @@ static int copy_data(struct scan *sc, int dirfd, const char *name, const struct 
 	out = openat(sc->data_fd, key, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (out < 0)
 		return -errno;
-	r = copy_fd(in, out, (uint64_t)st2.st_size);
+	r = copy_fd(in, out, (uint64_t)st2.st_size, sc->cancel);
 	if (r < 0)
 		return r;
 	snprintf(e->src, sizeof(e->src), "%s", sc->out->id);
@@ -268,6 +282,10 @@ static int scan_dir(struct scan *sc, int dirfd, size_t plen, unsigned depth)
 
 		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 			continue;
+		if (cancelled(sc->cancel)) {
+			r = -ECANCELED;
+			break;
+		}
 		if (path_append(sc->path, plen, de->d_name, n) < 0) {
 			r = -ENAMETOOLONG;
 			break;
@@ -299,13 +317,14 @@ static int scan_dir(struct scan *sc, int dirfd, size_t plen, unsigned depth)
 }
 
 int env_fs_scan(int upper_fd, const struct env_manifest *base, env_fs_force_cb force,
-		void *userdata, int data_fd, struct env_manifest *out,
+		void *userdata, const atomic_bool *cancel, int data_fd, struct env_manifest *out,
 		struct env_fs_stats *ret_stats)
 {
 	struct scan sc = {
 		.base = base,
 		.force = force,
 		.userdata = userdata,
+		.cancel = cancel,
 		.data_fd = data_fd,
 		.out = out,
 	};
@@ -461,7 +480,7 @@ static int rebuild_entry(int upper_fd, const struct env_entry *e, int ckpts_fd)
 		out = openat(pfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 		if (out < 0)
 			return -errno;
-		r = copy_fd(in, out, (uint64_t)st.st_size);
+		r = copy_fd(in, out, (uint64_t)st.st_size, NULL);
 		if (r < 0)
 			return r;
 		if (fchown(out, e->uid, e->gid) < 0 || fchmod(out, e->mode) < 0)

@@ -14,6 +14,7 @@
  */
 #pragma once
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -33,9 +34,16 @@ typedef bool (*env_fs_force_cb)(const char *path, void *userdata);
  * that force does not claim keeps base's data reference; any other is copied to
  * data_fd/<key> with out->id as its source. A further name of an inode already seen becomes a
  * hard-link entry (copied once, by inode).
+ *
+ * cancel (NULL: none) is read before every entry and between ENV_FS_COPY_CHUNK pieces of a
+ * file's copy: once set, -ECANCELED (what data_fd holds by then is the caller's to remove).
+ * The environment is frozen during the scan, so a cancel's latency is the time of one entry or
+ * one chunk: a chunk is small enough to keep that to a few milliseconds on a page-cache copy,
+ * large enough that the syscalls are noise.
  */
+#define ENV_FS_COPY_CHUNK (4u << 20)
 int env_fs_scan(int upper_fd, const struct env_manifest *base, env_fs_force_cb force,
-		void *userdata, int data_fd, struct env_manifest *out,
+		void *userdata, const atomic_bool *cancel, int data_fd, struct env_manifest *out,
 		struct env_fs_stats *ret_stats);
 
 /* Empties dir_fd (recursively, never following a symlink). */

@@ -66,14 +66,19 @@ struct env_ckpt_params {
 	 * at a safe point env_checkpoint returns -ECANCELED with the environment thawed, the
 	 * partial checkpoint (ckpt/.tmp-*) removed and the head unchanged. Safe points: before
 	 * freezing, between files of the FS delta and between chunks of a large file's copy,
-	 * before the CRIU dump, and right after it. A CRIU dump already running is not
+	 * before the CRIU dump, and right after it (before the thaw; a cancel set after the thaw
+	 * is too late to matter: the checkpoint commits). A CRIU dump already running is not
 	 * interrupted: CRIU has no cancellation, and killing it while its parasite code runs in
-	 * the environment's tasks can kill them; its images are discarded when it returns. */
+	 * the environment's tasks can kill them; its images are discarded when it returns. So a
+	 * cancel waits at most one FS entry or one ENV_FS_COPY_CHUNK (supervisor-env-fs.h) copy,
+	 * or the rest of a running dump. Read with relaxed ordering: it is a request, it guards no data. */
 	const atomic_bool *cancel;
 	/* NULL or called (on the caller's thread, with userdata) the moment the environment runs
-	 * again: thawed after the dump, or after an abort or failure. Called exactly once per
-	 * env_checkpoint call that froze the cgroup, before env_checkpoint returns; not called
-	 * when it returned before freezing. */
+	 * again: thawed after the dump (before the commit's syncfs and rename: the environment
+	 * runs while its checkpoint is written out), or after a cancel or failure (before the
+	 * partial checkpoint is removed). Called exactly once per env_checkpoint call that asked
+	 * the cgroup to freeze, even when the thaw itself failed (its error is the call's),
+	 * always before env_checkpoint returns; never when the call returned before freezing. */
 	void (*thawed)(void *userdata);
 };
 
