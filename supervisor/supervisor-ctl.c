@@ -213,9 +213,9 @@ static int list_env(const char *env, const struct cost_predictor *p, void *userd
 
 	i->kind = TRAJ_INFO_ENV;
 	snprintf(i->env, sizeof(i->env), "%s", env);
-	i->cost_us = p->fixed_s > 0 ? (uint64_t)(p->fixed_s * 1e6) : 0;
-	i->fs_bps = p->fs_s_per_b > 0 ? (uint64_t)(1 / p->fs_s_per_b) : 0;
-	i->dump_bps = p->dump_s_per_b > 0 ? (uint64_t)(1 / p->dump_s_per_b) : 0;
+	i->cost_us = p->fixed_s > 0 ? (uint64_t)(p->fixed_s * 1e6 + 0.5) : 0;
+	i->fs_bps = p->fs_s_per_b > 0 ? (uint64_t)(1 / p->fs_s_per_b + 0.5) : 0;
+	i->dump_bps = p->dump_s_per_b > 0 ? (uint64_t)(1 / p->dump_s_per_b + 0.5) : 0;
 	i->cost_err_pm = per_mille(p->err.mean);
 	i->cost_n = p->n;
 	l->n++;
