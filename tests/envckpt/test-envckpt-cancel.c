@@ -561,6 +561,44 @@ static void test_cancel_during_dump(void **state)
 	env_manifest_finish(&m1);
 }
 
+/* A failure after the freeze (CRIU cannot start): thawed once all the same, the environment
+ * runs, no partial checkpoint, the head unchanged, the error returned. */
+static void test_thawed_on_failure(void **state)
+{
+	struct fx *f = *state;
+	struct env_manifest m1 = {0}, m2 = {0};
+	struct thawed_log t = {0};
+	atomic_bool cancel;
+	char head[ENV_ID_MAX + 1], criu[PATH_MAX];
+	struct env_ckpt_params p = {
+		.turn = 2, .cancel = &cancel, .thawed = on_thawed, .userdata = &t};
+	int r;
+
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	start_env(f, "failure", 0);
+	t.env = f->env;
+	atomic_init(&cancel, false);
+	assert_int_equal(env_checkpoint(f->env, &(struct env_ckpt_params){.turn = 1}, &m1), 0);
+	snprintf(head, sizeof(head), "%s", f->env->head);
+	env_exec(f, "echo z >/work/z");
+	snprintf(criu, sizeof(criu), "%s", f->env->criu);
+	snprintf(f->env->criu, sizeof(f->env->criu), "%s/no-such-criu", f->dir);
+	r = env_checkpoint(f->env, &p, &m2);
+	snprintf(f->env->criu, sizeof(f->env->criu), "%s", criu);
+	assert_true(r < 0 && r != -ECANCELED);
+	assert_int_equal(atomic_load(&t.calls), 1);
+	assert_true(t.running);
+	assert_progress(f);
+	assert_int_equal(count_partial(f->env), 0);
+	assert_int_equal(count_checkpoints(f->env), 1);
+	assert_string_equal(f->env->head, head);
+	/* And the next one, with CRIU back, works. */
+	assert_int_equal(env_checkpoint(f->env, &p, &m2), 0);
+	assert_int_equal(atomic_load(&t.calls), 2);
+	env_manifest_finish(&m1);
+	env_manifest_finish(&m2);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -568,6 +606,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_cancel_mid_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_thawed_once, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel_during_dump, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_thawed_on_failure, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
