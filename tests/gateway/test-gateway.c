@@ -93,18 +93,25 @@ static pid_t fork_write(int fd, const char *buf, size_t len)
 	return pid;
 }
 
-static int http_send(int fd, const char *method, const char *path, const char *body)
+/* hdr: "" or more header lines, each ending in \r\n */
+static int http_send_hdr(int fd, const char *method, const char *path, const char *hdr,
+			 const char *body)
 {
-	char head[512];
+	char head[1024];
 	size_t n = body ? strlen(body) : 0;
 
 	snprintf(head, sizeof(head),
 		 "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-		 "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-		 method, path, n);
+		 "%sContent-Length: %zu\r\nConnection: close\r\n\r\n",
+		 method, path, hdr, n);
 	if (send_all(fd, head, strlen(head)) < 0 || (n && send_all(fd, body, n) < 0))
 		return -EIO;
 	return 0;
+}
+
+static int http_send(int fd, const char *method, const char *path, const char *body)
+{
+	return http_send_hdr(fd, method, path, "", body);
 }
 
 /* Reads until EOF; decodes a chunked body. */
@@ -183,19 +190,25 @@ static int http_recv(int fd, int timeout_ms, struct resp *ret)
 	return 0;
 }
 
-static int http(uint16_t port, const char *method, const char *path, const char *body,
-		struct resp *ret)
+static int http_hdr(uint16_t port, const char *method, const char *path, const char *hdr,
+		    const char *body, struct resp *ret)
 {
 	int fd = tcp_connect(port), r;
 
 	*ret = (struct resp){0};
 	if (fd < 0)
 		return fd;
-	r = http_send(fd, method, path, body);
+	r = http_send_hdr(fd, method, path, hdr, body);
 	if (r == 0)
 		r = http_recv(fd, HTTP_MS, ret);
 	close(fd);
 	return r;
+}
+
+static int http(uint16_t port, const char *method, const char *path, const char *body,
+		struct resp *ret)
+{
+	return http_hdr(port, method, path, "", body, ret);
 }
 
 static void engine_post(uint16_t port, const char *path)
@@ -316,6 +329,7 @@ static char *tokens_of(const struct resp *r, bool stream, bool generate)
 
 struct req {
 	const char *path;
+	const char *hdr; /* NULL: none */
 	char body[4096];
 	bool stream, generate;
 	pthread_t t;
@@ -327,7 +341,7 @@ static void *req_run(void *arg)
 {
 	struct req *q = arg;
 
-	q->rc = http(port_gw, "POST", q->path, q->body, &q->r);
+	q->rc = http_hdr(port_gw, "POST", q->path, q->hdr ? q->hdr : "", q->body, &q->r);
 	return NULL;
 }
 
@@ -839,6 +853,203 @@ static void slow_client_gets_everything(void **state)
 	free(buf);
 }
 
+/* ---- X-Belayer-Trajectory (issue 11) ---- */
+
+#define TRAJ_ID	 "rollout-1/traj-7"
+#define TRAJ_HDR "X-Belayer-Trajectory: " TRAJ_ID "\r\n"
+#define TRAJ_GEN 40
+#define TRAJ_BODY                                                                   \
+	"{\"input_ids\":[11,12,13,14,15,16,17,18,19,20,21,22],\"sampling_params\":" \
+	"{\"max_new_tokens\":40,\"temperature\":0},\"stream\":true}"
+
+/* The supervisor's PROTO_TRAJ_LIST item for id (found: true). */
+static bool traj_info(const char *id, struct proto_traj_info *ret)
+{
+	struct proto_msg q = {.type = PROTO_TRAJ_LIST}, a;
+	int fd = client_connect(&sv);
+	bool found = false;
+
+	assert_true(fd >= 0);
+	assert_int_equal(proto_send(fd, &q, 0), 0);
+	for (;;) {
+		assert_int_equal(client_recv(fd, &a, HTTP_MS), 0);
+		if (a.type == PROTO_END)
+			break;
+		assert_int_equal(a.type, PROTO_TRAJ_INFO);
+		if (a.traj_info.kind == TRAJ_INFO_TRAJECTORY &&
+		    strcmp(a.traj_info.trajectory, id) == 0) {
+			*ret = a.traj_info;
+			found = true;
+		}
+	}
+	close(fd);
+	return found;
+}
+
+static int traj_count(void)
+{
+	struct proto_msg q = {.type = PROTO_TRAJ_LIST}, a;
+	int fd = client_connect(&sv), n;
+
+	assert_true(fd >= 0);
+	assert_int_equal(proto_send(fd, &q, 0), 0);
+	while (client_recv(fd, &a, HTTP_MS) == 0 && a.type == PROTO_TRAJ_INFO)
+		;
+	assert_int_equal(a.type, PROTO_END);
+	n = (int)a.end.count;
+	close(fd);
+	return n;
+}
+
+/* A step event with no generation figures of its own (the gateway's fill them in). */
+static struct proto_traj_decision traj_step(enum traj_event ev)
+{
+	struct proto_msg q = {.type = PROTO_TRAJ_STEP}, a;
+	int fd = client_connect(&sv);
+
+	assert_true(fd >= 0);
+	q.traj_step.ev = ev;
+	snprintf(q.traj_step.trajectory, sizeof(q.traj_step.trajectory), "%s", TRAJ_ID);
+	snprintf(q.traj_step.env, sizeof(q.traj_step.env), "env-x");
+	assert_int_equal(proto_send(fd, &q, 0), 0);
+	assert_int_equal(client_recv(fd, &a, HTTP_MS), 0);
+	assert_int_equal(a.type, PROTO_TRAJ_DECISION);
+	close(fd);
+	return a.traj_decision;
+}
+
+/* A tagged streaming request is its trajectory's pending one, with its prompt, tokens so far
+ * and decode rate, as the supervisor lists it and as the step-end's predicted bubble uses it;
+ * its output length feeds the next step-begin. Untagged requests are untouched, and a header
+ * that is not a trajectory id is refused. */
+static void trajectory_tagged_requests(void **state)
+{
+	struct req plain = {.path = "/generate", .stream = true, .generate = true};
+	struct req t1 = plain, t2 = plain;
+	struct proto_traj_info info, still;
+	struct proto_traj_decision d;
+	char hdr[512], *a, *b;
+	uint64_t deadline;
+	double want_us;
+	struct resp r;
+
+	(void)state;
+	snprintf(plain.body, sizeof(plain.body), "%s", TRAJ_BODY);
+	snprintf(t1.body, sizeof(t1.body), "%s", TRAJ_BODY);
+	snprintf(t2.body, sizeof(t2.body), "%s", TRAJ_BODY);
+	t1.hdr = t2.hdr = TRAJ_HDR;
+	start(1, false, NULL);
+	wait_serving();
+
+	/* Untagged: served, and no trajectory appears. */
+	req_run(&plain);
+	assert_int_equal(plain.rc, 0);
+	assert_int_equal(traj_count(), 0);
+
+	/* Hostile headers: refused with 400 before reaching the engine, nothing tracked. */
+	memset(hdr, 0, sizeof(hdr));
+	memcpy(hdr, "X-Belayer-Trajectory: ", 22);
+	memset(hdr + 22, 'a', 300);
+	memcpy(hdr + 322, "\r\n", 2);
+	assert_int_equal(http_hdr(port_gw, "POST", "/generate", hdr, TRAJ_BODY, &r), 0);
+	assert_int_equal(r.status, 400);
+	assert_non_null(strstr(r.body, "X-Belayer-Trajectory"));
+	free(r.body);
+	assert_int_equal(http_hdr(port_gw, "POST", "/generate",
+				  "X-Belayer-Trajectory: a\x01"
+				  "b\r\n",
+				  TRAJ_BODY, &r),
+			 0);
+	assert_int_equal(r.status, 400);
+	free(r.body);
+	assert_int_equal(http_hdr(port_gw, "POST", "/generate", "X-Belayer-Trajectory: a b\r\n",
+				  TRAJ_BODY, &r),
+			 0);
+	assert_int_equal(r.status, 400);
+	free(r.body);
+	assert_int_equal(traj_count(), 0);
+
+	/* The framework's step-end, before its first generation: nothing known. */
+	d = traj_step(TRAJ_STEP_END);
+	assert_int_equal(d.bubble_us, 0);
+
+	/* A tagged request runs to completion: its output length is the trajectory's last. */
+	req_run(&t1);
+	assert_int_equal(t1.rc, 0);
+	assert_true(traj_info(TRAJ_ID, &info));
+	assert_int_equal(info.pending, 0);
+	assert_int_equal(info.last_output_tokens, TRAJ_GEN);
+	assert_true(info.decode_mtps > 0);
+	/* The step-begin without "out" learns the 40 tokens from the gateway. */
+	d = traj_step(TRAJ_STEP_BEGIN);
+	assert_true(traj_info(TRAJ_ID, &info));
+	assert_int_equal(info.n_lengths, 1);
+
+	/* The next request, held mid-stream: pending, with its prompt, tokens so far and a
+	 * rate measured from steps 30 ms apart. */
+	engine_post(port_a, "/debug/pause");
+	assert_int_equal(pthread_create(&t2.t, NULL, req_run, &t2), 0);
+	deadline = mono_ms() + READY_MS;
+	while (engine_holds(port_a) != 1) {
+		assert_true(mono_ms() < deadline);
+		(void)poll(NULL, 0, 5);
+	}
+	for (int i = 0; i < 8; i++) {
+		engine_post(port_a, "/debug/step");
+		(void)poll(NULL, 0, 30);
+	}
+	deadline = mono_ms() + READY_MS;
+	for (;;) {
+		assert_true(traj_info(TRAJ_ID, &info));
+		(void)poll(NULL, 0, 50);
+		assert_true(traj_info(TRAJ_ID, &still));
+		if (info.generated_tokens >= 2 && info.generated_tokens == still.generated_tokens)
+			break;
+		assert_true(mono_ms() < deadline);
+	}
+	print_message("pending: %" PRIu64 " prompt + %" PRIu64 " generated at %.1f tokens/s\n",
+		      info.prompt_tokens, info.generated_tokens, (double)info.decode_mtps / 1000);
+	assert_int_equal(info.pending, 1);
+	assert_int_equal(info.prompt_tokens, 12);
+	assert_true(info.generated_tokens <= 9);
+	/* one token per step, steps >= 30 ms apart: about 33 tokens/s at most (the bound leaves
+	 * room for a late first token event on a loaded machine) */
+	assert_true(info.decode_mtps >= 2000 && info.decode_mtps <= 60000);
+	assert_string_equal(info.env, "env-x");
+
+	/* The step-end sent without plen/gen/mtps predicts from the gateway's view: the 40-token
+	 * history less what is generated, at the measured rate. */
+	d = traj_step(TRAJ_STEP_END);
+	want_us = (double)(TRAJ_GEN - info.generated_tokens) / ((double)info.decode_mtps / 1000) *
+		  1e6;
+	print_message("step-end: bubble %" PRIu64
+		      " us predicted, %.0f us from the gateway's view\n",
+		      d.bubble_us, want_us);
+	assert_true(d.bubble_us > 0);
+	assert_true((double)d.bubble_us - want_us <= want_us * 0.001 + 2 &&
+		    want_us - (double)d.bubble_us <= want_us * 0.001 + 2);
+
+	engine_post(port_a, "/debug/resume");
+	assert_int_equal(pthread_join(t2.t, NULL), 0);
+	assert_int_equal(t2.rc, 0);
+	/* Tagged or not, the client sees the same response. */
+	a = content(&plain.r, true);
+	b = content(&t1.r, true);
+	assert_string_equal(a, b);
+	free(b);
+	b = content(&t2.r, true);
+	assert_string_equal(a, b);
+	free(a);
+	free(b);
+	assert_true(traj_info(TRAJ_ID, &info));
+	assert_int_equal(info.pending, 0);
+	assert_int_equal(info.generated_tokens, 0);
+	assert_int_equal(info.last_output_tokens, TRAJ_GEN);
+	free(plain.r.body);
+	free(t1.r.body);
+	free(t2.r.body);
+}
+
 static long sv_rss_kib(void)
 {
 	char path[64], line[256];
@@ -943,6 +1154,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(client_disconnect_cancels, setup, teardown),
 		cmocka_unit_test_setup_teardown(slow_client_gets_everything, setup, teardown),
 		cmocka_unit_test_setup_teardown(no_leak, setup, teardown),
+		cmocka_unit_test_setup_teardown(trajectory_tagged_requests, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
