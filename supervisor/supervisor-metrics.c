@@ -89,6 +89,17 @@ static void collect_engines(struct supervisor *s, struct collector *col)
 		    "before the GPU and content checks.",
 		    "engine=\"%s\"", s->engines->e[i].cfg->name);
 	for (size_t i = 0; i < n; i++)
+		add(col, "belayer_engine_adopted", METRIC_GAUGE, engines_adopted(&s->engines->e[i]),
+		    "Groups of the engine (primary, shadow) launched by a previous supervisor and "
+		    "adopted by this one, still running.",
+		    "engine=\"%s\"", s->engines->e[i].cfg->name);
+	for (size_t i = 0; i < n; i++)
+		add(col, "belayer_engine_launches_total", METRIC_COUNTER,
+		    s->engines->e[i].n_launches,
+		    "Process groups of the engine this supervisor started (primaries, shadows, "
+		    "cold restarts).",
+		    "engine=\"%s\"", s->engines->e[i].cfg->name);
+	for (size_t i = 0; i < n; i++)
 		add(col, "belayer_engine_port", METRIC_GAUGE, s->engines->e[i].primary_port,
 		    "The port the engine's primary serves on (it changes at each promotion).",
 		    "engine=\"%s\"", s->engines->e[i].cfg->name);
