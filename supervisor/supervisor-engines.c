@@ -18,8 +18,10 @@
 #include "log.h"
 #include "supervisor-engines.h"
 #include "supervisor-events.h"
+#include "supervisor-journal.h"
 #include "supervisor-promote.h"
 #include "supervisor-shadow.h"
+#include "supervisor-workers.h"
 
 #define KILL_WAIT_MS 5000
 
@@ -144,9 +146,12 @@ int engines_launch(struct supervisor *s, struct sv_engine *e, const char *cmd,
 	fd = (int)syscall(SYS_pidfd_open, pid, 0);
 	ret->pid = pid;
 	ret->pidfd = fd;
+	/* Read before it could exit: a restarted supervisor adopts it only if this matches. */
+	ret->starttime = process_starttime(pid);
 	ret->port = port;
 	ret->role = role;
 	ret->started_ms = now_ms();
+	e->n_launches++;
 	supervisor_emit(s, EVENT_ENGINE, (uint32_t)pid, port,
 			"engine \"%s\" %s started on port %u: %s", e->cfg->name,
 			worker_role_to_string(role), port, line + 5);
@@ -157,6 +162,8 @@ void engines_kill_proc(struct eng_proc *p)
 {
 	if (p->pid <= 0)
 		return;
+	/* The group, adopted or not: p->pid is cleared as soon as its leader exits
+	 * (proc_reap()), so the pgid is not one reused since. */
 	(void)kill(-p->pid, SIGKILL);
 	if (p->pidfd >= 0) {
 		struct pollfd pf = {.fd = p->pidfd, .events = POLLIN};
@@ -164,9 +171,12 @@ void engines_kill_proc(struct eng_proc *p)
 		(void)syscall(SYS_pidfd_send_signal, p->pidfd, SIGKILL, NULL, 0);
 		(void)poll(&pf, 1, KILL_WAIT_MS);
 	}
-	(void)waitpid(p->pid, NULL, WNOHANG);
+	/* An adopted leader is not our child: its new parent (init or a subreaper) reaps it. */
+	if (!p->adopted)
+		(void)waitpid(p->pid, NULL, WNOHANG);
 	p->pidfd = safe_close(p->pidfd);
 	p->pid = 0;
+	p->adopted = false;
 }
 
 /* Reaps p if it exited. Returns true then. */
@@ -176,6 +186,18 @@ static bool proc_reap(struct eng_proc *p, int *ret_status)
 
 	if (p->pid <= 0)
 		return false;
+	if (p->adopted) {
+		/* Not our child (waitid() would say ECHILD): its pidfd says when it exited, the
+		 * status goes to its new parent. */
+		if (p->pidfd >= 0 &&
+		    poll(&(struct pollfd){.fd = p->pidfd, .events = POLLIN}, 1, 0) == 0)
+			return false;
+		*ret_status = -1;
+		p->pidfd = safe_close(p->pidfd);
+		p->pid = 0;
+		p->adopted = false;
+		return true;
+	}
 	if (waitid(P_PID, (id_t)p->pid, &si, WEXITED | WNOHANG) < 0) {
 		if (errno != ECHILD)
 			return false;
@@ -343,20 +365,40 @@ static void engine_probe(struct supervisor *s, struct sv_engine *e)
 	}
 }
 
-static void engine_start_one(struct supervisor *s, struct sv_engine *e)
-{
-	const struct sv_engine_config *c = e->cfg;
+/* ---- journal and adoption ------------------------------------------------------------- */
 
-	e->primary_port = c->port;
-	if (strcmp(c->primary, "external") != 0)
-		(void)engines_launch(s, e, c->primary, ROLE_PRIMARY, c->port, &e->primary);
-	if (c->shadow[0])
-		(void)engines_launch(s, e, c->shadow, ROLE_SHADOW, c->shadow_port, &e->shadow);
+static struct eng_proc *slot_proc(struct sv_engine *e, int slot)
+{
+	return slot == 0 ? &e->primary : &e->shadow;
 }
 
-int engines_start(struct supervisor *s)
+/* Journals e's groups that changed since the last record. */
+static void journal_sync(struct supervisor *s, struct sv_engine *e)
 {
-	if (s->config.n_engines == 0)
+	for (int slot = 0; slot < 2; slot++) {
+		const struct eng_proc *p = slot_proc(e, slot);
+		struct eng_journaled *j = &e->journaled[slot];
+		struct journal_record rec = {.op = JOURNAL_ENGINE};
+
+		if (j->pid == p->pid &&
+		    (p->pid == 0 || (j->starttime == p->starttime && j->port == p->port)))
+			continue;
+		*j = (struct eng_journaled){
+			.pid = p->pid, .starttime = p->starttime, .port = p->port};
+		if (!s->journal)
+			continue;
+		rec.pid = (uint32_t)j->pid;
+		rec.starttime = j->starttime;
+		rec.port = j->port;
+		rec.role = slot == 0 ? ROLE_PRIMARY : ROLE_SHADOW;
+		snprintf(rec.engine_id, sizeof(rec.engine_id), "%s", e->cfg->name);
+		(void)journal_append(s->journal, &rec);
+	}
+}
+
+static int engines_alloc(struct supervisor *s)
+{
+	if (s->engines)
 		return 0;
 	s->engines = calloc(1, sizeof(*s->engines));
 	if (!s->engines)
@@ -367,8 +409,238 @@ int engines_start(struct supervisor *s)
 
 		e->cfg = &s->config.engines[i];
 		e->primary.pidfd = e->shadow.pidfd = e->probe.fd = -1;
-		engine_start_one(s, e);
 	}
+	return 0;
+}
+
+int engines_restore_record(struct supervisor *s, const struct journal_record *rec)
+{
+	struct sv_engine *e;
+	int r;
+
+	if (rec->op != JOURNAL_ENGINE || s->config.n_engines == 0)
+		return 0;
+	r = engines_alloc(s);
+	if (r < 0)
+		return r;
+	e = engines_find(s, rec->engine_id);
+	if (!e)
+		return 0; /* no longer configured: its processes are none of ours */
+	e->journaled[rec->role == ROLE_SHADOW] = (struct eng_journaled){
+		.pid = (pid_t)rec->pid, .starttime = rec->starttime, .port = rec->port};
+	return 0;
+}
+
+size_t engines_journal_records(struct supervisor *s, struct journal_record *recs, size_t max)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; s->engines && i < s->engines->n; i++)
+		for (int slot = 0; slot < 2; slot++) {
+			const struct eng_journaled *j = &s->engines->e[i].journaled[slot];
+
+			if (j->pid == 0 || n == max)
+				continue;
+			recs[n] =
+				(struct journal_record){.op = JOURNAL_ENGINE,
+							.pid = (uint32_t)j->pid,
+							.starttime = j->starttime,
+							.port = j->port,
+							.role = slot ? ROLE_SHADOW : ROLE_PRIMARY};
+			snprintf(recs[n].engine_id, sizeof(recs[n].engine_id), "%s",
+				 s->engines->e[i].cfg->name);
+			n++;
+		}
+	return n;
+}
+
+unsigned engines_adopted(const struct sv_engine *e)
+{
+	return (unsigned)e->primary.adopted + (unsigned)e->shadow.adopted;
+}
+
+/* Live workers of e in process group pgid: they are the group's ranks, with its role (the
+ * journal may hold a promoted rank's role from before its promotion). */
+static uint32_t group_members(struct supervisor *s, struct sv_engine *e, enum worker_role role,
+			      pid_t pgid)
+{
+	uint32_t n = 0;
+
+	for (struct sv_worker *w = s->reg.workers; w; w = w->next) {
+		if (w->state == WORKER_DEAD || strcmp(worker_engine(w), e->cfg->name) != 0 ||
+		    getpgid(w->pid) != pgid)
+			continue;
+		w->pgid = pgid;
+		w->role = role;
+		n++;
+	}
+	return n;
+}
+
+/* Takes over the group the journal names for slot if its leader still runs. */
+static bool adopt(struct supervisor *s, struct sv_engine *e, int slot)
+{
+	const struct eng_journaled *j = &e->journaled[slot];
+	enum worker_role role = slot == 0 ? ROLE_PRIMARY : ROLE_SHADOW;
+	struct eng_proc *p = slot_proc(e, slot);
+	uint32_t ranks;
+	int fd;
+
+	if (j->pid <= 0)
+		return false;
+	/* The start time tells the leader from a process that got its pid since. */
+	fd = j->starttime != 0 && process_starttime(j->pid) == j->starttime
+		     ? (int)syscall(SYS_pidfd_open, j->pid, 0)
+		     : -ESRCH;
+	/* A readable pidfd: exited, a zombie its new parent has not reaped yet. */
+	if (fd < 0 || poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, 0) != 0) {
+		if (fd >= 0)
+			(void)safe_close(fd);
+		supervisor_emit(s, EVENT_ENGINE, (uint32_t)j->pid, j->port,
+				"engine \"%s\": the previous supervisor's %s group (leader %d) is "
+				"gone",
+				e->cfg->name, worker_role_to_string(role), j->pid);
+		return false;
+	}
+	*p = (struct eng_proc){.pid = j->pid,
+			       .pidfd = fd,
+			       .starttime = j->starttime,
+			       .port = j->port,
+			       .role = role,
+			       .started_ms = now_ms(),
+			       .adopted = true};
+	ranks = group_members(s, e, role, j->pid);
+	/* A rank died while no supervisor watched: the group is broken, no hello will mend it. */
+	if (role == ROLE_PRIMARY && ranks < e->cfg->tp)
+		e->adopt_broken = true;
+	supervisor_emit(s, EVENT_ENGINE, (uint32_t)j->pid, j->port,
+			"engine \"%s\" %s adopted: process group %d on port %u, %u of %u ranks "
+			"alive, waiting for their hellos",
+			e->cfg->name, worker_role_to_string(role), j->pid, j->port, ranks,
+			e->cfg->tp);
+	return true;
+}
+
+/* SIGKILLs the live workers of e with role (ranks of a group that is being replaced, which
+ * nothing else would stop), marking their deaths as no news. Called before the replacement
+ * is launched. */
+static void kill_strays(struct supervisor *s, struct sv_engine *e, enum worker_role role)
+{
+	for (struct sv_worker *w = s->reg.workers; w; w = w->next)
+		if (w->state != WORKER_DEAD && w->role == role &&
+		    strcmp(worker_engine(w), e->cfg->name) == 0) {
+			w->replaced = true;
+			if (w->pidfd >= 0)
+				(void)syscall(SYS_pidfd_send_signal, w->pidfd, SIGKILL, NULL, 0);
+		}
+}
+
+static void engine_start_one(struct supervisor *s, struct sv_engine *e)
+{
+	const struct sv_engine_config *c = e->cfg;
+	bool primary = adopt(s, e, 0), shadow = c->shadow[0] && adopt(s, e, 1);
+
+	if (shadow && primary && e->shadow.port == e->primary.port) {
+		engines_kill_proc(&e->shadow); /* cannot both hold one port */
+		shadow = false;
+	}
+	if (!shadow)
+		kill_strays(s, e, ROLE_SHADOW);
+	if (primary) {
+		e->primary_port = e->primary.port;
+	} else {
+		/* Ranks of a launched group whose leader is gone (an external primary is not
+		 * ours to stop). */
+		if (strcmp(c->primary, "external") != 0)
+			kill_strays(s, e, ROLE_PRIMARY);
+		/* The port the adopted shadow does not hold. */
+		e->primary_port = shadow && e->shadow.port == c->port ? c->shadow_port : c->port;
+		if (strcmp(c->primary, "external") != 0)
+			(void)engines_launch(s, e, c->primary, ROLE_PRIMARY, e->primary_port,
+					     &e->primary);
+	}
+	if (!shadow && c->shadow[0])
+		(void)engines_launch(s, e, c->shadow, ROLE_SHADOW,
+				     e->primary_port == c->port ? c->shadow_port : c->port,
+				     &e->shadow);
+	if (primary || shadow)
+		e->adopt_deadline_ms = now_ms() + s->config.resync_grace * 1000;
+	journal_sync(s, e);
+}
+
+/* Whether every rank of the group in p said hello since the restart. */
+static bool group_confirmed(struct supervisor *s, struct sv_engine *e, const struct eng_proc *p)
+{
+	uint32_t n = 0;
+
+	for (struct sv_worker *w = s->reg.workers; w; w = w->next)
+		n += w->state == WORKER_ALIVE && w->role == p->role && w->pgid == p->pid &&
+		     strcmp(worker_engine(w), e->cfg->name) == 0;
+	return n >= e->cfg->tp;
+}
+
+/* The adopted groups' ranks had until adopt_deadline_ms to say hello again: a primary group
+ * that did not is recovered as if it died, a shadow group that did not is replaced. */
+static void adopt_check(struct supervisor *s, struct sv_engine *e)
+{
+	bool p_ok = !e->primary.adopted || group_confirmed(s, e, &e->primary);
+	bool s_ok = !e->shadow.adopted || group_confirmed(s, e, &e->shadow);
+	uint32_t port;
+
+	if (!e->adopt_deadline_ms)
+		return;
+	if (e->rec) {
+		e->adopt_deadline_ms = 0; /* a death of an adopted rank started one already */
+		return;
+	}
+	if (p_ok && s_ok) {
+		e->adopt_deadline_ms = 0;
+		supervisor_emit(s, EVENT_ENGINE, 0, e->primary_port,
+				"engine \"%s\": every adopted rank said hello again", e->cfg->name);
+		return;
+	}
+	if (!p_ok && e->adopt_broken) {
+		e->adopt_broken = false;
+		supervisor_emit(s, EVENT_RECOVERY, (uint32_t)e->primary.pid, 0,
+				"engine \"%s\": a rank of the adopted primary group died while no "
+				"supervisor ran; recovering it",
+				e->cfg->name);
+		promote_start(s, e, "adopt", e->primary.pid, 0);
+		return;
+	}
+	if (now_ms() < e->adopt_deadline_ms)
+		return;
+	e->adopt_deadline_ms = 0;
+	if (!s_ok) {
+		supervisor_emit(s, EVENT_ENGINE, (uint32_t)e->shadow.pid, 0,
+				"engine \"%s\": the adopted shadow group did not say hello within "
+				"resync_grace; replacing it",
+				e->cfg->name);
+		engines_kill_proc(&e->shadow);
+		kill_strays(s, e, ROLE_SHADOW);
+		port = e->primary_port == e->cfg->port ? e->cfg->shadow_port : e->cfg->port;
+		(void)engines_launch(s, e, e->cfg->shadow, ROLE_SHADOW, port, &e->shadow);
+	}
+	if (!p_ok) {
+		supervisor_emit(s, EVENT_RECOVERY, (uint32_t)e->primary.pid, 0,
+				"engine \"%s\": the adopted primary group did not say hello within "
+				"resync_grace; recovering it as dead",
+				e->cfg->name);
+		promote_start(s, e, "adopt", e->primary.pid, 0);
+	}
+}
+
+int engines_start(struct supervisor *s)
+{
+	int r;
+
+	if (s->config.n_engines == 0)
+		return 0;
+	r = engines_alloc(s);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < s->engines->n; i++)
+		engine_start_one(s, &s->engines->e[i]);
 	return 0;
 }
 
@@ -406,8 +678,10 @@ void engines_tick(struct supervisor *s)
 					"engine \"%s\" shadow process group leader exited (%d)",
 					e->cfg->name, status);
 		engine_probe(s, e);
+		adopt_check(s, e);
 		promote_tick(s, e);
 		promote_record_checksums(s, e);
+		journal_sync(s, e);
 	}
 }
 
@@ -443,7 +717,7 @@ void engines_worker_died(struct supervisor *s, struct sv_worker *w)
 	struct sv_engine *e = engines_find(s, worker_engine(w));
 	uint64_t hint;
 
-	if (!e)
+	if (!e || w->replaced)
 		return;
 	if (e->rec) {
 		promote_worker_died(s, e, w);
@@ -454,6 +728,8 @@ void engines_worker_died(struct supervisor *s, struct sv_worker *w)
 		 * whole group is replaced. Nothing to recover. */
 		if (!e->cfg->shadow[0])
 			return;
+		/* The rest of the group dies with it: those deaths are no news. */
+		kill_strays(s, e, ROLE_SHADOW);
 		engines_kill_proc(&e->shadow);
 		if (now_ms() < e->shadow_backoff_ms) {
 			supervisor_emit(s, EVENT_ENGINE, (uint32_t)w->pid, 0,

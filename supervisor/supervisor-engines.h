@@ -9,6 +9,14 @@
  * stay in it), so a group is stopped as a whole. Workers are matched to an engine by the
  * engine id of their hello and to a group by role; a worker that does not say its rank is
  * rank 0. The loop calls engines_tick() every ENGINES_TICK_MS.
+ *
+ * Adoption: each group's leader (pid + start time) and port are journaled (JOURNAL_ENGINE). A
+ * restarted supervisor whose journal names a group that still runs adopts it instead of
+ * launching another: it watches the leader through a pidfd (not its child any more: it cannot
+ * be waited for, its new parent reaps it), its workers through theirs (restored from the
+ * journal), and launches only what is missing. The adopted ranks must say hello again within
+ * [retention] resync_grace; a primary group that did not is recovered as if it had died, a
+ * shadow group that did not is replaced.
  */
 #pragma once
 
@@ -33,11 +41,20 @@ enum rec_phase {
 
 /* One launched process group (a primary, a shadow or a cold restart). */
 struct eng_proc {
-	pid_t pid; /* the group leader (rank 0); 0: none */
-	int pidfd; /* ours, to reap it */
+	pid_t pid;	    /* the group leader (rank 0); 0: none */
+	int pidfd;	    /* ours, to reap it (adopted: only to watch and signal it) */
+	uint64_t starttime; /* the leader's, as journaled */
 	uint32_t port;
 	enum worker_role role;
 	uint64_t started_ms;
+	bool adopted; /* launched by a previous supervisor: not our child */
+};
+
+/* A group as the journal says (JOURNAL_ENGINE); pid 0: none. */
+struct eng_journaled {
+	pid_t pid;
+	uint64_t starttime;
+	uint32_t port;
 };
 
 /* An HTTP GET in flight, driven by the tick without blocking. */
@@ -63,6 +80,7 @@ struct recovery_record {
 };
 
 struct sv_recovery;
+struct journal_record;
 
 struct sv_engine {
 	const struct sv_engine_config *cfg;
@@ -79,6 +97,12 @@ struct sv_engine {
 	uint64_t n_recoveries;
 	uint64_t kill_hint_ns; /* monotonic ns of a kill the supervisor did or was asked to do */
 	uint64_t shadow_backoff_ms; /* a shadow dying before this is not restarted */
+	/* [0] primary, [1] shadow: replayed from the journal at start, then what was last
+	 * journaled. */
+	struct eng_journaled journaled[2];
+	uint64_t adopt_deadline_ms; /* adopted ranks must have said hello by then; 0: none */
+	bool adopt_broken;	    /* the adopted primary group lacks a rank: recover it now */
+	uint64_t n_launches;	    /* groups this supervisor started */
 };
 
 struct sv_engines {
@@ -86,8 +110,14 @@ struct sv_engines {
 	struct sv_engine e[CONFIG_ENGINES_MAX];
 };
 
-/* Launches every configured engine's primary and shadow. */
+/* Launches every configured engine's primary and shadow, or adopts those the journal names
+ * that still run. */
 int engines_start(struct supervisor *s);
+/* Journal replay (before engines_start) and compaction: the engines' JOURNAL_ENGINE records. */
+int engines_restore_record(struct supervisor *s, const struct journal_record *rec);
+size_t engines_journal_records(struct supervisor *s, struct journal_record *recs, size_t max);
+/* Groups of e launched by a previous supervisor and adopted (0..2). */
+unsigned engines_adopted(const struct sv_engine *e);
 /* Stops every group the supervisor launched (SIGKILL to the process groups) and reaps them. */
 void engines_stop(struct supervisor *s);
 void engines_tick(struct supervisor *s);

@@ -77,6 +77,13 @@ ssize_t journal_encode(const struct journal_record *rec, void *buf, size_t cap)
 			?: KV_U64(&pk, "role", (uint64_t)rec->role)
 			?: KV_I64(&pk, "rank", rec->rank);
 		break;
+	case JOURNAL_ENGINE:
+		e = msgpack_pack_map(&pk, 6) ?: KV_U64(&pk, "op", rec->op)
+			?: KV_U64(&pk, "pid", rec->pid) ?: KV_U64(&pk, "st", rec->starttime)
+			?: pack_str(&pk, "eng") ?: pack_str(&pk, rec->engine_id)
+			?: KV_U64(&pk, "role", (uint64_t)rec->role)
+			?: KV_U64(&pk, "port", rec->port);
+		break;
 	case JOURNAL_REGION:
 		e = msgpack_pack_map(&pk, 11) ?: KV_U64(&pk, "op", rec->op)
 			?: KV_U64(&pk, "pid", rec->pid) ?: KV_U64(&pk, "id", r->id)
@@ -174,6 +181,20 @@ static int decode(const uint8_t *p, size_t len, struct journal_record *rec)
 			rec->rank = (int32_t)o->via.i64;
 		else
 			goto out;
+		o = get(m, "eng");
+		if (!o || o->type != MSGPACK_OBJECT_STR || o->via.str.size > PROTO_MAX_STR ||
+		    memchr(o->via.str.ptr, 0, o->via.str.size))
+			goto out;
+		memcpy(rec->engine_id, o->via.str.ptr, o->via.str.size);
+		break;
+	case JOURNAL_ENGINE:
+		if (get_u64(m, "st", UINT64_MAX, &rec->starttime) < 0 ||
+		    get_u64(m, "role", _ROLE_MAX - 1, &v) < 0)
+			goto out;
+		rec->role = (enum worker_role)v;
+		if (get_u64(m, "port", 65535, &v) < 0)
+			goto out;
+		rec->port = (uint32_t)v;
 		o = get(m, "eng");
 		if (!o || o->type != MSGPACK_OBJECT_STR || o->via.str.size > PROTO_MAX_STR ||
 		    memchr(o->via.str.ptr, 0, o->via.str.size))

@@ -28,17 +28,19 @@ enum journal_op {
 	JOURNAL_REGION_GONE = 'x', /* a region was released or expired */
 	JOURNAL_DEAD = 'd',	   /* a worker died */
 	JOURNAL_WORKER_GONE = 'f', /* a worker and all its regions were forgotten */
+	JOURNAL_ENGINE = 'g',	   /* a configured engine's launched group (pid 0: none) */
 };
 
 struct journal_record {
 	enum journal_op op;
 	uint32_t pid;
-	/* JOURNAL_WORKER */
+	/* JOURNAL_WORKER; JOURNAL_ENGINE: starttime, engine_id, role (which group), port */
 	uint32_t uid, gid;
 	uint64_t starttime;
 	char engine_id[PROTO_MAX_STR + 1];
 	enum worker_role role;
 	int32_t rank;
+	uint32_t port;
 	/* JOURNAL_REGION, JOURNAL_REGION_GONE (id only) */
 	struct proto_region region; /* fd unused */
 	uint64_t checksum, checksum_version;

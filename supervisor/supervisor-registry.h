@@ -87,6 +87,7 @@ struct sv_worker {
 	uint64_t layout_hash; /* for a primary: computed from its regions when asked */
 	bool committing;      /* PROMOTE_COMMIT sent, DONE awaited */
 	bool promoted;	      /* promoted: its shim's next hello (as primary) is expected */
+	bool replaced;	      /* killed with a group already replaced: its death is no news */
 };
 
 struct sv_registry {

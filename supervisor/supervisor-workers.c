@@ -384,6 +384,8 @@ int workers_restore_record(void *userdata, const struct journal_record *rec)
 		if (w)
 			registry_worker_remove(&s->reg, w);
 		return 0;
+	case JOURNAL_ENGINE:
+		return engines_restore_record(s, rec);
 	}
 	return 0;
 }
@@ -455,7 +457,8 @@ int workers_journal_compact(struct supervisor *s)
 		return 0;
 	for (struct sv_worker *w = s->reg.workers; w; w = w->next)
 		cap += 2 + w->n_regions;
-	recs = calloc(cap ? cap : 1, sizeof(*recs));
+	cap += 2 * CONFIG_ENGINES_MAX; /* the engines' groups */
+	recs = calloc(cap, sizeof(*recs));
 	if (!recs)
 		return -ENOMEM;
 	for (struct sv_worker *w = s->reg.workers; w; w = w->next) {
@@ -476,6 +479,7 @@ int workers_journal_compact(struct supervisor *s)
 			recs[n++].pid = (uint32_t)w->pid;
 		}
 	}
+	n += engines_journal_records(s, recs + n, cap - n);
 	r = journal_rewrite(s->journal, recs, n);
 	if (r == 0)
 		log_debug("Journal compacted: %zu records, %" PRIu64 " bytes.", n,
