@@ -10,15 +10,16 @@
  *
  * Cancellation (issue 11): a checkpoint the policy runs inside an inference bubble must give
  * the environment back when the bubble ends. The caller's flag is read at safe points: on
- * entry and before freezing (nothing frozen yet), before every entry of the FS delta and
- * between chunks of a file's copy, before the CRIU dump, and when the dump returns (before
- * the thaw: a cancel that comes after the thaw is too late to matter and the checkpoint
- * commits). The dump itself is not interrupted: CRIU has no cancellation, and killing it
- * while its parasite code runs inside the environment's tasks can leave them dead or
- * half-restored; its images are discarded once it returns. A cancelled call thaws, tells
- * the caller (thawed), and only then removes the partial .tmp-* (unlinking hundreds of MiB
- * is not the environment's wait). The thaw is reported the same way on success, before the
- * commit's syncfs, and on every failure after the freeze was asked for.
+ * entry and before freezing (nothing frozen yet), while waiting for the freeze to complete,
+ * before every entry of the FS delta and between chunks of a file's copy, before the CRIU
+ * dump, and when the dump returns (before the thaw: a cancel that comes after the thaw is too
+ * late to matter and the checkpoint commits). The dump itself is not interrupted: CRIU has
+ * no cancellation, and killing it while its parasite code runs inside the environment's
+ * tasks can leave them dead or half-restored; its images are discarded once it returns. A
+ * cancelled call thaws, tells the caller (thawed), and only then removes the partial .tmp-*
+ * (unlinking hundreds of MiB is not the environment's wait). The thaw is reported the same
+ * way on success, before the commit's syncfs, and on every failure after the freeze was
+ * asked for.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -40,8 +41,10 @@
 #include "supervisor-env.h"
 
 #define FREEZE_WAIT_MS 5000
-#define CHAIN_MAX      100000
-#define GC_KEY_BASE    (1ull << 40)
+/* How often a cancellable freeze that has not completed looks at the flag. */
+#define FREEZE_CANCEL_POLL_MS 5
+#define CHAIN_MAX	      100000
+#define GC_KEY_BASE	      (1ull << 40)
 
 static uint64_t mono_us(void)
 {
@@ -69,8 +72,10 @@ static int ckpts_open(const struct sv_env *e)
 	return fd < 0 ? -errno : fd;
 }
 
-/* cgroup v2 freezer: write, then wait (bounded) for "frozen 1"/"frozen 0". */
-static int set_frozen(const struct sv_env *e, bool frozen)
+/* cgroup v2 freezer: write, then wait (bounded) for "frozen 1"/"frozen 0". cancel (NULL: none)
+ * ends the wait with -ECANCELED: a task that takes long to reach a freezable point (one in
+ * uninterruptible I/O) must not hold a cancelled checkpoint for the whole bound. */
+static int set_frozen(const struct sv_env *e, bool frozen, const atomic_bool *cancel)
 {
 	char path[PATH_MAX], buf[256];
 	_cleanup_close_ int fd = -1;
@@ -97,7 +102,10 @@ static int set_frozen(const struct sv_env *e, bool frozen)
 			return 0;
 		if (now >= deadline)
 			return -ETIMEDOUT;
-		(void)poll(&(struct pollfd){.fd = fd, .events = POLLPRI}, 1, 50);
+		if (cancel && atomic_load_explicit(cancel, memory_order_relaxed))
+			return -ECANCELED;
+		(void)poll(&(struct pollfd){.fd = fd, .events = POLLPRI}, 1,
+			   cancel ? FREEZE_CANCEL_POLL_MS : 50);
 	}
 }
 
@@ -110,7 +118,7 @@ static bool cancelled(const struct env_ckpt_params *p)
  * waiting for the environment must not wait forever on a freezer that misbehaves. */
 static int thaw(const struct sv_env *e, const struct env_ckpt_params *p, bool *frozen)
 {
-	int r = set_frozen(e, false);
+	int r = set_frozen(e, false, NULL);
 
 	*frozen = false;
 	if (r < 0)
@@ -372,9 +380,10 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	t_freeze = mono_us();
 	/* Frozen from the write on: a freeze that timed out half-way is undone (and reported). */
 	frozen = true;
-	r = set_frozen(e, true);
+	r = set_frozen(e, true, p->cancel);
 	if (r < 0) {
-		log_debug_errno(r, "Failed to freeze %s: %m", e->cgroup);
+		if (r != -ECANCELED)
+			log_debug_errno(r, "Failed to freeze %s: %m", e->cgroup);
 		goto out;
 	}
 	nproc = env_count_procs(e);

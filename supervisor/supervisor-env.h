@@ -65,13 +65,14 @@ struct env_ckpt_params {
 	 * environment back when the bubble ends). NULL: not cancellable. Once *cancel is seen set
 	 * at a safe point env_checkpoint returns -ECANCELED with the environment thawed, the
 	 * partial checkpoint (ckpt/.tmp-*) removed and the head unchanged. Safe points: before
-	 * freezing, between files of the FS delta and between chunks of a large file's copy,
-	 * before the CRIU dump, and right after it (before the thaw; a cancel set after the thaw
-	 * is too late to matter: the checkpoint commits). A CRIU dump already running is not
-	 * interrupted: CRIU has no cancellation, and killing it while its parasite code runs in
-	 * the environment's tasks can kill them; its images are discarded when it returns. So a
-	 * cancel waits at most one FS entry or one ENV_FS_COPY_CHUNK (supervisor-env-fs.h) copy,
-	 * or the rest of a running dump. Read with relaxed ordering: it is a request, it guards no data. */
+	 * freezing (and while waiting for the freeze to complete), between files of the FS delta
+	 * and between chunks of a large file's copy, before the CRIU dump, and right after it
+	 * (before the thaw; a cancel set after the thaw is too late to matter: the checkpoint
+	 * commits). A CRIU dump already running is not interrupted: CRIU has no cancellation,
+	 * and killing it while its parasite code runs in the environment's tasks can kill them;
+	 * its images are discarded when it returns. So a cancel waits at most one FS entry or one
+	 * ENV_FS_COPY_CHUNK (supervisor-env-fs.h) copy, or the rest of a running dump. Read with
+	 * relaxed ordering: it is a request, it guards no data. */
 	const atomic_bool *cancel;
 	/* NULL or called (on the caller's thread, with userdata) the moment the environment runs
 	 * again: thawed after the dump (before the commit's syncfs and rename: the environment
