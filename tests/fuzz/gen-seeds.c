@@ -304,6 +304,22 @@ static void build_sessions(void)
 	ctl(&m, CTL_INJECT, 0, CTL_ACT_HANG);
 	session_add(s, &m);
 
+	/* A framework's step events, then belayerctl traj: all, and one trajectory. */
+	s = session_new("valid-traj");
+	(void)proto_sample(sample_index("traj-step-end"), 0, &m);
+	session_add(s, &m);
+	(void)proto_sample(sample_index("traj-step-begin"), 0, &m);
+	session_add(s, &m);
+	(void)proto_sample(sample_index("traj-step-end"), 0, &m);
+	session_add(s, &m);
+	(void)proto_sample(sample_index("traj-list"), 0, &m);
+	m.traj_list.trajectory[0] = 0;
+	session_add(s, &m);
+	(void)proto_sample(sample_index("traj-list"), 0, &m);
+	session_add(s, &m);
+	(void)proto_sample(sample_index("traj-info"), 0, &m);
+	session_add(s, &m); /* a reply sent as a request */
+
 	/* Requests before hello, and hello twice. */
 	s = session_new("valid-out-of-order");
 	(void)proto_sample(sample_index("region-release"), 0, &m);
