@@ -3,9 +3,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -18,6 +20,8 @@
 #include "supervisor-envtrace.h"
 #include "supervisor-offload.h"
 #include "supervisor-sidelog.h"
+#include "supervisor-traj-ctl.h"
+#include "supervisor-traj.h"
 
 /* Paths and ids are copied into the protocol's 255-byte strings and PATH_MAX buffers: a longer
  * one is cut in a reply (never used to open anything); env_prepare() bounds the others. */
@@ -33,6 +37,9 @@ struct env_slot {
 	char cgroup[PATH_MAX], root[PATH_MAX];
 	uint32_t trace_id;
 	struct sv_dirty *dirty;
+	/* The dirty set asked for a full diff by the end of the last checkpoint, with no path:
+	 * CRIU's parasite (a shared writable mapping in the dumped tasks), not the environment. */
+	bool full_diff_of_dump;
 	struct sv_sidelog *log;
 	char log_path[PATH_MAX];
 	uint64_t followers[MAX_FOLLOWERS]; /* client serials of `env log --follow` */
@@ -65,6 +72,10 @@ struct env_job {
 	char full_reason[ENV_STR_MAX + 1];
 	bool traced;
 	uint64_t us;
+	/* Checkpoints: the policy's handle (NULL: a client's request), the job's start and the
+	 * thaw on the offload thread's clock (thaw 0: never froze). */
+	struct envs_policy_ckpt *policy;
+	uint64_t run_start_us, thaw_at_us;
 };
 
 static uint64_t mono_us(void)
@@ -98,6 +109,7 @@ static void slot_unwatch(struct sv_envs *es, struct env_slot *sl)
 	sl->trace_id = 0;
 	dirty_destroy(sl->dirty);
 	sl->dirty = NULL;
+	sl->full_diff_of_dump = false;
 	sidelog_close(sl->log);
 	sl->log = NULL;
 }
@@ -401,6 +413,20 @@ static void job_free(struct sv_job *jb)
 	free(j);
 }
 
+/* Offload thread, from env_checkpoint: the environment runs again. */
+static void job_thawed(void *userdata)
+{
+	struct env_job *j = userdata;
+
+	j->thaw_at_us = mono_us();
+	if (!j->policy)
+		return;
+	j->policy->thaw_us = j->thaw_at_us - j->run_start_us;
+	atomic_store(&j->policy->thawed, true);
+	if (j->policy->on_thawed)
+		j->policy->on_thawed(j->policy);
+}
+
 /* Offload thread: the slot's env is the job's alone while busy. */
 static void job_run(struct supervisor *s, struct sv_job *jb)
 {
@@ -409,6 +435,14 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 	uint64_t t0 = mono_us();
 
 	(void)s;
+	j->run_start_us = t0;
+	if (j->policy) {
+		/* Paired with the fence in the canceller (supervisor-traj-ctl.c): either it sees
+		 * the job started (and waits for the thaw or the end), or env_checkpoint's first
+		 * look at cancel, before freezing, sees it set. */
+		atomic_store(&j->policy->started, true);
+		atomic_thread_fence(memory_order_seq_cst);
+	}
 	switch (j->q.op) {
 	case ENV_OP_CREATE:
 		j->r = env_create(&j->p, &j->created);
@@ -425,6 +459,8 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 			.force = j->traced ? job_force : NULL,
 			.userdata = j,
 			.full_diff_reason = j->full_reason[0] ? j->full_reason : NULL,
+			.cancel = j->policy ? &j->policy->cancel : NULL,
+			.thawed = job_thawed,
 		};
 
 		j->r = env_checkpoint(e, &cp, &j->m);
@@ -449,6 +485,37 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 	j->us = mono_us() - t0;
 }
 
+/* A checkpoint that did not commit: what its snapshot took out of the dirty set is dirty
+ * still (the policy must not see the environment clean). Subtrees for all: false positives
+ * are allowed, false negatives are not. */
+static void dirty_restore(struct env_slot *sl, const struct env_job *j)
+{
+	if (!j->traced || !sl->dirty)
+		return;
+	for (size_t i = 0; i < j->n_dirty; i++)
+		if (dirty_add(sl->dirty, j->dirty_paths[i]) < 0)
+			dirty_require_full_diff(sl->dirty, "out of memory");
+	if (j->full_reason[0])
+		dirty_require_full_diff(sl->dirty, j->full_reason);
+}
+
+/* A checkpoint's end, for the trajectory tracker: the policy's own (completed or not), or a
+ * client's that named a trajectory and completed. */
+static void job_report_checkpoint(struct supervisor *s, struct env_job *j)
+{
+	struct envs_ckpt_result res = {
+		.r = j->r,
+		.m = j->have_manifest ? &j->m : NULL,
+		.run_us = j->us,
+		.thaw_us = j->thaw_at_us ? j->thaw_at_us - j->run_start_us : 0,
+	};
+
+	if (j->policy)
+		j->policy->on_done(s, j->policy, &res);
+	else if (j->r >= 0 && j->have_manifest && j->q.trajectory[0])
+		traj_ctl_env_checkpointed(s, j->q.env, j->q.trajectory, &res);
+}
+
 static void job_done(struct supervisor *s, struct sv_job *jb)
 {
 	struct env_job *j = (struct env_job *)jb;
@@ -457,6 +524,13 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 	struct proto_msg m;
 
 	sl->busy = false;
+	if (j->q.op == ENV_OP_CHECKPOINT && j->r >= 0 && sl->dirty) {
+		envs_drain(s);
+		sl->full_diff_of_dump =
+			dirty_needs_full_diff(sl->dirty, NULL) && dirty_count(sl->dirty) == 0;
+	}
+	if (j->q.op == ENV_OP_CHECKPOINT)
+		job_report_checkpoint(s, j);
 	if (j->created) {
 		sl->env = j->created;
 		snprintf(sl->root, sizeof(sl->root), "%s", sl->env->root);
@@ -467,12 +541,18 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 	if (j->r < 0) {
 		if (!sl->env && (j->q.op == ENV_OP_CREATE || j->q.op == ENV_OP_ADOPT))
 			slot_remove(s->envs, sl);
+		if (j->q.op == ENV_OP_CHECKPOINT)
+			dirty_restore(sl, j);
 		if (c)
 			(void)client_send_error(s, c, -j->r, PROTO_ENV_REQUEST,
 						"env %s %s failed: %s", j->q.env,
 						env_op_to_string(j->q.op), strerror(-j->r));
-		log_warning_errno(j->r, "Environment %s: %s failed: %m", j->q.env,
-				  env_op_to_string(j->q.op));
+		if (j->r == -ECANCELED)
+			log_info("Environment %s: %s aborted after %" PRIu64 " ms (thawed).",
+				 j->q.env, env_op_to_string(j->q.op), j->us / 1000);
+		else
+			log_warning_errno(j->r, "Environment %s: %s failed: %m", j->q.env,
+					  env_op_to_string(j->q.op));
 		return;
 	}
 	switch (j->q.op) {
@@ -512,7 +592,7 @@ static struct env_job *job_new(struct supervisor *s, struct sv_client *c, struct
 	j->job.run = job_run;
 	j->job.done = job_done;
 	j->job.free = job_free;
-	j->client = c->serial;
+	j->client = c ? c->serial : 0; /* 0: the policy's, nobody to answer */
 	j->slot = sl;
 	j->q = *q;
 	snprintf(j->state_dir, sizeof(j->state_dir), "%s", s->config.state_dir);
@@ -567,6 +647,7 @@ static int snapshot_dirty(struct supervisor *s, struct env_slot *sl, struct env_
 	qsort(j->dirty_paths, j->n_dirty, sizeof(*j->dirty_paths), cmp_str_ptr);
 	j->traced = true;
 	dirty_reset(sl->dirty);
+	sl->full_diff_of_dump = false;
 	(void)dirty_rescan_writers(sl->dirty, sl->cgroup, sl->root[0] ? sl->root : NULL);
 	return 0;
 }
@@ -808,6 +889,133 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 	if (!j)
 		return client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory");
 	if (q->op == ENV_OP_CHECKPOINT && snapshot_dirty(s, sl, j) < 0)
+		j->traced = false; /* metadata comparison alone still catches every change */
+	offload_submit(s, &j->job);
+	return 0;
+}
+
+/* --- the checkpoint policy's side -------------------------------------------------------- */
+
+/* Entries a view walks at most below dirty directories: the view is taken on the loop thread
+ * at every step end, and the byte count is a cost estimate, not a copy. */
+#define VIEW_WALK_MAX 4096
+
+/* Bytes of regular files at path (and below it when subtree) in the upper layer. */
+static uint64_t upper_bytes(int at, const char *name, bool subtree, unsigned *budget)
+{
+	struct stat st;
+	uint64_t sum = 0;
+	struct dirent *de;
+	DIR *d;
+	int fd;
+
+	if (*budget == 0 || fstatat(at, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return 0;
+	(*budget)--;
+	if (S_ISREG(st.st_mode))
+		return (uint64_t)st.st_size;
+	if (!S_ISDIR(st.st_mode) || !subtree)
+		return 0;
+	fd = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	d = fd >= 0 ? fdopendir(fd) : NULL;
+	if (!d) {
+		if (fd >= 0)
+			(void)close(fd);
+		return 0;
+	}
+	while (*budget > 0 && (de = readdir(d)))
+		if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0)
+			sum += upper_bytes(dirfd(d), de->d_name, true, budget);
+	closedir(d);
+	return sum;
+}
+
+/* What CRIU dumps of the cgroup's memory: anonymous and shared memory (memory.current also
+ * counts the page cache of the files the environment wrote, which the FS delta copies). */
+static uint64_t cgroup_mem_bytes(const char *cgroup)
+{
+	char path[PATH_MAX], key[64];
+	unsigned long long v, sum = 0;
+	bool found = false;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/memory.stat", cgroup);
+	f = fopen(path, "re");
+	if (f) {
+		while (fscanf(f, "%63s %llu", key, &v) == 2)
+			if (strcmp(key, "anon") == 0 || strcmp(key, "shmem") == 0) {
+				sum += v;
+				found = true;
+			}
+		fclose(f);
+		if (found)
+			return sum;
+	}
+	snprintf(path, sizeof(path), "%s/memory.current", cgroup);
+	f = fopen(path, "re");
+	if (!f)
+		return 0;
+	if (fscanf(f, "%llu", &v) != 1)
+		v = 0;
+	fclose(f);
+	return v;
+}
+
+int envs_view(struct supervisor *s, const char *id, struct traj_env_view *ret)
+{
+	struct env_slot *sl = slot_find(s->envs, id);
+	struct dirty_item *items = NULL;
+	unsigned budget = VIEW_WALK_MAX;
+	size_t n = 0;
+	int upper;
+
+	if (!sl || !sl->env)
+		return -ENOENT;
+	*ret = (struct traj_env_view){.mem_bytes = cgroup_mem_bytes(sl->cgroup)};
+	envs_drain(s);
+	if (!sl->dirty || !s->envs->et || !sl->env->head[0]) {
+		/* No tracer: nothing says it is clean. Never checkpointed: all of it is new. */
+		ret->dirty = true;
+		return 0;
+	}
+	if (dirty_list(sl->dirty, &items, &n) < 0) {
+		ret->dirty = true;
+		return 0;
+	}
+	/* A full diff with nothing named since the dump: the dump's own (see full_diff_of_dump);
+	 * any other (io_uring, lost records, a mapping made since) may hide a change. */
+	ret->dirty = n > 0 || (dirty_needs_full_diff(sl->dirty, NULL) && !sl->full_diff_of_dump);
+	upper = open(sl->env->upper, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	for (size_t i = 0; upper >= 0 && i < n; i++) {
+		const char *rel = items[i].path + strspn(items[i].path, "/");
+
+		ret->dirty_bytes +=
+			upper_bytes(upper, rel[0] ? rel : ".", items[i].subtree, &budget);
+	}
+	if (upper >= 0)
+		(void)close(upper);
+	free(items);
+	return 0;
+}
+
+int envs_policy_checkpoint(struct supervisor *s, const char *id, const char *trajectory,
+			   uint64_t turn, struct envs_policy_ckpt *pc)
+{
+	struct proto_env_request q = {.op = ENV_OP_CHECKPOINT, .turn = turn};
+	struct env_slot *sl = slot_find(s->envs, id);
+	struct env_job *j;
+
+	if (!sl || !sl->env)
+		return -ENOENT;
+	if (sl->busy)
+		return -EBUSY;
+	snprintf(q.env, sizeof(q.env), "%s", id);
+	snprintf(q.trajectory, sizeof(q.trajectory), "%s", trajectory);
+	j = job_new(s, NULL, sl, &q);
+	if (!j)
+		return -ENOMEM;
+	j->policy = pc;
+	if (snapshot_dirty(s, sl, j) < 0)
 		j->traced = false; /* metadata comparison alone still catches every change */
 	offload_submit(s, &j->job);
 	return 0;

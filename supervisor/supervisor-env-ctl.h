@@ -14,9 +14,15 @@
  */
 #pragma once
 
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
 #include "supervisor.h"
 
 struct sv_envs;
+struct env_manifest;
+struct traj_env_view;
 
 /* At start, on the loop thread: takes back the environments of an earlier run. The tracer is
  * loaded ([env] trace) at start with [env] trace_preload, else at the first environment:
@@ -29,3 +35,39 @@ void envs_drain(struct supervisor *s);
 void envs_stop(struct supervisor *s);
 
 int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_env_request *q);
+
+/* --- the checkpoint policy's side (issue 11; supervisor-traj-ctl.h) ---------------------- */
+
+/* The policy's view of environment id at a step end: dirty (its dirty set is not empty, or it
+ * was never checkpointed, or it is not traced), the bytes of its dirty paths in the upper
+ * layer, and its memory (what CRIU dumps: the cgroup's anon + shmem, memory.current when
+ * memory.stat is unreadable). Drains the tracer first. -ENOENT: not an environment the
+ * supervisor manages (unknown, or a watch only). */
+int envs_view(struct supervisor *s, const char *id, struct traj_env_view *ret);
+
+/* How a policy checkpoint ended (loop thread). */
+struct envs_ckpt_result {
+	int r;			      /* 0, -ECANCELED (aborted), or the failure */
+	const struct env_manifest *m; /* the committed checkpoint's manifest; NULL unless r == 0 */
+	uint64_t run_us;	      /* from the job's start to its end */
+	uint64_t thaw_us;	      /* from the job's start to the thaw (0: never froze) */
+};
+
+/* A checkpoint the policy asked for: the caller's, alive until done() is called. */
+struct envs_policy_ckpt {
+	atomic_bool cancel;  /* set by the caller: stop at the next safe point (supervisor-env.h) */
+	atomic_bool started; /* set by the offload thread as the job begins */
+	atomic_bool thawed;  /* set by the offload thread once the environment runs again */
+	uint64_t thaw_us;    /* job start to thaw; valid once thawed reads true */
+	/* Offload thread, right after thawed is set: wake the loop. */
+	void (*on_thawed)(struct envs_policy_ckpt *pc);
+	/* Loop thread, once, when the job is over (completed, aborted, failed). */
+	void (*on_done)(struct supervisor *s, struct envs_policy_ckpt *pc,
+			const struct envs_ckpt_result *res);
+};
+
+/* Runs a checkpoint of environment id for trajectory, turn as the environment's job (the same
+ * job a framework's `env checkpoint` runs, with the dirty set snapshot), cancellable through
+ * pc. -ENOENT (not managed), -EBUSY (another job of that environment runs), -ENOMEM. */
+int envs_policy_checkpoint(struct supervisor *s, const char *id, const char *trajectory,
+			   uint64_t turn, struct envs_policy_ckpt *pc);

@@ -31,6 +31,12 @@ static const char *const recovery_names[_RECOVERY_MAX] = {
 	[RECOVERY_FAILED] = "failed",
 };
 
+static const char *const policy_ckpt_names[_POLICY_CKPT_MAX] = {
+	[POLICY_CKPT_COMPLETED] = "completed",
+	[POLICY_CKPT_ABORTED] = "aborted",
+	[POLICY_CKPT_FAILED] = "failed",
+};
+
 static const char *const expire_names[_EXPIRE_MAX] = {
 	[EXPIRE_TIMEOUT] = "timeout",
 	[EXPIRE_BUDGET] = "budget",
@@ -203,6 +209,22 @@ static size_t collect(struct supervisor *s, struct proto_msg *out, size_t max)
 	add(&col, "belayer_weights_checksums_total", METRIC_COUNTER, m->live_checksums,
 	    "Weights checksums recorded while their owner lived (what promotion compares).", "%s",
 	    "");
+	add(&col, "belayer_policy_checkpoints_started_total", METRIC_COUNTER,
+	    m->policy_ckpts_started, "Environment checkpoints the policy started at step ends.",
+	    "%s", "");
+	for (int o = 0; o < _POLICY_CKPT_MAX; o++)
+		add(&col, "belayer_policy_checkpoints_total", METRIC_COUNTER, m->policy_ckpts[o],
+		    "Environment checkpoints the policy started, by outcome.", "outcome=\"%s\"",
+		    policy_ckpt_names[o]);
+	add(&col, "belayer_policy_holds_total", METRIC_COUNTER, m->policy_holds,
+	    "Step-begin replies held while the environment's checkpoint ran.", "%s", "");
+	add(&col, "belayer_policy_held_microseconds_total", METRIC_COUNTER, m->policy_held_us,
+	    "Time step-begin replies were held, in total.", "%s", "");
+	add(&col, "belayer_policy_holds_past_bound_total", METRIC_COUNTER,
+	    m->policy_holds_past_bound,
+	    "Held replies released more than 10 ms past [policy] max_delay (a CRIU dump running "
+	    "at the bound is not interrupted).",
+	    "%s", "");
 	add(&col, "belayer_journal_bytes", METRIC_GAUGE, journal_size(s->journal),
 	    "Size of the journal.", "%s", "");
 	add(&col, "belayer_uptime_seconds", METRIC_GAUGE, (now_ms() - s->start_ms) / 1000,

@@ -39,6 +39,14 @@ enum expire_reason {
 	_EXPIRE_MAX,
 };
 
+/* How a checkpoint the policy started ended (issue 11). */
+enum policy_ckpt_outcome {
+	POLICY_CKPT_COMPLETED,
+	POLICY_CKPT_ABORTED, /* cancelled at a step-begin's delay bound */
+	POLICY_CKPT_FAILED,
+	_POLICY_CKPT_MAX,
+};
+
 struct sv_metrics {
 	uint64_t connections_total;
 	uint64_t rejected[_REJECT_MAX];
@@ -54,6 +62,12 @@ struct sv_metrics {
 	uint64_t injections;
 	uint64_t offload_jobs;
 	uint64_t live_checksums; /* weights checksums recorded while their owner lived */
+	/* The checkpoint policy (supervisor-traj-ctl.c). */
+	uint64_t policy_ckpts_started;
+	uint64_t policy_ckpts[_POLICY_CKPT_MAX];
+	uint64_t policy_holds;		  /* step-begin replies held for a running checkpoint */
+	uint64_t policy_held_us;	  /* their waits, in total */
+	uint64_t policy_holds_past_bound; /* released well past max_delay (a running dump) */
 };
 
 const char *reject_reason_to_string(enum reject_reason r);

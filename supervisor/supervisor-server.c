@@ -166,11 +166,47 @@ static int watch_envtrace(struct supervisor *s, int fd)
 	return 0;
 }
 
+/* Modules' fds on the loop (sv_hooks.watch_fd), freed at exit before the modules close them. */
+#define MAX_WATCHED_FDS 4
+static struct event *ev_watched[MAX_WATCHED_FDS];
+static void (*watched_cb[MAX_WATCHED_FDS])(struct supervisor *s);
+
+static void on_watched(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	watched_cb[(uintptr_t)arg](the);
+	sweep(the);
+}
+
+static int watch_fd(struct supervisor *s, int fd, void (*cb)(struct supervisor *s))
+{
+	uintptr_t i;
+
+	(void)s;
+	for (i = 0; i < MAX_WATCHED_FDS && ev_watched[i]; i++)
+		;
+	if (i == MAX_WATCHED_FDS)
+		return -ENOSPC;
+	ev_watched[i] = event_new(base, fd, EV_READ | EV_PERSIST, on_watched, (void *)i);
+	if (!ev_watched[i] || event_add(ev_watched[i], NULL) < 0) {
+		if (ev_watched[i])
+			event_free(ev_watched[i]);
+		ev_watched[i] = NULL;
+		return -ENOMEM;
+	}
+	watched_cb[i] = cb;
+	return 0;
+}
+
 static const struct sv_hooks hooks = {
 	.want_write = want_write,
 	.watch_worker = watch_worker,
 	.unwatch_worker = unwatch_worker,
 	.env_request = envs_dispatch,
+	.watch_fd = watch_fd,
+	.env_view = envs_view,
+	.env_policy_checkpoint = envs_policy_checkpoint,
 };
 
 static void on_accept(evutil_socket_t fd, short what, void *arg)
@@ -542,6 +578,10 @@ out:
 	if (ev_et_timer)
 		event_free(ev_et_timer);
 	ev_et = ev_et_timer = NULL;
+	for (size_t i = 0; i < MAX_WATCHED_FDS; i++)
+		if (ev_watched[i])
+			event_free(ev_watched[i]);
+	memset(ev_watched, 0, sizeof(ev_watched));
 	envs_stop(s);
 	if (http)
 		evhttp_free(http);

@@ -22,6 +22,9 @@ struct health_gpu;
 struct sv_engines;
 struct sv_envs;
 struct traj_tracker;
+struct sv_traj_ctl;
+struct traj_env_view;
+struct envs_policy_ckpt;
 struct gateway_trajs;
 
 struct sv_packet {
@@ -55,6 +58,15 @@ struct sv_hooks {
 	/* PROTO_ENV_REQUEST (supervisor-env-ctl.h): served by the daemon only. */
 	int (*env_request)(struct supervisor *s, struct sv_client *c,
 			   const struct proto_env_request *q);
+	/* Call cb(s) on the loop whenever fd is readable (cb reads it), until the loop ends; the
+	 * module closes fd after that (supervisor-traj-ctl.c: wakeups from the offload thread, a
+	 * timerfd). */
+	int (*watch_fd)(struct supervisor *s, int fd, void (*cb)(struct supervisor *s));
+	/* The checkpoint policy's view of an environment and its checkpoints (envs_view,
+	 * envs_policy_checkpoint of supervisor-env-ctl.h): served by the daemon only. */
+	int (*env_view)(struct supervisor *s, const char *id, struct traj_env_view *ret);
+	int (*env_policy_checkpoint)(struct supervisor *s, const char *id, const char *trajectory,
+				     uint64_t turn, struct envs_policy_ckpt *pc);
 };
 
 struct sv_event_ring {
@@ -79,9 +91,10 @@ struct supervisor {
 	/* The latest periodic GPU verdict (the worst device's). */
 	enum health_verdict gpu_verdict;
 	char gpu_message[PROTO_MAX_STR + 1];
-	struct sv_engines *engines; /* configured engines (supervisor-engines.h); NULL: none */
-	struct sv_envs *envs;	    /* agent environments (supervisor-env-ctl.h); NULL: none */
-	struct traj_tracker *trajs; /* step events (supervisor-traj-ctl.h); NULL: none yet */
+	struct sv_engines *engines;   /* configured engines (supervisor-engines.h); NULL: none */
+	struct sv_envs *envs;	      /* agent environments (supervisor-env-ctl.h); NULL: none */
+	struct traj_tracker *trajs;   /* step events (supervisor-traj-ctl.h); NULL: none yet */
+	struct sv_traj_ctl *traj_ctl; /* the policy's checkpoints, held replies; NULL: none yet */
 	/* tagged requests (supervisor-gateway-traj.h); NULL: no gateway */
 	struct gateway_trajs *gw_trajs;
 };
