@@ -29,6 +29,8 @@ static const struct subcommand subcommands[] = {
 	 "NCCL rank killed/stopped mid-run: detection and time to serving; counters' cost"},
 	{"env-recovery", bench_env_recovery,
 	 "environment recovery: full checkpoint/restore vs rebuild + replay"},
+	{"policy", bench_policy,
+	 "checkpoint policies never / every-turn / adaptive: slowdown, hidden, work lost"},
 };
 
 uint64_t bench_now_ns(void)

@@ -1,0 +1,545 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * belayer-bench policy: one rollout. Every trajectory is a thread with its own connection to
+ * the supervisor: step-end (PROTO_TRAJ_STEP) -> a real streaming generation through the
+ * supervisor's gateway (header X-Belayer-Trajectory) -> step-begin (PROTO_TRAJ_STEP; the
+ * reply may be held while the policy's checkpoint runs) -> the action, a real command inside
+ * the trajectory's environment. A trajectory with a failure planned has its environment's
+ * cgroup killed at that time (a timer thread), and then recovers the way a framework would:
+ * restore the environment's latest checkpoint (rebuild from the base when there is none) and
+ * carry on from the restored turn.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench-policy.h"
+#include "bench.h"
+#include "engine-client.h"
+#include "envckpt-fixture.h"
+#include "log.h"
+#include "util.h"
+
+#define SV_WAIT_MS   120000 /* every-turn holds a step-begin for a whole checkpoint */
+#define GEN_WAIT_MS  120000
+#define BUSY_WAIT_MS 60000
+
+uint64_t pol_now_us(const struct pol_rollout *ro)
+{
+	return (bench_now_ns() - ro->t0_ns) / 1000;
+}
+
+int pol_connect(const char *socket_path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd;
+
+	if (strlen(socket_path) >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	memcpy(sa.sun_path, socket_path, strlen(socket_path));
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int r = -errno;
+
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+static int recv_wait(int fd, struct proto_msg *m, int timeout_ms)
+{
+	struct pollfd pfd = {.fd = fd, .events = POLLIN};
+	int r;
+
+	do
+		r = poll(&pfd, 1, timeout_ms);
+	while (r < 0 && errno == EINTR);
+	if (r < 0)
+		return -errno;
+	if (r == 0)
+		return -ETIMEDOUT;
+	return proto_recv(fd, m, 0);
+}
+
+int pol_env_request(int fd, const struct proto_env_request *q, struct proto_env_info *ret)
+{
+	struct proto_msg m = {.type = PROTO_ENV_REQUEST};
+	bool got = false;
+	int r;
+
+	m.env_request = *q;
+	r = proto_send(fd, &m, 0);
+	if (r < 0)
+		return r;
+	for (;;) {
+		r = recv_wait(fd, &m, SV_WAIT_MS);
+		if (r < 0)
+			return r;
+		if (m.type == PROTO_ERROR) {
+			r = -abs(m.error.code ? m.error.code : EIO);
+			log_debug("env %s %s: %s", env_op_to_string(q->op), q->env,
+				  m.error.message);
+			proto_msg_finish(&m);
+			return r;
+		}
+		if (m.type == PROTO_ENV_INFO && !got && ret) {
+			*ret = m.env_info;
+			got = true;
+		}
+		proto_msg_finish(&m);
+		if (m.type == PROTO_END)
+			return 0;
+	}
+}
+
+/* An environment request retried while the environment is busy (a checkpoint job). */
+static int env_request_retry(int fd, const struct proto_env_request *q, struct proto_env_info *ret)
+{
+	uint64_t end = bench_now_ns() + (uint64_t)BUSY_WAIT_MS * 1000000u;
+	int r;
+
+	while ((r = pol_env_request(fd, q, ret)) == -EBUSY && bench_now_ns() < end)
+		(void)poll(NULL, 0, 5);
+	return r;
+}
+
+int pol_env_create(int fd, const char *base, struct pol_traj *t)
+{
+	struct proto_env_request q = {.op = ENV_OP_CREATE};
+	char port[16], ans[128];
+	int r;
+
+	snprintf(q.env, sizeof(q.env), "%s", t->env);
+	snprintf(q.root, sizeof(q.root), "%s", base);
+	snprintf(q.cmd, sizeof(q.cmd), "cd /work; /work/server %u & exec sleep infinity",
+		 (unsigned)t->srv_port);
+	r = pol_env_request(fd, &q, NULL);
+	if (r < 0)
+		return log_error_errno(r, "Failed to create environment %s: %m", q.env);
+	r = pol_env_refresh(fd, t);
+	if (r < 0)
+		return log_error_errno(r, "Environment %s has no process: %m", q.env);
+	/* Ready once its server answers. */
+	snprintf(port, sizeof(port), "%u", (unsigned)t->srv_port);
+	r = fixture_ask(port, "get", ans, sizeof(ans), 30000);
+	if (r < 0)
+		return log_error_errno(r, "The server of %s does not answer: %m", q.env);
+	return 0;
+}
+
+int pol_env_refresh(int fd, struct pol_traj *t)
+{
+	struct proto_msg m = {.type = PROTO_ENV_REQUEST};
+	bool found = false;
+	int r;
+
+	m.env_request.op = ENV_OP_LIST;
+	r = proto_send(fd, &m, 0);
+	if (r < 0)
+		return r;
+	for (;;) {
+		r = recv_wait(fd, &m, SV_WAIT_MS);
+		if (r < 0)
+			return r;
+		if (m.type == PROTO_ERROR)
+			return -abs(m.error.code ? m.error.code : EIO);
+		if (m.type == PROTO_ENV_INFO && strcmp(m.env_info.env, t->env) == 0) {
+			t->pid = m.env_info.pid;
+			snprintf(t->root, sizeof(t->root), "%s", m.env_info.root);
+			snprintf(t->cgroup, sizeof(t->cgroup), "%s", m.env_info.cgroup);
+			found = true;
+		}
+		if (m.type == PROTO_END)
+			return found && t->pid > 0 ? 0 : -ESRCH;
+	}
+}
+
+static int step(int fd, struct pol_traj *t, enum traj_event ev, uint64_t turn, uint64_t plen,
+		uint64_t mtps, uint64_t out, struct proto_traj_decision *ret)
+{
+	struct proto_msg m = {.type = PROTO_TRAJ_STEP};
+	int r;
+
+	m.traj_step.ev = ev;
+	snprintf(m.traj_step.trajectory, sizeof(m.traj_step.trajectory), "%s", t->id);
+	snprintf(m.traj_step.env, sizeof(m.traj_step.env), "%s", t->env);
+	m.traj_step.turn = turn;
+	m.traj_step.prompt_tokens = plen;
+	m.traj_step.decode_mtps = mtps;
+	m.traj_step.output_tokens = out;
+	r = proto_send(fd, &m, 0);
+	if (r < 0)
+		return r;
+	r = recv_wait(fd, &m, SV_WAIT_MS);
+	if (r < 0)
+		return r;
+	if (m.type == PROTO_ERROR)
+		return log_error_errno(EPROTO, "%s: step %s refused: %s", t->id,
+				       traj_event_to_string(ev), m.error.message);
+	if (m.type != PROTO_TRAJ_DECISION)
+		return log_error_errno(EPROTO, "%s: step answered with %s", t->id,
+				       proto_type_to_string(m.type));
+	*ret = m.traj_decision;
+	return 0;
+}
+
+/* A streaming /generate of exactly `tokens` new tokens through the gateway, tagged with the
+ * trajectory. Returns the tokens streamed, or -errno. */
+static int64_t generate(const struct pol_rollout *ro, const struct pol_traj *t, unsigned plen,
+			unsigned tokens, unsigned turn)
+{
+	char head[512], *body, buf[16384];
+	size_t cap = (size_t)plen * 8 + 256, o;
+	int64_t n = 0;
+	bool done = false;
+	int fd;
+
+	body = malloc(cap);
+	if (!body)
+		return -ENOMEM;
+	o = (size_t)snprintf(body, cap, "{\"input_ids\":[");
+	for (unsigned k = 0; k < plen; k++)
+		o += (size_t)snprintf(body + o, cap - o, "%s%u", k ? "," : "",
+				      (t->idx * 7919u + turn * 31u + k * 104729u) % 500u + 1);
+	snprintf(body + o, cap - o,
+		 "],\"sampling_params\":{\"max_new_tokens\":%u,\"temperature\":0},"
+		 "\"stream\":true}",
+		 tokens);
+	fd = client_connect(ro->gateway);
+	if (fd < 0) {
+		free(body);
+		return fd;
+	}
+	snprintf(head, sizeof(head),
+		 "POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+		 "X-Belayer-Trajectory: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+		 t->id, strlen(body));
+	if (send(fd, head, strlen(head), MSG_NOSIGNAL) < 0 ||
+	    send(fd, body, strlen(body), MSG_NOSIGNAL) < 0) {
+		free(body);
+		close(fd);
+		return -EIO;
+	}
+	free(body);
+	for (;;) {
+		struct pollfd pfd = {.fd = fd, .events = POLLIN};
+		ssize_t k;
+
+		if (poll(&pfd, 1, GEN_WAIT_MS) <= 0) {
+			close(fd);
+			return -ETIMEDOUT;
+		}
+		k = recv(fd, buf, sizeof(buf) - 1, 0);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			break;
+		buf[k] = 0;
+		/* Events are small and arrive whole in practice; count their starts. */
+		for (char *p = buf; (p = strstr(p, "data: ")); p += 6) {
+			if (strncmp(p + 6, "[DONE]", 6) == 0)
+				done = true;
+			else
+				n++;
+		}
+	}
+	close(fd);
+	return done ? n : -EPROTO;
+}
+
+/* Runs `sh -c cmd` inside the environment (its cgroup and namespaces). */
+static int env_run(const struct pol_traj *t, const char *cmd)
+{
+	char line[8192];
+
+	snprintf(line, sizeof(line),
+		 "echo $$ >%s/cgroup.procs && exec nsenter -t %u -m -p -u -i -r -w sh -ec \"%s\" "
+		 "</dev/null >/dev/null 2>&1",
+		 t->cgroup, t->pid, cmd);
+	return system(line) == 0 ? 0 : -EIO;
+}
+
+/* Action k: files written as drawn, the turn recorded in /work/turn and in the server. */
+static int act(const struct pol_traj *t, unsigned k)
+{
+	char cmd[1024], req[64], ans[128], port[16];
+	int r;
+
+	switch (t->act[k]) {
+	case ACT_READ:
+		snprintf(cmd, sizeof(cmd),
+			 "cat /work/turn /work/notes.txt >/dev/null 2>&1 || true; ls -l /work "
+			 ">/dev/null; wc -c /work/data/* >/dev/null 2>&1 || true");
+		return env_run(t, cmd);
+	case ACT_EDIT:
+		snprintf(cmd, sizeof(cmd),
+			 "mkdir -p /work/data; seq %u %u >>/work/notes.txt; sed -i "
+			 "'s/^%u$/edited-%u/' /work/notes.txt; echo %u >/work/turn",
+			 k * 1000, k * 1000 + t->act_bytes[k] / 8, k * 1000 + 1, k, k);
+		break;
+	case ACT_WRITE:
+		snprintf(
+			cmd, sizeof(cmd),
+			"mkdir -p /work/data; head -c %u /dev/urandom >/work/data/t%u.bin; echo %u "
+			">/work/turn",
+			t->act_bytes[k], k, k);
+		break;
+	}
+	r = env_run(t, cmd);
+	if (r < 0)
+		return r;
+	snprintf(req, sizeof(req), "set turn-%u", k);
+	snprintf(port, sizeof(port), "%u", (unsigned)t->srv_port);
+	return fixture_ask(port, req, ans, sizeof(ans), 30000);
+}
+
+/* The last turn whose state a completed checkpoint holds, as the decisions tell: the
+ * step-begin of turn k+1 reports ("ckpt") the checkpoint of the state after action k,
+ * complete "ckus" after that step-end. */
+static unsigned protected_turn(const struct pol_traj *t, unsigned upto, uint64_t at_us)
+{
+	unsigned best = 0;
+
+	for (unsigned g = 1; g <= upto; g++) {
+		const struct pol_turn *u = &t->turn[g];
+
+		if (u->t_begin && u->ckpt[0] && !u->aborted && u->t_end + u->ckpt_us <= at_us)
+			best = g - 1;
+	}
+	return best;
+}
+
+static void *killer(void *arg)
+{
+	struct {
+		const struct pol_rollout *ro;
+		struct pol_traj *t;
+	} *k = arg;
+	char path[4200];
+	int64_t wait_us = (int64_t)k->t->fail_at_us - (int64_t)pol_now_us(k->ro);
+	int fd;
+
+	if (wait_us > 0) {
+		struct timespec ts = {.tv_sec = wait_us / 1000000,
+				      .tv_nsec = (wait_us % 1000000) * 1000};
+
+		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+			;
+	}
+	if (k->t->t_done)
+		return NULL;
+	k->t->fail.at_us = pol_now_us(k->ro);
+	/* Flagged first: an action the kill breaks must know why it failed. */
+	atomic_store(&k->t->killed, true);
+	snprintf(path, sizeof(path), "%s/cgroup.kill", k->t->cgroup);
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		(void)!write(fd, "1", 1);
+		close(fd);
+	}
+	return NULL;
+}
+
+/* After the environment was killed: restore its latest checkpoint (or rebuild it), check
+ * what came back, and say where the trajectory carries on. */
+static int recover(struct pol_rollout *ro, int fd, struct pol_traj *t, unsigned at_gen,
+		   unsigned *ret_next)
+{
+	struct proto_env_request q = {.op = ENV_OP_RESTORE};
+	struct proto_env_info info = {0};
+	struct pol_failure *f = &t->fail;
+	char path[4300], buf[32] = "", ans[128], want[64], port[16];
+	uint64_t s0 = pol_now_us(ro);
+	FILE *fp;
+	int r;
+
+	f->computed_turn = protected_turn(t, at_gen, f->at_us);
+	f->computed_lost_us = f->at_us - t->act_end[f->computed_turn];
+	snprintf(q.env, sizeof(q.env), "%s", t->env);
+	r = env_request_retry(fd, &q, &info);
+	if (r == -ENOENT || r == -ENOLINK) {
+		/* No checkpoint: the baseline's recovery, a fresh environment from the base
+		 * (destroy + create: ENV_OP_REBUILD through the daemon fails with EBUSY on
+		 * this tree). */
+		q.op = ENV_OP_DESTROY;
+		info = (struct proto_env_info){0};
+		r = env_request_retry(fd, &q, NULL);
+		/* Under a new id: a destroyed environment's upper layer stays on disk, and a
+		 * create of the same id would take it back. */
+		if (strlen(t->env) + 2 < sizeof(t->env))
+			strcat(t->env, "r");
+		if (r >= 0)
+			r = pol_env_create(fd, ro->base, t);
+		f->rebuilt = true;
+	}
+	if (r < 0)
+		return log_error_errno(r, "%s: recovery of %s failed: %m", t->id, t->env);
+	f->recover_us = pol_now_us(ro) - s0;
+	f->restored_turn = f->rebuilt ? 0 : (unsigned)info.turn;
+	f->real_lost_us = f->at_us - t->act_end[f->restored_turn];
+	r = pol_env_refresh(fd, t);
+	if (r < 0)
+		return log_error_errno(r, "%s: %s gone after recovery: %m", t->id, t->env);
+	snprintf(path, sizeof(path), "%s/work/turn", t->root);
+	fp = fopen(path, "re");
+	if (fp) {
+		if (!fgets(buf, sizeof(buf), fp))
+			buf[0] = '\0';
+		fclose(fp);
+	}
+	f->file_turn = (unsigned)strtoul(buf, NULL, 10);
+	snprintf(port, sizeof(port), "%u", (unsigned)t->srv_port);
+	r = fixture_ask(port, "get", ans, sizeof(ans), 30000);
+	/* The server answers "STATE COUNT"; its state is the last turn that set it. */
+	snprintf(want, sizeof(want), "turn-%u ", f->file_turn);
+	f->server_ok = r >= 0 && (f->file_turn ? strncmp(ans, want, strlen(want)) == 0
+					       : strncmp(ans, "turn-", 5) != 0);
+	f->done = true;
+	*ret_next = f->restored_turn + 1;
+	return 0;
+}
+
+/* The environment was killed and not yet recovered. */
+static bool pending_failure(const struct pol_traj *t)
+{
+	return atomic_load(&t->killed) && !t->fail.done;
+}
+
+static void *traj_run(void *arg)
+{
+	struct {
+		struct pol_rollout *ro;
+		struct pol_traj *t;
+	} *a = arg;
+	struct pol_rollout *ro = a->ro;
+	struct pol_traj *t = a->t;
+	struct {
+		const struct pol_rollout *ro;
+		struct pol_traj *t;
+	} kargs = {ro, t};
+	pthread_t kt;
+	bool have_killer = false;
+	uint64_t mtps = 0;
+	int fd, r = 0;
+
+	fd = pol_connect(ro->socket);
+	if (fd < 0) {
+		t->err = fd;
+		return NULL;
+	}
+	t->t_start = pol_now_us(ro);
+	t->act_end[0] = t->t_start;
+	if (t->fail_at_us && pthread_create(&kt, NULL, killer, &kargs) == 0)
+		have_killer = true;
+	for (unsigned g = 1; g <= ro->turns + 1 && r >= 0;) {
+		struct pol_turn *u = &t->turn[g];
+		struct proto_traj_decision d;
+		unsigned plen = ro->prompt + 4 * g;
+		int64_t n;
+
+		*u = (struct pol_turn){.t_end = pol_now_us(ro)};
+		/* The observation of action g-1 went back: a bubble starts. The framework knows
+		 * the prompt length and the decode rate it measured (0 on the first turn: the
+		 * gateway's view then). */
+		r = step(fd, t, TRAJ_STEP_END, g - 1, mtps ? plen : 0, mtps, 0, &d);
+		if (r < 0)
+			break;
+		u->end_ok = true;
+		u->end_act = d.act;
+		snprintf(u->end_why, sizeof(u->end_why), "%s", d.why);
+		u->t_gen0 = pol_now_us(ro);
+		n = generate(ro, t, plen, t->out_tokens[g], g);
+		if (n < 0) {
+			r = log_error_errno((int)n, "%s: generation %u failed: %m", t->id, g);
+			break;
+		}
+		u->t_gen1 = pol_now_us(ro);
+		u->tokens = (uint64_t)n;
+		if (u->t_gen1 > u->t_gen0)
+			mtps = (uint64_t)n * 1000000000u / (u->t_gen1 - u->t_gen0);
+		r = step(fd, t, TRAJ_STEP_BEGIN, g, 0, 0, (uint64_t)n, &d);
+		if (r < 0)
+			break;
+		u->t_begin = pol_now_us(ro);
+		u->held_us = d.held_us;
+#if BENCH_HAS_TRAJ_CKPT
+		u->ckpt_us = d.ckpt_us;
+		u->aborted = d.aborted;
+		snprintf(u->ckpt, sizeof(u->ckpt), "%s", d.ckpt);
+#endif
+		if (g <= ro->turns && !pending_failure(t)) {
+			r = act(t, g);
+			if (r < 0 && !pending_failure(t)) {
+				log_error_errno(r, "%s: action %u failed", t->id, g);
+				break;
+			}
+			if (r >= 0 && !pending_failure(t)) {
+				u->t_act1 = pol_now_us(ro);
+				t->act_end[g] = u->t_act1;
+			}
+			r = 0;
+		}
+		if (pending_failure(t)) {
+			unsigned next;
+
+			r = recover(ro, fd, t, g, &next);
+			g = next;
+			continue;
+		}
+		g++;
+	}
+	t->t_done = pol_now_us(ro);
+	if (have_killer)
+		(void)pthread_join(kt, NULL);
+	close(fd);
+	t->err = r;
+	return NULL;
+}
+
+int pol_rollout_run(struct pol_rollout *ro)
+{
+	struct {
+		struct pol_rollout *ro;
+		struct pol_traj *t;
+	} args[POL_MAX_TRAJS];
+	pthread_t th[POL_MAX_TRAJS];
+	unsigned started = 0;
+	int r = 0;
+
+	ro->t0_ns = bench_now_ns();
+	for (unsigned i = 0; i < ro->ntraj; i++) {
+		struct pol_traj *t = &ro->traj[i];
+
+		memset(t->turn, 0, sizeof(t->turn));
+		memset(t->act_end, 0, sizeof(t->act_end));
+		t->fail = (struct pol_failure){0};
+		atomic_store(&t->killed, false);
+		t->t_start = t->t_done = 0;
+		t->err = 0;
+		args[i].ro = ro;
+		args[i].t = t;
+		if (pthread_create(&th[i], NULL, traj_run, &args[i]) != 0) {
+			r = -EAGAIN;
+			break;
+		}
+		started++;
+	}
+	for (unsigned i = 0; i < started; i++) {
+		(void)pthread_join(th[i], NULL);
+		if (ro->traj[i].err < 0 && r == 0)
+			r = ro->traj[i].err;
+	}
+	return r;
+}

@@ -1,0 +1,744 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * belayer-bench policy: the checkpoint policies side by side (issue 11 item 4).
+ *
+ * For each of never, every-turn and adaptive (`[policy] mode`, a supervisor of its own per
+ * policy) the same rollout runs: N concurrent trajectories, each with its own environment
+ * created through the supervisor's socket, doing T turns of step-end -> generation (a real
+ * stream from the engine stand-in through the supervisor's gateway, tagged with
+ * X-Belayer-Trajectory) -> step-begin -> action (a real command inside the environment:
+ * edits, data files of drawn sizes, or read-only). The daemon runs the policy's checkpoints;
+ * the step-begin decisions say how long each ran ("ckus"), whether it was aborted ("abrt"),
+ * which checkpoint completed ("ckpt") and how long the action's reply was held ("held").
+ *
+ * Generation lengths (tokens per turn) are drawn, seeded and the same for every policy, from
+ * a lognormal: long-tailed per-step generation as characterised for agentic RL rollouts by
+ * Heddle (Zhang et al., "Heddle: A Distributed Orchestration System for Agentic RL Rollout",
+ * arXiv:2603.28101, 2026: tool-calling trajectories whose per-step generation is long-tailed)
+ * and for RL rollouts in general by DARTS (Wang et al., arXiv:2605.30859, 2026). Neither
+ * publishes a parametric fit; the shape used is a lognormal with p99/median = 10 (sigma =
+ * ln 10 / 2.326 = 0.99), the ratio of the commonly quoted reasoning-RL figures (median ~500,
+ * p99 ~5000 tokens), scaled down so that the engine stand-in on the emulated GPU turns a
+ * bubble into seconds, not minutes: median `--tokens` (default 48) new tokens, capped by the
+ * model's 512-token context.
+ *
+ * Per policy: rollout wall time and its slowdown against never (failure-free); the fraction
+ * of checkpoint time hidden in bubbles, 1 - sum(held)/sum(ckus); checkpoints done/aborted;
+ * expected work lost per failure: failures at uniformly drawn (seeded) times over each
+ * trajectory's measured timeline, the work lost being the time since the trajectory's last
+ * protected point (the end of the last action whose checkpoint completed; for never the
+ * start). Then a second rollout with real failures in a few trajectories (the environment's
+ * cgroup killed at a drawn time, the environment restored from its head, or rebuilt when it
+ * has none): the turn that came back and the work really lost against what the decisions
+ * predicted, and the restored files and server state checked.
+ *
+ * The engine stand-in (the "GPU") is pinned to CPU 0 and everything else (supervisor,
+ * environments, CRIU, this program) to CPU 1 when the machine has two or more CPUs: on the
+ * emulator decoding is host work, and a checkpoint taking CPU from it would slow generation
+ * in a way a real GPU is not slowed (--no-pin to measure without).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+#include "bench-policy.h"
+#include "bench-recovery.h"
+#include "bench.h"
+#include "engine-client.h"
+#include "envckpt-fixture.h"
+#include "log.h"
+#include "supervisor-criu.h"
+#include "util.h"
+
+#define CGROUP_V2     "/sys/fs/cgroup/unified"
+#define WEIGHTS_BYTES (8u << 20)
+#define MC_SAMPLES    2000 /* drawn failure times per trajectory */
+
+static const char *const mode_names[POL_COUNT] = {"never", "every-turn", "adaptive"};
+
+struct popts {
+	unsigned trajs, turns, failures, prompt, tokens;
+	uint64_t seed;
+	bool quick, json, pin;
+	const char *plot;
+};
+
+struct pol_result {
+	bool ran;
+	double wall_s, slowdown_pct;
+	uint64_t held_us, ckpt_us;
+	double hidden; /* 1 - held/ckus; NAN: no checkpoint ran */
+	unsigned ckpt_done, ckpt_aborted, ckpt_decided, tokens;
+	double lost_mean_s, lost_p95_s; /* per failure, drawn */
+	/* Mean per turn, ms: step-end answered, generation, step-begin answered, action. */
+	double end_ms, gen_ms, begin_ms, act_ms;
+	unsigned nfail, fail_match;
+	struct pol_failure fail[POL_MAX_TRAJS];
+	char fail_traj[POL_MAX_TRAJS][32];
+};
+
+/* splitmix64: seeded, the same draws for every policy. */
+static uint64_t rnd(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static double rnd_unit(uint64_t *s)
+{
+	return ((double)(rnd(s) >> 11) + 0.5) / 9007199254740992.0;
+}
+
+static double rnd_lognormal(uint64_t *s, double median, double sigma)
+{
+	double z = sqrt(-2 * log(rnd_unit(s))) * cos(2 * M_PI * rnd_unit(s));
+
+	return median * exp(sigma * z);
+}
+
+static void draw(const struct popts *o, struct pol_traj *tr)
+{
+	uint64_t s = o->seed;
+	/* p99 / median = 10 on a lognormal: sigma = ln(10) / z(0.99). */
+	const double sigma = log(10.0) / 2.326;
+	const unsigned cap = 512 - o->prompt - 4 * (o->turns + 1) - 1;
+
+	for (unsigned i = 0; i < o->trajs; i++) {
+		struct pol_traj *t = &tr[i];
+
+		t->idx = (int)i;
+		snprintf(t->id, sizeof(t->id), "bench-traj-%u", i);
+		snprintf(t->env, sizeof(t->env), "bench-env-%u", i);
+		for (unsigned g = 1; g <= o->turns + 1; g++) {
+			double v = rnd_lognormal(&s, o->tokens, sigma);
+
+			t->out_tokens[g] = (unsigned)MIN(MAX(v, 2.0), (double)cap);
+		}
+		for (unsigned k = 1; k <= o->turns; k++) {
+			double u = rnd_unit(&s);
+
+			/* A third of the actions only read (the policy should see them clean). */
+			t->act[k] = u < 0.33 ? ACT_READ : u < 0.66 ? ACT_EDIT : ACT_WRITE;
+			/* Data sizes: lognormal around 256 KiB, 4 KiB .. 16 MiB. */
+			t->act_bytes[k] = (uint32_t)MIN(
+				MAX(rnd_lognormal(&s, 256 << 10, 1.5), 4096.0), 16.0 * (1 << 20));
+		}
+	}
+}
+
+static int wait_port(uint16_t port, int timeout_ms)
+{
+	uint64_t deadline = bench_now_ns() + (uint64_t)timeout_ms * 1000000;
+
+	while (bench_now_ns() < deadline) {
+		int fd = client_connect(port);
+
+		if (fd >= 0) {
+			close(fd);
+			return 0;
+		}
+		(void)poll(NULL, 0, 50);
+	}
+	return -ETIMEDOUT;
+}
+
+static int create_envs(int fd, const char *base, struct pol_traj *tr, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		int r = fixture_free_port(&tr[i].srv_port);
+
+		r = r ?: pol_env_create(fd, base, &tr[i]);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+static void destroy_envs(int fd, struct pol_traj *tr, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		struct proto_env_request q = {.op = ENV_OP_DESTROY};
+		uint64_t end = bench_now_ns() + 30000000000ull;
+
+		snprintf(q.env, sizeof(q.env), "%s", tr[i].env);
+		while (pol_env_request(fd, &q, NULL) == -EBUSY && bench_now_ns() < end)
+			(void)poll(NULL, 0, 10);
+	}
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Work lost by failures at drawn times over each trajectory's timeline. */
+static void work_lost(const struct popts *o, enum pol_mode mode, const struct pol_traj *tr,
+		      struct pol_result *res)
+{
+	size_t n = (size_t)o->trajs * MC_SAMPLES, k = 0;
+	double *v = calloc(n, sizeof(*v)), sum = 0;
+	uint64_t s = o->seed ^ 0x5eedf00dull;
+
+	if (!v)
+		return;
+	for (unsigned i = 0; i < o->trajs; i++) {
+		const struct pol_traj *t = &tr[i];
+
+		for (unsigned j = 0; j < MC_SAMPLES; j++) {
+			uint64_t f = t->t_start +
+				     (uint64_t)(rnd_unit(&s) * (double)(t->t_done - t->t_start));
+			uint64_t from = t->t_start;
+
+			/* The step-begin of turn g reports the checkpoint of the state after
+			 * action g-1, complete ckus after that step-end. */
+			for (unsigned g = 1; mode != POL_NEVER && g <= o->turns + 1; g++) {
+				const struct pol_turn *u = &t->turn[g];
+
+				if (u->ckpt[0] && !u->aborted && u->t_end + u->ckpt_us <= f)
+					from = t->act_end[g - 1];
+			}
+			v[k] = (double)(f - from) / 1e6;
+			sum += v[k++];
+		}
+	}
+	res->lost_mean_s = sum / (double)k;
+	qsort(v, k, sizeof(*v), cmp_double);
+	res->lost_p95_s = v[k * 95 / 100];
+	free(v);
+}
+
+/* The failure-free figures of one policy's rollout. */
+static void summarize(const struct popts *o, enum pol_mode mode, const struct pol_traj *tr,
+		      struct pol_result *res)
+{
+	uint64_t end = 0;
+
+	for (unsigned i = 0; i < o->trajs; i++) {
+		const struct pol_traj *t = &tr[i];
+
+		end = MAX(end, t->t_done);
+		for (unsigned g = 1; g <= o->turns + 1; g++) {
+			const struct pol_turn *u = &t->turn[g];
+
+			res->tokens += (unsigned)u->tokens;
+			res->held_us += u->held_us;
+			res->ckpt_us += u->ckpt_us;
+			res->ckpt_done += u->ckpt[0] && !u->aborted;
+			res->ckpt_aborted += u->aborted;
+			res->ckpt_decided += u->end_ok && u->end_act != TRAJ_ACT_NONE;
+			res->end_ms += (double)(u->t_gen0 - u->t_end) / 1e3;
+			res->gen_ms += (double)(u->t_gen1 - u->t_gen0) / 1e3;
+			res->begin_ms += (double)(u->t_begin - u->t_gen1) / 1e3;
+			if (g <= o->turns)
+				res->act_ms += (double)(u->t_act1 - u->t_begin) / 1e3;
+		}
+	}
+	res->end_ms /= o->trajs * (o->turns + 1);
+	res->gen_ms /= o->trajs * (o->turns + 1);
+	res->begin_ms /= o->trajs * (o->turns + 1);
+	res->act_ms /= o->trajs * o->turns;
+	res->wall_s = (double)end / 1e6;
+	res->hidden = res->ckpt_us ? 1.0 - (double)res->held_us / (double)res->ckpt_us : NAN;
+	work_lost(o, mode, tr, res);
+}
+
+/* What /work/turn holds after action k: the last action up to k that wrote. */
+static unsigned last_writing_turn(const struct pol_traj *t, unsigned k)
+{
+	while (k > 0 && t->act[k] == ACT_READ)
+		k--;
+	return k;
+}
+
+struct world_paths {
+	struct rec_paths p;
+	char wfile[4200], base[4200], cgroup[4200];
+};
+
+/* A failure time for the failure rollout: 15..95% into the trajectory's failure-free span. */
+static uint64_t fail_time(uint64_t *s, const struct pol_traj *t)
+{
+	return (uint64_t)((0.15 + 0.8 * rnd_unit(s)) * (double)(t->t_done - t->t_start));
+}
+
+static int run_policy(const struct popts *o, const struct world_paths *wp, enum pol_mode mode,
+		      struct pol_traj *tr, struct pol_traj *ftr, struct pol_result *res)
+{
+	struct rec_world w = {.sup_pid = -1, .sup_pidfd = -1};
+	struct pol_rollout ro = {.turns = o->turns, .prompt = o->prompt};
+	struct http_response resp = {0};
+	char config[16384];
+	uint16_t port, gport;
+	uint64_t s = o->seed ^ 0xfa11ull;
+	bool envs = false, fenvs = false;
+	int fd = -1, r;
+
+	r = rec_free_port(&port);
+	r = r ?: rec_free_port(&gport);
+	if (r < 0)
+		return r;
+	snprintf(config, sizeof(config),
+		 "[engine.bench]\n"
+		 "primary = %s%s --model %s --port {port} --kv-cache-bytes 64M\n"
+		 "env = LD_PRELOAD=%s\n"
+		 "port = %u\nprobe_interval = 200ms\n"
+		 "gateway_listen = 127.0.0.1:%u\n"
+		 "[journal]\nenabled = no\n"
+		 "[env]\ncgroup = %s\n"
+		 "[policy]\nmode = %s\n",
+		 o->pin ? "taskset -c 0 " : "", wp->p.engine, wp->wfile, wp->p.shim, port, gport,
+		 wp->cgroup, mode_names[mode]);
+	r = rec_world_open(&w, &wp->p, 1, WEIGHTS_BYTES, config);
+	if (r < 0)
+		goto out;
+	r = wait_port(gport, 120000);
+	if (r < 0) {
+		log_error_errno(r, "The gateway on port %u did not come up (see %s): %m", gport,
+				w.dir);
+		goto out;
+	}
+	/* Warm-up: the engine answers through the gateway before anything is timed. */
+	r = client_request(gport, "POST", "/generate",
+			   "{\"input_ids\":[1,2,3,4],\"sampling_params\":{\"max_new_tokens\":4,"
+			   "\"temperature\":0}}",
+			   120000, &resp);
+	http_response_free(&resp);
+	if (r < 0) {
+		log_error_errno(r, "The engine does not answer through the gateway: %m");
+		goto out;
+	}
+	fd = pol_connect(w.socket);
+	if (fd < 0) {
+		r = log_error_errno(fd, "Cannot reach the supervisor at %s: %m", w.socket);
+		goto out;
+	}
+	ro.socket = w.socket;
+	ro.base = wp->base;
+	ro.gateway = gport;
+
+	/* Failure-free. */
+	envs = true;
+	r = create_envs(fd, wp->base, tr, o->trajs);
+	if (r < 0)
+		goto out;
+	for (unsigned i = 0; i < o->trajs; i++)
+		tr[i].fail_at_us = 0;
+	ro.traj = tr;
+	ro.ntraj = o->trajs;
+	r = pol_rollout_run(&ro);
+	if (r < 0) {
+		log_error_errno(r, "The %s rollout failed (see %s): %m", mode_names[mode], w.dir);
+		goto out;
+	}
+	res->ran = true;
+	summarize(o, mode, tr, res);
+	destroy_envs(fd, tr, o->trajs);
+	envs = false;
+
+	/* Real failures: the first few trajectories again, each killed once at a drawn time. */
+	if (o->failures) {
+		for (unsigned i = 0; i < o->failures; i++) {
+			ftr[i] = tr[i];
+			snprintf(ftr[i].id, sizeof(ftr[i].id), "bench-fail-%u", i);
+			snprintf(ftr[i].env, sizeof(ftr[i].env), "bench-fenv-%u", i);
+			ftr[i].fail_at_us = fail_time(&s, &tr[i]);
+		}
+		fenvs = true;
+		r = create_envs(fd, wp->base, ftr, o->failures);
+		if (r < 0)
+			goto out;
+		ro.traj = ftr;
+		ro.ntraj = o->failures;
+		r = pol_rollout_run(&ro);
+		if (r < 0) {
+			log_error_errno(r, "The %s failure rollout failed (see %s): %m",
+					mode_names[mode], w.dir);
+			goto out;
+		}
+		for (unsigned i = 0; i < o->failures; i++) {
+			const struct pol_failure *f = &ftr[i].fail;
+
+			if (!f->done)
+				continue;
+			res->fail[res->nfail] = *f;
+			snprintf(res->fail_traj[res->nfail], sizeof(res->fail_traj[0]), "%s",
+				 ftr[i].id);
+			res->nfail++;
+			res->fail_match +=
+				f->computed_turn == f->restored_turn &&
+				f->file_turn == last_writing_turn(&ftr[i], f->restored_turn) &&
+				f->server_ok;
+		}
+	}
+out:
+	if (fd >= 0) {
+		if (envs)
+			destroy_envs(fd, tr, o->trajs);
+		if (fenvs)
+			destroy_envs(fd, ftr, o->failures);
+		close(fd);
+	}
+	rec_world_close(&w);
+	return r;
+}
+
+static int plot(const struct pol_result *res, const char *png)
+{
+	char dir[] = "/tmp/belayer-bench-plot.XXXXXX", dat[64], gp[64];
+	FILE *f;
+	int r;
+
+	if (!mkdtemp(dir))
+		return -errno;
+	snprintf(dat, sizeof(dat), "%s/data", dir);
+	snprintf(gp, sizeof(gp), "%s/plot.gp", dir);
+	f = fopen(dat, "we");
+	if (!f)
+		return -errno;
+	for (int m = 0; m < POL_COUNT; m++)
+		if (res[m].ran)
+			fprintf(f, "%.3f %.3f %s\n", res[m].slowdown_pct, res[m].lost_mean_s,
+				mode_names[m]);
+	fclose(f);
+	f = fopen(gp, "we");
+	if (!f)
+		return -errno;
+	fprintf(f,
+		"set terminal pngcairo size 800,560 noenhanced\n"
+		"set output '%s'\n"
+		"set title 'Belayer checkpoint policies: failure-free slowdown vs work lost per "
+		"failure'\n"
+		"set xlabel 'rollout slowdown vs never (%%)'\n"
+		"set ylabel 'expected work lost per failure (s)'\n"
+		"set grid\nset key off\nset offsets 0.5, 0.5, 0.5, 0.5\n"
+		"plot '%s' using 1:2 with points pt 7 ps 2, '' using 1:2:3 with labels offset "
+		"1.5,1 left\n",
+		png, dat);
+	fclose(f);
+
+	char *argv[] = {"/usr/bin/gnuplot", gp, NULL};
+	r = rec_run_wait(argv, NULL, NULL, 60000);
+	unlink(dat);
+	unlink(gp);
+	rmdir(dir);
+	return r;
+}
+
+static json_object *jd(double v)
+{
+	return isnan(v) ? NULL : json_object_new_double(v);
+}
+
+static void print_json(const struct popts *o, const struct pol_result *res, const char *png)
+{
+	json_object *j = json_object_new_object(), *pols = json_object_new_object();
+
+	json_object_object_add(j, "trajectories", json_object_new_int((int)o->trajs));
+	json_object_object_add(j, "turns", json_object_new_int((int)o->turns));
+	json_object_object_add(j, "median_tokens", json_object_new_int((int)o->tokens));
+	json_object_object_add(j, "seed", json_object_new_int64((int64_t)o->seed));
+	json_object_object_add(j, "pinned", json_object_new_boolean(o->pin));
+	json_object_object_add(j, "daemon_reports_checkpoints",
+			       json_object_new_boolean(BENCH_HAS_TRAJ_CKPT));
+	for (int m = 0; m < POL_COUNT; m++) {
+		const struct pol_result *r = &res[m];
+		json_object *p = json_object_new_object(), *fl = json_object_new_array();
+
+		if (!r->ran)
+			continue;
+		json_object_object_add(p, "wall_s", json_object_new_double(r->wall_s));
+		json_object_object_add(p, "slowdown_pct", json_object_new_double(r->slowdown_pct));
+		json_object_object_add(p, "tokens", json_object_new_int((int)r->tokens));
+		json_object_object_add(p, "checkpoints_decided",
+				       json_object_new_int((int)r->ckpt_decided));
+		json_object_object_add(p, "checkpoints_done",
+				       json_object_new_int((int)r->ckpt_done));
+		json_object_object_add(p, "checkpoints_aborted",
+				       json_object_new_int((int)r->ckpt_aborted));
+		json_object_object_add(p, "checkpoint_us",
+				       json_object_new_int64((int64_t)r->ckpt_us));
+		json_object_object_add(p, "held_us", json_object_new_int64((int64_t)r->held_us));
+		json_object_object_add(p, "hidden_fraction", jd(r->hidden));
+		json_object_object_add(p, "turn_step_end_ms", json_object_new_double(r->end_ms));
+		json_object_object_add(p, "turn_generation_ms", json_object_new_double(r->gen_ms));
+		json_object_object_add(p, "turn_step_begin_ms",
+				       json_object_new_double(r->begin_ms));
+		json_object_object_add(p, "turn_action_ms", json_object_new_double(r->act_ms));
+		json_object_object_add(p, "work_lost_mean_s",
+				       json_object_new_double(r->lost_mean_s));
+		json_object_object_add(p, "work_lost_p95_s", json_object_new_double(r->lost_p95_s));
+		for (unsigned i = 0; i < r->nfail; i++) {
+			const struct pol_failure *f = &r->fail[i];
+			json_object *x = json_object_new_object();
+
+			json_object_object_add(x, "trajectory",
+					       json_object_new_string(r->fail_traj[i]));
+			json_object_object_add(x, "at_s", json_object_new_double(f->at_us / 1e6));
+			json_object_object_add(x, "computed_turn",
+					       json_object_new_int((int)f->computed_turn));
+			json_object_object_add(x, "computed_lost_s",
+					       json_object_new_double(f->computed_lost_us / 1e6));
+			json_object_object_add(x, "restored_turn",
+					       json_object_new_int((int)f->restored_turn));
+			json_object_object_add(x, "real_lost_s",
+					       json_object_new_double(f->real_lost_us / 1e6));
+			json_object_object_add(x, "rebuilt", json_object_new_boolean(f->rebuilt));
+			json_object_object_add(x, "recover_ms",
+					       json_object_new_double(f->recover_us / 1e3));
+			json_object_object_add(x, "files_turn",
+					       json_object_new_int((int)f->file_turn));
+			json_object_object_add(x, "server_state_ok",
+					       json_object_new_boolean(f->server_ok));
+			json_object_array_add(fl, x);
+		}
+		json_object_object_add(p, "real_failures", fl);
+		json_object_object_add(p, "real_failures_matching",
+				       json_object_new_int((int)r->fail_match));
+		json_object_object_add(pols, mode_names[m], p);
+	}
+	json_object_object_add(j, "policies", pols);
+	json_object_object_add(j, "plot", png ? json_object_new_string(png) : NULL);
+	printf("%s\n", json_object_to_json_string_ext(j, JSON_C_TO_STRING_PRETTY));
+	json_object_put(j);
+}
+
+static void print_table(const struct popts *o, const struct pol_result *res, const char *png)
+{
+	printf("policy: %u concurrent trajectories x %u turns (real environments, engine "
+	       "stand-in through the gateway), generation lengths lognormal (median %u tokens, "
+	       "p99/median 10), seed %" PRIu64 "%s\n\n",
+	       o->trajs, o->turns, o->tokens, o->seed, o->pin ? ", engine pinned to CPU 0" : "");
+	printf("%-11s %8s %9s %9s %9s %10s %11s %11s\n", "policy", "wall s", "slowdown",
+	       "ckpt done", "aborted", "hidden", "lost/fail s", "lost p95 s");
+	for (int m = 0; m < POL_COUNT; m++) {
+		const struct pol_result *r = &res[m];
+		char hidden[16];
+
+		if (!r->ran)
+			continue;
+		if (isnan(r->hidden))
+			snprintf(hidden, sizeof(hidden), "-");
+		else
+			snprintf(hidden, sizeof(hidden), "%.1f%%", 100 * r->hidden);
+		printf("%-11s %8.2f %8.2f%% %9u %9u %10s %11.2f %11.2f\n", mode_names[m], r->wall_s,
+		       r->slowdown_pct, r->ckpt_done, r->ckpt_aborted, hidden, r->lost_mean_s,
+		       r->lost_p95_s);
+	}
+	printf("\nper turn (mean ms): step-end answered / generation / step-begin answered / "
+	       "action\n");
+	for (int m = 0; m < POL_COUNT; m++)
+		if (res[m].ran)
+			printf("%-11s %8.1f / %8.1f / %8.1f / %8.1f\n", mode_names[m],
+			       res[m].end_ms, res[m].gen_ms, res[m].begin_ms, res[m].act_ms);
+	printf("\ntargets: adaptive slowdown <= 1%%, hidden >= 90%% (hidden = 1 - sum(held) / "
+	       "sum(ckus) over the step-begin decisions)\n");
+	printf("lost/fail: failures at %u drawn times per trajectory over the measured "
+	       "timelines; work lost = time since the end of the last action whose checkpoint "
+	       "completed (never: since the start)\n",
+	       MC_SAMPLES);
+	printf("\nreal failures (environment's cgroup killed, restored from its head, or rebuilt "
+	       "when it has none):\n");
+	printf("%-11s %-14s %7s %15s %15s %9s %10s %7s\n", "policy", "trajectory", "at s",
+	       "computed turn", "restored turn", "lost s", "recover ms", "state");
+	for (int m = 0; m < POL_COUNT; m++)
+		for (unsigned i = 0; i < res[m].nfail; i++) {
+			const struct pol_failure *f = &res[m].fail[i];
+			char lost[48];
+
+			snprintf(lost, sizeof(lost), "%.2f/%.2f", f->computed_lost_us / 1e6,
+				 f->real_lost_us / 1e6);
+			printf("%-11s %-14s %7.2f %15u %12u%-3s %9s %10.1f %7s\n", mode_names[m],
+			       res[m].fail_traj[i], f->at_us / 1e6, f->computed_turn,
+			       f->restored_turn, f->rebuilt ? " rb" : "", lost, f->recover_us / 1e3,
+			       f->server_ok ? "ok" : "BAD");
+		}
+	printf("(lost s: computed from the decisions / real, from the turn that came back; rb: "
+	       "rebuilt from the base; state: files and server hold that turn's state)\n");
+	if (!BENCH_HAS_TRAJ_CKPT)
+		printf("\nNOTE: this build's PROTO_TRAJ_DECISION has no ckpt/ckus/abrt: the daemon "
+		       "does not report checkpoints, every policy is measured as never.\n");
+	if (png)
+		printf("\nplot: %s\n", png);
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "Usage: belayer-bench policy [--json] [--quick] [--trajectories N] [--turns T]\n"
+		   "                            [--tokens MEDIAN] [--failures N] [--seed S]\n"
+		   "                            [--plot FILE.png] [--no-pin]\n");
+}
+
+int bench_policy(const struct bench_args *a, int argc, char **argv)
+{
+	static const struct option options[] = {{"json", no_argument, NULL, 'j'},
+						{"quick", no_argument, NULL, 'q'},
+						{"trajectories", required_argument, NULL, 'n'},
+						{"turns", required_argument, NULL, 't'},
+						{"tokens", required_argument, NULL, 'k'},
+						{"failures", required_argument, NULL, 'f'},
+						{"seed", required_argument, NULL, 's'},
+						{"plot", required_argument, NULL, 'p'},
+						{"no-pin", no_argument, NULL, 'P'},
+						{"help", no_argument, NULL, 'h'},
+						{}};
+	struct popts o = {.trajs = 8,
+			  .turns = 6,
+			  .failures = 3,
+			  .prompt = 32,
+			  .tokens = 48,
+			  .seed = 11,
+			  .json = a->json,
+			  .pin = true,
+			  .plot = "belayer-bench-policy.png"};
+	struct pol_result res[POL_COUNT] = {0};
+	struct world_paths wp = {0};
+	struct pol_traj *tr = NULL, *ftr = NULL;
+	char dir[] = "/tmp/belayer-bench-policy.XXXXXX", png[PATH_MAX] = "";
+	const char *criu = sv_criu_binary(NULL);
+	int c, r = 0;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "jqn:t:k:f:s:p:Ph", options, NULL)) >= 0)
+		switch (c) {
+		case 'j':
+			o.json = true;
+			break;
+		case 'q':
+			o.quick = true;
+			o.trajs = 3;
+			o.turns = 3;
+			o.failures = 1;
+			o.tokens = 24;
+			break;
+		case 'n':
+			o.trajs = (unsigned)atoi(optarg);
+			break;
+		case 't':
+			o.turns = (unsigned)atoi(optarg);
+			break;
+		case 'k':
+			o.tokens = (unsigned)atoi(optarg);
+			break;
+		case 'f':
+			o.failures = (unsigned)atoi(optarg);
+			break;
+		case 's':
+			o.seed = strtoull(optarg, NULL, 0);
+			break;
+		case 'p':
+			o.plot = optarg;
+			break;
+		case 'P':
+			o.pin = false;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return -EINVAL;
+		}
+	if (o.trajs < 1 || o.trajs > POL_MAX_TRAJS || o.turns < 1 || o.turns > POL_MAX_TURNS ||
+	    o.failures > o.trajs || o.tokens < 2 || o.tokens > 400)
+		return log_error_errno(EINVAL,
+				       "1..%d trajectories, 1..%d turns, failures <= "
+				       "trajectories, 2..400 tokens",
+				       POL_MAX_TRAJS, POL_MAX_TURNS);
+	if (geteuid() != 0 || !criu || sv_criu_version(criu) < 40200) {
+		fprintf(stderr, "policy needs root and CRIU >= 4.2 (BELAYER_CRIU).\n");
+		return 77;
+	}
+	if (o.pin && sysconf(_SC_NPROCESSORS_ONLN) >= 2) {
+		cpu_set_t set;
+
+		CPU_ZERO(&set);
+		CPU_SET(1, &set);
+		if (sched_setaffinity(0, sizeof(set), &set) < 0)
+			o.pin = false;
+	} else {
+		o.pin = false;
+	}
+	snprintf(wp.p.engine, sizeof(wp.p.engine), "%s/tests/engine/belayer-test-engine",
+		 BENCH_BUILD_ROOT);
+	snprintf(wp.p.gen, sizeof(wp.p.gen), "%s/tests/engine/gen-weights", BENCH_BUILD_ROOT);
+	snprintf(wp.p.kernels, sizeof(wp.p.kernels), "%s/tests/engine/libengine-kernels-host.so",
+		 BENCH_BUILD_ROOT);
+	snprintf(wp.p.supervisor, sizeof(wp.p.supervisor), "%s/supervisor/belayer-supervisor",
+		 BENCH_BUILD_ROOT);
+	snprintf(wp.p.ctl, sizeof(wp.p.ctl), "%s/tools/belayerctl/belayerctl", BENCH_BUILD_ROOT);
+	wp.p.shim = a->shim;
+	wp.p.driver = a->driver;
+	(void)rec_guard_install();
+	if (!mkdtemp(dir))
+		return log_error_errno(errno, "mkdtemp: %m");
+	rec_guard_dir(dir);
+	snprintf(wp.wfile, sizeof(wp.wfile), "%s/w.safetensors", dir);
+	snprintf(wp.base, sizeof(wp.base), "%s/base", dir);
+	snprintf(wp.cgroup, sizeof(wp.cgroup), CGROUP_V2 "/belayer-bench-policy-%d", (int)getpid());
+	tr = calloc(POL_MAX_TRAJS, sizeof(*tr));
+	ftr = calloc(POL_MAX_TRAJS, sizeof(*ftr));
+	if (!tr || !ftr) {
+		r = -ENOMEM;
+		goto out;
+	}
+	r = rec_gen_weights(&wp.p, wp.wfile, WEIGHTS_BYTES, 1);
+	if (r < 0)
+		goto out;
+	r = fixture_make_base(wp.base, BENCH_ENV_SERVER);
+	if (r < 0) {
+		log_error_errno(r, "Failed to make the environments' base: %m");
+		goto out;
+	}
+	draw(&o, tr);
+	for (int m = 0; m < POL_COUNT; m++) {
+		r = run_policy(&o, &wp, (enum pol_mode)m, tr, ftr, &res[m]);
+		if (r < 0)
+			goto out;
+	}
+	for (int m = 0; m < POL_COUNT; m++)
+		res[m].slowdown_pct = 100.0 * (res[m].wall_s / res[POL_NEVER].wall_s - 1);
+	if (o.plot && o.plot[0]) {
+		char cwd[PATH_MAX];
+
+		if (o.plot[0] == '/' || !getcwd(cwd, sizeof(cwd)))
+			snprintf(png, sizeof(png), "%s", o.plot);
+		else
+			snprintf(png, sizeof(png), "%s/%s", cwd, o.plot);
+		if (plot(res, png) < 0) {
+			log_warning(
+				"gnuplot failed (tools/dev setup installs gnuplot-nox): no plot");
+			png[0] = '\0';
+		}
+	}
+	if (o.json)
+		print_json(&o, res, png[0] ? png : NULL);
+	else
+		print_table(&o, res, png[0] ? png : NULL);
+out:
+	(void)rmdir(wp.cgroup);
+	free(tr);
+	free(ftr);
+	{
+		char cmd[PATH_MAX + 16];
+
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+		(void)system(cmd);
+	}
+	return r < 0 ? r : 0;
+}
