@@ -472,7 +472,10 @@ static uint32_t group_members(struct supervisor *s, struct sv_engine *e, enum wo
 			continue;
 		w->pgid = pgid;
 		w->role = role;
-		n++;
+		/* A zombie (its pidfd readable) is no rank: its death is about to be seen. */
+		if (w->pidfd < 0 ||
+		    poll(&(struct pollfd){.fd = w->pidfd, .events = POLLIN}, 1, 0) == 0)
+			n++;
 	}
 	return n;
 }
@@ -590,7 +593,9 @@ static void adopt_check(struct supervisor *s, struct sv_engine *e)
 	if (!e->adopt_deadline_ms)
 		return;
 	if (e->rec) {
-		e->adopt_deadline_ms = 0; /* a death of an adopted rank started one already */
+		/* A death of an adopted rank started one already. */
+		e->adopt_deadline_ms = 0;
+		e->adopt_broken = false;
 		return;
 	}
 	if (p_ok && s_ok) {
@@ -747,5 +752,7 @@ void engines_worker_died(struct supervisor *s, struct sv_worker *w)
 	}
 	hint = e->kill_hint_ns;
 	e->kill_hint_ns = 0;
-	promote_start(s, e, "exit", w->pid, hint);
+	/* An adopted group that lost a rank while no supervisor ran: the recovery adopt_check()
+	 * is about to start, whichever comes first. */
+	promote_start(s, e, e->adopt_broken ? "adopt" : "exit", w->pid, hint);
 }

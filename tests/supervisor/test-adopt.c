@@ -178,7 +178,7 @@ static uint64_t wait_recovery(uint64_t seq)
 
 /* Starts the supervisor with engine t (TP=2, primary and shadow); a restart keeps the ports
  * and the state directory of the previous one. */
-static void start(bool restart)
+static void start_with(bool restart, const char *extra)
 {
 	static char primary[PATH_MAX * 2 + 256], shadow[PATH_MAX * 2 + 256], env[PATH_MAX + 64],
 		port[32], sport[32];
@@ -190,6 +190,7 @@ static void start(bool restart)
 				  "engine.t.tp=2",
 				  "engine.t.probe_interval=50ms",
 				  "engine.t.checksum_settle=200ms",
+				  extra,
 				  NULL};
 
 	if (!restart) {
@@ -208,6 +209,11 @@ static void start(bool restart)
 	snprintf(port, sizeof(port), "engine.t.port=%u", port_a);
 	snprintf(sport, sizeof(sport), "engine.t.shadow_port=%u", port_b);
 	sv_start(&sv, settings);
+}
+
+static void start(bool restart)
+{
+	start_with(restart, NULL);
 }
 
 /* Greedy tokens of a failure-free engine (no shim, no supervisor) with weights file w. */
@@ -419,11 +425,62 @@ static void launches_only_what_is_missing(void **state)
 	assert_int_equal(engine_metric("belayer_engine_port", NULL), port_b);
 }
 
+/* The trigger of the last recovery, from `belayerctl status --json`. */
+static void assert_trigger(const char *want)
+{
+	const char *argv[] = {BELAYERCTL_PATH, "status", "--json", NULL};
+	char needle[64], *out = NULL;
+
+	snprintf(needle, sizeof(needle), "\"trigger\": \"%s\"", want);
+	assert_int_equal(run_tool(&sv, argv, &out), 0);
+	if (!out || !strstr(out, needle))
+		fail_msg("belayerctl status --json does not say %s", needle);
+	free(out);
+}
+
+/* A primary rank died while no supervisor ran: the adopted group is broken, and recovered at
+ * once (its dead rank's memory went with the supervisor that held it: a cold restart). */
+static void rank_dead_while_down_recovered(void **state)
+{
+	pid_t pids[4];
+
+	run_then_crash(pids);
+	assert_int_equal(kill(pids[1], SIGKILL), 0);
+	for (uint64_t deadline = mono_ms() + READY_MS; !process_gone(pids[1]);)
+		assert_true(mono_ms() < deadline);
+	start(true);
+	assert_int_equal(wait_recovery(1), 3);
+	assert_trigger("adopt");
+	wait_serving_correctly();
+	assert_true(process_gone(pids[0]));
+}
+
+/* A rank that does not say hello again within resync_grace (stopped: alive, silent) counts as
+ * dead: the adopted primary group is recovered when the grace ends, not before. */
+static void silent_rank_counts_as_dead(void **state)
+{
+	pid_t pids[4];
+	uint64_t t0;
+
+	run_then_crash(pids);
+	assert_int_equal(kill(pids[1], SIGSTOP), 0);
+	t0 = mono_ms();
+	start_with(true, "retention.resync_grace=2s");
+	assert_int_equal(engine_metric("belayer_engine_adopted", NULL), 2);
+	assert_int_equal(wait_recovery(1), 3);
+	assert_true(mono_ms() - t0 >= 2000);
+	assert_trigger("adopt");
+	wait_serving_correctly();
+	assert_true(process_gone(pids[1]));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(adopts_then_promotes, setup, teardown),
 		cmocka_unit_test_setup_teardown(launches_only_what_is_missing, setup, teardown),
+		cmocka_unit_test_setup_teardown(rank_dead_while_down_recovered, setup, teardown),
+		cmocka_unit_test_setup_teardown(silent_rank_counts_as_dead, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

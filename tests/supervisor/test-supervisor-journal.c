@@ -91,6 +91,42 @@ static void records_round_trip(void **state)
 	free(dir);
 }
 
+/* A configured engine's launched group (what a restarted supervisor adopts): leader pid, start
+ * time, role and port come back as written; pid 0 (no group) too. */
+static void engine_record_round_trip(void **state)
+{
+	char *dir = test_mkdtemp("belayer-journal");
+	struct journal_record recs[2];
+	struct sv_journal *j;
+
+	memset(recs, 0, sizeof(recs));
+	recs[0].op = JOURNAL_ENGINE;
+	recs[0].pid = 5151;
+	recs[0].starttime = 987654321;
+	recs[0].role = ROLE_SHADOW;
+	recs[0].port = 8001;
+	snprintf(recs[0].engine_id, sizeof(recs[0].engine_id), "llm");
+	recs[1] = recs[0];
+	recs[1].pid = 0;
+	recs[1].starttime = 0;
+	recs[1].port = 0;
+	recs[1].role = ROLE_PRIMARY;
+	for (int i = 0; i < 2; i++)
+		recs[i].region.fd = -1;
+	assert_int_equal(journal_open(dir, NULL, NULL, &j), 0);
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(journal_append(j, &recs[i]), 0);
+	journal_close(j);
+	n_seen = 0;
+	assert_int_equal(journal_open(dir, collect, NULL, &j), 0);
+	assert_int_equal(n_seen, 2);
+	for (int i = 0; i < 2; i++)
+		assert_memory_equal(&seen[i], &recs[i], sizeof(recs[i]));
+	journal_close(j);
+	test_rmtree(dir);
+	free(dir);
+}
+
 /* A crash mid-write leaves part of a record: it is cut away, the records before it stay, and
  * appends continue after the last good one. */
 static void torn_tail_truncated(void **state)
@@ -199,6 +235,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(records_round_trip),
+		cmocka_unit_test(engine_record_round_trip),
 		cmocka_unit_test(torn_tail_truncated),
 		cmocka_unit_test(corruption_stops_replay),
 		cmocka_unit_test(rewrite_replaces_atomically),
