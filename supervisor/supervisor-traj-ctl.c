@@ -34,12 +34,13 @@ struct pckpt {
 	struct sv_traj_ctl *tc;
 	char env[64];
 	char trajectory[PROTO_MAX_STR + 1];
-	bool sync;	/* every-turn: a step-begin waits for the thaw however long */
-	bool running;	/* the job is not over */
-	bool collected; /* a step-begin took its outcome (or a newer checkpoint replaced it) */
-	bool bound_hit; /* cancel set at a step-begin's delay bound */
-	int r;		/* once over: 0, -ECANCELED, or the failure */
-	char id[64];	/* once committed */
+	bool sync;	     /* every-turn: a step-begin waits for the thaw however long */
+	bool running;	     /* the job is not over */
+	bool collected;	     /* a step-begin took its outcome (or a newer checkpoint replaced it) */
+	bool bound_hit;	     /* cancel set at a step-begin's delay bound */
+	uint64_t decided_us; /* the step end that asked for it: what it protects */
+	int r;		     /* once over: 0, -ECANCELED, or the failure */
+	char id[64];	     /* once committed */
 	uint64_t ran_us;
 };
 
@@ -311,7 +312,8 @@ static void pckpt_done(struct supervisor *s, struct envs_policy_ckpt *h,
 		s->metrics.policy_ckpts[POLICY_CKPT_COMPLETED]++;
 		cost_sample_of(res, &cs);
 		if (t)
-			(void)traj_checkpoint_done(t, pc->trajectory, pc->env, &cs, now);
+			(void)traj_checkpoint_done_at(t, pc->trajectory, pc->env, &cs,
+						      pc->decided_us, now);
 	} else {
 		s->metrics.policy_ckpts[res->r == -ECANCELED ? POLICY_CKPT_ABORTED
 							     : POLICY_CKPT_FAILED]++;
@@ -343,7 +345,8 @@ static struct sv_traj_ctl *ctl_get(struct supervisor *s)
 
 /* Step end: run the checkpoint the decision asks for. */
 static void start_checkpoint(struct supervisor *s, struct sv_traj_ctl *tc,
-			     const struct proto_traj_step *q, struct proto_traj_decision *d)
+			     const struct proto_traj_step *q, uint64_t now_us,
+			     struct proto_traj_decision *d)
 {
 	struct pckpt *pc, *old = pckpt_of_env(tc, q->env);
 	size_t n = 0;
@@ -374,6 +377,7 @@ static void start_checkpoint(struct supervisor *s, struct sv_traj_ctl *tc,
 	snprintf(pc->env, sizeof(pc->env), "%s", q->env);
 	snprintf(pc->trajectory, sizeof(pc->trajectory), "%s", q->trajectory);
 	pc->sync = d->act == TRAJ_ACT_CHECKPOINT_SYNC;
+	pc->decided_us = now_us;
 	pc->running = true;
 	pc->next = tc->ckpts;
 	tc->ckpts = pc;
@@ -390,6 +394,7 @@ refused:
 	/* The turn stays unprotected: a later step end decides again (and is forced in time). */
 	log_info_errno(r, "Trajectory %s: no checkpoint of %s now (%s): %m.", q->trajectory, q->env,
 		       d->why);
+	(void)traj_checkpoint_aborted(s->trajs, q->trajectory);
 	d->act = TRAJ_ACT_NONE;
 	snprintf(d->why, sizeof(d->why), "%s", r == -EBUSY ? "busy" : "failed");
 }
@@ -432,6 +437,7 @@ int traj_ctl_on_step(struct supervisor *s, struct sv_client *c, const struct pro
 	struct sv_traj_ctl *tc = ctl_get(s);
 	struct policy_config pc;
 	struct proto_msg m = {.type = PROTO_TRAJ_DECISION};
+	uint64_t now = mono_now_us();
 	bool managed = false;
 	int r;
 
@@ -444,7 +450,7 @@ int traj_ctl_on_step(struct supervisor *s, struct sv_client *c, const struct pro
 	if (q->ev == TRAJ_STEP_END && q->env[0] && s->hooks && s->hooks->env_view &&
 	    s->hooks->env_policy_checkpoint)
 		managed = s->hooks->env_view(s, q->env, &v) >= 0;
-	r = traj_on_step(s->trajs, &pc, q, &v, mono_now_us(), &m.traj_decision);
+	r = traj_on_step(s->trajs, &pc, q, &v, now, &m.traj_decision);
 	if (r < 0)
 		return client_send_error(s, c, -r, PROTO_TRAJ_STEP,
 					 "a step needs a trajectory and an environment id");
@@ -454,7 +460,7 @@ int traj_ctl_on_step(struct supervisor *s, struct sv_client *c, const struct pro
 	if (q->ev == TRAJ_STEP_BEGIN)
 		return answer_begin(s, c, tc, &pc, &m);
 	if (managed && m.traj_decision.act != TRAJ_ACT_NONE)
-		start_checkpoint(s, tc, q, &m.traj_decision);
+		start_checkpoint(s, tc, q, now, &m.traj_decision);
 	return client_send(s, c, &m);
 }
 

@@ -18,6 +18,10 @@ struct traj {
 	double bubble_pred_s; /* at the bubble's start; < 0: none */
 	double tps;	      /* learnt decode rate (output tokens / bubble), 0: none */
 	double cost_pred_s;   /* of the checkpoint decided at the last step end; < 0: none */
+	/* When the latest unprotected turns ended (a ring): a checkpoint protects those up to its
+	 * decision only. */
+	uint64_t turn_end_us[PREDICT_HISTORY];
+	uint32_t next_turn_end;
 	uint32_t ckpt_done, ckpt_aborted; /* reported to traj_foreach() */
 };
 
@@ -177,10 +181,16 @@ static void step_end(struct traj_tracker *t, const struct policy_config *c, stru
 		.cost_err = e->cost.err.mean,
 	};
 	struct policy_decision d;
+	uint32_t turns;
 
 	in.bubble_known = bubble_predict(&x->bubble, &bi, &in.bubble_s) >= 0;
 	in.cost_s = cost_predict(&e->cost, v->dirty_bytes, v->mem_bytes);
+	turns = x->policy.unprotected_turns;
 	policy_step_end(c, &x->policy, &in, &d);
+	if (x->policy.unprotected_turns > turns) {
+		x->turn_end_us[x->next_turn_end] = now_us;
+		x->next_turn_end = (x->next_turn_end + 1) % PREDICT_HISTORY;
+	}
 	x->in_bubble = true;
 	x->bubble_start_us = now_us;
 	x->bubble_pred_s = in.bubble_known ? in.bubble_s : -1;
@@ -222,13 +232,29 @@ int traj_on_step(struct traj_tracker *t, const struct policy_config *c,
 int traj_checkpoint_done(struct traj_tracker *t, const char *trajectory, const char *env,
 			 const struct cost_sample *s, uint64_t now_us)
 {
+	return traj_checkpoint_done_at(t, trajectory, env, s, now_us, now_us);
+}
+
+int traj_checkpoint_done_at(struct traj_tracker *t, const char *trajectory, const char *env,
+			    const struct cost_sample *s, uint64_t as_of_us, uint64_t now_us)
+{
 	struct traj *x = traj_find(t, trajectory);
 	struct env_cost *e = env_get(t, env, now_us);
+	uint32_t later = 0;
 
 	cost_observe(&e->cost, s, x ? x->cost_pred_s : -1);
 	if (!x)
 		return -ENOENT;
-	policy_checkpoint_done(&x->policy, now_us);
+	/* Turns that ended after as_of (while the checkpoint ran) stay unprotected. */
+	for (uint32_t i = 0; i < PREDICT_HISTORY && i < x->policy.unprotected_turns; i++) {
+		uint32_t k = (x->next_turn_end + PREDICT_HISTORY - 1 - i) % PREDICT_HISTORY;
+
+		if (x->turn_end_us[k] <= as_of_us)
+			break;
+		later++;
+	}
+	policy_checkpoint_done(&x->policy, as_of_us < now_us ? as_of_us : now_us);
+	x->policy.unprotected_turns = later;
 	x->cost_pred_s = -1;
 	x->ckpt_done++;
 	return 0;

@@ -43,6 +43,11 @@ int traj_on_step(struct traj_tracker *t, const struct policy_config *c,
 /* The checkpoint a step-end decision asked for completed at now_us; s is from its manifest. */
 int traj_checkpoint_done(struct traj_tracker *t, const char *trajectory, const char *env,
 			 const struct cost_sample *s, uint64_t now_us);
+/* The same for a checkpoint that holds the environment as of as_of_us (the step end that
+ * decided it): turns that ended after it, while it ran, stay unprotected, and the time since
+ * as_of_us counts as unprotected. */
+int traj_checkpoint_done_at(struct traj_tracker *t, const char *trajectory, const char *env,
+			    const struct cost_sample *s, uint64_t as_of_us, uint64_t now_us);
 
 /* The predictors' state, for reports and tests; NULL when unknown. */
 const struct bubble_predictor *traj_bubble(const struct traj_tracker *t, const char *trajectory);

@@ -130,6 +130,43 @@ static void every_turn_and_clean_environments(void **state)
 	traj_tracker_free(t);
 }
 
+/* A checkpoint protects the trajectory as of the step end that decided it: a turn that ended
+ * while it still ran stays unprotected (max_turns 1: the next dirty step end is forced), and
+ * the time since that step end counts; a checkpoint no decision asked for protects all. */
+static void checkpoint_protects_up_to_its_decision(void **state)
+{
+	const struct policy_config c = {
+		.mode = POLICY_ADAPTIVE, .max_turns = 1, .max_unprotected_us = 10 * S};
+	const struct traj_env_view v = {.dirty = true};
+	struct traj_tracker *t = traj_tracker_new(8, 0.2);
+	struct proto_traj_step end = step(TRAJ_STEP_END, "T", "E", 0, 0);
+	struct cost_sample s = {.total_s = 0.1};
+	struct proto_traj_decision d;
+
+	assert_non_null(t);
+	assert_int_equal(traj_on_step(t, &c, &end, &v, 1 * S, &d), 0);
+	assert_string_equal(d.why, "no-fit");
+	assert_int_equal(traj_on_step(t, &c, &end, &v, 2 * S, &d), 0);
+	assert_string_equal(d.why, "force-turns");		       /* decided at 2 s */
+	assert_int_equal(traj_on_step(t, &c, &end, &v, 3 * S, &d), 0); /* while it runs */
+	assert_string_equal(d.why, "force-turns");
+	/* Done at 4 s, as of 2 s: the 3 s turn is still unprotected, the next one is forced. */
+	assert_int_equal(traj_checkpoint_done_at(t, "T", "E", &s, 2 * S, 4 * S), 0);
+	assert_int_equal(traj_on_step(t, &c, &end, &v, 5 * S, &d), 0);
+	assert_string_equal(d.why, "force-turns");
+	/* The framework's own checkpoint at 6 s protects everything: one turn allowed again. */
+	assert_int_equal(traj_checkpoint_done(t, "T", "E", &s, 6 * S), 0);
+	assert_int_equal(traj_on_step(t, &c, &end, &v, 7 * S, &d), 0);
+	assert_string_equal(d.why, "no-fit");
+	/* Unprotected time counts from the decision, not from the completion. */
+	assert_int_equal(traj_on_step(t, &c, &end, &v, 8 * S, &d), 0);
+	assert_string_equal(d.why, "force-turns");
+	assert_int_equal(traj_checkpoint_done_at(t, "T", "E", &s, 8 * S, 9 * S), 0);
+	assert_int_equal(traj_on_step(t, &c, &end, &v, 18 * S + 1, &d), 0);
+	assert_string_equal(d.why, "force-time"); /* 10 s after 8 s, though done at 9 s */
+	traj_tracker_free(t);
+}
+
 static void bad_ids_and_bounded_tracking(void **state)
 {
 	const struct policy_config c = {.mode = POLICY_NEVER};
@@ -171,6 +208,7 @@ int main(void)
 		cmocka_unit_test(bubbles_learnt_then_checkpointed),
 		cmocka_unit_test(short_bubbles_are_forced_by_turns),
 		cmocka_unit_test(every_turn_and_clean_environments),
+		cmocka_unit_test(checkpoint_protects_up_to_its_decision),
 		cmocka_unit_test(bad_ids_and_bounded_tracking),
 	};
 
