@@ -961,11 +961,13 @@ static void trajectory_tagged_requests(void **state)
 				  TRAJ_BODY, &r),
 			 0);
 	assert_int_equal(r.status, 400);
+	assert_non_null(strstr(r.body, "X-Belayer-Trajectory"));
 	free(r.body);
 	assert_int_equal(http_hdr(port_gw, "POST", "/generate", "X-Belayer-Trajectory: a b\r\n",
 				  TRAJ_BODY, &r),
 			 0);
 	assert_int_equal(r.status, 400);
+	assert_non_null(strstr(r.body, "X-Belayer-Trajectory"));
 	free(r.body);
 	assert_int_equal(traj_count(), 0);
 
