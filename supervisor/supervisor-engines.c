@@ -15,6 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <systemd/sd-bus.h>
+
 #include "log.h"
 #include "supervisor-engines.h"
 #include "supervisor-events.h"
@@ -649,17 +651,65 @@ int engines_start(struct supervisor *s)
 	return 0;
 }
 
+/* Whether systemd is restarting this service now (the unit's job is a restart, which systemd
+ * runs as a stop before it becomes a start): the engines are then left for the next supervisor
+ * to adopt. Asked over the system bus (DBUS_SYSTEM_BUS_ADDRESS where set); any doubt, no
+ * manager, no answer within 2 s: no, and the engines are stopped. */
+static bool systemd_restarting(void)
+{
+	_cleanup_(sd_bus_flush_close_unrefp) sd_bus *bus = NULL;
+	_cleanup_(sd_bus_message_unrefp) sd_bus_message *unit_reply = NULL, *job_reply = NULL;
+	_cleanup_(sd_bus_error_free) sd_bus_error err = SD_BUS_ERROR_NULL;
+	_cleanup_free_ char *type = NULL;
+	const char *unit, *job;
+	uint32_t job_id;
+
+	if (!getenv("INVOCATION_ID")) /* not run by systemd as a service */
+		return false;
+	if (sd_bus_open_system(&bus) < 0 || sd_bus_set_method_call_timeout(bus, 2000000) < 0)
+		return false;
+	if (sd_bus_call_method(bus, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+			       "org.freedesktop.systemd1.Manager", "GetUnitByPID", &err,
+			       &unit_reply, "u", (uint32_t)getpid()) < 0 ||
+	    sd_bus_message_read(unit_reply, "o", &unit) < 0 ||
+	    sd_bus_get_property(bus, "org.freedesktop.systemd1", unit,
+				"org.freedesktop.systemd1.Unit", "Job", &err, &job_reply,
+				"(uo)") < 0 ||
+	    sd_bus_message_read(job_reply, "(uo)", &job_id, &job) < 0 || job_id == 0 ||
+	    sd_bus_get_property_string(bus, "org.freedesktop.systemd1", job,
+				       "org.freedesktop.systemd1.Job", "JobType", &err,
+				       &type) < 0) {
+		if (sd_bus_error_is_set(&err))
+			log_debug("Asking systemd for this unit's job: %s", err.message);
+		return false;
+	}
+	return strcmp(type, "restart") == 0 || strcmp(type, "try-restart") == 0;
+}
+
 void engines_stop(struct supervisor *s)
 {
+	bool leave;
+
 	if (!s->engines)
 		return;
+	leave = systemd_restarting();
 	for (size_t i = 0; i < s->engines->n; i++) {
 		struct sv_engine *e = &s->engines->e[i];
 
 		promote_free(e);
-		engines_kill_proc(&e->primary);
-		engines_kill_proc(&e->shadow);
 		probe_reset(&e->probe);
+		if (!leave) {
+			engines_kill_proc(&e->primary);
+			engines_kill_proc(&e->shadow);
+			continue;
+		}
+		/* Journaled: the restarted supervisor adopts them. */
+		if (e->primary.pid > 0 || e->shadow.pid > 0)
+			log_info("Engine %s: systemd restarts the supervisor; leaving its groups "
+				 "(primary %d, shadow %d) running for the next one to adopt.",
+				 e->cfg->name, e->primary.pid, e->shadow.pid);
+		e->primary.pidfd = safe_close(e->primary.pidfd);
+		e->shadow.pidfd = safe_close(e->shadow.pidfd);
 	}
 	free(s->engines);
 	s->engines = NULL;

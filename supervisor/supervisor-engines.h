@@ -118,7 +118,9 @@ int engines_restore_record(struct supervisor *s, const struct journal_record *re
 size_t engines_journal_records(struct supervisor *s, struct journal_record *recs, size_t max);
 /* Groups of e launched by a previous supervisor and adopted (0..2). */
 unsigned engines_adopted(const struct sv_engine *e);
-/* Stops every group the supervisor launched (SIGKILL to the process groups) and reaps them. */
+/* Stops every group the supervisor launched or adopted (SIGKILL to the process groups) and
+ * reaps those it launched; unless systemd is restarting the service (its unit's job is a
+ * restart): then they are left running for the next supervisor to adopt. */
 void engines_stop(struct supervisor *s);
 void engines_tick(struct supervisor *s);
 struct sv_engine *engines_find(struct supervisor *s, const char *name);

@@ -15,6 +15,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -335,9 +336,9 @@ static void wait_ranks(pid_t want[4])
 	}
 }
 
-/* Starts the engine, waits until a failure would be promoted, SIGKILLs the supervisor and
- * returns the ranks' pids (primary 0, 1, shadow 0, 1). */
-static void run_then_crash(pid_t pids[4])
+/* Starts the engine, waits until a failure would be promoted, ends the supervisor with sig and
+ * returns the ranks' pids (primary 0, 1, shadow 0, 1), still serving. */
+static void run_then_end(pid_t pids[4], int sig)
 {
 	start(false);
 	wait_serving_correctly();
@@ -350,16 +351,21 @@ static void run_then_crash(pid_t pids[4])
 	pids[3] = worker_pid(ROLE_SHADOW, 1);
 	for (int i = 0; i < 4; i++)
 		assert_true(pids[i] > 0);
-	(void)sv_kill(&sv, SIGKILL);
+	(void)sv_kill(&sv, sig);
 	/* The engine does not depend on its supervisor: it keeps serving. */
 	for (int i = 0; i < 4; i++)
-		assert_int_equal(kill(pids[i], 0), 0);
+		assert_false(process_gone(pids[i]));
 	{
 		uint32_t got[MAX_TOKENS];
 
 		assert_int_equal(generate(port_a, got), 0);
 		assert_memory_equal(got, expected, sizeof(got));
 	}
+}
+
+static void run_then_crash(pid_t pids[4])
+{
+	run_then_end(pids, SIGKILL);
 }
 
 /* The restarted supervisor adopts primary and shadow: nothing launched, the same processes
@@ -474,6 +480,125 @@ static void silent_rank_counts_as_dead(void **state)
 	assert_true(process_gone(pids[1]));
 }
 
+/* ---- under systemd: a restart job leaves the engines, a stop job stops them -------------- */
+
+static pid_t bus_pid, manager_pid;
+static char job_file[PATH_MAX];
+
+static void write_job(const char *type)
+{
+	FILE *f = fopen(job_file, "we");
+
+	assert_non_null(f);
+	fprintf(f, "%s\n", type);
+	assert_int_equal(fclose(f), 0);
+}
+
+/* A private bus (dbus-daemon) with fake-systemd on it, named as the system bus for the
+ * supervisors started from now on, which also believe they run as a systemd service. */
+static void fake_systemd_start(const char *job)
+{
+	char conf[PATH_MAX], sock[PATH_MAX], addr[PATH_MAX + 16], line[64] = "";
+	uint64_t deadline = mono_ms() + SV_WAIT_MS;
+	int out[2];
+	FILE *f;
+
+	if (!DBUS_DAEMON_PATH[0]) {
+		print_message("dbus-daemon not installed (package dbus-daemon)\n");
+		skip();
+	}
+	snprintf(conf, sizeof(conf), "%s/bus.conf", sv.dir);
+	snprintf(sock, sizeof(sock), "%s/bus", sv.dir);
+	snprintf(job_file, sizeof(job_file), "%s/job", sv.dir);
+	write_job(job);
+	f = fopen(conf, "we");
+	assert_non_null(f);
+	fprintf(f,
+		"<!DOCTYPE busconfig PUBLIC \"-//freedesktop//DTD D-Bus Bus Configuration "
+		"1.0//EN\" "
+		"\"http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd\">\n"
+		"<busconfig><type>custom</type><listen>unix:path=%s</listen>"
+		"<auth>EXTERNAL</auth><policy context=\"default\"><allow user=\"*\"/>"
+		"<allow own=\"*\"/><allow send_destination=\"*\"/><allow receive_sender=\"*\"/>"
+		"</policy></busconfig>\n",
+		sock);
+	assert_int_equal(fclose(f), 0);
+	bus_pid = fork();
+	assert_true(bus_pid >= 0);
+	if (bus_pid == 0) {
+		execl(DBUS_DAEMON_PATH, DBUS_DAEMON_PATH, "--config-file", conf, "--nofork",
+		      "--nopidfile", (char *)NULL);
+		_exit(127);
+	}
+	while (access(sock, F_OK) != 0) {
+		assert_true(mono_ms() < deadline);
+		(void)poll(NULL, 0, 10);
+	}
+	snprintf(addr, sizeof(addr), "unix:path=%s", sock);
+	setenv("DBUS_SYSTEM_BUS_ADDRESS", addr, 1);
+	setenv("INVOCATION_ID", "0123456789abcdef0123456789abcdef", 1);
+	assert_int_equal(pipe2(out, O_CLOEXEC), 0);
+	manager_pid = fork();
+	assert_true(manager_pid >= 0);
+	if (manager_pid == 0) {
+		dup2(out[1], STDOUT_FILENO);
+		execl(FAKE_SYSTEMD_PATH, FAKE_SYSTEMD_PATH, job_file, (char *)NULL);
+		_exit(127);
+	}
+	close(out[1]);
+	{
+		struct pollfd pf = {.fd = out[0], .events = POLLIN};
+
+		assert_int_equal(poll(&pf, 1, SV_WAIT_MS), 1);
+		assert_true(read(out[0], line, sizeof(line) - 1) > 0);
+	}
+	close(out[0]);
+	assert_non_null(strstr(line, "ready"));
+}
+
+static int fake_systemd_teardown(void **state)
+{
+	int st;
+
+	unsetenv("DBUS_SYSTEM_BUS_ADDRESS");
+	unsetenv("INVOCATION_ID");
+	if (manager_pid > 0) {
+		(void)kill(manager_pid, SIGKILL);
+		(void)waitpid(manager_pid, &st, 0);
+	}
+	if (bus_pid > 0) {
+		(void)kill(bus_pid, SIGKILL);
+		(void)waitpid(bus_pid, &st, 0);
+	}
+	manager_pid = bus_pid = 0;
+	return teardown(state);
+}
+
+/* `systemctl restart`: the unit's job is a restart when SIGTERM comes; the engines are left
+ * running, and the next supervisor adopts them. `systemctl stop` (a stop job): everything it
+ * owns stops, the adopted groups too. */
+static void systemd_restart_leaves_engines(void **state)
+{
+	pid_t pids[4];
+	int st;
+
+	fake_systemd_start("restart");
+	run_then_end(pids, SIGTERM);
+	start(true);
+	assert_int_equal(engine_metric("belayer_engine_adopted", NULL), 2);
+	wait_ranks(pids);
+	wait_serving_correctly();
+	assert_int_equal(engine_metric("belayer_engine_port", NULL), port_a);
+	assert_int_equal(engine_metric("belayer_engine_launches_total", NULL), 0);
+
+	write_job("stop");
+	st = sv_kill(&sv, SIGTERM);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	for (int i = 0; i < 4; i++)
+		for (uint64_t deadline = mono_ms() + READY_MS; !process_gone(pids[i]);)
+			assert_true(mono_ms() < deadline);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -481,6 +606,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(launches_only_what_is_missing, setup, teardown),
 		cmocka_unit_test_setup_teardown(rank_dead_while_down_recovered, setup, teardown),
 		cmocka_unit_test_setup_teardown(silent_rank_counts_as_dead, setup, teardown),
+		cmocka_unit_test_setup_teardown(systemd_restart_leaves_engines, setup,
+						fake_systemd_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
