@@ -930,8 +930,45 @@ static uint64_t upper_bytes(int at, const char *name, bool subtree, unsigned *bu
 	return sum;
 }
 
-/* What CRIU dumps of the cgroup's memory: anonymous and shared memory (memory.current also
- * counts the page cache of the files the environment wrote, which the FS delta copies). */
+/* The processes' anonymous and shared memory (RssAnon + RssShmem), in the cgroup and below. */
+static uint64_t procs_mem_bytes(const char *cgroup, unsigned depth)
+{
+	char path[PATH_MAX], line[256];
+	unsigned long long kb, sum = 0;
+	struct dirent *de;
+	FILE *procs, *st;
+	DIR *d;
+	int pid;
+
+	snprintf(path, sizeof(path), "%s/cgroup.procs", cgroup);
+	procs = fopen(path, "re");
+	while (procs && fscanf(procs, "%d", &pid) == 1) {
+		snprintf(path, sizeof(path), "/proc/%d/status", pid);
+		st = fopen(path, "re");
+		while (st && fgets(line, sizeof(line), st))
+			if (sscanf(line, "RssAnon: %llu kB", &kb) == 1 ||
+			    sscanf(line, "RssShmem: %llu kB", &kb) == 1)
+				sum += kb * 1024;
+		if (st)
+			fclose(st);
+	}
+	if (procs)
+		fclose(procs);
+	d = depth < 8 ? opendir(cgroup) : NULL;
+	while (d && (de = readdir(d)))
+		if (de->d_type == DT_DIR && de->d_name[0] != '.') {
+			snprintf(path, sizeof(path), "%s/%s", cgroup, de->d_name);
+			sum += procs_mem_bytes(path, depth + 1);
+		}
+	if (d)
+		closedir(d);
+	return sum;
+}
+
+/* What CRIU dumps of the environment's memory: anonymous and shared memory. The cgroup's
+ * memory.stat where the memory controller is on (memory.current would count the page cache
+ * of the files the environment wrote too, which the FS delta copies, not the dump); else (a
+ * hybrid hierarchy, its memory controller v1's) the processes' own counts. */
 static uint64_t cgroup_mem_bytes(const char *cgroup)
 {
 	char path[PATH_MAX], key[64];
@@ -951,14 +988,7 @@ static uint64_t cgroup_mem_bytes(const char *cgroup)
 		if (found)
 			return sum;
 	}
-	snprintf(path, sizeof(path), "%s/memory.current", cgroup);
-	f = fopen(path, "re");
-	if (!f)
-		return 0;
-	if (fscanf(f, "%llu", &v) != 1)
-		v = 0;
-	fclose(f);
-	return v;
+	return procs_mem_bytes(cgroup, 0);
 }
 
 int envs_view(struct supervisor *s, const char *id, struct traj_env_view *ret)

@@ -40,8 +40,9 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 
 /* The policy's view of environment id at a step end: dirty (its dirty set is not empty, or it
  * was never checkpointed, or it is not traced), the bytes of its dirty paths in the upper
- * layer, and its memory (what CRIU dumps: the cgroup's anon + shmem, memory.current when
- * memory.stat is unreadable). Drains the tracer first. -ENOENT: not an environment the
+ * layer, and its memory (what CRIU dumps: anon + shmem, from the cgroup's memory.stat, or
+ * its processes' RssAnon + RssShmem where the memory controller is not on cgroup v2). Drains
+ * the tracer first. -ENOENT: not an environment the
  * supervisor manages (unknown, or a watch only). */
 int envs_view(struct supervisor *s, const char *id, struct traj_env_view *ret);
 

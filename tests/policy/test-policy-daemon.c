@@ -136,8 +136,8 @@ static int teardown(void **state)
 	return 0;
 }
 
-/* A supervisor with the tracer and [policy] settings, an environment e1 idling in it. */
-static void start(struct fx *f, const char *const *policy)
+/* A supervisor with the tracer and [policy] settings, an environment e1 running cmd in it. */
+static void start_cmd(struct fx *f, const char *const *policy, const char *cmd)
 {
 	const char *settings[16] = {f->setting_cg, "env.trace_preload=yes"};
 	struct proto_env_request q = {.op = ENV_OP_CREATE};
@@ -155,13 +155,19 @@ static void start(struct fx *f, const char *const *policy)
 	sv_start(&f->sv, settings);
 	snprintf(q.env, sizeof(q.env), "e1");
 	snprintf(q.root, sizeof(q.root), "%s", f->base);
-	snprintf(q.cmd, sizeof(q.cmd), "cd /work; exec sleep infinity");
+	snprintf(q.cmd, sizeof(q.cmd), "%s", cmd);
 	assert_int_equal(env_call(f, &q, &info, 1), 1);
 	assert_true(info.env_info.pid > 0);
 	f->env_pid = (pid_t)info.env_info.pid;
 	snprintf(f->env_cg, sizeof(f->env_cg), "%s", info.env_info.cgroup);
 	f->fd = client_connect(&f->sv);
 	assert_true(f->fd >= 0);
+}
+
+/* e1 idling. */
+static void start(struct fx *f, const char *const *policy)
+{
+	start_cmd(f, policy, "cd /work; exec sleep infinity");
 }
 
 /* Runs a shell command inside e1 (its cgroup, so the tracer sees it; its namespaces). */
@@ -475,6 +481,80 @@ static void checkpoint_in_fs_delta_aborted_at_the_bound(void **state)
 	assert_int_equal(outcome(f, "completed"), 1);
 }
 
+/* The environment's init's resident memory (VmRSS). */
+static uint64_t rss_bytes(struct fx *f)
+{
+	char path[64], line[256];
+	unsigned long long kb = 0;
+	FILE *fp;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)f->env_pid);
+	fp = fopen(path, "re");
+	assert_non_null(fp);
+	while (fgets(line, sizeof(line), fp))
+		if (sscanf(line, "VmRSS: %llu kB", &kb) == 1)
+			break;
+	fclose(fp);
+	return kb * 1024;
+}
+
+/* The running dump's log: CRIU has started. */
+static bool wait_dump_running(struct fx *f)
+{
+	char path[PATH_MAX + 64];
+	uint64_t deadline = fixture_now_us() + (uint64_t)WAIT_MS * 1000;
+
+	snprintf(path, sizeof(path), "%s/envs/e1/ckpt/.tmp-c00000001/criu/dump.log", f->sv.state);
+	while (fixture_now_us() < deadline) {
+		if (access(path, F_OK) == 0)
+			return true;
+		(void)usleep(1000);
+	}
+	return false;
+}
+
+/* The contract's exception: a CRIU dump already running when the bound comes is not
+ * interrupted (that could kill the environment's tasks); the checkpoint is aborted right after
+ * it, the reply goes out at the thaw, late, and the daemon counts it. */
+static void dump_running_at_the_bound_is_late_and_counted(void **state)
+{
+	static const char *const policy[] = {"policy.mode=adaptive",	 "policy.confidence=0",
+					     "policy.max_delay=50ms",	 "policy.max_turns=1",
+					     "policy.max_unprotected=0", NULL};
+	struct fx *f = *state;
+	struct proto_traj_decision d;
+	struct proto_msg ck[2];
+	uint64_t deadline;
+
+	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	/* 1 GiB of touched anonymous memory: a dump of a second or more, next to no FS delta. */
+	start_cmd(f, policy,
+		  "exec python3 -c 'import time; b = bytearray(b\"x\") * (1 << 30); "
+		  "time.sleep(1e9)'");
+	deadline = fixture_now_us() + (uint64_t)WAIT_MS * 1000;
+	while (rss_bytes(f) < (1ull << 30) && fixture_now_us() < deadline)
+		(void)usleep(10000);
+	assert_true(rss_bytes(f) >= (1ull << 30));
+	d = end_step(f, "t4", 1);
+	d = begin_step(f, "t4", NULL);
+	d = end_step(f, "t4", 2);
+	assert_int_equal(d.act, TRAJ_ACT_CHECKPOINT);
+	assert_string_equal(d.why, "force-turns");
+	/* The view counted its memory: 1 GiB at the 500 MB/s prior. */
+	assert_true(d.cost_us >= 2000000);
+	assert_true(wait_dump_running(f));
+	d = begin_step(f, "t4", NULL);
+	printf("# dump at the bound: max_delay 50 ms, step-begin held %" PRIu64 " us, aborted %u\n",
+	       d.held_us, d.aborted);
+	assert_int_equal(d.aborted, 1);
+	assert_true(d.held_us > 50000 + 10000);
+	assert_int_equal(frozen(f), 0);
+	assert_int_equal(kill(f->env_pid, 0), 0);
+	assert_int_equal(checkpoints(f, ck, 2), 0);
+	assert_int_equal(outcome(f, "aborted"), 1);
+	assert_int_equal(metric(&f->sv, "belayer_policy_holds_past_bound_total", ""), 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -482,6 +562,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(every_turn_holds_until_thawed, setup, teardown),
 		cmocka_unit_test_setup_teardown(checkpoint_in_fs_delta_aborted_at_the_bound, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(dump_running_at_the_bound_is_late_and_counted,
+						setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
