@@ -14,7 +14,8 @@
 
 #include "supervisor-engines.h"
 
-/* Starts a recovery of e (no-op when one runs). trigger: "exit", "liveness", "manual". */
+/* Starts a recovery of e (no-op when one runs). trigger: "exit", "liveness", "manual",
+ * "adopt" (supervisor-engines.c: an adopted group that is not whole). */
 void promote_start(struct supervisor *s, struct sv_engine *e, const char *trigger, pid_t dead_pid,
 		   uint64_t detect_ns);
 /* A shadow rank's PROTO_PROMOTE_DONE. */
