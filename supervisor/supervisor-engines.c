@@ -27,6 +27,8 @@
 
 #define KILL_WAIT_MS 5000
 
+static void journal_sync(struct supervisor *s, struct sv_engine *e);
+
 uint64_t now_ns(void)
 {
 	struct timespec ts;
@@ -157,6 +159,9 @@ int engines_launch(struct supervisor *s, struct sv_engine *e, const char *cmd,
 	supervisor_emit(s, EVENT_ENGINE, (uint32_t)pid, port,
 			"engine \"%s\" %s started on port %u: %s", e->cfg->name,
 			worker_role_to_string(role), port, line + 5);
+	/* At once, not at the next tick: a supervisor that crashes now must not launch it again
+	 * (after a promotion this also records the swap of the groups). */
+	journal_sync(s, e);
 	return 0;
 }
 
