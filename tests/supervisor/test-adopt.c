@@ -374,14 +374,21 @@ static void run_then_crash(pid_t pids[4])
 static void adopts_then_promotes(void **state)
 {
 	pid_t pids[4];
+	uint64_t t0, t_hello, t_ready;
 
 	run_then_crash(pids);
+	t0 = mono_ms();
 	start(true);
 	assert_int_equal(engine_metric("belayer_engine_adopted", NULL), 2);
 	wait_ranks(pids);
+	t_hello = mono_ms();
 	wait_serving_correctly();
 	assert_int_equal(engine_metric("belayer_engine_port", NULL), port_a);
+	t_ready = mono_ms();
 	wait_promotable();
+	print_message("restart -> every rank said hello %" PRIu64 " ms, ready %" PRIu64
+		      " ms, promotable %" PRIu64 " ms\n",
+		      t_hello - t0, t_ready - t0, mono_ms() - t0);
 	/* Nothing was launched, and no other process of the engine said hello. */
 	assert_int_equal(engine_metric("belayer_engine_launches_total", NULL), 0);
 	assert_int_equal(alive_workers(), 4);
