@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -305,20 +306,65 @@ static int act(const struct pol_traj *t, unsigned k)
 	return fixture_ask(port, req, ans, sizeof(ans), 30000);
 }
 
-/* The last turn whose state a completed checkpoint holds, as the decisions tell: the
- * step-begin of turn k+1 reports ("ckpt") the checkpoint of the state after action k,
- * complete "ckus" after that step-end. */
-static unsigned protected_turn(const struct pol_traj *t, unsigned upto, uint64_t at_us)
+unsigned pol_protected_turn(const struct pol_traj *t, unsigned turns, uint64_t at_us)
 {
 	unsigned best = 0;
 
-	for (unsigned g = 1; g <= upto; g++) {
-		const struct pol_turn *u = &t->turn[g];
-
-		if (u->t_begin && u->ckpt[0] && !u->aborted && u->t_end + u->ckpt_us <= at_us)
-			best = g - 1;
-	}
+	for (unsigned k = 0; k <= turns; k++)
+		if (t->ck_done_us[k] && t->ck_done_us[k] <= at_us)
+			best = k;
 	return best;
+}
+
+int pol_env_checkpoints(int fd, const struct pol_rollout *ro, struct pol_traj *t)
+{
+	struct proto_msg m = {.type = PROTO_ENV_REQUEST};
+	uint64_t end = bench_now_ns() + (uint64_t)BUSY_WAIT_MS * 1000000u;
+	char dir[4200];
+	int r;
+
+	memset(t->ck_done_us, 0, sizeof(t->ck_done_us));
+	t->ck_listed = 0;
+	/* <state>/envs/ID/root -> <state>/envs/ID/ckpt/CKPT */
+	snprintf(dir, sizeof(dir), "%s", t->root);
+	if (strrchr(dir, '/'))
+		*strrchr(dir, '/') = '\0';
+again:
+	m = (struct proto_msg){.type = PROTO_ENV_REQUEST};
+	m.env_request.op = ENV_OP_LIST;
+	snprintf(m.env_request.env, sizeof(m.env_request.env), "%s", t->env);
+	r = proto_send(fd, &m, 0);
+	if (r < 0)
+		return r;
+	for (;;) {
+		r = recv_wait(fd, &m, SV_WAIT_MS);
+		if (r < 0)
+			return r;
+		if (m.type == PROTO_ERROR) {
+			r = -abs(m.error.code ? m.error.code : EIO);
+			if (r == -EBUSY && bench_now_ns() < end) {
+				(void)poll(NULL, 0, 5);
+				goto again;
+			}
+			return r;
+		}
+		if (m.type == PROTO_END)
+			return 0;
+		if (m.type == PROTO_ENV_INFO && m.env_info.turn < POL_MAX_TURNS + 1) {
+			char path[4400];
+			struct stat st;
+
+			snprintf(path, sizeof(path), "%s/ckpt/%s", dir, m.env_info.ckpt);
+			if (stat(path, &st) == 0) {
+				uint64_t ns = (uint64_t)st.st_ctim.tv_sec * 1000000000u +
+					      (uint64_t)st.st_ctim.tv_nsec;
+
+				t->ck_done_us[m.env_info.turn] =
+					ns > ro->t0_real_ns ? (ns - ro->t0_real_ns) / 1000 : 1;
+				t->ck_listed++;
+			}
+		}
+	}
 }
 
 static void *killer(void *arg)
@@ -365,7 +411,12 @@ static int recover(struct pol_rollout *ro, int fd, struct pol_traj *t, unsigned 
 	FILE *fp;
 	int r;
 
-	f->computed_turn = protected_turn(t, at_gen, f->at_us);
+	/* The computed figure: from the checkpoints committed before the failure. */
+	r = pol_env_checkpoints(fd, ro, t);
+	if (r < 0)
+		return log_error_errno(r, "%s: cannot list the checkpoints of %s: %m", t->id,
+				       t->env);
+	f->computed_turn = pol_protected_turn(t, ro->turns, f->at_us);
 	f->computed_lost_us = f->at_us - t->act_end[f->computed_turn];
 	snprintf(q.env, sizeof(q.env), "%s", t->env);
 	r = env_request_retry(fd, &q, &info);
@@ -474,11 +525,9 @@ static void *traj_run(void *arg)
 			break;
 		u->t_begin = pol_now_us(ro);
 		u->held_us = d.held_us;
-#if BENCH_HAS_TRAJ_CKPT
 		u->ckpt_us = d.ckpt_us;
 		u->aborted = d.aborted;
 		snprintf(u->ckpt, sizeof(u->ckpt), "%s", d.ckpt);
-#endif
 		if (g <= ro->turns && !pending_failure(t)) {
 			r = act(t, g);
 			if (r < 0 && !pending_failure(t)) {
@@ -518,12 +567,20 @@ int pol_rollout_run(struct pol_rollout *ro)
 	unsigned started = 0;
 	int r = 0;
 
-	ro->t0_ns = bench_now_ns();
+	{
+		struct timespec ts;
+
+		ro->t0_ns = bench_now_ns();
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ro->t0_real_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	}
 	for (unsigned i = 0; i < ro->ntraj; i++) {
 		struct pol_traj *t = &ro->traj[i];
 
 		memset(t->turn, 0, sizeof(t->turn));
 		memset(t->act_end, 0, sizeof(t->act_end));
+		memset(t->ck_done_us, 0, sizeof(t->ck_done_us));
+		t->ck_listed = 0;
 		t->fail = (struct pol_failure){0};
 		atomic_store(&t->killed, false);
 		t->t_start = t->t_done = 0;

@@ -74,6 +74,10 @@ struct pol_traj {
 	struct pol_turn turn[POL_MAX_TURNS + 2];
 	uint64_t t_start, t_done;	     /* µs since the rollout's start */
 	uint64_t act_end[POL_MAX_TURNS + 1]; /* end of action k (0: the start) */
+	/* When the checkpoint of the state after action k was committed (its directory's
+	 * rename, µs since the rollout's start; 0: none), from the environment's list. */
+	uint64_t ck_done_us[POL_MAX_TURNS + 1];
+	unsigned ck_listed;
 	struct pol_failure fail;
 	atomic_bool killed;
 	int err;
@@ -85,6 +89,7 @@ struct pol_rollout {
 	uint16_t gateway;
 	unsigned turns, prompt;
 	uint64_t t0_ns;
+	uint64_t t0_real_ns; /* CLOCK_REALTIME at t0 (checkpoint directories' ctime) */
 	struct pol_traj *traj;
 	unsigned ntraj;
 };
@@ -97,6 +102,10 @@ int pol_env_request(int fd, const struct proto_env_request *q, struct proto_env_
 int pol_env_create(int fd, const char *base, struct pol_traj *t);
 /* Refreshes the environment's pid, root and cgroup (after a create or restore). */
 int pol_env_refresh(int fd, struct pol_traj *t);
+/* Reads the environment's checkpoints (turn, commit time) into t->ck_done_us. */
+int pol_env_checkpoints(int fd, const struct pol_rollout *ro, struct pol_traj *t);
+/* The last turn protected at at_us (0: none, the start) by a committed checkpoint. */
+unsigned pol_protected_turn(const struct pol_traj *t, unsigned turns, uint64_t at_us);
 /* Runs every trajectory of ro concurrently until all are done (or one failed). */
 int pol_rollout_run(struct pol_rollout *ro);
 uint64_t pol_now_us(const struct pol_rollout *ro);
