@@ -1003,7 +1003,9 @@ int envs_view(struct supervisor *s, const char *id, struct traj_env_view *ret)
 		return -ENOENT;
 	*ret = (struct traj_env_view){.mem_bytes = cgroup_mem_bytes(sl->cgroup)};
 	envs_drain(s);
-	if (!sl->dirty || !s->envs->et || !sl->env->head[0]) {
+	/* sl->env->head is the offload thread's while a job runs (a checkpoint it commits, or one
+	 * that fails and puts its dirty paths back): the dirty set alone says it then. */
+	if (!sl->dirty || !s->envs->et || (!sl->busy && !sl->env->head[0])) {
 		/* No tracer: nothing says it is clean. Never checkpointed: all of it is new. */
 		ret->dirty = true;
 		return 0;

@@ -6,7 +6,9 @@
  * Create, adopt, checkpoint, restore, rebuild and destroy change what runs on the node: only
  * root (or the supervisor's own user) may ask. They run on the offload thread, one at a time
  * per environment (a second request meanwhile: -EBUSY); the reply (PROTO_ENV_INFO + END) goes
- * out when the job is done. List, dirty and log are answered at once.
+ * out when the job is done. List, dirty and log are answered at once. A checkpoint naming a
+ * trajectory that completes is reported to the checkpoint policy's tracker
+ * (supervisor-traj-ctl.h), and the policy runs its own checkpoints as the same jobs (below).
  *
  * Tracing: envtrace is loaded when [env] trace=yes (see envs_start); when BPF is unavailable one line
  * says so and environments work without it (every checkpoint then compares the upper layer
