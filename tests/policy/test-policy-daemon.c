@@ -185,6 +185,7 @@ static void env_exec(struct fx *f, const char *cmd)
 struct step {
 	enum traj_event ev;
 	uint64_t turn, out, mtps;
+	const char *env; /* NULL: e1 */
 };
 
 /* One step event; the decision, and the wall time its reply took (µs) in *ret_wall_us. */
@@ -196,7 +197,7 @@ static struct proto_traj_decision step(struct fx *f, const char *traj, struct st
 
 	q.traj_step.ev = st.ev;
 	snprintf(q.traj_step.trajectory, sizeof(q.traj_step.trajectory), "%s", traj);
-	snprintf(q.traj_step.env, sizeof(q.traj_step.env), "e1");
+	snprintf(q.traj_step.env, sizeof(q.traj_step.env), "%s", st.env ? st.env : "e1");
 	q.traj_step.turn = st.turn;
 	q.traj_step.output_tokens = st.out;
 	q.traj_step.decode_mtps = st.mtps;
@@ -407,6 +408,15 @@ static void every_turn_holds_until_thawed(void **state)
 	assert_int_equal(metric(&f->sv, "belayer_policy_holds_total", ""), 2);
 	d = end_step(f, "t2", 3);
 	assert_string_equal(d.why, "clean");
+
+	/* An environment the supervisor does not manage: the decision is advice, nothing runs,
+	 * nothing is held. */
+	d = step(f, "t5", (struct step){.ev = TRAJ_STEP_END, .env = "elsewhere"}, NULL);
+	assert_int_equal(d.act, TRAJ_ACT_CHECKPOINT_SYNC);
+	d = step(f, "t5", (struct step){.ev = TRAJ_STEP_BEGIN, .env = "elsewhere"}, NULL);
+	assert_int_equal(d.held_us, 0);
+	assert_int_equal(d.ckpt_us, 0);
+	assert_int_equal(metric(&f->sv, "belayer_policy_checkpoints_started_total", ""), 2);
 }
 
 /* THE BOUND: the checkpoint is copying a 1 GiB FS delta when the step-begin arrives; the reply
