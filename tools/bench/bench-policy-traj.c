@@ -30,9 +30,9 @@
 #include "log.h"
 #include "util.h"
 
-#define SV_WAIT_MS   120000 /* every-turn holds a step-begin for a whole checkpoint */
+#define SV_WAIT_MS   30000 /* every-turn holds a step-begin for a whole checkpoint */
 #define GEN_WAIT_MS  120000
-#define BUSY_WAIT_MS 60000
+#define BUSY_WAIT_MS 30000
 
 uint64_t pol_now_us(const struct pol_rollout *ro)
 {

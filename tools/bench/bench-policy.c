@@ -73,6 +73,7 @@ struct popts {
 	unsigned trajs, turns, failures, prompt, tokens, rounds;
 	uint64_t seed;
 	bool quick, json, pin;
+	int only; /* -1: every policy */
 	const char *plot;
 };
 
@@ -418,20 +419,21 @@ static int run_policy(const struct popts *o, const struct world_paths *wp, enum 
 	destroy_envs(fd, tr, o->trajs);
 	envs = false;
 
-	/* Real failures: the first few trajectories again, each killed once at a drawn time. */
+	/* Real failures: the same rollout again (same load), the first few trajectories each
+	 * killed once at a drawn time. */
 	if (failures && o->failures) {
-		for (unsigned i = 0; i < o->failures; i++) {
+		for (unsigned i = 0; i < o->trajs; i++) {
 			ftr[i] = tr[i];
 			snprintf(ftr[i].id, sizeof(ftr[i].id), "bench-fail-%u", i);
 			snprintf(ftr[i].env, sizeof(ftr[i].env), "bench-fenv-%u", i);
-			ftr[i].fail_at_us = fail_time(&s, &tr[i]);
+			ftr[i].fail_at_us = i < o->failures ? fail_time(&s, &tr[i]) : 0;
 		}
 		fenvs = true;
-		r = create_envs(fd, wp->base, ftr, o->failures);
+		r = create_envs(fd, wp->base, ftr, o->trajs);
 		if (r < 0)
 			goto out;
 		ro.traj = ftr;
-		ro.ntraj = o->failures;
+		ro.ntraj = o->trajs;
 		r = pol_rollout_run(&ro);
 		if (r < 0) {
 			log_error_errno(r, "The %s failure rollout failed (see %s): %m",
@@ -458,7 +460,7 @@ out:
 		if (envs)
 			destroy_envs(fd, tr, o->trajs);
 		if (fenvs)
-			destroy_envs(fd, ftr, o->failures);
+			destroy_envs(fd, ftr, o->trajs);
 		close(fd);
 	}
 	rec_world_close(&w);
@@ -674,7 +676,7 @@ static void usage(FILE *f)
 	fprintf(f, "Usage: belayer-bench policy [--json] [--quick] [--trajectories N] [--turns T]\n"
 		   "                            [--tokens MEDIAN] [--failures N] [--rounds R] "
 		   "[--seed S]\n"
-		   "                            [--plot FILE.png] [--no-pin]\n");
+		   "                            [--plot FILE.png] [--no-pin] [--only POLICY]\n");
 }
 
 int bench_policy(const struct bench_args *a, int argc, char **argv)
@@ -689,6 +691,7 @@ int bench_policy(const struct bench_args *a, int argc, char **argv)
 						{"rounds", required_argument, NULL, 'r'},
 						{"plot", required_argument, NULL, 'p'},
 						{"no-pin", no_argument, NULL, 'P'},
+						{"only", required_argument, NULL, 'o'},
 						{"help", no_argument, NULL, 'h'},
 						{}};
 	struct popts o = {.trajs = 8,
@@ -700,6 +703,7 @@ int bench_policy(const struct bench_args *a, int argc, char **argv)
 			  .seed = 11,
 			  .json = a->json,
 			  .pin = true,
+			  .only = -1,
 			  .plot = "belayer-bench-policy.png"};
 	struct pol_result res[POL_COUNT] = {0};
 	struct world_paths wp = {0};
@@ -709,7 +713,7 @@ int bench_policy(const struct bench_args *a, int argc, char **argv)
 	int c, r = 0;
 
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "jqn:t:k:f:s:r:p:Ph", options, NULL)) >= 0)
+	while ((c = getopt_long(argc, argv, "jqn:t:k:f:s:r:p:Po:h", options, NULL)) >= 0)
 		switch (c) {
 		case 'j':
 			o.json = true;
@@ -745,6 +749,15 @@ int bench_policy(const struct bench_args *a, int argc, char **argv)
 			break;
 		case 'P':
 			o.pin = false;
+			break;
+		case 'o':
+			for (o.only = POL_COUNT - 1; o.only >= 0; o.only--)
+				if (strcmp(optarg, mode_names[o.only]) == 0)
+					break;
+			if (o.only < 0) {
+				usage(stderr);
+				return -EINVAL;
+			}
 			break;
 		case 'h':
 			usage(stdout);
@@ -811,6 +824,8 @@ int bench_policy(const struct bench_args *a, int argc, char **argv)
 		for (int i = 0; i < POL_COUNT; i++) {
 			enum pol_mode m = (enum pol_mode)((k + (unsigned)i) % POL_COUNT);
 
+			if (o.only >= 0 && (int)m != o.only && m != POL_NEVER)
+				continue;
 			r = run_policy(&o, &wp, m, k == 0, tr, ftr, &res[m]);
 			if (r < 0)
 				goto out;
