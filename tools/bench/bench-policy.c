@@ -37,7 +37,9 @@
  * emulator decoding is host work, and a checkpoint taking CPU from it would slow generation
  * in a way a real GPU is not slowed (--no-pin to measure without).
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -47,6 +49,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -332,6 +335,42 @@ struct world_paths {
 	char wfile[4200], base[4200], cgroup[4200];
 };
 
+/* What a failed run left: environments' overlays still mounted (the world's directory is
+ * removed next) and their cgroups. Normally empty: every environment was destroyed. */
+static void sweep(const struct rec_world *w, const char *cgroup)
+{
+	char path[PATH_MAX];
+	struct dirent *de;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "%s/state/envs", w->dir);
+	d = w->dir[0] ? opendir(path) : NULL;
+	while (d && (de = readdir(d)))
+		if (de->d_name[0] != '.') {
+			snprintf(path, sizeof(path), "%s/state/envs/%s/root", w->dir, de->d_name);
+			(void)umount2(path, MNT_DETACH);
+		}
+	if (d)
+		closedir(d);
+	d = opendir(cgroup);
+	while (d && (de = readdir(d)))
+		if (de->d_type == DT_DIR && de->d_name[0] != '.') {
+			int fd;
+
+			snprintf(path, sizeof(path), "%s/%s/cgroup.kill", cgroup, de->d_name);
+			fd = open(path, O_WRONLY | O_CLOEXEC);
+			if (fd >= 0) {
+				(void)!write(fd, "1", 1);
+				close(fd);
+			}
+			snprintf(path, sizeof(path), "%s/%s", cgroup, de->d_name);
+			for (int i = 0; i < 50 && rmdir(path) < 0 && errno == EBUSY; i++)
+				(void)poll(NULL, 0, 10);
+		}
+	if (d)
+		closedir(d);
+}
+
 /* A failure time for the failure rollout: 15..95% into the trajectory's failure-free span. */
 static uint64_t fail_time(uint64_t *s, const struct pol_traj *t)
 {
@@ -463,6 +502,7 @@ out:
 			destroy_envs(fd, ftr, o->trajs);
 		close(fd);
 	}
+	sweep(&w, wp->cgroup);
 	rec_world_close(&w);
 	return r;
 }
