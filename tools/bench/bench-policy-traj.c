@@ -510,6 +510,10 @@ static void *traj_run(void *arg)
 		u->end_ok = true;
 		u->end_act = d.act;
 		snprintf(u->end_why, sizeof(u->end_why), "%s", d.why);
+		u->bub_us = d.bubble_us;
+		u->bub_err = d.bubble_err_pm;
+		u->cost_us = d.cost_us;
+		u->cost_err = d.cost_err_pm;
 		u->t_gen0 = pol_now_us(ro);
 		n = generate(ro, t, plen, t->out_tokens[g], g);
 		if (n < 0) {

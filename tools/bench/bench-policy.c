@@ -93,6 +93,10 @@ struct pol_result {
 	double lost_mean_s, lost_p95_s; /* per failure, drawn */
 	/* Mean per turn, ms: step-end answered, generation, step-begin answered, action. */
 	double end_ms, gen_ms, begin_ms, act_ms;
+	/* The step-end predictions (means over those with a bubble predicted), ms and per mille:
+	 * bubble, its error, |predicted - measured generation|, checkpoint cost, its error. */
+	double bub_ms, bub_err, bub_miss_ms, cost_ms, cost_err;
+	unsigned npred, ncost, nckus;
 	/* The step-end decisions' reasons. */
 	struct {
 		char why[32];
@@ -265,11 +269,25 @@ static void summarize(const struct popts *o, enum pol_mode mode, const struct po
 			res->tokens += (unsigned)u->tokens;
 			res->held_us += u->held_us;
 			res->ckpt_us += u->ckpt_us;
+			res->nckus += u->ckpt_us > 0;
 			res->ckpt_reported += u->ckpt[0] && !u->aborted;
 			res->ckpt_aborted += u->aborted;
 			res->ckpt_decided += u->end_ok && u->end_act != TRAJ_ACT_NONE;
 			if (u->end_ok)
 				count_why(res, u->end_why[0] ? u->end_why : "-");
+			if (u->end_ok && u->bub_us) {
+				double gen = (double)(u->t_gen1 - u->t_gen0) / 1e3;
+
+				res->bub_ms += (double)u->bub_us / 1e3;
+				res->bub_err += u->bub_err;
+				res->bub_miss_ms += fabs((double)u->bub_us / 1e3 - gen);
+				res->npred++;
+			}
+			if (u->end_ok && u->cost_us) {
+				res->cost_ms += (double)u->cost_us / 1e3;
+				res->cost_err += u->cost_err;
+				res->ncost++;
+			}
 			res->end_ms += (double)(u->t_gen0 - u->t_end) / 1e3;
 			res->gen_ms += (double)(u->t_gen1 - u->t_gen0) / 1e3;
 			res->begin_ms += (double)(u->t_begin - u->t_gen1) / 1e3;
@@ -316,6 +334,15 @@ static void finish(const struct popts *o, struct pol_result *res)
 		r->gen_ms /= nt * (o->turns + 1);
 		r->begin_ms /= nt * (o->turns + 1);
 		r->act_ms /= nt * o->turns;
+		if (r->npred) {
+			r->bub_ms /= r->npred;
+			r->bub_err /= r->npred;
+			r->bub_miss_ms /= r->npred;
+		}
+		if (r->ncost) {
+			r->cost_ms /= r->ncost;
+			r->cost_err /= r->ncost;
+		}
 		r->lost_mean_s /= r->rounds;
 		r->lost_p95_s /= r->rounds;
 		r->hidden = r->ckpt_us ? 1.0 - (double)r->held_us / (double)r->ckpt_us : NAN;
@@ -603,6 +630,18 @@ static void print_json(const struct popts *o, const struct pol_result *res, cons
 		json_object_object_add(p, "turn_step_begin_ms",
 				       json_object_new_double(r->begin_ms));
 		json_object_object_add(p, "turn_action_ms", json_object_new_double(r->act_ms));
+		json_object_object_add(p, "predicted_bubbles", json_object_new_int((int)r->npred));
+		json_object_object_add(p, "predicted_bubble_ms", json_object_new_double(r->bub_ms));
+		json_object_object_add(p, "predicted_bubble_err_pm",
+				       json_object_new_double(r->bub_err));
+		json_object_object_add(p, "bubble_abs_error_ms",
+				       json_object_new_double(r->bub_miss_ms));
+		json_object_object_add(p, "predicted_cost_ms", json_object_new_double(r->cost_ms));
+		json_object_object_add(
+			p, "checkpoint_ran_ms_mean",
+			json_object_new_double(r->nckus ? (double)r->ckpt_us / 1e3 / r->nckus : 0));
+		json_object_object_add(p, "predicted_cost_err_pm",
+				       json_object_new_double(r->cost_err));
 		json_object_object_add(p, "work_lost_mean_s",
 				       json_object_new_double(r->lost_mean_s));
 		json_object_object_add(p, "work_lost_p95_s", json_object_new_double(r->lost_p95_s));
@@ -683,6 +722,15 @@ static void print_table(const struct popts *o, const struct pol_result *res, con
 		if (res[m].ran)
 			printf("%-11s %8.1f / %8.1f / %8.1f / %8.1f\n", mode_names[m],
 			       res[m].end_ms, res[m].gen_ms, res[m].begin_ms, res[m].act_ms);
+	printf("\nstep-end predictions (means): bubble ms (err per mille; |predicted - "
+	       "generation| ms; of n) / checkpoint cost ms (err per mille) / checkpoints ran "
+	       "(ckus) ms\n");
+	for (int m = 0; m < POL_COUNT; m++)
+		if (res[m].ran)
+			printf("%-11s %8.1f (%4.0f; %7.1f; %u) / %7.1f (%4.0f) / %7.1f\n",
+			       mode_names[m], res[m].bub_ms, res[m].bub_err, res[m].bub_miss_ms,
+			       res[m].npred, res[m].cost_ms, res[m].cost_err,
+			       res[m].nckus ? (double)res[m].ckpt_us / 1e3 / res[m].nckus : 0);
 	printf("\ntargets: adaptive slowdown <= 1%%, hidden >= 90%% (hidden = 1 - sum(held) / "
 	       "sum(ckus) over the step-begin decisions)\n");
 	printf("lost/fail: failures at %u drawn times per trajectory over the measured "

@@ -39,6 +39,8 @@ struct pol_turn {
 	bool end_ok;	  /* a decision came back for the step-end */
 	enum traj_action end_act;
 	char end_why[32];
+	uint64_t bub_us, cost_us; /* step-end: the predicted bubble and checkpoint cost */
+	uint32_t bub_err, cost_err;
 	uint64_t held_us; /* step-begin: "held" */
 	uint64_t ckpt_us; /* step-begin: "ckus" */
 	bool aborted;	  /* step-begin: "abrt" */
