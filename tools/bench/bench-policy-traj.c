@@ -400,8 +400,7 @@ static void *killer(void *arg)
 
 /* After the environment was killed: restore its latest checkpoint (or rebuild it), check
  * what came back, and say where the trajectory carries on. */
-static int recover(struct pol_rollout *ro, int fd, struct pol_traj *t, unsigned at_gen,
-		   unsigned *ret_next)
+static int recover(struct pol_rollout *ro, int fd, struct pol_traj *t, unsigned *ret_next)
 {
 	struct proto_env_request q = {.op = ENV_OP_RESTORE};
 	struct proto_env_info info = {0};
@@ -547,7 +546,7 @@ static void *traj_run(void *arg)
 		if (pending_failure(t)) {
 			unsigned next;
 
-			r = recover(ro, fd, t, g, &next);
+			r = recover(ro, fd, t, &next);
 			g = next;
 			continue;
 		}

@@ -208,8 +208,7 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* Work lost by failures at drawn times over each trajectory's timeline. */
-static void work_lost(const struct popts *o, enum pol_mode mode, const struct pol_traj *tr,
-		      struct pol_result *res)
+static void work_lost(const struct popts *o, const struct pol_traj *tr, struct pol_result *res)
 {
 	size_t n = (size_t)o->trajs * MC_SAMPLES, k = 0;
 	double *v = calloc(n, sizeof(*v)), sum = 0;
@@ -225,7 +224,6 @@ static void work_lost(const struct popts *o, enum pol_mode mode, const struct po
 				     (uint64_t)(rnd_unit(&s) * (double)(t->t_done - t->t_start));
 			uint64_t from = t->act_end[pol_protected_turn(t, o->turns, f)];
 
-			(void)mode;
 			v[k] = (double)(f - from) / 1e6;
 			sum += v[k++];
 		}
@@ -236,7 +234,6 @@ static void work_lost(const struct popts *o, enum pol_mode mode, const struct po
 	free(v);
 }
 
-/* The failure-free figures of one policy's rollout. */
 static void count_why(struct pol_result *res, const char *why)
 {
 	unsigned i;
@@ -252,9 +249,8 @@ static void count_why(struct pol_result *res, const char *why)
 	res->why[i].n++;
 }
 
-/* Adds one failure-free rollout's figures. */
-static void summarize(const struct popts *o, enum pol_mode mode, const struct pol_traj *tr,
-		      struct pol_result *res)
+/* Adds the figures of one policy's failure-free rollout. */
+static void summarize(const struct popts *o, const struct pol_traj *tr, struct pol_result *res)
 {
 	uint64_t end = 0;
 
@@ -300,7 +296,7 @@ static void summarize(const struct popts *o, enum pol_mode mode, const struct po
 	{
 		struct pol_result one = {0};
 
-		work_lost(o, mode, tr, &one);
+		work_lost(o, tr, &one);
 		res->lost_mean_s += one.lost_mean_s;
 		res->lost_p95_s += one.lost_p95_s;
 	}
@@ -481,7 +477,7 @@ static int run_policy(const struct popts *o, const struct world_paths *wp, enum 
 	}
 	if (r < 0)
 		goto out;
-	summarize(o, mode, tr, res);
+	summarize(o, tr, res);
 	destroy_envs(fd, tr, o->trajs);
 	envs = false;
 
