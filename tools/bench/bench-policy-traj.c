@@ -373,18 +373,18 @@ static void *killer(void *arg)
 		const struct pol_rollout *ro;
 		struct pol_traj *t;
 	} *k = arg;
+	struct timespec ts = {.tv_sec = (time_t)(k->t->fail_delay_us / 1000000),
+			      .tv_nsec = (long)(k->t->fail_delay_us % 1000000) * 1000};
 	char path[4200];
-	int64_t wait_us = (int64_t)k->t->fail_at_us - (int64_t)pol_now_us(k->ro);
 	int fd;
 
-	if (wait_us > 0) {
-		struct timespec ts = {.tv_sec = wait_us / 1000000,
-				      .tv_nsec = (wait_us % 1000000) * 1000};
-
-		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-			;
-	}
-	if (k->t->t_done)
+	/* Relative to the trajectory's own progress, so that the failure lands inside it
+	 * however fast this rollout runs. */
+	while (atomic_load(&k->t->at_turn) < k->t->fail_turn && !atomic_load(&k->t->finished))
+		(void)poll(NULL, 0, 1);
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+	if (atomic_load(&k->t->finished))
 		return NULL;
 	k->t->fail.at_us = pol_now_us(k->ro);
 	/* Flagged first: an action the kill breaks must know why it failed. */
@@ -491,7 +491,7 @@ static void *traj_run(void *arg)
 	}
 	t->t_start = pol_now_us(ro);
 	t->act_end[0] = t->t_start;
-	if (t->fail_at_us && pthread_create(&kt, NULL, killer, &kargs) == 0)
+	if (t->fail_turn && pthread_create(&kt, NULL, killer, &kargs) == 0)
 		have_killer = true;
 	for (unsigned g = 1; g <= ro->turns + 1 && r >= 0;) {
 		struct pol_turn *u = &t->turn[g];
@@ -500,6 +500,7 @@ static void *traj_run(void *arg)
 		int64_t n;
 
 		*u = (struct pol_turn){.t_end = pol_now_us(ro)};
+		atomic_store(&t->at_turn, g);
 		/* The observation of action g-1 went back: a bubble starts. The framework knows
 		 * the prompt length and the decode rate it measured (0 on the first turn: the
 		 * gateway's view then). */
@@ -553,6 +554,7 @@ static void *traj_run(void *arg)
 		g++;
 	}
 	t->t_done = pol_now_us(ro);
+	atomic_store(&t->finished, true);
 	if (have_killer)
 		(void)pthread_join(kt, NULL);
 	close(fd);
@@ -586,6 +588,8 @@ int pol_rollout_run(struct pol_rollout *ro)
 		t->ck_listed = 0;
 		t->fail = (struct pol_failure){0};
 		atomic_store(&t->killed, false);
+		atomic_store(&t->at_turn, 0);
+		atomic_store(&t->finished, false);
 		t->t_start = t->t_done = 0;
 		t->err = 0;
 		args[i].ro = ro;

@@ -394,10 +394,16 @@ static void sweep(const struct rec_world *w, const char *cgroup)
 		closedir(d);
 }
 
-/* A failure time for the failure rollout: 15..95% into the trajectory's failure-free span. */
-static uint64_t fail_time(uint64_t *s, const struct pol_traj *t)
+/* A real failure for the failure rollout: a drawn turn 1..turns, at a drawn point of that
+ * turn's failure-free span (step-end to the next step-end): generation, step-begin or
+ * action. */
+static void fail_draw(uint64_t *s, unsigned turns, struct pol_traj *t)
 {
-	return (uint64_t)((0.15 + 0.8 * rnd_unit(s)) * (double)(t->t_done - t->t_start));
+	unsigned g = 1 + (unsigned)(rnd(s) % turns);
+
+	t->fail_turn = g;
+	t->fail_delay_us =
+		(uint64_t)(rnd_unit(s) * (double)(t->turn[g + 1].t_end - t->turn[g].t_end));
 }
 
 static int run_policy(const struct popts *o, const struct world_paths *wp, enum pol_mode mode,
@@ -462,7 +468,7 @@ static int run_policy(const struct popts *o, const struct world_paths *wp, enum 
 	if (r < 0)
 		goto out;
 	for (unsigned i = 0; i < o->trajs; i++)
-		tr[i].fail_at_us = 0;
+		tr[i].fail_turn = 0;
 	ro.traj = tr;
 	ro.ntraj = o->trajs;
 	r = pol_rollout_run(&ro);
@@ -488,7 +494,9 @@ static int run_policy(const struct popts *o, const struct world_paths *wp, enum 
 			ftr[i] = tr[i];
 			snprintf(ftr[i].id, sizeof(ftr[i].id), "bench-fail-%u", i);
 			snprintf(ftr[i].env, sizeof(ftr[i].env), "bench-fenv-%u", i);
-			ftr[i].fail_at_us = i < o->failures ? fail_time(&s, &tr[i]) : 0;
+			ftr[i].fail_turn = 0;
+			if (i < o->failures)
+				fail_draw(&s, o->turns, &ftr[i]);
 		}
 		fenvs = true;
 		r = create_envs(fd, wp->base, ftr, o->trajs);

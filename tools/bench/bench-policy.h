@@ -71,7 +71,11 @@ struct pol_traj {
 	uint16_t srv_port; /* the environment's server */
 	char root[4096], cgroup[4096];
 	uint32_t pid;
-	uint64_t fail_at_us; /* 0: none */
+	/* A real failure: fail_delay_us into turn fail_turn (its step-end; 0: none). */
+	unsigned fail_turn;
+	uint64_t fail_delay_us;
+	atomic_uint at_turn; /* the turn under way */
+	atomic_bool finished;
 	/* results */
 	struct pol_turn turn[POL_MAX_TURNS + 2];
 	uint64_t t_start, t_done;	     /* µs since the rollout's start */
