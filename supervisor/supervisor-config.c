@@ -165,10 +165,12 @@ static const struct key keys[] = {
 	      "/ step-end) are checkpointed: never; every-turn (at every step end, the next action "
 	      "waits for it); adaptive (inside the inference bubble when it is predicted to hide "
 	      "the checkpoint, or when forced by max_turns / max_unprotected)."),
-	U32("policy", "confidence", policy_confidence_pct, 0, 1000, "100",
-	    "Adaptive: margin, in percent of each predictor's error estimate, by which the "
-	    "predicted bubble is shrunk and the predicted checkpoint cost grown before comparing "
-	    "them (0: compare the predictions as they are)."),
+	U32("policy", "confidence", policy_confidence_pct, 0, 100, "90",
+	    "Adaptive: how sure, in percent, the policy must be that the inference bubble outlasts "
+	    "the checkpoint before it starts one: the share of the remembered generation lengths "
+	    "(the trajectory's, or the fleet's until it has 8) whose remainder outlasts the "
+	    "checkpoint's predicted cost grown by its error estimate (0: whenever a bubble is "
+	    "predicted)."),
 	TYPED("policy", "max_delay", KEY_MS, policy_max_delay_ms, "50ms",
 	      "Adaptive: longest an action waits for a checkpoint still running when it arrives; "
 	      "past it the checkpoint is aborted and the turn stays unprotected."),

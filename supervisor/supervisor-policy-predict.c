@@ -57,6 +57,25 @@ int bubble_predict(const struct bubble_predictor *p, const struct bubble_input *
 	return 0;
 }
 
+int bubble_prob_exceeds(const struct bubble_predictor *p, const struct bubble_input *in,
+			double secs, double *ret_p)
+{
+	uint32_t alive = 0, longer = 0;
+
+	if (!(in->decode_tps > 0))
+		return -EINVAL;
+	if (p->n_lengths == 0)
+		return -ENODATA;
+	for (uint32_t i = 0; i < p->n_lengths; i++)
+		if (p->lengths[i] > in->tokens_generated) {
+			alive++;
+			if ((double)(p->lengths[i] - in->tokens_generated) / in->decode_tps > secs)
+				longer++;
+		}
+	*ret_p = alive == 0 ? 0 : (double)longer / alive;
+	return 0;
+}
+
 void bubble_observe(struct bubble_predictor *p, uint64_t output_tokens, double predicted_secs,
 		    double actual_secs)
 {

@@ -52,6 +52,12 @@ void bubble_predictor_init(struct bubble_predictor *p, double alpha);
  * A request that has outlived every remembered length is predicted to end now (0 s). */
 int bubble_predict(const struct bubble_predictor *p, const struct bubble_input *in,
 		   double *ret_secs);
+/* The probability, from the history, that the remaining bubble outlasts secs: among the
+ * remembered lengths L the pending request has not reached yet (L > generated), the fraction
+ * whose remainder (L - generated) / rate exceeds secs. 0 when the request has outlived every
+ * remembered length. -ENODATA / -EINVAL as bubble_predict. */
+int bubble_prob_exceeds(const struct bubble_predictor *p, const struct bubble_input *in,
+			double secs, double *ret_p);
 /* The bubble ended: the request produced output_tokens in total; predicted_secs was the
  * prediction made at its start (negative: none was made) and actual_secs what it lasted. */
 void bubble_observe(struct bubble_predictor *p, uint64_t output_tokens, double predicted_secs,

@@ -50,8 +50,6 @@ static void decide(struct policy_decision *d, enum policy_action a, enum policy_
 void policy_step_end(const struct policy_config *c, struct policy_traj *t,
 		     const struct policy_inputs *in, struct policy_decision *ret)
 {
-	double lo_bubble, hi_cost;
-
 	if (c->mode == POLICY_NEVER)
 		return decide(ret, POLICY_SKIP, POLICY_R_MODE_NEVER);
 	if (!in->dirty) {
@@ -72,11 +70,14 @@ void policy_step_end(const struct policy_config *c, struct policy_traj *t,
 
 	if (!in->bubble_known)
 		return decide(ret, POLICY_SKIP, POLICY_R_NO_FIT);
-	lo_bubble = in->bubble_s * (1.0 - c->confidence * in->bubble_err);
-	hi_cost = in->cost_s * (1.0 + c->confidence * in->cost_err);
-	if (lo_bubble > hi_cost)
+	if (in->bubble_p >= c->confidence)
 		return decide(ret, POLICY_CHECKPOINT, POLICY_R_FITS);
 	return decide(ret, POLICY_SKIP, POLICY_R_NO_FIT);
+}
+
+double policy_cost_bound(double cost_s, double cost_err)
+{
+	return cost_s * (1.0 + (cost_err > 0 ? cost_err : 0));
 }
 
 void policy_checkpoint_done(struct policy_traj *t, uint64_t now_us)

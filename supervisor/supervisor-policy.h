@@ -10,10 +10,11 @@
  *   every-turn  a checkpoint at every step end, synchronous: the next action waits for it
  *               however long it takes (the baseline for work lost). The delay bound does not
  *               apply: waiting is the mode's definition.
- *   adaptive    at step end, checkpoint when the bubble's pessimistic estimate exceeds the
- *               checkpoint's pessimistic estimate (each widened by confidence x its predictor's
- *               error), or when more than max_turns turns or max_unprotected of work are
- *               unprotected (forced). Clean environments (no dirty path since their last
+ *   adaptive    at step end, checkpoint when the bubble outlasts the checkpoint with at
+ *               least the configured confidence (a probability: the share of remembered
+ *               generation lengths whose remainder outlasts the checkpoint's pessimistic cost,
+ *               cost x (1 + its predictor's error)), or when more than max_turns turns or
+ *               max_unprotected of work are unprotected (forced). Clean environments (no dirty path since their last
  *               checkpoint) are skipped and count as protected: the last checkpoint still
  *               holds everything the side-effect tracer saw change.
  * In adaptive mode a next action that arrives while the checkpoint is still running waits at
@@ -37,7 +38,7 @@ enum policy_mode {
 
 struct policy_config {
 	enum policy_mode mode;
-	double confidence;	     /* margin multiplier of the predictors' errors (>= 0) */
+	double confidence;	     /* P(bubble > pessimistic cost) needed to bet, 0..1 */
 	uint64_t max_delay_us;	     /* longest an action may wait for a checkpoint (adaptive) */
 	uint32_t max_turns;	     /* force after this many unprotected dirty turns (0: never) */
 	uint64_t max_unprotected_us; /* force after this much unprotected time (0: never) */
@@ -53,10 +54,14 @@ struct policy_traj {
 struct policy_inputs {
 	uint64_t now_us;
 	bool dirty;		     /* the environment changed since its last checkpoint */
-	bool bubble_known;	     /* bubble_s is a prediction (no history: false) */
-	double bubble_s, bubble_err; /* predicted bubble and its relative error */
+	bool bubble_known;	     /* bubble_s and bubble_p are predictions (no history: false) */
+	double bubble_s, bubble_err; /* predicted bubble and its relative error (reports) */
+	double bubble_p;	     /* P(bubble > policy_cost_bound(cost_s, cost_err)) */
 	double cost_s, cost_err;     /* predicted checkpoint cost and its relative error */
 };
+
+/* The checkpoint's pessimistic cost: the prediction grown by its predictor's error. */
+double policy_cost_bound(double cost_s, double cost_err);
 
 enum policy_action {
 	POLICY_SKIP = 0,

@@ -7,6 +7,11 @@
 #include "supervisor-traj.h"
 #include "util.h"
 
+/* A trajectory predicts its bubbles from its own output lengths once it has this many; before
+ * that, from the fleet's (every trajectory's recent lengths and decode rate): an RL batch runs
+ * many trajectories of the same tasks, and a few turns of one are too few to bet on. */
+#define TRAJ_OWN_MIN 8
+
 struct traj {
 	char id[PROTO_MAX_STR + 1]; /* "" : free slot */
 	char env[64];
@@ -16,6 +21,7 @@ struct traj {
 	bool in_bubble;
 	uint64_t bubble_start_us;
 	double bubble_pred_s; /* at the bubble's start; < 0: none */
+	bool bubble_pooled;   /* ...made from the fleet's history */
 	double tps;	      /* learnt decode rate (output tokens / bubble), 0: none */
 	double cost_pred_s;   /* of the checkpoint decided at the last step end; < 0: none */
 	/* When the latest unprotected turns ended (a ring): a checkpoint protects those up to its
@@ -34,6 +40,8 @@ struct env_cost {
 struct traj_tracker {
 	uint32_t max;
 	double alpha;
+	struct bubble_predictor fleet; /* every trajectory's recent output lengths */
+	double fleet_tps;	       /* every trajectory's learnt decode rate (EWMA), 0: none */
 	struct traj *trajs;
 	struct env_cost *envs;
 };
@@ -51,6 +59,7 @@ struct traj_tracker *traj_tracker_new(uint32_t max, double alpha)
 		return NULL;
 	t->max = max;
 	t->alpha = alpha;
+	bubble_predictor_init(&t->fleet, alpha);
 	t->trajs = calloc(max, sizeof(*t->trajs));
 	t->envs = calloc(max, sizeof(*t->envs));
 	if (!t->trajs || !t->envs) {
@@ -150,9 +159,15 @@ static enum traj_action action_of(enum policy_action a)
 	}
 }
 
-static void step_begin(struct traj *x, const struct proto_traj_step *q, uint64_t now_us)
+static double ewma_rate(double old, double sample, double alpha)
 {
-	double actual;
+	return old > 0 ? old + alpha * (sample - old) : sample;
+}
+
+static void step_begin(struct traj_tracker *t, struct traj *x, const struct proto_traj_step *q,
+		       uint64_t now_us)
+{
+	double actual, pred;
 
 	if (!x->in_bubble)
 		return; /* a begin without an end before it: nothing to learn */
@@ -160,9 +175,12 @@ static void step_begin(struct traj *x, const struct proto_traj_step *q, uint64_t
 	actual = (double)(now_us - x->bubble_start_us) / 1e6;
 	if (q->output_tokens == 0 || !(actual > 0))
 		return;
-	bubble_observe(&x->bubble, q->output_tokens, x->bubble_pred_s, actual);
-	x->tps = x->tps > 0 ? x->tps + x->bubble.alpha * (q->output_tokens / actual - x->tps)
-			    : q->output_tokens / actual;
+	/* Each predictor's error learns from the predictions it made. */
+	pred = x->bubble_pred_s;
+	bubble_observe(&x->bubble, q->output_tokens, x->bubble_pooled ? -1 : pred, actual);
+	bubble_observe(&t->fleet, q->output_tokens, x->bubble_pooled ? pred : -1, actual);
+	x->tps = ewma_rate(x->tps, q->output_tokens / actual, x->bubble.alpha);
+	t->fleet_tps = ewma_rate(t->fleet_tps, q->output_tokens / actual, t->alpha);
 }
 
 static void step_end(struct traj_tracker *t, const struct policy_config *c, struct traj *x,
@@ -170,21 +188,28 @@ static void step_end(struct traj_tracker *t, const struct policy_config *c, stru
 		     uint64_t now_us, struct proto_traj_decision *ret)
 {
 	struct env_cost *e = env_get(t, q->env, now_us);
+	bool pooled =
+		x->bubble.n_lengths < TRAJ_OWN_MIN && t->fleet.n_lengths > x->bubble.n_lengths;
+	const struct bubble_predictor *bp = pooled ? &t->fleet : &x->bubble;
 	struct bubble_input bi = {
 		.tokens_generated = q->generated_tokens,
-		.decode_tps = q->decode_mtps ? (double)q->decode_mtps / 1000 : x->tps,
+		.decode_tps = q->decode_mtps ? (double)q->decode_mtps / 1000
+			      : x->tps > 0   ? x->tps
+					     : t->fleet_tps,
 	};
 	struct policy_inputs in = {
 		.now_us = now_us,
 		.dirty = v->dirty,
-		.bubble_err = x->bubble.err.mean,
+		.bubble_err = bp->err.mean,
 		.cost_err = e->cost.err.mean,
 	};
 	struct policy_decision d;
 	uint32_t turns;
 
-	in.bubble_known = bubble_predict(&x->bubble, &bi, &in.bubble_s) >= 0;
 	in.cost_s = cost_predict(&e->cost, v->dirty_bytes, v->mem_bytes);
+	in.bubble_known = bubble_predict(bp, &bi, &in.bubble_s) >= 0 &&
+			  bubble_prob_exceeds(bp, &bi, policy_cost_bound(in.cost_s, in.cost_err),
+					      &in.bubble_p) >= 0;
 	turns = x->policy.unprotected_turns;
 	policy_step_end(c, &x->policy, &in, &d);
 	if (x->policy.unprotected_turns > turns) {
@@ -194,6 +219,7 @@ static void step_end(struct traj_tracker *t, const struct policy_config *c, stru
 	x->in_bubble = true;
 	x->bubble_start_us = now_us;
 	x->bubble_pred_s = in.bubble_known ? in.bubble_s : -1;
+	x->bubble_pooled = pooled;
 	x->cost_pred_s = d.action != POLICY_SKIP ? in.cost_s : -1;
 	ret->act = action_of(d.action);
 	snprintf(ret->why, sizeof(ret->why), "%s", policy_reason_to_string(d.reason));
@@ -223,7 +249,7 @@ int traj_on_step(struct traj_tracker *t, const struct policy_config *c,
 	snprintf(ret->env, sizeof(ret->env), "%s", q->env);
 	snprintf(ret->why, sizeof(ret->why), "%s", "step-begin");
 	if (q->ev == TRAJ_STEP_BEGIN)
-		step_begin(x, q, now_us);
+		step_begin(t, x, q, now_us);
 	else
 		step_end(t, c, x, q, v, now_us, ret);
 	return 0;

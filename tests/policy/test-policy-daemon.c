@@ -424,7 +424,7 @@ static void every_turn_holds_until_thawed(void **state)
  * committed, its changes still dirty; the unprotected-turn rule forces the next one. */
 static void checkpoint_in_fs_delta_aborted_at_the_bound(void **state)
 {
-	static const char *const policy[] = {"policy.mode=adaptive",	 "policy.confidence=0",
+	static const char *const policy[] = {"policy.mode=adaptive",	 "policy.confidence=100",
 					     "policy.max_delay=50ms",	 "policy.max_turns=1",
 					     "policy.max_unprotected=0", NULL};
 	struct fx *f = *state;

@@ -73,6 +73,35 @@ static void bubble_is_mean_residual_life_over_rate(void **state)
 	assert_int_equal(p.err.n, 0);
 }
 
+/* The probability the remaining bubble outlasts a cost: the share of the remembered lengths
+ * not reached yet whose remainder at the rate is longer. */
+static void bubble_probability_from_history(void **state)
+{
+	struct bubble_predictor p;
+	struct bubble_input in = {.tokens_generated = 0, .decode_tps = 100};
+	double prob;
+
+	bubble_predictor_init(&p, 0.2);
+	assert_int_equal(bubble_prob_exceeds(&p, &in, 1, &prob), -ENODATA);
+	for (uint64_t len = 100; len <= 400; len += 100)
+		bubble_observe(&p, len, -1, 1);
+	/* remainders 1, 2, 3, 4 s */
+	assert_int_equal(bubble_prob_exceeds(&p, &in, 1.5, &prob), 0);
+	assert_close(prob, 0.75, 1e-12);
+	assert_int_equal(bubble_prob_exceeds(&p, &in, 0.5, &prob), 0);
+	assert_close(prob, 1, 1e-12);
+	/* 150 generated: 200, 300, 400 remain possible, remainders 0.5, 1.5, 2.5 s */
+	in.tokens_generated = 150;
+	assert_int_equal(bubble_prob_exceeds(&p, &in, 1.5, &prob), 0);
+	assert_close(prob, 1.0 / 3, 1e-12);
+	/* outlived every remembered length: no bet */
+	in.tokens_generated = 400;
+	assert_int_equal(bubble_prob_exceeds(&p, &in, 0, &prob), 0);
+	assert_close(prob, 0, 1e-12);
+	in.decode_tps = 0;
+	assert_int_equal(bubble_prob_exceeds(&p, &in, 1, &prob), -EINVAL);
+}
+
 static void bubble_history_is_a_bounded_ring(void **state)
 {
 	struct bubble_predictor p;
@@ -159,6 +188,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(error_estimate_starts_at_one_and_tracks),
 		cmocka_unit_test(bubble_is_mean_residual_life_over_rate),
+		cmocka_unit_test(bubble_probability_from_history),
 		cmocka_unit_test(bubble_history_is_a_bounded_ring),
 		cmocka_unit_test(bubble_error_shrinks_with_history),
 		cmocka_unit_test(cost_learns_rates_and_error_shrinks),

@@ -20,7 +20,7 @@
 struct step {
 	uint64_t t_us;
 	bool dirty, known;
-	double bubble_s, cost_s;
+	double bubble_p, cost_s; /* P(bubble outlasts the checkpoint), predicted cost */
 	enum policy_action want;
 	enum policy_reason why;
 	uint64_t done_at_us;
@@ -37,8 +37,9 @@ static void run_timeline(const struct policy_config *c, const struct step *steps
 			.now_us = s->t_us,
 			.dirty = s->dirty,
 			.bubble_known = s->known,
-			.bubble_s = s->bubble_s,
+			.bubble_s = 1,
 			.bubble_err = 0.1,
+			.bubble_p = s->bubble_p,
 			.cost_s = s->cost_s,
 			.cost_err = 0.1,
 		};
@@ -84,48 +85,56 @@ static void every_turn_is_synchronous_and_skips_clean(void **state)
 static void adaptive_checkpoints_when_bubble_hides_cost(void **state)
 {
 	const struct policy_config c = {
-		.mode = POLICY_ADAPTIVE, .confidence = 1.0, .max_delay_us = 50000};
+		.mode = POLICY_ADAPTIVE, .confidence = 0.9, .max_delay_us = 50000};
 	const struct step steps[] = {
-		/* 2 s x 0.9 = 1.8 > 0.5 x 1.1 = 0.55 */
-		{1 * S, true, true, 2.0, 0.5, POLICY_CHECKPOINT, POLICY_R_FITS, 2 * S},
-		/* 0.6 x 0.9 = 0.54 < 0.55: on the mean it fits, not with the margins */
-		{3 * S, true, true, 0.6, 0.5, POLICY_SKIP, POLICY_R_NO_FIT, 0},
+		/* 95% sure the bubble hides it: above the 90% asked for */
+		{1 * S, true, true, 0.95, 0.5, POLICY_CHECKPOINT, POLICY_R_FITS, 2 * S},
+		/* 85% sure is not enough */
+		{3 * S, true, true, 0.85, 0.5, POLICY_SKIP, POLICY_R_NO_FIT, 0},
 		/* no history for the bubble: no bet */
-		{4 * S, true, false, 0, 0.001, POLICY_SKIP, POLICY_R_NO_FIT, 0},
-		{5 * S, false, true, 100, 0.001, POLICY_SKIP, POLICY_R_CLEAN, 0},
-		{6 * S, true, true, 0.7, 0.5, POLICY_CHECKPOINT, POLICY_R_FITS, 0},
+		{4 * S, true, false, 1, 0.001, POLICY_SKIP, POLICY_R_NO_FIT, 0},
+		{5 * S, false, true, 1, 0.001, POLICY_SKIP, POLICY_R_CLEAN, 0},
+		/* exactly as sure as asked */
+		{6 * S, true, true, 0.9, 0.5, POLICY_CHECKPOINT, POLICY_R_FITS, 0},
 	};
 
 	run_timeline(&c, steps, ARRAY_SIZE(steps));
 	assert_int_equal(policy_action_hold_us(&c), 50000);
 }
 
-static void confidence_widens_the_margin(void **state)
+/* confidence is the probability the bubble must outlast the checkpoint with; the cost it must
+ * outlast is the prediction grown by its error. */
+static void confidence_is_a_probability(void **state)
 {
 	struct policy_config c = {.mode = POLICY_ADAPTIVE, .confidence = 0};
-	struct policy_inputs in = {.now_us = S,
-				   .dirty = true,
-				   .bubble_known = true,
-				   .bubble_s = 0.6,
-				   .bubble_err = 0.5,
-				   .cost_s = 0.5,
-				   .cost_err = 0.5};
+	struct policy_inputs in = {
+		.now_us = S, .dirty = true, .bubble_known = true, .bubble_p = 0.6, .cost_s = 0.5};
 	struct policy_traj t;
 	struct policy_decision d;
 
 	policy_traj_init(&t, 0);
 	policy_step_end(&c, &t, &in, &d);
 	assert_int_equal(d.action, POLICY_CHECKPOINT);
-	c.confidence = 0.1; /* 0.57 > 0.525 */
+	c.confidence = 0.6;
 	policy_step_end(&c, &t, &in, &d);
 	assert_int_equal(d.action, POLICY_CHECKPOINT);
-	c.confidence = 0.2; /* 0.54 < 0.55 */
+	c.confidence = 0.61;
 	policy_step_end(&c, &t, &in, &d);
 	assert_int_equal(d.action, POLICY_SKIP);
-	/* A predictor that has learnt (error 0.01) is trusted at the same confidence. */
-	in.bubble_err = in.cost_err = 0.01;
+	assert_int_equal(d.reason, POLICY_R_NO_FIT);
+	c.confidence = 1;
+	in.bubble_p = 1;
 	policy_step_end(&c, &t, &in, &d);
 	assert_int_equal(d.action, POLICY_CHECKPOINT);
+	/* Without a prediction, not even confidence 0 bets. */
+	c.confidence = 0;
+	in.bubble_known = false;
+	policy_step_end(&c, &t, &in, &d);
+	assert_int_equal(d.action, POLICY_SKIP);
+
+	assert_float_equal(policy_cost_bound(0.5, 0.5), 0.75, 1e-12);
+	assert_float_equal(policy_cost_bound(0.5, 0), 0.5, 1e-12);
+	assert_float_equal(policy_cost_bound(0.5, -1), 0.5, 1e-12);
 }
 
 static void adaptive_forces_after_k_turns(void **state)
@@ -170,7 +179,7 @@ static void adaptive_forces_after_unprotected_time(void **state)
 
 static void clean_resets_the_turn_count(void **state)
 {
-	const struct policy_config c = {.mode = POLICY_ADAPTIVE, .max_turns = 2};
+	const struct policy_config c = {.mode = POLICY_ADAPTIVE, .confidence = 1, .max_turns = 2};
 	const struct step steps[] = {
 		{1 * S, true, true, 0.01, 1, POLICY_SKIP, POLICY_R_NO_FIT, 0},
 		{2 * S, true, true, 0.01, 1, POLICY_SKIP, POLICY_R_NO_FIT, 0},
@@ -205,7 +214,7 @@ static void config_policy_section(void **state)
 
 	config_init_defaults(&c);
 	assert_int_equal(c.policy_mode, POLICY_ADAPTIVE);
-	assert_int_equal(c.policy_confidence_pct, 100);
+	assert_int_equal(c.policy_confidence_pct, 90);
 	assert_int_equal(c.policy_max_delay_ms, 50);
 	assert_int_equal(c.policy_max_turns, 8);
 	assert_int_equal(c.policy_max_unprotected_ms, 300000);
@@ -219,7 +228,7 @@ static void config_policy_section(void **state)
 	assert_int_equal(c.policy_max_delay_ms, 250);
 	assert_int_equal(config_set(&c, "policy", "max_unprotected", "2m"), 0);
 	assert_int_equal(c.policy_max_unprotected_ms, 120000);
-	assert_true(config_set(&c, "policy", "confidence", "1001") < 0);
+	assert_true(config_set(&c, "policy", "confidence", "101") < 0);
 	assert_int_equal(config_set(&c, "policy", "max_turns", "0"), 0);
 	assert_int_equal(c.policy_max_turns, 0);
 }
@@ -230,7 +239,7 @@ int main(void)
 		cmocka_unit_test(never_never_checkpoints),
 		cmocka_unit_test(every_turn_is_synchronous_and_skips_clean),
 		cmocka_unit_test(adaptive_checkpoints_when_bubble_hides_cost),
-		cmocka_unit_test(confidence_widens_the_margin),
+		cmocka_unit_test(confidence_is_a_probability),
 		cmocka_unit_test(adaptive_forces_after_k_turns),
 		cmocka_unit_test(adaptive_forces_after_unprotected_time),
 		cmocka_unit_test(clean_resets_the_turn_count),

@@ -58,14 +58,18 @@ static void adaptive_decisions_over_the_socket(void **state)
 	assert_true(d.cost_us > 0);
 	d = exchange(fd, TRAJ_STEP_BEGIN, "traj-a", 500, 0);
 	assert_int_equal(d.act, TRAJ_ACT_NONE);
-	/* 500 tokens at 100 tokens/s: a 5 s bubble, not yet checked against an outcome. */
+	/* 500 tokens at 100 tokens/s: a 5 s bubble, not yet checked against an outcome, but every
+	 * remembered length outlasts the checkpoint: a bet even at confidence 100% (advice only:
+	 * env-1 is not an environment the supervisor manages). */
 	d = exchange(fd, TRAJ_STEP_END, "traj-a", 0, 100000);
 	assert_int_equal(d.bubble_us, 5000000);
 	assert_int_equal(d.bubble_err_pm, 1000);
-	assert_int_equal(d.act, TRAJ_ACT_NONE);
-	/* A trajectory is its own: another one has no history. */
+	assert_int_equal(d.act, TRAJ_ACT_CHECKPOINT);
+	assert_string_equal(d.why, "fits");
+	/* A new trajectory starts from the fleet's history. */
 	d = exchange(fd, TRAJ_STEP_END, "traj-b", 0, 100000);
-	assert_int_equal(d.bubble_us, 0);
+	assert_int_equal(d.bubble_us, 5000000);
+	assert_int_equal(d.act, TRAJ_ACT_CHECKPOINT);
 	assert_int_equal(sv_kill(&sv, SIGTERM), 0);
 	close(fd);
 	sv_teardown(&sv);

@@ -25,9 +25,9 @@ static struct proto_traj_step step(enum traj_event ev, const char *traj, const c
 	return q;
 }
 
-/* A trajectory whose actions take 500 tokens at 100 tokens/s: the first bubble is unknown,
- * the second is predicted but the predictor has not yet been checked (error 1.0: no bet at
- * confidence 100%), from the third on the 5 s bubble hides the checkpoint. */
+/* A trajectory whose actions take 500 tokens at 100 tokens/s: the first bubble is unknown
+ * (no history anywhere), from the second on every remembered length says the 5 s bubble
+ * outlasts the checkpoint (even at confidence 100%). */
 static void bubbles_learnt_then_checkpointed(void **state)
 {
 	const struct policy_config c = {
@@ -35,7 +35,7 @@ static void bubbles_learnt_then_checkpointed(void **state)
 	const struct traj_env_view v = {
 		.dirty = true, .dirty_bytes = 1 << 20, .mem_bytes = 100 << 20};
 	struct traj_tracker *t = traj_tracker_new(8, 0.2);
-	const enum traj_action want[] = {TRAJ_ACT_NONE, TRAJ_ACT_NONE, TRAJ_ACT_CHECKPOINT,
+	const enum traj_action want[] = {TRAJ_ACT_NONE, TRAJ_ACT_CHECKPOINT, TRAJ_ACT_CHECKPOINT,
 					 TRAJ_ACT_CHECKPOINT};
 	uint64_t now = 10 * S;
 
@@ -73,7 +73,7 @@ static void bubbles_learnt_then_checkpointed(void **state)
 	}
 	assert_int_equal(traj_bubble(t, "T")->n_lengths, ARRAY_SIZE(want));
 	assert_true(traj_bubble(t, "T")->err.mean < 0.01);
-	assert_int_equal(traj_env_cost(t, "E")->n, 2);
+	assert_int_equal(traj_env_cost(t, "E")->n, 3);
 	assert_true(traj_env_cost(t, "E")->err.mean < 1.0);
 	traj_tracker_free(t);
 }
@@ -108,6 +108,53 @@ static void short_bubbles_are_forced_by_turns(void **state)
 		assert_int_equal(policy_action_hold_us(&c), 50000);
 		now += S;
 	}
+	traj_tracker_free(t);
+}
+
+/* A new trajectory starts from the fleet's history: its first step end already bets, with the
+ * fleet's lengths and decode rate; from its own 8th length on it uses its own. */
+static void new_trajectories_start_from_the_fleet(void **state)
+{
+	const struct policy_config c = {.mode = POLICY_ADAPTIVE, .confidence = 0.9};
+	const struct traj_env_view v = {.dirty = true, .dirty_bytes = 4096, .mem_bytes = 1 << 20};
+	const struct traj_env_view vb = {.dirty = true, .mem_bytes = 100 << 20};
+	struct traj_tracker *t = traj_tracker_new(8, 0.2);
+	struct proto_traj_step q;
+	struct proto_traj_decision d;
+	uint64_t now = S;
+
+	assert_non_null(t);
+	/* A: 3 turns of 400 tokens in 2 s (200 tokens/s learnt; no rate sent). */
+	for (int turn = 0; turn < 3; turn++) {
+		q = step(TRAJ_STEP_END, "A", "EA", 0, 0);
+		assert_int_equal(traj_on_step(t, &c, &q, &v, now, &d), 0);
+		now += 2 * S;
+		q = step(TRAJ_STEP_BEGIN, "A", "EA", 400, 0);
+		assert_int_equal(traj_on_step(t, &c, &q, &v, now, &d), 0);
+		now += S;
+	}
+	/* B's first step end: the fleet's 400 tokens at 200 tokens/s. */
+	q = step(TRAJ_STEP_END, "B", "EB", 0, 0);
+	assert_int_equal(traj_on_step(t, &c, &q, &vb, now, &d), 0);
+	assert_int_equal(d.bubble_us, 2 * S);
+	assert_int_equal(d.act, TRAJ_ACT_CHECKPOINT);
+	assert_string_equal(d.why, "fits");
+	/* B is short (20 tokens): its own history is used only from 8 lengths on. */
+	for (int turn = 0; turn < 8; turn++) {
+		now += S / 10;
+		q = step(TRAJ_STEP_BEGIN, "B", "EB", 20, 0);
+		assert_int_equal(traj_on_step(t, &c, &q, &vb, now, &d), 0);
+		now += S;
+		q = step(TRAJ_STEP_END, "B", "EB", 0, 0);
+		assert_int_equal(traj_on_step(t, &c, &q, &vb, now, &d), 0);
+		print_message("B turn %d: bubble %lu us, %s\n", turn, (unsigned long)d.bubble_us,
+			      d.why);
+	}
+	assert_int_equal(traj_bubble(t, "B")->n_lengths, 8);
+	/* Its own: 20 tokens at its own 200 tokens/s = 0.1 s, shorter than the checkpoint's
+	 * pessimistic cost (prior 20 ms + 100 MiB at 500 MB/s, x2 for an unchecked predictor). */
+	assert_int_equal(d.bubble_us, S / 10);
+	assert_string_equal(d.why, "no-fit");
 	traj_tracker_free(t);
 }
 
@@ -207,6 +254,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(bubbles_learnt_then_checkpointed),
 		cmocka_unit_test(short_bubbles_are_forced_by_turns),
+		cmocka_unit_test(new_trajectories_start_from_the_fleet),
 		cmocka_unit_test(every_turn_and_clean_environments),
 		cmocka_unit_test(checkpoint_protects_up_to_its_decision),
 		cmocka_unit_test(bad_ids_and_bounded_tracking),
