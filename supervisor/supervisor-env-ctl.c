@@ -543,6 +543,8 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 			slot_remove(s->envs, sl);
 		if (j->q.op == ENV_OP_CHECKPOINT)
 			dirty_restore(sl, j);
+		if (j->q.op == ENV_OP_REBUILD && sl->env && !sl->trace_id)
+			(void)slot_watch(s, sl);
 		if (c)
 			(void)client_send_error(s, c, -j->r, PROTO_ENV_REQUEST,
 						"env %s %s failed: %s", j->q.env,
@@ -888,6 +890,10 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 	j = job_new(s, c, sl, q);
 	if (!j)
 		return client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory");
+	/* The tracer holds the environment's root open (O_PATH, to resolve its paths): a rebuild
+	 * or a destroy unmounts it, so tracing stops first (a rebuild's restarts when done). */
+	if (q->op == ENV_OP_REBUILD || q->op == ENV_OP_DESTROY)
+		slot_unwatch(es, sl);
 	if (q->op == ENV_OP_CHECKPOINT && snapshot_dirty(s, sl, j) < 0)
 		j->traced = false; /* metadata comparison alone still catches every change */
 	offload_submit(s, &j->job);

@@ -353,6 +353,14 @@ int env_kill(struct sv_env *e)
 	return 0;
 }
 
+static void wipe_dir(const char *path)
+{
+	_cleanup_close_ int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (fd >= 0)
+		(void)env_fs_wipe(fd);
+}
+
 void env_destroy(struct sv_env *e)
 {
 	if (!e)
@@ -362,8 +370,13 @@ void env_destroy(struct sv_env *e)
 		static const char *const identity[] = {"uuid", "base", "cmd", "head"};
 
 		(void)env_kill(e);
-		(void)umount2(e->root, MNT_DETACH);
+		if (umount2(e->root, 0) < 0 && errno != EINVAL)
+			(void)umount2(e->root, MNT_DETACH);
 		(void)rmdir(e->cgroup);
+		/* Its writable layer goes with it: an environment created later under the same id
+		 * starts from its base. */
+		wipe_dir(e->upper);
+		wipe_dir(e->work);
 		/* Forgotten for good: not taken back after a restart, and an environment created
 		 * later under the same id gets a new identity, so these checkpoints (kept on disk)
 		 * are foreign to it. */

@@ -104,9 +104,10 @@ int env_rebuild(struct sv_env *e);
  * cgroup.kill once kills every later clone3(CLONE_INTO_CGROUP) child on this kernel (6.18):
  * a killed environment never gets its cgroup back. */
 int env_fresh_cgroup(struct sv_env *e);
-/* Kills, unmounts the overlay, removes the cgroup and the environment's identity (its
- * checkpoints stay on disk, foreign to any later environment of the same id). An adopted
- * environment is only forgotten. Frees e. */
+/* Kills, unmounts the overlay, empties its writable layer, removes the cgroup and the
+ * environment's identity (its checkpoints stay on disk, foreign to any later environment of
+ * the same id, which starts from its base). An adopted environment is only forgotten. Frees
+ * e. */
 void env_destroy(struct sv_env *e);
 
 /* Processes in the environment's cgroup (and below), or -errno. */

@@ -111,5 +111,21 @@ in_env 'echo after-restart >/work/later'
 ctl env restore e1 >/dev/null
 [[ ! -e $dir/state/envs/e1/root/work/later ]] || fail "restore after a supervisor restart"
 
+# A rebuild (the replay baseline's first half) while traced: the base alone again, a new init,
+# tracing on again.
+env_pid() { ctl --json env list | sed -n 's/.*"pid":\([0-9]*\).*/\1/p'; }
+pid=$(env_pid)
+in_env 'echo before-rebuild >/work/rebuilt'
+ctl env rebuild e1 >/dev/null || fail "rebuild refused: $(tail -n 3 "$dir/sv2.log")"
+[[ ! -e $dir/state/envs/e1/root/work/rebuilt ]] || fail "a file survived the rebuild"
+pid=$(env_pid)
+[[ -n $pid && $pid -gt 0 ]] || fail "no pid for e1 after the rebuild"
+in_env 'echo after-rebuild >/work/traced'
+grep -qx /work/traced <<<"$(ctl env dirty e1)" || fail "not traced after the rebuild"
+
+# Destroyed, then created again under the same id: it starts from its base.
+ctl env destroy e1 >/dev/null
+ctl env create e1 --root "$dir/base" --cmd 'exec sleep infinity' >/dev/null
+[[ ! -e $dir/state/envs/e1/root/work/traced ]] || fail "a new e1 sees the old one's files"
 ctl env destroy e1 >/dev/null
 echo "OK"
