@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "supervisor-gateway-traj.h"
+#include "supervisor-lru.h"
 #include "supervisor.h"
 
 /* The rate window: token events of the last RATE_WINDOW_US to 2 x RATE_WINDOW_US. */
@@ -93,18 +94,11 @@ static struct gw_traj *find(const struct gateway_trajs *t, const char *id)
  * a forgotten entry keeps running; its ticket no longer matches (seq), so it updates nothing. */
 static struct gw_traj *get(struct gateway_trajs *t, const char *id)
 {
-	struct gw_traj *x = find(t, id), *victim = &t->e[0];
+	struct gw_traj *x = find(t, id), *victim;
 
 	if (x)
 		return x;
-	for (uint32_t i = 0; i < t->max; i++) {
-		if (!t->e[i].id[0]) {
-			victim = &t->e[i];
-			break;
-		}
-		if (t->e[i].seen_us < victim->seen_us)
-			victim = &t->e[i];
-	}
+	victim = &t->e[LRU_SLOT(t->e, t->max, id, seen_us)];
 	memset(victim, 0, sizeof(*victim));
 	snprintf(victim->id, sizeof(victim->id), "%s", id);
 	victim->hash = fnv1a(id);

@@ -38,41 +38,47 @@ void bubble_predictor_init(struct bubble_predictor *p, double alpha)
 	predict_error_init(&p->err);
 }
 
-int bubble_predict(const struct bubble_predictor *p, const struct bubble_input *in,
-		   double *ret_secs)
+/* The remaining times (s) of the remembered lengths the pending request has not reached yet,
+ * into rem (PREDICT_HISTORY entries); their number, or -errno. */
+static int remainders(const struct bubble_predictor *p, const struct bubble_input *in, double *rem)
 {
-	double sum = 0;
-	uint32_t n = 0;
+	int n = 0;
 
 	if (!(in->decode_tps > 0))
 		return -EINVAL;
 	if (p->n_lengths == 0)
 		return -ENODATA;
 	for (uint32_t i = 0; i < p->n_lengths; i++)
-		if (p->lengths[i] > in->tokens_generated) {
-			sum += (double)(p->lengths[i] - in->tokens_generated);
-			n++;
-		}
-	*ret_secs = n == 0 ? 0 : sum / n / in->decode_tps;
+		if (p->lengths[i] > in->tokens_generated)
+			rem[n++] = (double)(p->lengths[i] - in->tokens_generated) / in->decode_tps;
+	return n;
+}
+
+int bubble_predict(const struct bubble_predictor *p, const struct bubble_input *in,
+		   double *ret_secs)
+{
+	double rem[PREDICT_HISTORY], sum = 0;
+	int n = remainders(p, in, rem);
+
+	if (n < 0)
+		return n;
+	for (int i = 0; i < n; i++)
+		sum += rem[i];
+	*ret_secs = n == 0 ? 0 : sum / n;
 	return 0;
 }
 
 int bubble_prob_exceeds(const struct bubble_predictor *p, const struct bubble_input *in,
 			double secs, double *ret_p)
 {
-	uint32_t alive = 0, longer = 0;
+	double rem[PREDICT_HISTORY];
+	int n = remainders(p, in, rem), longer = 0;
 
-	if (!(in->decode_tps > 0))
-		return -EINVAL;
-	if (p->n_lengths == 0)
-		return -ENODATA;
-	for (uint32_t i = 0; i < p->n_lengths; i++)
-		if (p->lengths[i] > in->tokens_generated) {
-			alive++;
-			if ((double)(p->lengths[i] - in->tokens_generated) / in->decode_tps > secs)
-				longer++;
-		}
-	*ret_p = alive == 0 ? 0 : (double)longer / alive;
+	if (n < 0)
+		return n;
+	for (int i = 0; i < n; i++)
+		longer += rem[i] > secs;
+	*ret_p = n == 0 ? 0 : (double)longer / n;
 	return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "supervisor-lru.h"
 #include "supervisor-traj.h"
 #include "util.h"
 
@@ -90,18 +91,11 @@ static struct traj *traj_find(const struct traj_tracker *t, const char *id)
 /* Found, or a free slot, or the least recently seen one, reset. */
 static struct traj *traj_get(struct traj_tracker *t, const char *id, uint64_t now_us)
 {
-	struct traj *x = traj_find(t, id), *victim = &t->trajs[0];
+	struct traj *x = traj_find(t, id), *victim;
 
 	if (x)
 		return x;
-	for (uint32_t i = 0; i < t->max; i++) {
-		if (!t->trajs[i].id[0]) {
-			victim = &t->trajs[i];
-			break;
-		}
-		if (t->trajs[i].seen_us < victim->seen_us)
-			victim = &t->trajs[i];
-	}
+	victim = &t->trajs[LRU_SLOT(t->trajs, t->max, id, seen_us)];
 	memset(victim, 0, sizeof(*victim));
 	snprintf(victim->id, sizeof(victim->id), "%s", id);
 	bubble_predictor_init(&victim->bubble, t->alpha);
@@ -120,21 +114,13 @@ static struct env_cost *env_find(const struct traj_tracker *t, const char *id)
 
 static struct env_cost *env_get(struct traj_tracker *t, const char *id, uint64_t now_us)
 {
-	struct env_cost *x = env_find(t, id), *victim = &t->envs[0];
+	struct env_cost *x = env_find(t, id);
 
 	if (!x) {
-		for (uint32_t i = 0; i < t->max; i++) {
-			if (!t->envs[i].id[0]) {
-				victim = &t->envs[i];
-				break;
-			}
-			if (t->envs[i].seen_us < victim->seen_us)
-				victim = &t->envs[i];
-		}
-		memset(victim, 0, sizeof(*victim));
-		snprintf(victim->id, sizeof(victim->id), "%s", id);
-		cost_predictor_init(&victim->cost, t->alpha);
-		x = victim;
+		x = &t->envs[LRU_SLOT(t->envs, t->max, id, seen_us)];
+		memset(x, 0, sizeof(*x));
+		snprintf(x->id, sizeof(x->id), "%s", id);
+		cost_predictor_init(&x->cost, t->alpha);
 	}
 	x->seen_us = now_us;
 	return x;
@@ -223,9 +209,9 @@ static void step_end(struct traj_tracker *t, const struct policy_config *c, stru
 	x->cost_pred_s = d.action != POLICY_SKIP ? in.cost_s : -1;
 	ret->act = action_of(d.action);
 	snprintf(ret->why, sizeof(ret->why), "%s", policy_reason_to_string(d.reason));
-	ret->bubble_us = in.bubble_known ? (uint64_t)(in.bubble_s * 1e6) : 0;
+	ret->bubble_us = in.bubble_known ? (uint64_t)(in.bubble_s * 1e6 + 0.5) : 0;
 	ret->bubble_err_pm = per_mille(in.bubble_err);
-	ret->cost_us = (uint64_t)(in.cost_s * 1e6);
+	ret->cost_us = (uint64_t)(in.cost_s * 1e6 + 0.5);
 	ret->cost_err_pm = per_mille(in.cost_err);
 }
 
