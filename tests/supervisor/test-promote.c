@@ -29,78 +29,16 @@
 
 #include "belayer-emu.h"
 #include "proto.h"
+#include "sv-engine.h"
 #include "sv-test.h"
 #include "test-util.h"
 #include "util.h"
 
-#define READY_MS   60000
-#define MAX_TOKENS 8
-
 static struct sv sv;
 static char weights[PATH_MAX];
-static uint32_t baseline[MAX_TOKENS]; /* greedy tokens of a failure-free engine */
-static uint32_t expected[MAX_TOKENS]; /* what the engine must answer now (baseline by default) */
+static uint32_t baseline[ENGINE_TOKENS]; /* greedy tokens of a failure-free engine */
+static uint32_t expected[ENGINE_TOKENS]; /* what the engine must answer now (baseline by default) */
 static uint16_t port_a, port_b;
-
-static const char *const prompt = "[5,17,3,99,42]";
-
-/* POST /generate (greedy); 0 and the tokens, or -errno when nothing serves on port. */
-static int generate(uint16_t port, uint32_t out[MAX_TOKENS])
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-				 .sin_port = htons(port)};
-	char body[256], req[512], resp[8192], *p;
-	size_t n = 0;
-	ssize_t k;
-	int fd, r = 0;
-
-	snprintf(body, sizeof(body),
-		 "{\"input_ids\":%s,\"sampling_params\":{\"max_new_tokens\":%d,"
-		 "\"temperature\":0}}",
-		 prompt, MAX_TOKENS);
-	snprintf(req, sizeof(req),
-		 "POST /generate HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-		 "Content-Length: %zu\r\n\r\n%s",
-		 strlen(body), body);
-	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-	    write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
-		close(fd);
-		return -ECONNREFUSED;
-	}
-	/* Bounded: a hung engine must fail the read, not the test run. */
-	for (;;) {
-		struct pollfd pf = {.fd = fd, .events = POLLIN};
-
-		if (poll(&pf, 1, 10000) != 1) {
-			r = -ETIMEDOUT;
-			break;
-		}
-		k = read(fd, resp + n, sizeof(resp) - 1 - n);
-		if (k <= 0)
-			break;
-		n += (size_t)k;
-	}
-	close(fd);
-	resp[n] = '\0';
-	if (r < 0)
-		return r;
-	if (strncmp(resp, "HTTP/1.1 200", 12) != 0 && strncmp(resp, "HTTP/1.0 200", 12) != 0)
-		return -EIO;
-	p = strstr(resp, "\"output_ids\":[");
-	if (!p)
-		return -EBADMSG;
-	p += strlen("\"output_ids\":[");
-	for (int i = 0; i < MAX_TOKENS; i++) {
-		out[i] = (uint32_t)strtoul(p, &p, 10);
-		if (*p == ',')
-			p++;
-	}
-	return 0;
-}
 
 /* Sends a request (method path body) and returns the connection without reading the reply:
  * a request in flight when a worker dies. -errno when nothing listens. */
@@ -148,31 +86,6 @@ static int reply_status(int fd)
 	return n > 12 ? atoi(buf + 9) : -1;
 }
 
-/* The engine's metric (engine="t" plus more labels). */
-static uint64_t engine_metric(const char *name, const char *more)
-{
-	char labels[96];
-
-	snprintf(labels, sizeof(labels), "engine=\"t\"%s%s", more ? "," : "", more ? more : "");
-	return metric(&sv, name, labels);
-}
-
-/* Workers of engine t with role and rank (rank -1 means 0), alive. */
-static pid_t worker_pid(enum worker_role role, int rank)
-{
-	struct proto_msg m[32];
-	int n = ctl_collect(&sv, CTL_WORKERS, 0, CTL_ACT_NONE, -1, m, ARRAY_SIZE(m));
-
-	for (int i = 0; i < n; i++) {
-		const struct proto_worker_info *w = &m[i].worker_info;
-
-		if (m[i].type == PROTO_WORKER_INFO && w->state == WORKER_ALIVE && w->role == role &&
-		    (w->rank < 0 ? 0 : w->rank) == rank && strcmp(w->engine_id, "t") == 0)
-			return (pid_t)w->pid;
-	}
-	return 0;
-}
-
 static bool shadows_parked(void)
 {
 	struct proto_msg m[32];
@@ -185,63 +98,15 @@ static bool shadows_parked(void)
 	return parked == 2;
 }
 
-/* Until the engine serves the baseline tokens on the port the supervisor names. */
-static void wait_serving_correctly(void)
-{
-	uint64_t deadline = mono_ms() + READY_MS;
-	uint32_t got[MAX_TOKENS];
-
-	for (;;) {
-		uint16_t port = (uint16_t)engine_metric("belayer_engine_port", NULL);
-
-		if (engine_metric("belayer_engine_ready", NULL) == 1 &&
-		    engine_metric("belayer_recovery_last_outcome", NULL) != 1 &&
-		    generate(port, got) == 0) {
-			assert_memory_equal(got, expected, sizeof(got));
-			return;
-		}
-		if (mono_ms() > deadline)
-			fail_msg("engine t does not serve within %d ms", READY_MS);
-		(void)poll(NULL, 0, 20);
-	}
-}
-
 static void wait_parked(void)
 {
-	uint64_t deadline = mono_ms() + READY_MS;
+	uint64_t deadline = mono_ms() + ENGINE_READY_MS;
 
 	while (!shadows_parked()) {
 		if (mono_ms() > deadline)
-			fail_msg("the shadow group did not park within %d ms", READY_MS);
+			fail_msg("the shadow group did not park within %d ms", ENGINE_READY_MS);
 		(void)poll(NULL, 0, 20);
 	}
-}
-
-/* Until a failure now would be promoted (the supervisor's own verdict, a metric). */
-static void wait_promotable(void)
-{
-	uint64_t deadline = mono_ms() + READY_MS;
-
-	while (engine_metric("belayer_engine_promotable", NULL) != 1) {
-		if (mono_ms() > deadline)
-			fail_msg("engine t not promotable within %d ms", READY_MS);
-		(void)poll(NULL, 0, 20);
-	}
-}
-
-/* Waits for recovery seq to end; returns its outcome (2 promoted, 3 cold restart). */
-static uint64_t wait_recovery(uint64_t seq)
-{
-	uint64_t deadline = mono_ms() + READY_MS, o;
-
-	while (engine_metric("belayer_recovery_last_seq", NULL) < seq ||
-	       (o = engine_metric("belayer_recovery_last_outcome", NULL)) == 1) {
-		if (mono_ms() > deadline)
-			fail_msg("recovery %" PRIu64 " did not end within %d ms", seq, READY_MS);
-		(void)poll(NULL, 0, 20);
-	}
-	assert_int_not_equal(o, 4); /* failed: nothing serves */
-	return o;
 }
 
 /* The reason of the last fallback, from `belayerctl status --json`. */
@@ -270,114 +135,26 @@ static void assert_reason(const char *want)
 
 static void start(const char *shadow_extra, const char *const *more)
 {
-	static char primary[PATH_MAX * 2 + 256], shadow[PATH_MAX * 2 + 256], env[PATH_MAX + 64],
-		port[32], sport[32];
-	const char *settings[32] = {primary,
-				    shadow,
-				    env,
-				    port,
-				    sport,
-				    "engine.t.tp=2",
-				    "engine.t.probe_interval=50ms",
-				    "engine.t.checksum_settle=200ms"};
-	size_t n = 8;
-
 	port_a = sv_free_port();
 	port_b = sv_free_port();
-	snprintf(primary, sizeof(primary),
-		 "engine.t.primary=%s --model %s --port {port} --tp 2 --kv-cache-bytes 16M",
-		 ENGINE_PATH, weights);
-	/* The shadow's dummy weights come from the file's seed, so that a shadow left serving
-	 * after a refused promotion answers like the file. Promoted, every weight is the dead
-	 * primary's memory: the stand-in's caching allocator keeps all tensors, norms too, in
-	 * tracked segments of its weights pool, and its step buffers (allocated after the KV cache)
-	 * in `other` ones. */
-	snprintf(shadow, sizeof(shadow),
-		 "engine.t.shadow=%s --model %s --port {port} --tp 2 --load-format dummy --seed 1 "
-		 "%s",
-		 ENGINE_PATH, weights, shadow_extra ? shadow_extra : "--kv-cache-bytes 16M");
-	snprintf(env, sizeof(env), "engine.t.env=LD_PRELOAD=%s BELAYER_PARK_QUIET_MS=300",
-		 SHIM_PATH);
-	snprintf(port, sizeof(port), "engine.t.port=%u", port_a);
-	snprintf(sport, sizeof(sport), "engine.t.shadow_port=%u", port_b);
-	for (size_t i = 0; more && more[i]; i++)
-		settings[n++] = more[i];
-	settings[n] = NULL;
-	sv_start(&sv, settings);
-}
-
-/* Greedy tokens of a failure-free engine (no shim, no supervisor) with weights file w. */
-static void failure_free_tokens(const char *w, uint32_t out[MAX_TOKENS])
-{
-	char port[16];
-	uint16_t p = sv_free_port();
-	uint64_t deadline = mono_ms() + READY_MS;
-	pid_t pid;
-	int st;
-
-	snprintf(port, sizeof(port), "%u", p);
-	pid = fork();
-	assert_true(pid >= 0);
-	if (pid == 0) {
-		execl(ENGINE_PATH, ENGINE_PATH, "--model", w, "--port", port, "--tp", "2",
-		      "--kv-cache-bytes", "16M", (char *)NULL);
-		_exit(127);
-	}
-	while (generate(p, out) != 0) {
-		assert_true(mono_ms() < deadline);
-		assert_int_equal(waitpid(pid, &st, WNOHANG), 0);
-		(void)poll(NULL, 0, 20);
-	}
-	kill(pid, SIGTERM);
-	waitpid(pid, &st, 0);
+	engine_start(&sv, weights, port_a, port_b, shadow_extra, more);
 }
 
 static int setup(void **state)
 {
-	static bool have_baseline;
-
-	sv_setup(&sv);
-	setenv("BELAYER_EMU_KERNELS", KERNELS_PATH, 1);
-	setenv("BELAYER_EMU_DEVICES", "4", 1);
-	snprintf(weights, sizeof(weights), "%s/w.safetensors", sv.dir);
-	{
-		const char *argv[] = {GEN_PATH, "--out",  weights, "--size",
-				      "24M",	"--seed", "1",	   NULL};
-		assert_int_equal(run_tool(&sv, argv, NULL), 0);
-	}
-	if (!have_baseline) {
-		failure_free_tokens(weights, baseline);
-		have_baseline = true;
-	}
+	engine_setup(&sv, weights, sizeof(weights), baseline);
 	memcpy(expected, baseline, sizeof(expected));
 	return 0;
 }
 
-/* Stops the supervisor (it stops the engines it launched) and checks that no emulated GPU
- * memory is left: every allocation of this run died with its holders. */
 static int teardown(void **state)
 {
-	uint64_t deadline = mono_ms() + 15000, bytes = 0;
-	int64_t live = -1;
-
-	if (sv.pid > 0)
-		(void)sv_kill(&sv, SIGTERM);
-	while (mono_ms() < deadline) {
-		live = belayer_emu_live_allocations(-1, &bytes);
-		if (live == 0)
-			break;
-		(void)poll(NULL, 0, 20);
-	}
-	sv_teardown(&sv);
-	if (live != 0)
-		fail_msg("%" PRId64 " emulated allocations (%" PRIu64 " bytes) leaked", live,
-			 bytes);
-	return 0;
+	return engine_teardown(&sv);
 }
 
 static void kill_primary_rank(int rank)
 {
-	pid_t pid = worker_pid(ROLE_PRIMARY, rank);
+	pid_t pid = engine_worker_pid(&sv, ROLE_PRIMARY, rank);
 
 	assert_true(pid > 0);
 	assert_int_equal(kill(pid, SIGKILL), 0);
@@ -393,27 +170,27 @@ static void promotes_on_each_rank_kill(void **state)
 	int busy;
 
 	start(NULL, NULL);
-	wait_serving_correctly();
-	wait_promotable();
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
 	/* A long request in flight dies with the primary (resubmitting it is the gateway's job). */
 	busy = send_request(port_a, "POST", "/generate",
 			    "{\"input_ids\":[1,2,3],\"sampling_params\":{\"max_new_tokens\":400,"
 			    "\"temperature\":0}}");
 	assert_true(busy >= 0);
 	kill_primary_rank(first);
-	assert_int_equal(wait_recovery(1), 2);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
 	close(busy);
-	wait_serving_correctly();
+	engine_wait_serving(&sv, expected);
 	/* The port moved to the former shadow's. */
-	assert_int_equal(engine_metric("belayer_engine_port", NULL), port_b);
-	assert_true(engine_metric("belayer_recovery_last_phase_microseconds", "phase=\"remap\"") >
-		    0);
+	assert_int_equal(engine_metric(&sv, "belayer_engine_port", NULL), port_b);
+	assert_true(engine_metric(&sv, "belayer_recovery_last_phase_microseconds",
+				  "phase=\"remap\"") > 0);
 
-	wait_promotable();
+	engine_wait_promotable(&sv);
 	kill_primary_rank(1 - first);
-	assert_int_equal(wait_recovery(2), 2);
-	wait_serving_correctly();
-	assert_int_equal(engine_metric("belayer_engine_port", NULL), port_a);
+	assert_int_equal(engine_wait_recovery(&sv, 2), 2);
+	engine_wait_serving(&sv, expected);
+	assert_int_equal(engine_metric(&sv, "belayer_engine_port", NULL), port_a);
 	assert_int_equal(metric(&sv, "belayer_recoveries_total", "outcome=\"promoted\""), 2);
 }
 
@@ -424,14 +201,14 @@ static void kill_during_load_cold_restarts(void **state)
 	pid_t pid;
 
 	start(NULL, NULL);
-	deadline = mono_ms() + READY_MS;
-	while (!(pid = worker_pid(ROLE_PRIMARY, 1))) {
+	deadline = mono_ms() + ENGINE_READY_MS;
+	while (!(pid = engine_worker_pid(&sv, ROLE_PRIMARY, 1))) {
 		assert_true(mono_ms() < deadline);
 		(void)poll(NULL, 0, 2);
 	}
 	assert_int_equal(kill(pid, SIGKILL), 0);
-	assert_int_equal(wait_recovery(1), 3);
-	wait_serving_correctly();
+	assert_int_equal(engine_wait_recovery(&sv, 1), 3);
+	engine_wait_serving(&sv, expected);
 	assert_int_equal(metric(&sv, "belayer_recoveries_total", "outcome=\"cold_restart\""), 1);
 }
 
@@ -439,7 +216,8 @@ static void kill_during_load_cold_restarts(void **state)
 static uint64_t primary_weights_regions(void)
 {
 	static struct proto_msg m[1024];
-	pid_t p0 = worker_pid(ROLE_PRIMARY, 0), p1 = worker_pid(ROLE_PRIMARY, 1);
+	pid_t p0 = engine_worker_pid(&sv, ROLE_PRIMARY, 0),
+	      p1 = engine_worker_pid(&sv, ROLE_PRIMARY, 1);
 	int n = ctl_collect(&sv, CTL_REGIONS, 0, CTL_ACT_NONE, -1, m, ARRAY_SIZE(m));
 	uint64_t count = 0;
 
@@ -458,18 +236,18 @@ static void mismatched_layout_refused(void **state)
 	uint64_t deadline;
 
 	start("--kv-cache-bytes 12M", NULL);
-	wait_serving_correctly();
+	engine_wait_serving(&sv, expected);
 	wait_parked();
 	/* Checksums recorded for every weights region: the layout is what fails. */
-	deadline = mono_ms() + READY_MS;
+	deadline = mono_ms() + ENGINE_READY_MS;
 	while (metric(&sv, "belayer_weights_checksums_total", "") < primary_weights_regions()) {
 		assert_true(mono_ms() < deadline);
 		(void)poll(NULL, 0, 20);
 	}
 	kill_primary_rank(0);
-	assert_int_equal(wait_recovery(1), 3);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 3);
 	assert_reason("layout");
-	wait_serving_correctly();
+	engine_wait_serving(&sv, expected);
 }
 
 /* XID 79 (fallen off the bus) since the last good check: the memory is not trusted. */
@@ -478,13 +256,13 @@ static void xid_forces_cold_path(void **state)
 	const char *argv[] = {EMU_CTL_PATH, "xid", "0", "79", NULL};
 
 	start(NULL, NULL);
-	wait_serving_correctly();
-	wait_promotable();
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
 	assert_int_equal(run_tool(&sv, argv, NULL), 0);
 	kill_primary_rank(1);
-	assert_int_equal(wait_recovery(1), 3);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 3);
 	assert_reason("GPU");
-	wait_serving_correctly();
+	engine_wait_serving(&sv, expected);
 }
 
 /* The emulator allocation id of pid's 20 MiB device allocation: the weights' large-pool segment
@@ -523,16 +301,16 @@ static void bit_flip(const char *verify, const char *reason)
 	pid_t pid;
 
 	start(NULL, more);
-	wait_serving_correctly();
-	wait_promotable();
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
 	/* Promotable: the live checksums are recorded, the flip comes after. */
-	pid = worker_pid(ROLE_PRIMARY, 1);
+	pid = engine_worker_pid(&sv, ROLE_PRIMARY, 1);
 	snprintf(id, sizeof(id), "%" PRIu64, weights_alloc_id(pid));
 	assert_int_equal(run_tool(&sv, argv, NULL), 0);
 	kill_primary_rank(0);
-	assert_int_equal(wait_recovery(1), 3);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 3);
 	assert_reason(reason); /* a checksum that differs, not a missing one */
-	wait_serving_correctly();
+	engine_wait_serving(&sv, expected);
 }
 
 static void bit_flip_forces_cold_path(void **state)
@@ -558,16 +336,16 @@ static void kill_during_weight_update(void **state)
 	snprintf(w2, sizeof(w2), "%s/w2.safetensors", sv.dir);
 	assert_int_equal(run_tool(&sv, argv, NULL), 0);
 	start(NULL, more);
-	wait_serving_correctly();
-	wait_promotable();
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
 	snprintf(body, sizeof(body), "{\"model_path\":\"%s\"}", w2);
 	fd = send_request(port_a, "POST", "/update_weights_from_disk", body);
 	assert_true(fd >= 0);
 	assert_int_equal(reply_status(fd), 200);
 	kill_primary_rank(1);
-	assert_int_equal(wait_recovery(1), 3);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 3);
 	assert_reason("content");
-	wait_serving_correctly();
+	engine_wait_serving(&sv, expected);
 }
 
 /* The headline: an RL weight update lands, its checksums are recorded, then a rank dies. The
@@ -583,28 +361,28 @@ static void promoted_engine_keeps_updated_weights(void **state)
 	snprintf(w2, sizeof(w2), "%s/w2.safetensors", sv.dir);
 	assert_int_equal(run_tool(&sv, argv, NULL), 0);
 	start(NULL, NULL);
-	wait_serving_correctly();
-	wait_promotable();
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
 	before = metric(&sv, "belayer_weights_checksums_total", "");
 	snprintf(body, sizeof(body), "{\"model_path\":\"%s\"}", w2);
 	fd = send_request(port_a, "POST", "/update_weights_from_disk", body);
 	assert_true(fd >= 0);
 	assert_int_equal(reply_status(fd), 200);
-	failure_free_tokens(w2, expected);
+	engine_failure_free_tokens(w2, expected);
 	assert_memory_not_equal(expected, baseline, sizeof(expected));
-	wait_serving_correctly();
+	engine_wait_serving(&sv, expected);
 	/* Promotable again once the new version's checksums are recorded (the update rewrote
 	 * every weights region). */
-	deadline = mono_ms() + READY_MS;
+	deadline = mono_ms() + ENGINE_READY_MS;
 	while (metric(&sv, "belayer_weights_checksums_total", "") <
 	       before + primary_weights_regions()) {
 		assert_true(mono_ms() < deadline);
 		(void)poll(NULL, 0, 20);
 	}
-	wait_promotable();
+	engine_wait_promotable(&sv);
 	kill_primary_rank(1);
-	assert_int_equal(wait_recovery(1), 2);
-	wait_serving_correctly();
+	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
+	engine_wait_serving(&sv, expected);
 }
 
 /* A SIGSTOPped primary answers nothing: after liveness_timeout its group is killed and the
@@ -617,13 +395,13 @@ static void hung_primary_recovered(void **state)
 	pid_t pid;
 
 	start(NULL, more);
-	wait_serving_correctly();
-	wait_promotable();
-	pid = worker_pid(ROLE_PRIMARY, 0);
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
+	pid = engine_worker_pid(&sv, ROLE_PRIMARY, 0);
 	assert_true(pid > 0);
 	assert_int_equal(kill(pid, SIGSTOP), 0);
-	assert_int_equal(wait_recovery(1), 2);
-	wait_serving_correctly();
+	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
+	engine_wait_serving(&sv, expected);
 	{
 		const char *argv[] = {BELAYERCTL_PATH, "status", "--json", NULL};
 		char *out = NULL;
@@ -642,16 +420,16 @@ static void kill_during_promotion(void **state)
 	pid_t sh;
 
 	start(NULL, NULL);
-	wait_serving_correctly();
-	wait_promotable();
-	sh = worker_pid(ROLE_SHADOW, 1);
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
+	sh = engine_worker_pid(&sv, ROLE_SHADOW, 1);
 	assert_true(sh > 0);
 	kill_primary_rank(0);
 	assert_int_equal(kill(sh, SIGKILL), 0);
-	o = wait_recovery(1);
+	o = engine_wait_recovery(&sv, 1);
 	if (o == 3)
 		assert_reason("shadow");
-	wait_serving_correctly();
+	engine_wait_serving(&sv, expected);
 }
 
 /* An externally started primary (same BELAYER_ENGINE_ID) is paired with the supervisor's
@@ -674,13 +452,13 @@ static void external_primary_is_paired(void **state)
 		      "--kv-cache-bytes", "16M", (char *)NULL);
 		_exit(127);
 	}
-	wait_serving_correctly();
-	wait_promotable();
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
 	assert_int_equal(kill(pid, SIGKILL), 0);
 	assert_int_equal(waitpid(pid, &st, 0), pid);
-	assert_int_equal(wait_recovery(1), 2);
-	wait_serving_correctly();
-	assert_int_equal(engine_metric("belayer_engine_port", NULL), port_b);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
+	engine_wait_serving(&sv, expected);
+	assert_int_equal(engine_metric(&sv, "belayer_engine_port", NULL), port_b);
 }
 
 /* Manual failover: belayerctl promote --wait reports the phases. */
@@ -690,12 +468,12 @@ static void manual_promote(void **state)
 	char *out = NULL;
 
 	start(NULL, NULL);
-	wait_serving_correctly();
-	wait_promotable();
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
 	assert_int_equal(run_tool(&sv, argv, &out), 0);
 	assert_non_null(strstr(out, "outcome=promoted trigger=manual"));
 	free(out);
-	wait_serving_correctly();
+	engine_wait_serving(&sv, expected);
 	{
 		const char *w[] = {BELAYERCTL_PATH, "workers", NULL};
 
