@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,30 @@
 #include <unistd.h>
 
 #include "envckpt-fixture.h"
+#include "supervisor-criu.h"
+
+bool fixture_env_preconditions(void)
+{
+	const char *criu = sv_criu_binary(NULL);
+
+	return geteuid() == 0 && access(FIXTURE_CGROUP_V2 "/cgroup.procs", F_OK) == 0 && criu &&
+	       sv_criu_version(criu) >= 40200;
+}
+
+int fixture_env_exec(const char *cgroup, pid_t pid, const char *fmt, ...)
+{
+	char inner[2048], cmd[2400];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(inner, sizeof(inner), fmt, ap);
+	va_end(ap);
+	snprintf(cmd, sizeof(cmd),
+		 "echo $$ >%s/cgroup.procs && exec nsenter -t %d -m -p -u -i -r -w sh -c '%s' "
+		 "</dev/null >/dev/null 2>&1",
+		 cgroup, (int)pid, inner);
+	return system(cmd);
+}
 
 uint64_t fixture_now_us(void)
 {

@@ -6,6 +6,20 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
+
+/* The cgroup v2 hierarchy the environment tests create their cgroups under. */
+#define FIXTURE_CGROUP_V2 "/sys/fs/cgroup/unified"
+/* What fixture_env_preconditions() checks, as a skip reason. */
+#define FIXTURE_ENV_NEEDS "root, cgroup v2 at " FIXTURE_CGROUP_V2 " and CRIU >= 4.2 needed"
+
+/* Real environments can run here: root, cgroup v2 at FIXTURE_CGROUP_V2, CRIU >= 4.2. */
+bool fixture_env_preconditions(void);
+/* Runs the shell command fmt inside the environment whose init is pid (its namespaces) and
+ * whose cgroup is cgroup (joined too, so the tracer and the freezer see it as the
+ * environment's); stdio to /dev/null. Returns system()'s status. */
+int fixture_env_exec(const char *cgroup, pid_t pid, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
 
 /* Makes dir a base: usr/ etc/ dev/ proc/ tmp/ root/ work/ and the merged-/usr symlinks
  * (bin, lib, lib64, sbin); copies server_bin to dir/work/server when given. */

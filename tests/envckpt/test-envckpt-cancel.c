@@ -37,8 +37,10 @@
 #include "test-util.h"
 #include "util.h"
 
-#define CGROUP_V2 "/sys/fs/cgroup/unified"
-#define WAIT_MS	  10000
+#define WAIT_MS 10000
+/* Runs a shell command inside the environment; fails the test unless it exits 0. */
+#define env_exec(f, ...) \
+	assert_int_equal(fixture_env_exec((f)->env->cgroup, (f)->env->pid, __VA_ARGS__), 0)
 /* From the flag to the thawed callback, generously: one ENV_FS_COPY_CHUNK copy and the thaw
  * take a few ms; this machine has 2 noisy cores. */
 #define CANCEL_BOUND_US 250000
@@ -63,14 +65,6 @@ struct thawed_log {
 	bool running; /* cgroup.events said "frozen 0" inside the callback */
 	char head[ENV_ID_MAX + 1];
 };
-
-static bool preconditions(void)
-{
-	const char *criu = sv_criu_binary(NULL);
-
-	return test_is_root() && access(CGROUP_V2 "/cgroup.procs", F_OK) == 0 && criu &&
-	       sv_criu_version(criu) >= 40200;
-}
 
 static int setup(void **state)
 {
@@ -107,7 +101,8 @@ static void start_env(struct fx *f, const char *id, unsigned hog_mib)
 	assert_non_null(f->dir);
 	snprintf(f->base, sizeof(f->base), "%s/base", f->dir);
 	snprintf(f->state, sizeof(f->state), "%s/state", f->dir);
-	snprintf(f->cgparent, sizeof(f->cgparent), CGROUP_V2 "/belayer-test-%d", (int)getpid());
+	snprintf(f->cgparent, sizeof(f->cgparent), FIXTURE_CGROUP_V2 "/belayer-test-%d",
+		 (int)getpid());
 	assert_int_equal(fixture_make_base(f->base, ENVCKPT_SERVER), 0);
 	if (hog_mib)
 		snprintf(hog, sizeof(hog),
@@ -133,22 +128,6 @@ static void start_env(struct fx *f, const char *id, unsigned hog_mib)
 		assert_int_equal(fixture_wait_file(ready, WAIT_MS), 0);
 	}
 	assert_int_equal(fixture_ask(f->sock, "get", ans, sizeof(ans), WAIT_MS), 0);
-}
-
-/* Runs a shell command inside the environment (its namespaces and cgroup). */
-static void env_exec(struct fx *f, const char *fmt, ...)
-{
-	char inner[2048], cmd[2400];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(inner, sizeof(inner), fmt, ap);
-	va_end(ap);
-	snprintf(cmd, sizeof(cmd),
-		 "echo $$ >%s/cgroup.procs && exec nsenter -t %d -m -p -u -i -r -w sh -c '%s' "
-		 "</dev/null >/dev/null 2>&1",
-		 f->env->cgroup, (int)f->env->pid, inner);
-	assert_int_equal(system(cmd), 0);
 }
 
 static uint64_t tree(struct fx *f)
@@ -383,7 +362,7 @@ static void test_cancel_before(void **state)
 	struct env_ckpt_params p = {
 		.turn = 2, .cancel = &cancel, .thawed = on_thawed, .userdata = &t};
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start_env(f, "before", 0);
 	t.env = f->env;
 	assert_int_equal(env_checkpoint(f->env, &(struct env_ckpt_params){.turn = 1}, &m), 0);
@@ -423,7 +402,7 @@ static void test_cancel_mid_copy(void **state)
 	struct env_ckpt_params p = {.turn = 2, .thawed = on_thawed, .userdata = &t};
 	int r;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start_env(f, "midcopy", 0);
 	t.env = f->env;
 	assert_int_equal(env_checkpoint(f->env, &(struct env_ckpt_params){.turn = 1}, &m1), 0);
@@ -497,7 +476,7 @@ static void test_thawed_once(void **state)
 	struct env_ckpt_params p = {
 		.turn = 2, .cancel = &cancel, .thawed = on_thawed, .userdata = &t};
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start_env(f, "thawed", 0);
 	t.env = f->env;
 	atomic_init(&cancel, false);
@@ -530,7 +509,7 @@ static void test_cancel_during_dump(void **state)
 	struct env_ckpt_params p = {.turn = 2, .thawed = on_thawed, .userdata = &t};
 	int r;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start_env(f, "dump", 256);
 	t.env = f->env;
 	assert_int_equal(env_checkpoint(f->env, &(struct env_ckpt_params){.turn = 1}, &m1), 0);
@@ -574,7 +553,7 @@ static void test_thawed_on_failure(void **state)
 		.turn = 2, .cancel = &cancel, .thawed = on_thawed, .userdata = &t};
 	int r;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start_env(f, "failure", 0);
 	t.env = f->env;
 	atomic_init(&cancel, false);

@@ -35,8 +35,10 @@
 #include "test-util.h"
 #include "util.h"
 
-#define CGROUP_V2 "/sys/fs/cgroup/unified"
-#define WAIT_MS	  10000
+#define WAIT_MS 10000
+/* Runs a shell command inside the environment; fails the test unless it exits 0. */
+#define env_exec(f, ...) \
+	assert_int_equal(fixture_env_exec((f)->env->cgroup, (f)->env->pid, __VA_ARGS__), 0)
 
 static const char *const tree_skip[] = {"dev", "proc", "usr", "etc", NULL};
 
@@ -47,14 +49,6 @@ struct fx {
 	char tcp[16]; /* the TCP server's port on 127.0.0.1, as fixture_ask takes it */
 	struct sv_env *env;
 };
-
-static bool preconditions(void)
-{
-	const char *criu = sv_criu_binary(NULL);
-
-	return test_is_root() && access(CGROUP_V2 "/cgroup.procs", F_OK) == 0 && criu &&
-	       sv_criu_version(criu) >= 40200;
-}
 
 static int setup(void **state)
 {
@@ -98,7 +92,8 @@ static void start_env(struct fx *f, const char *id, unsigned keep)
 	assert_non_null(f->dir);
 	snprintf(f->base, sizeof(f->base), "%s/base", f->dir);
 	snprintf(f->state, sizeof(f->state), "%s/state", f->dir);
-	snprintf(f->cgparent, sizeof(f->cgparent), CGROUP_V2 "/belayer-test-%d", (int)getpid());
+	snprintf(f->cgparent, sizeof(f->cgparent), FIXTURE_CGROUP_V2 "/belayer-test-%d",
+		 (int)getpid());
 	assert_int_equal(fixture_make_base(f->base, ENVCKPT_SERVER), 0);
 	assert_int_equal(fixture_free_port(&port), 0);
 	snprintf(f->tcp, sizeof(f->tcp), "%u", (unsigned)port);
@@ -116,23 +111,6 @@ static void start_env(struct fx *f, const char *id, unsigned keep)
 	assert_int_equal(fixture_wait_file(ready, WAIT_MS), 0);
 	assert_int_equal(fixture_ask(f->sock, "get", ans, sizeof(ans), WAIT_MS), 0);
 	assert_int_equal(fixture_ask(f->tcp, "get", ans, sizeof(ans), WAIT_MS), 0);
-}
-
-/* Runs a shell command inside the environment's namespaces (nsenter into its init). */
-static void env_exec(struct fx *f, const char *fmt, ...)
-{
-	char inner[2048], cmd[2400];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(inner, sizeof(inner), fmt, ap);
-	va_end(ap);
-	/* Joins the cgroup too, so the tracer and the freezer see it as the environment's. */
-	snprintf(cmd, sizeof(cmd),
-		 "echo $$ >%s/cgroup.procs && exec nsenter -t %d -m -p -u -i -r -w sh -c '%s' "
-		 "</dev/null >/dev/null 2>&1",
-		 f->env->cgroup, (int)f->env->pid, inner);
-	assert_int_equal(system(cmd), 0);
 }
 
 static uint64_t tree(struct fx *f)
@@ -270,7 +248,7 @@ static void test_restore_identical(void **state)
 	char ans_before[256], tcp_before[256], ans[256];
 	_cleanup_free_ char *procs_before = NULL, *procs_after = NULL;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start_env(f, "ident", 0);
 	assert_int_equal(
 		fixture_ask(f->sock, "set before-ckpt", ans_before, sizeof(ans_before), WAIT_MS),
@@ -326,7 +304,7 @@ static void test_delta_chain(void **state)
 	struct stat st1, st2;
 	uint64_t h1, h2;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start_env(f, "chain", 0);
 	env_exec(f, "for i in 1 2 3 4 5 6 7 8; do echo $i >/work/f$i; done; echo x >/work/gone");
 	h1 = tree(f);
@@ -392,7 +370,7 @@ static void test_killed_mid_checkpoint(void **state)
 	int status;
 	bool seen = false;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start_env(f, "killed", 0);
 	h1 = tree(f);
 	checkpoint(f, 1, &m1);
@@ -476,7 +454,7 @@ static void test_symlink_escape(void **state)
 	DIR *d;
 	int dfd, fd;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start_env(f, "escape", 0);
 	snprintf(f->secret, sizeof(f->secret), "%s/secret", f->dir);
 	fd = open(f->secret, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
@@ -529,7 +507,7 @@ static void test_refusals(void **state)
 	char path[PATH_MAX], cmd[3 * PATH_MAX];
 	uint64_t h2;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start_env(f, "refuse", 0);
 	env_exec(f, "echo one >/work/one");
 	checkpoint(f, 1, &m1);
@@ -576,7 +554,7 @@ static void test_gc(void **state)
 	char **ids;
 	size_t n;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start_env(f, "gc", 2);
 	for (int i = 0; i < 4; i++) {
 		env_exec(f, "echo %d >/work/turn%d; echo %d >>/work/acc", i, i, i);
@@ -612,7 +590,7 @@ static void test_adopt(void **state)
 	char other_state[PATH_MAX];
 	uint64_t h;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start_env(f, "native", 0);
 	env_exec(f, "echo adopted >/work/mark");
 	snprintf(other_state, sizeof(other_state), "%s/other", f->dir);

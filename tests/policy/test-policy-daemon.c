@@ -32,8 +32,9 @@
 #include "test-util.h"
 #include "util.h"
 
-#define CGROUP_V2 "/sys/fs/cgroup/unified"
-#define WAIT_MS	  20000
+#define WAIT_MS 20000
+/* Runs a shell command inside the environment; fails the test unless it exits 0. */
+#define env_exec(f, cmd) assert_int_equal(fixture_env_exec((f)->env_cg, (f)->env_pid, "%s", cmd), 0)
 /* What the bound test allows past max_delay: the cancel's own latency (one 4 MiB chunk copy,
  * the thaw, the loop's wakeup) on a loaded CI machine. */
 #define BOUND_SLACK_US 200000
@@ -45,14 +46,6 @@ struct fx {
 	pid_t env_pid;
 	int fd; /* the framework's connection */
 };
-
-static bool preconditions(void)
-{
-	const char *criu = sv_criu_binary(NULL);
-
-	return test_is_root() && access(CGROUP_V2 "/cgroup.procs", F_OK) == 0 && criu &&
-	       sv_criu_version(criu) >= 40200;
-}
 
 static int setup(void **state)
 {
@@ -146,7 +139,7 @@ static void start_cmd(struct fx *f, const char *const *policy, const char *cmd)
 
 	sv_setup(&f->sv);
 	snprintf(f->base, sizeof(f->base), "%s/base", f->sv.dir);
-	snprintf(f->cg, sizeof(f->cg), CGROUP_V2 "/belayer-policy-%d", (int)getpid());
+	snprintf(f->cg, sizeof(f->cg), FIXTURE_CGROUP_V2 "/belayer-policy-%d", (int)getpid());
 	snprintf(f->setting_cg, sizeof(f->setting_cg), "env.cgroup=%s", f->cg);
 	assert_int_equal(fixture_make_base(f->base, NULL), 0);
 	for (size_t i = 0; policy[i]; i++)
@@ -168,18 +161,6 @@ static void start_cmd(struct fx *f, const char *const *policy, const char *cmd)
 static void start(struct fx *f, const char *const *policy)
 {
 	start_cmd(f, policy, "cd /work; exec sleep infinity");
-}
-
-/* Runs a shell command inside e1 (its cgroup, so the tracer sees it; its namespaces). */
-static void env_exec(struct fx *f, const char *cmd)
-{
-	char line[2048];
-
-	snprintf(line, sizeof(line),
-		 "echo $$ >%s/cgroup.procs && exec nsenter -t %d -m -p -u -i -r -w sh -c '%s' "
-		 "</dev/null >/dev/null 2>&1",
-		 f->env_cg, (int)f->env_pid, cmd);
-	assert_int_equal(system(line), 0);
 }
 
 struct step {
@@ -311,7 +292,7 @@ static void adaptive_checkpoint_in_the_bubble(void **state)
 	struct proto_traj_decision d;
 	struct proto_msg ck[4];
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start(f, policy);
 	env_exec(f, "echo one >/work/a");
 	/* No history: no bet, no checkpoint. */
@@ -371,7 +352,7 @@ static void every_turn_holds_until_thawed(void **state)
 	uint64_t wall;
 	int fd2;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start(f, policy);
 	/* 256 MiB to copy: the checkpoint takes far longer than max_delay. */
 	env_exec(f, "head -c 268435456 /dev/zero >/work/big");
@@ -434,7 +415,7 @@ static void checkpoint_in_fs_delta_aborted_at_the_bound(void **state)
 	char tmp[PATH_MAX + 64];
 	uint64_t wall;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start(f, policy);
 	d = end_step(f, "t3", 1);
 	assert_string_equal(d.why, "no-fit");
@@ -536,7 +517,7 @@ static void dump_running_at_the_bound_is_late_and_counted(void **state)
 	struct proto_msg ck[2];
 	uint64_t deadline;
 
-	TEST_REQUIRE(preconditions(), "root, cgroup v2 at " CGROUP_V2 " and CRIU >= 4.2 needed");
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	/* 1 GiB of touched anonymous memory: a dump of a second or more, next to no FS delta. */
 	start_cmd(f, policy,
 		  "exec python3 -c 'import time; b = bytearray(b\"x\") * (1 << 30); "
