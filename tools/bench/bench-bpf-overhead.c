@@ -305,13 +305,6 @@ out:
 	return r;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
 /* field: offset of a double in struct run. */
 static double median(const struct run *runs, int n, size_t field)
 {
@@ -319,7 +312,7 @@ static double median(const struct run *runs, int n, size_t field)
 
 	for (int i = 0; i < n; i++)
 		v[i] = *(const double *)((const char *)&runs[i] + field);
-	qsort(v, (size_t)n, sizeof(double), cmp_double);
+	qsort(v, (size_t)n, sizeof(double), bench_cmp_double);
 	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 

@@ -31,18 +31,6 @@ struct hang_case {
 	int r;
 };
 
-static void paths_init(struct rec_paths *p, const struct bench_args *a, const char *build)
-{
-	snprintf(p->engine, sizeof(p->engine), "%s/tests/engine/belayer-test-engine", build);
-	snprintf(p->gen, sizeof(p->gen), "%s/tests/engine/gen-weights", build);
-	snprintf(p->kernels, sizeof(p->kernels), "%s/tests/engine/libengine-kernels-host.so",
-		 build);
-	snprintf(p->supervisor, sizeof(p->supervisor), "%s/supervisor/belayer-supervisor", build);
-	snprintf(p->ctl, sizeof(p->ctl), "%s/tools/belayerctl/belayerctl", build);
-	p->shim = a->shim;
-	p->driver = a->driver;
-}
-
 /* Decode throughput (tokens/s over OVERHEAD_REQUESTS requests) of an engine already ready. */
 static double throughput(uint16_t port)
 {
@@ -161,7 +149,7 @@ int bench_hang(const struct bench_args *a, int argc, char **argv)
 			usage(stderr);
 			return -EINVAL;
 		}
-	paths_init(&p, a, build);
+	rec_paths_init(&p, a, build);
 	if (access(p.engine, X_OK) < 0 || access(p.supervisor, X_OK) < 0)
 		return log_error_errno(ENOENT, "%s or %s missing: build the tree with tests",
 				       p.engine, p.supervisor);

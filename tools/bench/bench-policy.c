@@ -160,22 +160,6 @@ static void draw(const struct popts *o, struct pol_traj *tr)
 	}
 }
 
-static int wait_port(uint16_t port, int timeout_ms)
-{
-	uint64_t deadline = bench_now_ns() + (uint64_t)timeout_ms * 1000000;
-
-	while (bench_now_ns() < deadline) {
-		int fd = client_connect(port);
-
-		if (fd >= 0) {
-			close(fd);
-			return 0;
-		}
-		(void)poll(NULL, 0, 50);
-	}
-	return -ETIMEDOUT;
-}
-
 static int create_envs(int fd, const char *base, struct pol_traj *tr, unsigned n)
 {
 	for (unsigned i = 0; i < n; i++) {
@@ -200,13 +184,6 @@ static void destroy_envs(int fd, struct pol_traj *tr, unsigned n)
 	}
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
 /* Work lost by failures at drawn times over each trajectory's timeline. */
 static void work_lost(const struct popts *o, const struct pol_traj *tr, struct pol_result *res)
 {
@@ -229,7 +206,7 @@ static void work_lost(const struct popts *o, const struct pol_traj *tr, struct p
 		}
 	}
 	res->lost_mean_s = sum / (double)k;
-	qsort(v, k, sizeof(*v), cmp_double);
+	qsort(v, k, sizeof(*v), bench_cmp_double);
 	res->lost_p95_s = v[k * 95 / 100];
 	free(v);
 }
@@ -437,7 +414,7 @@ static int run_policy(const struct popts *o, const struct world_paths *wp, enum 
 	r = rec_world_open(&w, &wp->p, 1, WEIGHTS_BYTES, config);
 	if (r < 0)
 		goto out;
-	r = wait_port(gport, 120000);
+	r = rec_wait_port(gport, 120000);
 	if (r < 0) {
 		log_error_errno(r, "The gateway on port %u did not come up (see %s): %m", gport,
 				w.dir);
@@ -540,26 +517,16 @@ out:
 
 static int plot(const struct pol_result *res, const char *png)
 {
-	char dir[] = "/tmp/belayer-bench-plot.XXXXXX", dat[64], gp[64];
-	FILE *f;
-	int r;
+	struct rec_plot pl;
+	int r = rec_plot_open(&pl);
 
-	if (!mkdtemp(dir))
-		return -errno;
-	snprintf(dat, sizeof(dat), "%s/data", dir);
-	snprintf(gp, sizeof(gp), "%s/plot.gp", dir);
-	f = fopen(dat, "we");
-	if (!f)
-		return -errno;
+	if (r < 0)
+		return r;
 	for (int m = 0; m < POL_COUNT; m++)
 		if (res[m].ran)
-			fprintf(f, "%.3f %.3f %s\n", res[m].slowdown_pct, res[m].lost_mean_s,
+			fprintf(pl.data, "%.3f %.3f %s\n", res[m].slowdown_pct, res[m].lost_mean_s,
 				mode_names[m]);
-	fclose(f);
-	f = fopen(gp, "we");
-	if (!f)
-		return -errno;
-	fprintf(f,
+	fprintf(pl.script,
 		"set terminal pngcairo size 800,560 noenhanced\n"
 		"set output '%s'\n"
 		"set title 'Belayer checkpoint policies: failure-free slowdown vs work lost per "
@@ -569,15 +536,8 @@ static int plot(const struct pol_result *res, const char *png)
 		"set grid\nset key off\nset offsets 0.5, 0.5, 0.5, 0.5\n"
 		"plot '%s' using 1:2 with points pt 7 ps 2, '' using 1:2:3 with labels offset "
 		"1.5,1 left\n",
-		png, dat);
-	fclose(f);
-
-	char *argv[] = {"/usr/bin/gnuplot", gp, NULL};
-	r = rec_run_wait(argv, NULL, NULL, 60000);
-	unlink(dat);
-	unlink(gp);
-	rmdir(dir);
-	return r;
+		png, pl.dat);
+	return rec_plot_run(&pl);
 }
 
 static json_object *jd(double v)
@@ -878,16 +838,7 @@ int bench_policy(const struct bench_args *a, int argc, char **argv)
 	} else {
 		o.pin = false;
 	}
-	snprintf(wp.p.engine, sizeof(wp.p.engine), "%s/tests/engine/belayer-test-engine",
-		 BENCH_BUILD_ROOT);
-	snprintf(wp.p.gen, sizeof(wp.p.gen), "%s/tests/engine/gen-weights", BENCH_BUILD_ROOT);
-	snprintf(wp.p.kernels, sizeof(wp.p.kernels), "%s/tests/engine/libengine-kernels-host.so",
-		 BENCH_BUILD_ROOT);
-	snprintf(wp.p.supervisor, sizeof(wp.p.supervisor), "%s/supervisor/belayer-supervisor",
-		 BENCH_BUILD_ROOT);
-	snprintf(wp.p.ctl, sizeof(wp.p.ctl), "%s/tools/belayerctl/belayerctl", BENCH_BUILD_ROOT);
-	wp.p.shim = a->shim;
-	wp.p.driver = a->driver;
+	rec_paths_init(&wp.p, a, BENCH_BUILD_ROOT);
 	(void)rec_guard_install();
 	if (!mkdtemp(dir))
 		return log_error_errno(errno, "mkdtemp: %m");

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "bench-recovery.h"
+#include "bench.h"
 #include "engine-client.h"
 #include "log.h"
 #include "util.h"
@@ -144,6 +145,74 @@ int rec_run_wait(char *const argv[], char *const env[], const char *out, int tim
 	if (r < 0)
 		return log_error_errno(r, "%s did not finish in time: %m", argv[0]);
 	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EIO;
+}
+
+int rec_wait_port(uint16_t port, int timeout_ms)
+{
+	uint64_t deadline = rec_now_ns() + (uint64_t)timeout_ms * 1000000;
+
+	while (rec_now_ns() < deadline) {
+		int fd = client_connect(port);
+
+		if (fd >= 0) {
+			close(fd);
+			return 0;
+		}
+		(void)poll(NULL, 0, 20);
+	}
+	return -ETIMEDOUT;
+}
+
+static void plot_remove(struct rec_plot *pl)
+{
+	(void)unlink(pl->dat);
+	(void)unlink(pl->gp);
+	(void)rmdir(pl->dir);
+}
+
+int rec_plot_open(struct rec_plot *pl)
+{
+	int r;
+
+	*pl = (struct rec_plot){.dir = "/tmp/belayer-bench-plot.XXXXXX"};
+	if (!mkdtemp(pl->dir))
+		return -errno;
+	snprintf(pl->dat, sizeof(pl->dat), "%s/data", pl->dir);
+	snprintf(pl->gp, sizeof(pl->gp), "%s/plot.gp", pl->dir);
+	pl->data = fopen(pl->dat, "we");
+	pl->script = pl->data ? fopen(pl->gp, "we") : NULL;
+	if (!pl->script) {
+		r = -errno;
+		if (pl->data)
+			fclose(pl->data);
+		plot_remove(pl);
+		return r;
+	}
+	return 0;
+}
+
+int rec_plot_run(struct rec_plot *pl)
+{
+	char *argv[] = {"/usr/bin/gnuplot", pl->gp, NULL};
+	int r;
+
+	fclose(pl->data);
+	fclose(pl->script);
+	r = rec_run_wait(argv, NULL, NULL, 60000);
+	plot_remove(pl);
+	return r;
+}
+
+void rec_paths_init(struct rec_paths *p, const struct bench_args *a, const char *build)
+{
+	snprintf(p->engine, sizeof(p->engine), "%s/tests/engine/belayer-test-engine", build);
+	snprintf(p->gen, sizeof(p->gen), "%s/tests/engine/gen-weights", build);
+	snprintf(p->kernels, sizeof(p->kernels), "%s/tests/engine/libengine-kernels-host.so",
+		 build);
+	snprintf(p->supervisor, sizeof(p->supervisor), "%s/supervisor/belayer-supervisor", build);
+	snprintf(p->ctl, sizeof(p->ctl), "%s/tools/belayerctl/belayerctl", build);
+	p->shim = a->shim;
+	p->driver = a->driver;
 }
 
 int rec_gen_weights(const struct rec_paths *p, const char *out, uint64_t bytes, unsigned seed)

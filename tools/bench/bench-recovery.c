@@ -256,17 +256,13 @@ static const struct rec_case *find(const struct rec_case *cases, size_t n, uint6
 /* gnuplot: time to ready vs weights size, one line per path and TP. */
 static int plot(const struct rec_opts *o, const struct rec_case *cases, size_t n, const char *png)
 {
-	char dir[] = "/tmp/belayer-bench-plot.XXXXXX", dat[64], gp[64];
+	struct rec_plot pl;
 	FILE *f;
-	int r;
+	int r = rec_plot_open(&pl);
 
-	if (!mkdtemp(dir))
-		return -errno;
-	snprintf(dat, sizeof(dat), "%s/data", dir);
-	snprintf(gp, sizeof(gp), "%s/plot.gp", dir);
-	f = fopen(dat, "we");
-	if (!f)
-		return -errno;
+	if (r < 0)
+		return r;
+	f = pl.data;
 	for (size_t s = 0; s < o->nsizes; s++) {
 		fprintf(f, "%.1f", (double)o->sizes[s] / (1 << 20));
 		for (size_t t = 0; t < o->ntps; t++)
@@ -280,10 +276,7 @@ static int plot(const struct rec_opts *o, const struct rec_case *cases, size_t n
 			}
 		fputc('\n', f);
 	}
-	fclose(f);
-	f = fopen(gp, "we");
-	if (!f)
-		return -errno;
+	f = pl.script;
 	fprintf(f,
 		"set terminal pngcairo size 900,560 noenhanced\n"
 		"set output '%s'\n"
@@ -296,16 +289,9 @@ static int plot(const struct rec_opts *o, const struct rec_case *cases, size_t n
 	for (size_t t = 0, col = 2; t < o->ntps; t++)
 		for (int pth = 0; pth < PATH_COUNT; pth++, col++)
 			fprintf(f, "%s'%s' using 1:%zu with linespoints lw 2 title '%s, TP=%u'",
-				col == 2 ? "" : ", ", dat, col, path_names[pth], o->tps[t]);
+				col == 2 ? "" : ", ", pl.dat, col, path_names[pth], o->tps[t]);
 	fputc('\n', f);
-	fclose(f);
-
-	char *argv[] = {"/usr/bin/gnuplot", gp, NULL};
-	r = rec_run_wait(argv, NULL, NULL, 60000);
-	unlink(dat);
-	unlink(gp);
-	rmdir(dir);
-	return r;
+	return rec_plot_run(&pl);
 }
 
 static int print_json(const struct rec_opts *o, const struct rec_case *cases, size_t n,
@@ -405,18 +391,6 @@ static int parse_paths(const char *arg, bool *ret)
 		ret[k] = any = true;
 	}
 	return any ? 0 : -EINVAL;
-}
-
-static void paths_init(struct rec_paths *p, const struct bench_args *a, const char *build)
-{
-	snprintf(p->engine, sizeof(p->engine), "%s/tests/engine/belayer-test-engine", build);
-	snprintf(p->gen, sizeof(p->gen), "%s/tests/engine/gen-weights", build);
-	snprintf(p->kernels, sizeof(p->kernels), "%s/tests/engine/libengine-kernels-host.so",
-		 build);
-	snprintf(p->supervisor, sizeof(p->supervisor), "%s/supervisor/belayer-supervisor", build);
-	snprintf(p->ctl, sizeof(p->ctl), "%s/tools/belayerctl/belayerctl", build);
-	p->shim = a->shim;
-	p->driver = a->driver;
 }
 
 static void usage(FILE *f)
@@ -525,7 +499,7 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 		o.nsizes = 2;
 	}
 	(void)tps_set;
-	paths_init(&p, a, build);
+	rec_paths_init(&p, a, build);
 	if (access(p.engine, X_OK) < 0 || access(p.supervisor, X_OK) < 0)
 		return log_error_errno(
 			ENOENT, "%s or %s missing: build the tree with tests (or --build-dir)",

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #define REC_MAX_TP	    4
@@ -25,6 +26,10 @@ struct rec_paths {
 	const char *shim;      /* libbelayer.so */
 	const char *driver;    /* emulated libcuda.so.1's directory */
 };
+
+struct bench_args;
+/* The programs of the build tree build; shim and driver from the bench's arguments. */
+void rec_paths_init(struct rec_paths *p, const struct bench_args *a, const char *build);
 
 /* Phases of one recovery, in ms; a negative value: the phase does not exist on that path. */
 enum rec_phase {
@@ -102,6 +107,18 @@ int rec_bound_ms(int want_ms);
 bool rec_deadline_passed(void);
 /* Runs argv to completion within timeout_ms; 0 when it exited 0. */
 int rec_run_wait(char *const argv[], char *const env[], const char *out, int timeout_ms);
+/* Waits until something accepts connections on the loopback port: 0, or -ETIMEDOUT. */
+int rec_wait_port(uint16_t port, int timeout_ms);
+
+/* A gnuplot run: rec_plot_open() makes a temporary directory with a data file and a script
+ * open for writing (the script names the data file as `dat`); rec_plot_run() closes both, runs
+ * gnuplot on the script and removes the directory. */
+struct rec_plot {
+	char dir[32], dat[64], gp[64];
+	FILE *data, *script;
+};
+int rec_plot_open(struct rec_plot *pl);
+int rec_plot_run(struct rec_plot *pl);
 
 enum rec_path {
 	PATH_COLD,

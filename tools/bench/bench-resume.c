@@ -141,13 +141,6 @@ struct run {
 	int ok, retries;
 };
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
 /* Runs n clients against port; kill_after_ms >= 0: SIGKILLs victim that long after the start. */
 static int run_clients(struct client *cl, char **bodies, int n, uint16_t port, bool retry,
 		       int kill_after_ms, pid_t victim, struct run *ret)
@@ -194,7 +187,7 @@ static int run_clients(struct client *cl, char **bodies, int n, uint16_t port, b
 	ret->total_ms = rec_ms_between(t0, t_end);
 	ret->tok_per_s = ret->total_ms > 0 ? tokens / (ret->total_ms / 1000.0) : 0;
 	if (ng) {
-		qsort(gaps, (size_t)ng, sizeof(gaps[0]), cmp_double);
+		qsort(gaps, (size_t)ng, sizeof(gaps[0]), bench_cmp_double);
 		ret->first_after_med_ms = gaps[ng / 2];
 		ret->first_after_max_ms = gaps[ng - 1];
 	}
@@ -215,22 +208,6 @@ static double seq_latency_us(uint16_t port, int n)
 			return -1;
 	}
 	return rec_ms_between(t0, rec_now_ns()) * 1000.0 / n;
-}
-
-static int wait_port(uint16_t port, int timeout_ms)
-{
-	uint64_t deadline = rec_now_ns() + (uint64_t)timeout_ms * 1000000;
-
-	while (rec_now_ns() < deadline) {
-		int fd = client_connect(port);
-
-		if (fd >= 0) {
-			close(fd);
-			return 0;
-		}
-		(void)poll(NULL, 0, 20);
-	}
-	return -ETIMEDOUT;
 }
 
 /* The engine process serving on port: argv holds "--port" then the port (the supervisor's
@@ -301,8 +278,8 @@ static int one_path(const struct rec_paths *p, const char *wfile, const struct o
 	r = rec_world_open(&w, p, 1, 8u << 20, config);
 	if (r < 0)
 		goto out;
-	r = wait_port(port, 60000);
-	r = r ?: wait_port(gport, 60000);
+	r = rec_wait_port(port, 60000);
+	r = r ?: rec_wait_port(gport, 60000);
 	if (r < 0)
 		goto out;
 	/* warm-up, then the failure-free reference of this path */
@@ -403,16 +380,7 @@ int bench_resume(const struct bench_args *a, int argc, char **argv)
 				       "1..%d clients, prompt + tokens <= 512 (the model's "
 				       "context)",
 				       MAX_CLIENTS);
-	snprintf(p.engine, sizeof(p.engine), "%s/tests/engine/belayer-test-engine",
-		 BENCH_BUILD_ROOT);
-	snprintf(p.gen, sizeof(p.gen), "%s/tests/engine/gen-weights", BENCH_BUILD_ROOT);
-	snprintf(p.kernels, sizeof(p.kernels), "%s/tests/engine/libengine-kernels-host.so",
-		 BENCH_BUILD_ROOT);
-	snprintf(p.supervisor, sizeof(p.supervisor), "%s/supervisor/belayer-supervisor",
-		 BENCH_BUILD_ROOT);
-	snprintf(p.ctl, sizeof(p.ctl), "%s/tools/belayerctl/belayerctl", BENCH_BUILD_ROOT);
-	p.shim = a->shim;
-	p.driver = a->driver;
+	rec_paths_init(&p, a, BENCH_BUILD_ROOT);
 	(void)rec_guard_install();
 	if (!mkdtemp(dir))
 		return log_error_errno(errno, "mkdtemp: %m");

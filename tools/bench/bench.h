@@ -24,3 +24,5 @@ int bench_policy(const struct bench_args *a, int argc, char **argv);
 int bench_shim_overhead_child(int argc, char **argv);
 
 uint64_t bench_now_ns(void);
+/* qsort comparison of doubles, ascending. */
+int bench_cmp_double(const void *a, const void *b);
