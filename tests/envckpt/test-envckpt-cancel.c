@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "envckpt-fixture.h"
+#include "envckpt-test.h"
 #include "supervisor-criu.h"
 #include "supervisor-env-fs.h"
 #include "supervisor-env.h"
@@ -51,12 +52,6 @@
 
 static const char *const tree_skip[] = {"dev", "proc", "usr", "etc", NULL};
 
-struct fx {
-	char *dir;
-	char base[PATH_MAX], state[PATH_MAX], cgparent[PATH_MAX], sock[PATH_MAX];
-	struct sv_env *env;
-};
-
 /* What the thawed callback saw. */
 struct thawed_log {
 	struct sv_env *env;
@@ -66,44 +61,14 @@ struct thawed_log {
 	char head[ENV_ID_MAX + 1];
 };
 
-static int setup(void **state)
-{
-	struct fx *f = calloc(1, sizeof(*f));
-
-	*state = f;
-	return f ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-	struct fx *f = *state;
-
-	if (f->env)
-		env_destroy(f->env);
-	if (f->cgparent[0])
-		(void)rmdir(f->cgparent);
-	if (f->dir && !getenv("ENVCKPT_KEEP"))
-		(void)test_rmtree(f->dir);
-	free(f->dir);
-	free(f);
-	return 0;
-}
-
 /* hog_mib > 0: a process holding that much touched memory (dd's buffer, filled, then blocked
  * writing to a pipe nobody empties), so that CRIU's dump takes a while. /work/hog appears once
  * the buffer is full (dd writes only after its read). */
-static void start_env(struct fx *f, const char *id, unsigned hog_mib)
+static void start_env(struct envckpt_fx *f, const char *id, unsigned hog_mib)
 {
 	char cmd[1024], hog[128] = "", ready[PATH_MAX], ans[256];
-	struct env_params p = {0};
 
-	f->dir = test_mkdtemp("belayer-envcancel");
-	assert_non_null(f->dir);
-	snprintf(f->base, sizeof(f->base), "%s/base", f->dir);
-	snprintf(f->state, sizeof(f->state), "%s/state", f->dir);
-	snprintf(f->cgparent, sizeof(f->cgparent), FIXTURE_CGROUP_V2 "/belayer-test-%d",
-		 (int)getpid());
-	assert_int_equal(fixture_make_base(f->base, ENVCKPT_SERVER), 0);
+	envckpt_fx_prepare(f, "belayer-envcancel");
 	if (hog_mib)
 		snprintf(hog, sizeof(hog),
 			 "dd if=/dev/zero bs=%uM count=1 2>/dev/null | "
@@ -113,16 +78,7 @@ static void start_env(struct fx *f, const char *id, unsigned hog_mib)
 		 "cd /work; /work/server /work/server.sock & %s"
 		 "touch /work/ready; exec sleep infinity",
 		 hog);
-	p.id = id;
-	p.base = f->base;
-	p.cmd = cmd;
-	p.state_dir = f->state;
-	p.cgroup_parent = f->cgparent;
-	p.criu = sv_criu_binary(NULL);
-	assert_int_equal(env_create(&p, &f->env), 0);
-	snprintf(f->sock, sizeof(f->sock), "%s/work/server.sock", f->env->root);
-	snprintf(ready, sizeof(ready), "%s/work/ready", f->env->root);
-	assert_int_equal(fixture_wait_file(ready, WAIT_MS), 0);
+	envckpt_fx_create(f, id, cmd, 0);
 	if (hog_mib) {
 		snprintf(ready, sizeof(ready), "%s/work/hog", f->env->root);
 		assert_int_equal(fixture_wait_file(ready, WAIT_MS), 0);
@@ -130,7 +86,7 @@ static void start_env(struct fx *f, const char *id, unsigned hog_mib)
 	assert_int_equal(fixture_ask(f->sock, "get", ans, sizeof(ans), WAIT_MS), 0);
 }
 
-static uint64_t tree(struct fx *f)
+static uint64_t tree(struct envckpt_fx *f)
 {
 	uint64_t h;
 
@@ -167,7 +123,7 @@ static void on_thawed(void *userdata)
 }
 
 /* The server inside answers, and counts: the environment's processes run. */
-static void assert_progress(struct fx *f)
+static void assert_progress(struct envckpt_fx *f)
 {
 	char a[256], b[256], tok[128];
 	unsigned long n0, n1;
@@ -354,7 +310,7 @@ static void canceller_join(struct canceller *c)
 /* (1) Cancelled before the call: nothing frozen, nothing written, the head as it was. */
 static void test_cancel_before(void **state)
 {
-	struct fx *f = *state;
+	struct envckpt_fx *f = *state;
 	struct env_manifest m = {0}, m2 = {0};
 	struct thawed_log t = {0};
 	atomic_bool cancel;
@@ -393,7 +349,7 @@ static void test_cancel_before(void **state)
  * partial checkpoint, the head unchanged; the next checkpoint and its restore work. */
 static void test_cancel_mid_copy(void **state)
 {
-	struct fx *f = *state;
+	struct envckpt_fx *f = *state;
 	struct env_manifest m1 = {0}, m3 = {0}, back = {0};
 	struct thawed_log t = {0};
 	struct canceller c;
@@ -467,7 +423,7 @@ static void test_cancel_mid_copy(void **state)
  * the environment running. */
 static void test_thawed_once(void **state)
 {
-	struct fx *f = *state;
+	struct envckpt_fx *f = *state;
 	struct env_manifest m1 = {0}, m2 = {0};
 	struct thawed_log t = {0};
 	atomic_bool cancel;
@@ -500,7 +456,7 @@ static void test_thawed_once(void **state)
  * discarded; the environment runs, the head is unchanged. */
 static void test_cancel_during_dump(void **state)
 {
-	struct fx *f = *state;
+	struct envckpt_fx *f = *state;
 	struct env_manifest m1 = {0}, m2 = {0};
 	struct thawed_log t = {0};
 	struct canceller c;
@@ -544,7 +500,7 @@ static void test_cancel_during_dump(void **state)
  * runs, no partial checkpoint, the head unchanged, the error returned. */
 static void test_thawed_on_failure(void **state)
 {
-	struct fx *f = *state;
+	struct envckpt_fx *f = *state;
 	struct env_manifest m1 = {0}, m2 = {0};
 	struct thawed_log t = {0};
 	atomic_bool cancel;
@@ -581,11 +537,16 @@ static void test_thawed_on_failure(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_cancel_before, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_cancel_mid_copy, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_thawed_once, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_cancel_during_dump, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_thawed_on_failure, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cancel_before, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_cancel_mid_copy, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_thawed_once, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_cancel_during_dump, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_thawed_on_failure, envckpt_fx_setup,
+						envckpt_fx_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "envckpt-fixture.h"
+#include "envckpt-test.h"
 #include "supervisor-criu.h"
 #include "supervisor-env.h"
 #include "test-util.h"
@@ -42,38 +43,6 @@
 
 static const char *const tree_skip[] = {"dev", "proc", "usr", "etc", NULL};
 
-struct fx {
-	char *dir;
-	char base[PATH_MAX], state[PATH_MAX], cgparent[PATH_MAX], secret[PATH_MAX];
-	char sock[PATH_MAX];
-	char tcp[16]; /* the TCP server's port on 127.0.0.1, as fixture_ask takes it */
-	struct sv_env *env;
-};
-
-static int setup(void **state)
-{
-	struct fx *f = calloc(1, sizeof(*f));
-
-	*state = f;
-	return f ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-	struct fx *f = *state;
-
-	if (f->env)
-		env_destroy(f->env);
-	if (f->cgparent[0])
-		(void)rmdir(f->cgparent);
-	/* ENVCKPT_KEEP=1 keeps the state (CRIU logs) of a failed run for a look. */
-	if (f->dir && !getenv("ENVCKPT_KEEP"))
-		(void)test_rmtree(f->dir);
-	free(f->dir);
-	free(f);
-	return 0;
-}
-
 static const char env_script[] =
 	"cd /work; exec 3>>/work/open.log; echo start >&3; "
 	"/work/server %u & /work/server /work/server.sock & "
@@ -82,38 +51,21 @@ static const char env_script[] =
 	"touch /work/ready; exec sleep infinity";
 
 /* Creates the environment and waits until it is up (its files and its servers). */
-static void start_env(struct fx *f, const char *id, unsigned keep)
+static void start_env(struct envckpt_fx *f, const char *id, unsigned keep)
 {
-	char cmd[1024], ready[PATH_MAX], ans[256];
-	struct env_params p = {0};
+	char cmd[1024], ans[256];
 	uint16_t port;
 
-	f->dir = test_mkdtemp("belayer-envckpt");
-	assert_non_null(f->dir);
-	snprintf(f->base, sizeof(f->base), "%s/base", f->dir);
-	snprintf(f->state, sizeof(f->state), "%s/state", f->dir);
-	snprintf(f->cgparent, sizeof(f->cgparent), FIXTURE_CGROUP_V2 "/belayer-test-%d",
-		 (int)getpid());
-	assert_int_equal(fixture_make_base(f->base, ENVCKPT_SERVER), 0);
+	envckpt_fx_prepare(f, "belayer-envckpt");
 	assert_int_equal(fixture_free_port(&port), 0);
 	snprintf(f->tcp, sizeof(f->tcp), "%u", (unsigned)port);
 	snprintf(cmd, sizeof(cmd), env_script, (unsigned)port);
-	p.id = id;
-	p.base = f->base;
-	p.cmd = cmd;
-	p.state_dir = f->state;
-	p.cgroup_parent = f->cgparent;
-	p.criu = sv_criu_binary(NULL);
-	p.keep = keep;
-	assert_int_equal(env_create(&p, &f->env), 0);
-	snprintf(f->sock, sizeof(f->sock), "%s/work/server.sock", f->env->root);
-	snprintf(ready, sizeof(ready), "%s/work/ready", f->env->root);
-	assert_int_equal(fixture_wait_file(ready, WAIT_MS), 0);
+	envckpt_fx_create(f, id, cmd, keep);
 	assert_int_equal(fixture_ask(f->sock, "get", ans, sizeof(ans), WAIT_MS), 0);
 	assert_int_equal(fixture_ask(f->tcp, "get", ans, sizeof(ans), WAIT_MS), 0);
 }
 
-static uint64_t tree(struct fx *f)
+static uint64_t tree(struct envckpt_fx *f)
 {
 	uint64_t h;
 
@@ -128,7 +80,7 @@ static int cmp_line(const void *a, const void *b)
 
 /* The processes as the environment sees them: pid in its namespace, command line, cwd, open
  * fds (pipes numbered by first appearance, so a shared pipe shows as the same number). */
-static char *snapshot(struct fx *f)
+static char *snapshot(struct envckpt_fx *f)
 {
 	char path[PATH_MAX], line[8192], *lines[64], *out;
 	unsigned long pipes[64];
@@ -207,7 +159,7 @@ static char *snapshot(struct fx *f)
 	return out;
 }
 
-static void checkpoint(struct fx *f, uint64_t turn, struct env_manifest *m)
+static void checkpoint(struct envckpt_fx *f, uint64_t turn, struct env_manifest *m)
 {
 	struct env_ckpt_params p = {
 		.trajectory = "traj-1",
@@ -242,7 +194,7 @@ static void same_state(const char *before, const char *after, const char *token)
  * the caller's to truncate its context to. */
 static void test_restore_identical(void **state)
 {
-	struct fx *f = *state;
+	struct envckpt_fx *f = *state;
 	struct env_manifest m = {0}, back = {0};
 	uint64_t h_before, h_after;
 	char ans_before[256], tcp_before[256], ans[256];
@@ -298,7 +250,7 @@ static void test_restore_identical(void **state)
  * each checkpoint restores to its own tree. */
 static void test_delta_chain(void **state)
 {
-	struct fx *f = *state;
+	struct envckpt_fx *f = *state;
 	struct env_manifest m1 = {0}, m2 = {0}, back = {0};
 	char f1[PATH_MAX];
 	struct stat st1, st2;
@@ -360,7 +312,7 @@ static bool wait_stopped(pid_t pid)
  * and restorable, the partial one is never listed, and the next checkpoint cleans it up. */
 static void test_killed_mid_checkpoint(void **state)
 {
-	struct fx *f = *state;
+	struct envckpt_fx *f = *state;
 	struct env_manifest m1 = {0}, back = {0}, m3 = {0};
 	char ckpt_dir[PATH_MAX];
 	char **ids;
@@ -446,9 +398,9 @@ static bool file_contains(int dirfd, const char *name, const char *needle)
  * they point to; the restore recreates links, not files. */
 static void test_symlink_escape(void **state)
 {
-	struct fx *f = *state;
+	struct envckpt_fx *f = *state;
 	struct env_manifest m = {0}, back = {0};
-	char data_dir[PATH_MAX], path[PATH_MAX];
+	char data_dir[PATH_MAX], path[PATH_MAX], secret[PATH_MAX];
 	struct dirent *de;
 	struct stat st;
 	DIR *d;
@@ -456,15 +408,15 @@ static void test_symlink_escape(void **state)
 
 	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
 	start_env(f, "escape", 0);
-	snprintf(f->secret, sizeof(f->secret), "%s/secret", f->dir);
-	fd = open(f->secret, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+	snprintf(secret, sizeof(secret), "%s/secret", f->dir);
+	fd = open(secret, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
 	assert_true(fd >= 0);
 	assert_int_equal(write(fd, "HOST-SECRET-7f3a", 16), 16);
 	close(fd);
 	env_exec(f,
 		 "ln -s %s /work/abs; ln -s ../../../../../../../..%s /work/rel; "
 		 "ln -s %s /work/dirlink; mkdir -p /work/sub; ln -s / /work/sub/root",
-		 f->secret, f->secret, f->dir);
+		 secret, secret, f->dir);
 	checkpoint(f, 1, &m);
 	for (size_t i = 0; i < m.n_entries; i++)
 		if (strcmp(m.entries[i].path, "work/abs") == 0)
@@ -481,7 +433,7 @@ static void test_symlink_escape(void **state)
 	assert_int_equal(lstat(path, &st), 0);
 	assert_true(S_ISLNK(st.st_mode));
 	/* The host file is untouched and nothing of it is in the environment. */
-	assert_true(file_contains(AT_FDCWD, f->secret, "HOST-SECRET"));
+	assert_true(file_contains(AT_FDCWD, secret, "HOST-SECRET"));
 	env_manifest_finish(&m);
 	env_manifest_finish(&back);
 }
@@ -502,7 +454,7 @@ static void corrupt(const char *path, long off)
  * parent is gone fails clearly (-ENOLINK), and nothing of the environment is touched first. */
 static void test_refusals(void **state)
 {
-	struct fx *f = *state;
+	struct envckpt_fx *f = *state;
 	struct env_manifest m1 = {0}, m2 = {0}, back = {0};
 	char path[PATH_MAX], cmd[3 * PATH_MAX];
 	uint64_t h2;
@@ -548,7 +500,7 @@ static void test_refusals(void **state)
 /* GC keeps the newest K; the oldest kept absorbs its deleted ancestors' data and restores. */
 static void test_gc(void **state)
 {
-	struct fx *f = *state;
+	struct envckpt_fx *f = *state;
 	struct env_manifest m[4] = {0}, back = {0};
 	uint64_t h[4];
 	char **ids;
@@ -583,7 +535,7 @@ static void test_gc(void **state)
  * from its cgroup, overlay root and init, checkpointed and restored under its new identity. */
 static void test_adopt(void **state)
 {
-	struct fx *f = *state;
+	struct envckpt_fx *f = *state;
 	struct env_params p = {0};
 	struct env_manifest m = {0}, back = {0};
 	struct sv_env *a = NULL;
@@ -618,13 +570,18 @@ static void test_adopt(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_restore_identical, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_delta_chain, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_killed_mid_checkpoint, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_symlink_escape, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_gc, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_adopt, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_restore_identical, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_delta_chain, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_killed_mid_checkpoint, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_symlink_escape, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_refusals, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_gc, envckpt_fx_setup, envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_adopt, envckpt_fx_setup, envckpt_fx_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

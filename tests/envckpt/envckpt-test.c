@@ -1,0 +1,68 @@
+/* SPDX-License-Identifier: MIT */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "envckpt-fixture.h"
+#include "envckpt-test.h"
+#include "supervisor-criu.h"
+#include "test-util.h"
+
+#define READY_MS 10000
+
+int envckpt_fx_setup(void **state)
+{
+	struct envckpt_fx *f = calloc(1, sizeof(*f));
+
+	*state = f;
+	return f ? 0 : -1;
+}
+
+int envckpt_fx_teardown(void **state)
+{
+	struct envckpt_fx *f = *state;
+
+	if (f->env)
+		env_destroy(f->env);
+	if (f->cgparent[0])
+		(void)rmdir(f->cgparent);
+	if (f->dir && !getenv("ENVCKPT_KEEP"))
+		(void)test_rmtree(f->dir);
+	free(f->dir);
+	free(f);
+	return 0;
+}
+
+void envckpt_fx_prepare(struct envckpt_fx *f, const char *prefix)
+{
+	f->dir = test_mkdtemp(prefix);
+	assert_non_null(f->dir);
+	snprintf(f->base, sizeof(f->base), "%s/base", f->dir);
+	snprintf(f->state, sizeof(f->state), "%s/state", f->dir);
+	snprintf(f->cgparent, sizeof(f->cgparent), FIXTURE_CGROUP_V2 "/belayer-test-%d",
+		 (int)getpid());
+	assert_int_equal(fixture_make_base(f->base, ENVCKPT_SERVER), 0);
+}
+
+void envckpt_fx_create(struct envckpt_fx *f, const char *id, const char *cmd, unsigned keep)
+{
+	struct env_params p = {.id = id,
+			       .base = f->base,
+			       .cmd = cmd,
+			       .state_dir = f->state,
+			       .cgroup_parent = f->cgparent,
+			       .criu = sv_criu_binary(NULL),
+			       .keep = keep};
+	char ready[PATH_MAX];
+
+	assert_int_equal(env_create(&p, &f->env), 0);
+	snprintf(f->sock, sizeof(f->sock), "%s/work/server.sock", f->env->root);
+	snprintf(ready, sizeof(ready), "%s/work/ready", f->env->root);
+	assert_int_equal(fixture_wait_file(ready, READY_MS), 0);
+}
