@@ -145,6 +145,9 @@ static const struct key keys[] = {
 	U32("env", "keep", env_keep, 1, 100000, "8",
 	    "Checkpoints kept per environment; older ones are garbage-collected (the oldest kept "
 	    "one absorbs the data it still needs)."),
+	U32("env", "workers", env_workers, 1, 64, "4",
+	    "Threads that run environment jobs (checkpoint, restore, create, rebuild): different "
+	    "environments' jobs run side by side, one job per environment at a time."),
 
 	TYPED("nccl", "hang_timeout", KEY_MS, nccl_hang_timeout_ms, "10s",
 	      "A communicator with a collective in flight and no progress for this long, while "

@@ -112,6 +112,7 @@ struct sv_config {
 	char env_criu[256];
 	char env_cgroup[256];
 	uint32_t env_keep;
+	uint32_t env_workers;
 	/* [nccl] */
 	uint64_t nccl_hang_timeout_ms;
 	uint64_t nccl_stall_timeout_ms;

@@ -591,6 +591,7 @@ static struct env_job *job_new(struct supervisor *s, struct sv_client *c, struct
 
 	if (!j)
 		return NULL;
+	j->job.lane = OFFLOAD_ENV;
 	j->job.run = job_run;
 	j->job.done = job_done;
 	j->job.free = job_free;

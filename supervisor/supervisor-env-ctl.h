@@ -4,8 +4,9 @@
  * or an RL framework, the environment registry, and the eBPF tracer on the event loop.
  *
  * Create, adopt, checkpoint, restore, rebuild and destroy change what runs on the node: only
- * root (or the supervisor's own user) may ask. They run on the offload thread, one at a time
- * per environment (a second request meanwhile: -EBUSY); the reply (PROTO_ENV_INFO + END) goes
+ * root (or the supervisor's own user) may ask. They run on the offload lane OFFLOAD_ENV ([env]
+ * workers threads), one at a time per environment (a second request meanwhile: -EBUSY),
+ * different environments side by side; the reply (PROTO_ENV_INFO + END) goes
  * out when the job is done. List, dirty and log are answered at once. A checkpoint naming a
  * trajectory that completes is reported to the checkpoint policy's tracker
  * (supervisor-traj-ctl.h), and the policy runs its own checkpoints as the same jobs (below).

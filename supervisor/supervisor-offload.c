@@ -10,38 +10,52 @@
 #include "log.h"
 #include "supervisor-offload.h"
 
-struct sv_offload {
-	pthread_t thread;
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
+#define ENV_WORKERS_MAX 64
+
+struct lane {
 	struct sv_job *todo, **todo_tail;
+	pthread_cond_t cond;
+	pthread_t threads[ENV_WORKERS_MAX];
+	unsigned n; /* threads started */
+};
+
+struct sv_offload {
+	pthread_mutex_t lock;
+	struct lane lanes[_OFFLOAD_LANES];
 	struct sv_job *done, **done_tail;
 	bool stop;
 	int efd;
 };
 
+struct worker {
+	struct supervisor *s;
+	struct lane *lane;
+};
+
 static void *offload_main(void *arg)
 {
-	struct supervisor *s = arg;
-	struct sv_offload *o = s->offload;
+	struct worker w = *(struct worker *)arg;
+	struct sv_offload *o = w.s->offload;
+	struct lane *l = w.lane;
 
+	free(arg);
 	pthread_mutex_lock(&o->lock);
 	for (;;) {
 		struct sv_job *j;
 		uint64_t one = 1;
 
-		while (!o->todo && !o->stop)
-			pthread_cond_wait(&o->cond, &o->lock);
+		while (!l->todo && !o->stop)
+			pthread_cond_wait(&l->cond, &o->lock);
 		if (o->stop)
 			break;
-		j = o->todo;
-		o->todo = j->next;
-		if (!o->todo)
-			o->todo_tail = &o->todo;
+		j = l->todo;
+		l->todo = j->next;
+		if (!l->todo)
+			l->todo_tail = &l->todo;
 		pthread_mutex_unlock(&o->lock);
 
 		if (j->run)
-			j->run(s, j);
+			j->run(w.s, j);
 
 		pthread_mutex_lock(&o->lock);
 		j->next = NULL;
@@ -53,38 +67,43 @@ static void *offload_main(void *arg)
 	return NULL;
 }
 
-int offload_start(struct supervisor *s)
+static int lane_start(struct supervisor *s, struct lane *l, unsigned n, const char *name)
 {
-	struct sv_offload *o = calloc(1, sizeof(*o));
 	sigset_t all, old;
-	int r;
+	int r = 0;
 
-	if (!o)
-		return -ENOMEM;
-	o->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (o->efd < 0) {
-		r = negative_errno();
-		free(o);
-		return r;
-	}
-	pthread_mutex_init(&o->lock, NULL);
-	pthread_cond_init(&o->cond, NULL);
-	o->todo_tail = &o->todo;
-	o->done_tail = &o->done;
-	s->offload = o;
 	/* Signals belong to the loop thread (signalfd-like handling through libevent). */
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &old);
-	r = -pthread_create(&o->thread, NULL, offload_main, s);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (r < 0) {
-		(void)safe_close(o->efd);
-		free(o);
-		s->offload = NULL;
-		return log_error_errno(r, "Failed to start the offload thread: %m");
+	for (; l->n < n && r >= 0; l->n++) {
+		struct worker *w = malloc(sizeof(*w));
+
+		if (!w) {
+			r = -ENOMEM;
+			break;
+		}
+		*w = (struct worker){.s = s, .lane = l};
+		r = -pthread_create(&l->threads[l->n], NULL, offload_main, w);
+		if (r < 0) {
+			free(w);
+			break;
+		}
+		(void)pthread_setname_np(l->threads[l->n], name);
 	}
-	(void)pthread_setname_np(o->thread, "sv-offload");
-	return 0;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return r;
+}
+
+static void stop_threads(struct sv_offload *o)
+{
+	pthread_mutex_lock(&o->lock);
+	o->stop = true;
+	for (unsigned i = 0; i < _OFFLOAD_LANES; i++)
+		pthread_cond_broadcast(&o->lanes[i].cond);
+	pthread_mutex_unlock(&o->lock);
+	for (unsigned i = 0; i < _OFFLOAD_LANES; i++)
+		for (unsigned t = 0; t < o->lanes[i].n; t++)
+			pthread_join(o->lanes[i].threads[t], NULL);
 }
 
 static void free_list(struct sv_job *j)
@@ -97,23 +116,61 @@ static void free_list(struct sv_job *j)
 	}
 }
 
+static void offload_free(struct sv_offload *o)
+{
+	for (unsigned i = 0; i < _OFFLOAD_LANES; i++) {
+		free_list(o->lanes[i].todo);
+		pthread_cond_destroy(&o->lanes[i].cond);
+	}
+	free_list(o->done);
+	(void)safe_close(o->efd);
+	pthread_mutex_destroy(&o->lock);
+	free(o);
+}
+
+int offload_start(struct supervisor *s)
+{
+	struct sv_offload *o = calloc(1, sizeof(*o));
+	unsigned env_workers = s->config.env_workers;
+	int r;
+
+	if (!o)
+		return -ENOMEM;
+	o->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (o->efd < 0) {
+		r = negative_errno();
+		free(o);
+		return r;
+	}
+	pthread_mutex_init(&o->lock, NULL);
+	for (unsigned i = 0; i < _OFFLOAD_LANES; i++) {
+		o->lanes[i].todo_tail = &o->lanes[i].todo;
+		pthread_cond_init(&o->lanes[i].cond, NULL);
+	}
+	o->done_tail = &o->done;
+	s->offload = o;
+	if (env_workers == 0 || env_workers > ENV_WORKERS_MAX)
+		env_workers = env_workers ? ENV_WORKERS_MAX : 1;
+	r = lane_start(s, &o->lanes[OFFLOAD_SERIAL], 1, "sv-offload");
+	if (r >= 0)
+		r = lane_start(s, &o->lanes[OFFLOAD_ENV], env_workers, "sv-env");
+	if (r < 0) {
+		stop_threads(o);
+		offload_free(o);
+		s->offload = NULL;
+		return log_error_errno(r, "Failed to start the offload threads: %m");
+	}
+	return 0;
+}
+
 void offload_stop(struct supervisor *s)
 {
 	struct sv_offload *o = s->offload;
 
 	if (!o)
 		return;
-	pthread_mutex_lock(&o->lock);
-	o->stop = true;
-	pthread_cond_signal(&o->cond);
-	pthread_mutex_unlock(&o->lock);
-	pthread_join(o->thread, NULL);
-	free_list(o->todo);
-	free_list(o->done);
-	(void)safe_close(o->efd);
-	pthread_mutex_destroy(&o->lock);
-	pthread_cond_destroy(&o->cond);
-	free(o);
+	stop_threads(o);
+	offload_free(o);
 	s->offload = NULL;
 }
 
@@ -149,6 +206,7 @@ void offload_complete(struct supervisor *s)
 void offload_submit(struct supervisor *s, struct sv_job *j)
 {
 	struct sv_offload *o = s->offload;
+	struct lane *l;
 
 	s->metrics.offload_jobs++;
 	j->next = NULL;
@@ -160,9 +218,10 @@ void offload_submit(struct supervisor *s, struct sv_job *j)
 		j->free(j);
 		return;
 	}
+	l = &o->lanes[(unsigned)j->lane < _OFFLOAD_LANES ? j->lane : OFFLOAD_SERIAL];
 	pthread_mutex_lock(&o->lock);
-	*o->todo_tail = j;
-	o->todo_tail = &j->next;
-	pthread_cond_signal(&o->cond);
+	*l->todo_tail = j;
+	l->todo_tail = &j->next;
+	pthread_cond_signal(&l->cond);
 	pthread_mutex_unlock(&o->lock);
 }

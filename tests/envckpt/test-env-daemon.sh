@@ -26,12 +26,14 @@ cg=/sys/fs/cgroup/unified/belayer-envd-$$
 sv_pid=
 cleanup() {
 	[[ -n $sv_pid ]] && kill "$sv_pid" 2>/dev/null && wait "$sv_pid" 2>/dev/null
-	if [[ -d $cg/e1 ]]; then
-		echo 1 >"$cg/e1/cgroup.kill" 2>/dev/null || true
-	fi
-	umount -l "$dir/state/envs/e1/root" 2>/dev/null || true
+	for e in e1 big small; do
+		if [[ -d $cg/$e ]]; then
+			echo 1 >"$cg/$e/cgroup.kill" 2>/dev/null || true
+		fi
+		umount -l "$dir/state/envs/$e/root" 2>/dev/null || true
+	done
 	for _ in 1 2 3 4 5 6 7 8 9 10; do
-		rmdir "$cg/e1" 2>/dev/null || true
+		rmdir "$cg"/* 2>/dev/null || true
 		rmdir "$cg" 2>/dev/null && break
 		sleep 0.1
 	done
@@ -52,6 +54,7 @@ interval = 0
 [env]
 cgroup = $cg
 trace_preload = yes
+workers = 2
 CONF
 "$supervisor" -c "$dir/conf.ini" >"$dir/sv.log" 2>&1 &
 sv_pid=$!
@@ -122,6 +125,37 @@ pid=$(env_pid)
 [[ -n $pid && $pid -gt 0 ]] || fail "no pid for e1 after the rebuild"
 in_env 'echo after-rebuild >/work/traced'
 grep -qx /work/traced <<<"$(ctl env dirty e1)" || fail "not traced after the rebuild"
+
+# Two environments' checkpoints run side by side ([env] workers): a small one starts while a big
+# one (a 1 GiB FS delta) is still being written: both partial checkpoints exist at once (one
+# worker would finish the big one, rename included, before starting the small one).
+ctl env create big --root "$dir/base" --cmd 'exec sleep infinity' >/dev/null
+ctl env create small --root "$dir/base" --cmd 'exec sleep infinity' >/dev/null
+big_pid=$(ctl --json env list | grep '"env":"big"' | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
+[[ -n $big_pid ]] || fail "no pid for big: $(ctl --json env list)"
+sh -c "echo \$\$ >$cg/big/cgroup.procs; exec nsenter -t $big_pid -m -p -r -w \
+	sh -c 'head -c 1073741824 /dev/zero >/work/big'"
+partial() { compgen -G "$dir/state/envs/$1/ckpt/.tmp-*" >/dev/null; }
+ctl env checkpoint big --turn 1 >"$dir/big.txt" 2>&1 &
+big_ck=$!
+for _ in $(seq 500); do partial big && break; sleep 0.01; done
+partial big || fail "the big checkpoint never started"
+ctl env checkpoint small --turn 1 >"$dir/small.txt" 2>&1 &
+small_ck=$!
+both=no
+for _ in $(seq 500); do
+	partial big || break
+	if partial small; then
+		both=yes
+		break
+	fi
+	sleep 0.005
+done
+wait "$small_ck" || fail "small checkpoint failed: $(cat "$dir/small.txt")"
+wait "$big_ck" || fail "big checkpoint failed: $(cat "$dir/big.txt")"
+[[ $both == yes ]] || fail "the small checkpoint waited for the big one (not side by side)"
+ctl env destroy big >/dev/null
+ctl env destroy small >/dev/null
 
 # Destroyed, then created again under the same id: it starts from its base.
 ctl env destroy e1 >/dev/null
