@@ -533,7 +533,7 @@ static int plot(const struct pol_result *res, const char *png)
 		"failure'\n"
 		"set xlabel 'rollout slowdown vs never (%%)'\n"
 		"set ylabel 'expected work lost per failure (s)'\n"
-		"set grid\nset key off\nset offsets 0.5, 0.5, 0.5, 0.5\n"
+		"set grid\nset key off\nset offsets 0.5, 0.5, 0.5, 0.5\nset rmargin 14\n"
 		"plot '%s' using 1:2 with points pt 7 ps 2, '' using 1:2:3 with labels offset "
 		"1.5,1 left\n",
 		png, pl.dat);
