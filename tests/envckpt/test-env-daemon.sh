@@ -157,6 +157,31 @@ wait "$big_ck" || fail "big checkpoint failed: $(cat "$dir/big.txt")"
 ctl env destroy big >/dev/null
 ctl env destroy small >/dev/null
 
+# An RL framework's step events from the shell (belayerctl step): the adaptive policy learns the
+# bubble (1000 tokens at 100 tokens/s: 10 s), bets on it, runs the checkpoint, and the next
+# step-begin reports it.
+if ctl step middle t1 e1 2>/dev/null; then fail "step accepted an unknown event"; fi
+ctl --json step end t1 e1 --turn 1 --tps 100 >"$dir/s1.json"
+grep -Eq '"action": ?"none"' "$dir/s1.json" || fail "first step end: $(cat "$dir/s1.json")"
+ctl step begin t1 e1 --output-tokens 1000 >/dev/null
+in_env 'echo turn-2 >/work/step'
+e1_head() { ctl --json env list | grep '"env":"e1"' | sed -n 's/.*"checkpoint":"\([^"]*\)".*/\1/p'; }
+head0=$(e1_head)
+ctl --json step end t1 e1 --turn 2 --tps 100 >"$dir/s2.json"
+grep -Eq '"action": ?"checkpoint"' "$dir/s2.json" || fail "second step end: $(cat "$dir/s2.json")"
+grep -Eq '"bubble_us": ?10000000,' "$dir/s2.json" || fail "bubble not learnt: $(cat "$dir/s2.json")"
+# The bubble (10 s predicted) outlasts the checkpoint: it commits before the action arrives.
+for _ in $(seq 1000); do
+	[[ $(e1_head) != "$head0" ]] && break
+	sleep 0.01
+done
+head1=$(e1_head)
+[[ $head1 != "$head0" ]] || fail "the policy's checkpoint never committed: $(ctl --json env list)"
+ctl --json step begin t1 e1 --output-tokens 1000 >"$dir/s3.json"
+grep -Eq '"aborted": ?false' "$dir/s3.json" || fail "step begin: $(cat "$dir/s3.json")"
+grep -Eq '"held_us": ?0,' "$dir/s3.json" || fail "step begin held: $(cat "$dir/s3.json")"
+grep -Eq "\"checkpoint\": ?\"$head1\"" "$dir/s3.json" || fail "not $head1: $(cat "$dir/s3.json")"
+
 # Destroyed, then created again under the same id: it starts from its base.
 ctl env destroy e1 >/dev/null
 ctl env create e1 --root "$dir/base" --cmd 'exec sleep infinity' >/dev/null

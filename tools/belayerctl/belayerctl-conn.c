@@ -3,6 +3,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -145,4 +146,23 @@ json_object *json_u64(uint64_t v)
 {
 	/* json-c 0.16 has uint64 objects; they print as unsigned. */
 	return json_object_new_uint64(v);
+}
+
+int parse_u64(const char *s, uint64_t *ret)
+{
+	char *end;
+
+	errno = 0;
+	*ret = strtoull(s, &end, 0);
+	return errno || !*s || *end ? -EINVAL : 0;
+}
+
+int copy_arg(char *dst, size_t cap, const char *src, const char *what)
+{
+	if (strlen(src) >= cap) {
+		fprintf(stderr, "belayerctl: %s longer than %zu bytes\n", what, cap - 1);
+		return -E2BIG;
+	}
+	memcpy(dst, src, strlen(src) + 1);
+	return 0;
 }

@@ -33,6 +33,9 @@ static const struct {
 	{"traj", cmd_traj,
 	 "traj [TRAJECTORY]            checkpoint policy: trajectories, bubbles, environments' "
 	 "costs"},
+	{"step", cmd_step,
+	 "step end|begin TRAJECTORY ENV [--turn N] ...  report an environment step, print the "
+	 "checkpoint policy's decision"},
 };
 
 static void help(FILE *f)

@@ -39,6 +39,10 @@ void format_age(uint64_t ms, char *buf, size_t cap);
 /* Prints j to stdout (pretty unless line) and drops it. */
 void json_print(json_object *j, bool line);
 json_object *json_u64(uint64_t v);
+/* Command-line values: a whole uint64 (C notation: 0x.. hex) or -EINVAL; a string that fits cap
+ * (with its NUL) or -E2BIG, said on stderr with what names it. */
+int parse_u64(const char *s, uint64_t *ret);
+int copy_arg(char *dst, size_t cap, const char *src, const char *what);
 
 typedef int (*ctl_command_fn)(const struct ctl_options *o, int argc, char **argv);
 int cmd_status(const struct ctl_options *o, int argc, char **argv);
@@ -52,3 +56,4 @@ int cmd_promote(const struct ctl_options *o, int argc, char **argv);
 int cmd_env(const struct ctl_options *o, int argc, char **argv);
 int cmd_bpf(const struct ctl_options *o, int argc, char **argv);
 int cmd_traj(const struct ctl_options *o, int argc, char **argv);
+int cmd_step(const struct ctl_options *o, int argc, char **argv);

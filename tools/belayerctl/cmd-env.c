@@ -132,25 +132,6 @@ static int request(const struct ctl_options *o, const struct proto_env_request *
 	}
 }
 
-static int parse_u64(const char *s, uint64_t *ret)
-{
-	char *end;
-
-	errno = 0;
-	*ret = strtoull(s, &end, 0);
-	return errno || !*s || *end ? -EINVAL : 0;
-}
-
-static int copy_arg(char *dst, size_t cap, const char *src, const char *what)
-{
-	if (strlen(src) >= cap) {
-		fprintf(stderr, "belayerctl: %s longer than %zu bytes\n", what, cap - 1);
-		return -E2BIG;
-	}
-	memcpy(dst, src, strlen(src) + 1);
-	return 0;
-}
-
 int cmd_env(const struct ctl_options *o, int argc, char **argv)
 {
 	static const struct option options[] = {
