@@ -12,6 +12,7 @@
 
 #include <msgpack.h>
 
+#include "mpstr.h"
 #include "fdpass.h"
 #include "proto.h"
 #include "util.h"
@@ -996,11 +997,9 @@ static int field_unpack(const msgpack_object *o, const struct field *f, struct p
 		return 0;
 	case FIELD_STR:
 		/* Too long is an error, never a silent cut; so is a NUL that would cut it. */
-		if (o->type != MSGPACK_OBJECT_STR || o->via.str.size >= f->size ||
-		    memchr(o->via.str.ptr, '\0', o->via.str.size))
+		if (!mpstr_ok(o, f->size - 1))
 			return -EBADMSG;
-		memcpy(p, o->via.str.ptr, o->via.str.size);
-		((char *)p)[o->via.str.size] = '\0';
+		mpstr_copy(p, o);
 		return 0;
 	case FIELD_UUID:
 		return get_uuid(o, p);
@@ -1049,8 +1048,7 @@ static int decode_object(const msgpack_object *root, const int *fds, size_t nfds
 		for (uint32_t j = 0; j < i; j++) {
 			const msgpack_object *prev = &map->ptr[j].key;
 
-			if (prev->via.str.size == k->via.str.size &&
-			    memcmp(prev->via.str.ptr, k->via.str.ptr, k->via.str.size) == 0)
+			if (mpstr_equal(prev, k))
 				return -EBADMSG;
 		}
 	}

@@ -8,6 +8,7 @@
 
 #include <msgpack.h>
 
+#include "mpstr.h"
 #include "util.h"
 #include "supervisor-env-manifest.h"
 
@@ -228,11 +229,9 @@ static int get_bool(const msgpack_object *o, bool *ret)
 /* Copies a str without NUL bytes of at most max bytes into buf (max + 1 bytes). */
 static int get_str(const msgpack_object *o, char *buf, size_t max)
 {
-	if (o->type != MSGPACK_OBJECT_STR || o->via.str.size > max ||
-	    memchr(o->via.str.ptr, '\0', o->via.str.size))
+	if (!mpstr_ok(o, max))
 		return -EBADMSG;
-	memcpy(buf, o->via.str.ptr, o->via.str.size);
-	buf[o->via.str.size] = '\0';
+	mpstr_copy(buf, o);
 	return 0;
 }
 
@@ -240,12 +239,12 @@ static int get_strdup(const msgpack_object *o, size_t max, char **ret)
 {
 	char *s;
 
-	if (o->type != MSGPACK_OBJECT_STR || o->via.str.size > max ||
-	    memchr(o->via.str.ptr, '\0', o->via.str.size))
+	if (!mpstr_ok(o, max))
 		return -EBADMSG;
-	s = strndup(o->via.str.ptr, o->via.str.size);
+	s = malloc(o->via.str.size + 1);
 	if (!s)
 		return -ENOMEM;
+	mpstr_copy(s, o);
 	free(*ret);
 	*ret = s;
 	return 0;

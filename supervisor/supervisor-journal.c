@@ -13,6 +13,8 @@
 #include <zlib.h>
 
 #include "log.h"
+#include "mpbound.h"
+#include "mpstr.h"
 #include "supervisor-journal.h"
 #include "util.h"
 
@@ -138,7 +140,7 @@ static int get_u64(const msgpack_object_map *m, const char *key, uint64_t max, u
 	return 0;
 }
 
-static int decode(const uint8_t *p, size_t len, struct journal_record *rec)
+int journal_decode(const void *buf, size_t len, struct journal_record *rec)
 {
 	msgpack_unpacked u;
 	const msgpack_object_map *m;
@@ -148,8 +150,12 @@ static int decode(const uint8_t *p, size_t len, struct journal_record *rec)
 	int r = -EBADMSG;
 
 	memset(rec, 0, sizeof(*rec));
+	/* Bounded before msgpack-c allocates anything for the headers it reads. */
+	if (!buf || len == 0 || len > JOURNAL_MAX_RECORD ||
+	    mpbound_object_size(buf, len, len) != (ssize_t)len)
+		return -EBADMSG;
 	msgpack_unpacked_init(&u);
-	if (msgpack_unpack_next(&u, (const char *)p, len, &off) != MSGPACK_UNPACK_SUCCESS ||
+	if (msgpack_unpack_next(&u, buf, len, &off) != MSGPACK_UNPACK_SUCCESS ||
 	    off != len || u.data.type != MSGPACK_OBJECT_MAP)
 		goto out;
 	m = &u.data.via.map;
@@ -182,10 +188,9 @@ static int decode(const uint8_t *p, size_t len, struct journal_record *rec)
 		else
 			goto out;
 		o = get(m, "eng");
-		if (!o || o->type != MSGPACK_OBJECT_STR || o->via.str.size > PROTO_MAX_STR ||
-		    memchr(o->via.str.ptr, 0, o->via.str.size))
+		if (!o || !mpstr_ok(o, PROTO_MAX_STR))
 			goto out;
-		memcpy(rec->engine_id, o->via.str.ptr, o->via.str.size);
+		mpstr_copy(rec->engine_id, o);
 		break;
 	case JOURNAL_ENGINE:
 		if (get_u64(m, "st", UINT64_MAX, &rec->starttime) < 0 ||
@@ -196,10 +201,9 @@ static int decode(const uint8_t *p, size_t len, struct journal_record *rec)
 			goto out;
 		rec->port = (uint32_t)v;
 		o = get(m, "eng");
-		if (!o || o->type != MSGPACK_OBJECT_STR || o->via.str.size > PROTO_MAX_STR ||
-		    memchr(o->via.str.ptr, 0, o->via.str.size))
+		if (!o || !mpstr_ok(o, PROTO_MAX_STR))
 			goto out;
-		memcpy(rec->engine_id, o->via.str.ptr, o->via.str.size);
+		mpstr_copy(rec->engine_id, o);
 		break;
 	case JOURNAL_REGION:
 		o = get(m, "dev");
@@ -231,6 +235,8 @@ static int decode(const uint8_t *p, size_t len, struct journal_record *rec)
 	r = 0;
 out:
 	msgpack_unpacked_destroy(&u);
+	if (r < 0)
+		memset(rec, 0, sizeof(*rec)); /* nothing half-filled escapes */
 	return r;
 }
 
@@ -269,7 +275,7 @@ static int replay(struct sv_journal *j, int (*cb)(void *, const struct journal_r
 		struct journal_record rec;
 
 		if (plen == 0 || plen > JOURNAL_MAX_RECORD || plen > len - good - 8 ||
-		    crc32(0, p + 8, plen) != crc || decode(p + 8, plen, &rec) < 0)
+		    crc32(0, p + 8, plen) != crc || journal_decode(p + 8, plen, &rec) < 0)
 			break;
 		if (cb) {
 			r = cb(userdata, &rec);

@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "mpbound.h"
+#include "mpstr.h"
 #include "supervisor-sidelog.h"
 #include "util.h"
 
@@ -173,8 +175,7 @@ static const char *zstr(msgpack_zone *z, const msgpack_object *o)
 	s = msgpack_zone_malloc(z, o->via.str.size + 1);
 	if (!s)
 		return NULL;
-	memcpy(s, o->via.str.ptr, o->via.str.size);
-	s[o->via.str.size] = 0;
+	mpstr_copy(s, o);
 	return s;
 }
 
@@ -252,7 +253,6 @@ int sidelog_read(const char *path, sidelog_entry_cb cb, void *userdata)
 		return -ENOMEM;
 	msgpack_unpacked_init(&res);
 	for (;;) {
-		msgpack_unpack_return ur;
 		ssize_t n;
 
 		if (!msgpack_unpacker_reserve_buffer(&up, 4096)) {
@@ -265,24 +265,29 @@ int sidelog_read(const char *path, sidelog_entry_cb cb, void *userdata)
 			break;
 		}
 		msgpack_unpacker_buffer_consumed(&up, (size_t)n);
-		while ((ur = msgpack_unpacker_next(&up, &res)) == MSGPACK_UNPACK_SUCCESS) {
+		/* Only a complete record within RECORD_MAX reaches msgpack-c, which allocates an
+		 * array's elements as soon as it reads the header (a forged count asks for GBs). */
+		for (;;) {
 			struct sidelog_entry e;
+			ssize_t size = mpbound_object_size((const uint8_t *)up.buffer + up.off,
+							   up.used - up.off, RECORD_MAX);
 
+			if (size < 0) {
+				r = -EBADMSG;
+				goto out;
+			}
+			if (size == 0)
+				break; /* cut short: the rest may still come (or is a torn end) */
+			if (msgpack_unpacker_next(&up, &res) != MSGPACK_UNPACK_SUCCESS) {
+				r = -EBADMSG;
+				goto out;
+			}
 			r = decode(&res.data, res.zone, &e);
 			if (r < 0)
 				goto out;
 			r = cb(&e, userdata);
 			if (r < 0)
 				goto out;
-		}
-		if (ur == MSGPACK_UNPACK_PARSE_ERROR || ur == MSGPACK_UNPACK_NOMEM_ERROR) {
-			r = -EBADMSG;
-			break;
-		}
-		/* Bounded: a record never grows past RECORD_MAX. */
-		if (msgpack_unpacker_message_size(&up) > RECORD_MAX) {
-			r = -EBADMSG;
-			break;
 		}
 		if (n == 0)
 			break;
