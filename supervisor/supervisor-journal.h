@@ -60,3 +60,6 @@ int journal_rewrite(struct sv_journal *j, const struct journal_record *recs, siz
 
 /* Encoding, exposed for tests: one framed record into buf. Returns its length or -errno. */
 ssize_t journal_encode(const struct journal_record *rec, void *buf, size_t cap);
+/* Decoding, exposed for tests: one record's payload (the msgpack map, without the frame) into
+ * *ret. Returns 0, or -EBADMSG with *ret zeroed (a record is at most JOURNAL_MAX_RECORD bytes). */
+int journal_decode(const void *buf, size_t len, struct journal_record *ret);
