@@ -155,8 +155,8 @@ int journal_decode(const void *buf, size_t len, struct journal_record *rec)
 	    mpbound_object_size(buf, len, len) != (ssize_t)len)
 		return -EBADMSG;
 	msgpack_unpacked_init(&u);
-	if (msgpack_unpack_next(&u, buf, len, &off) != MSGPACK_UNPACK_SUCCESS ||
-	    off != len || u.data.type != MSGPACK_OBJECT_MAP)
+	if (msgpack_unpack_next(&u, buf, len, &off) != MSGPACK_UNPACK_SUCCESS || off != len ||
+	    u.data.type != MSGPACK_OBJECT_MAP)
 		goto out;
 	m = &u.data.via.map;
 	if (get_u64(m, "op", 0xff, &v) < 0 || get_u64(m, "pid", UINT32_MAX, &v) < 0)
