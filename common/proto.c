@@ -12,6 +12,7 @@
 
 #include <msgpack.h>
 
+#include "mpbound.h"
 #include "mpstr.h"
 #include "fdpass.h"
 #include "proto.h"
@@ -828,89 +829,12 @@ int proto_encode(const struct proto_msg *m, void *buf, size_t cap, size_t *ret_l
 
 /* ---- decoding ---------------------------------------------------------------------------- */
 
-static uint64_t be(const uint8_t *p, size_t n)
-{
-	uint64_t v = 0;
-
-	for (size_t i = 0; i < n; i++)
-		v = v << 8 | p[i];
-	return v;
-}
-
-/*
- * Walks the raw msgpack once before msgpack-c sees it. msgpack-c allocates an array's or map's
- * slots as soon as it reads the header, so a 5-byte "array of 2^32 entries" would ask for 64
- * GiB. Every entry takes at least one byte, so we reject any point where more entries are
- * still owed than bytes remain. This also proves the buffer holds exactly one object: no
- * truncation, no trailing bytes.
- */
+/* msgpack-c allocates an array's or map's slots as soon as it reads the header, so the raw
+ * bytes are walked first (common/mpbound.h): they must hold exactly one object whose headers
+ * claim no more than the bytes could hold. */
 static int msgpack_preflight(const uint8_t *p, size_t len)
 {
-	uint64_t owed = 1; /* objects still to read */
-	size_t off = 0;
-
-	while (owed > 0) {
-		uint64_t payload = 0, entries = 0;
-		size_t hdr;
-		uint8_t b;
-
-		if (off >= len)
-			return -EBADMSG;
-		b = p[off++];
-		owed--;
-
-		if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
-			continue; /* fixint, nil, bool */
-		if ((b & 0xf0) == 0x80) {
-			entries = 2 * (uint64_t)(b & 0x0f);
-			hdr = 0;
-		} else if ((b & 0xf0) == 0x90) {
-			entries = b & 0x0f;
-			hdr = 0;
-		} else if ((b & 0xe0) == 0xa0) {
-			payload = b & 0x1f;
-			hdr = 0;
-		} else {
-			/* Length of the size field, then the fixed payload after it. */
-			static const struct {
-				uint8_t lenbytes, fixed, kind; /* kind: 0 bytes, 1 array, 2 map */
-			} ext[0x20] = {
-				[0x04] = {1, 0, 0}, [0x05] = {2, 0, 0}, [0x06] = {4, 0, 0},
-				[0x07] = {1, 1, 0}, [0x08] = {2, 1, 0}, [0x09] = {4, 1, 0},
-				[0x0a] = {0, 4, 0}, [0x0b] = {0, 8, 0}, [0x0c] = {0, 1, 0},
-				[0x0d] = {0, 2, 0}, [0x0e] = {0, 4, 0}, [0x0f] = {0, 8, 0},
-				[0x10] = {0, 1, 0}, [0x11] = {0, 2, 0}, [0x12] = {0, 4, 0},
-				[0x13] = {0, 8, 0}, [0x14] = {0, 2, 0}, [0x15] = {0, 3, 0},
-				[0x16] = {0, 5, 0}, [0x17] = {0, 9, 0}, [0x18] = {0, 17, 0},
-				[0x19] = {1, 0, 0}, [0x1a] = {2, 0, 0}, [0x1b] = {4, 0, 0},
-				[0x1c] = {2, 0, 1}, [0x1d] = {4, 0, 1}, [0x1e] = {2, 0, 2},
-				[0x1f] = {4, 0, 2},
-			};
-			uint8_t i = b - 0xc0;
-			uint64_t n;
-
-			if (b == 0xc1 || (ext[i].lenbytes == 0 && ext[i].fixed == 0))
-				return -EBADMSG; /* 0xc1 is never used */
-			hdr = ext[i].lenbytes;
-			if (hdr > len - off)
-				return -EBADMSG;
-			n = be(p + off, hdr);
-			if (ext[i].kind == 1)
-				entries = n;
-			else if (ext[i].kind == 2)
-				entries = 2 * n;
-			else
-				payload = n + ext[i].fixed;
-		}
-		off += hdr;
-		if (payload > len - off)
-			return -EBADMSG;
-		off += (size_t)payload;
-		owed += entries;
-		if (owed > len - off)
-			return -EBADMSG;
-	}
-	return off == len ? 0 : -EBADMSG;
+	return mpbound_object_size(p, len, len) == (ssize_t)len ? 0 : -EBADMSG;
 }
 
 static bool key_is(const msgpack_object *k, const char *s)

@@ -8,6 +8,7 @@
 
 #include <msgpack.h>
 
+#include "mpbound.h"
 #include "mpstr.h"
 #include "util.h"
 #include "supervisor-env-manifest.h"
@@ -462,114 +463,11 @@ static int decode_map(const msgpack_object *o, struct env_manifest *m)
 	return 0;
 }
 
-static uint64_t be_read(const uint8_t *p, size_t n)
-{
-	uint64_t v = 0;
-
-	for (size_t i = 0; i < n; i++)
-		v = v << 8 | p[i];
-	return v;
-}
-
-/*
- * msgpack-c allocates an array's or a map's slots when it reads the header: a 5-byte "array
- * of 2^32 entries" would ask for gigabytes. One walk over the raw bytes first: every entry
- * takes at least one byte, so more entries owed than bytes left is refused; the walk also
- * proves the buffer holds exactly one object.
- */
+/* msgpack-c allocates an array's or a map's slots when it reads the header: the raw bytes are
+ * walked first (common/mpbound.h) and must hold exactly one object within their length. */
 static int preflight(const uint8_t *p, size_t len)
 {
-	uint64_t owed = 1;
-	size_t off = 0;
-
-	while (owed > 0) {
-		uint64_t skip = 0, entries = 0;
-		uint8_t b;
-
-		if (off >= len)
-			return -EBADMSG;
-		b = p[off++];
-		owed--;
-		if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
-			continue;
-		if ((b & 0xf0) == 0x80)
-			entries = 2ull * (b & 0x0f);
-		else if ((b & 0xf0) == 0x90)
-			entries = b & 0x0f;
-		else if ((b & 0xe0) == 0xa0)
-			skip = b & 0x1f;
-		else {
-			size_t n;
-
-			switch (b) {
-			case 0xc4:
-			case 0xd9:
-				n = 1;
-				break; /* bin8, str8 */
-			case 0xc5:
-			case 0xda:
-				n = 2;
-				break;
-			case 0xc6:
-			case 0xdb:
-				n = 4;
-				break;
-			case 0xca:
-			case 0xce:
-			case 0xd2:
-				skip = 4;
-				n = 0;
-				break;
-			case 0xcb:
-			case 0xcf:
-			case 0xd3:
-				skip = 8;
-				n = 0;
-				break;
-			case 0xcc:
-			case 0xd0:
-				skip = 1;
-				n = 0;
-				break;
-			case 0xcd:
-			case 0xd1:
-				skip = 2;
-				n = 0;
-				break;
-			case 0xdc:
-			case 0xde:
-				n = 2;
-				break; /* array16, map16 */
-			case 0xdd:
-			case 0xdf:
-				n = 4;
-				break;
-			default:
-				return -EBADMSG; /* ext types: never in a manifest */
-			}
-			if (n) {
-				uint64_t v;
-
-				if (len - off < n)
-					return -EBADMSG;
-				v = be_read(p + off, n);
-				off += n;
-				if (b == 0xdc || b == 0xdd)
-					entries = v;
-				else if (b == 0xde || b == 0xdf)
-					entries = 2 * v;
-				else
-					skip = v;
-			}
-		}
-		if (skip > len - off)
-			return -EBADMSG;
-		off += skip;
-		owed += entries;
-		if (owed > len - off)
-			return -EBADMSG;
-	}
-	return off == len ? 0 : -EBADMSG;
+	return mpbound_object_size(p, len, len) == (ssize_t)len ? 0 : -EBADMSG;
 }
 
 int env_manifest_decode(const void *buf, size_t len, struct env_manifest *ret)
