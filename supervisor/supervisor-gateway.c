@@ -75,7 +75,8 @@ struct gw_req {
 	struct gw_attempt *a;
 	bool reply_started, client_gone, paused;
 	uint32_t attempt_port;
-	uint64_t target_nrec; /* the recovery that replaces the failed attempt's worker */
+	uint64_t attempt_nrec; /* the engine's recoveries started when the attempt began */
+	uint64_t target_nrec;  /* the recovery that replaces the failed attempt's worker */
 	uint64_t deadline_ms, grace_ms;
 	char why[160];
 	struct gateway_traj_ticket traj; /* X-Belayer-Trajectory's entry; seq 0: untagged */
@@ -367,8 +368,11 @@ static void attempt_failed(struct gw_req *r, const char *why)
 	log_info("gateway %s: %s: %s; %s after the engine's recovery.", ge->cfg->name, r->uri, why,
 		 r->managed && r->call.j.ngen ? "resuming" : "resubmitting");
 	r->state = REQ_RECOVERING;
-	/* The recovery that replaces the failed worker: the one running now, or the next. */
-	r->target_nrec = ge->e->rec ? ge->e->n_recoveries : ge->e->n_recoveries + 1;
+	/* The recovery that replaces the worker the attempt talked to: the first one started after
+	 * the attempt began (attempts begin only while no recovery runs). It may be running now,
+	 * or be over already when the failure is seen late (then the attempt restarts at once),
+	 * or be yet to start. */
+	r->target_nrec = r->attempt_nrec + 1;
 	r->grace_ms = now + ge->cfg->gateway_detect_grace_ms;
 	r->deadline_ms = now + ge->cfg->gateway_recovery_timeout_ms;
 }
@@ -576,6 +580,7 @@ static int attempt_start(struct gw_req *r)
 	a->sse = evbuffer_new();
 	a->body = evbuffer_new();
 	r->attempt_port = ge->e->primary_port;
+	r->attempt_nrec = ge->e->n_recoveries;
 	a->conn = evhttp_connection_base_new(gw->base, NULL, GW_UPSTREAM_HOST,
 					     (uint16_t)r->attempt_port);
 	a->ureq = a->conn ? evhttp_request_new(on_up_done, a) : NULL;
