@@ -359,14 +359,16 @@ static void every_turn_holds_until_thawed(void **state)
 	d = end_step(f, "t2", 1);
 	assert_int_equal(d.act, TRAJ_ACT_CHECKPOINT_SYNC);
 	d = begin_step(f, "t2", &wall);
+	printf("# every-turn: held %" PRIu64 " us (reply after %" PRIu64
+	       " us), checkpoint ran %" PRIu64 " us to its thaw\n",
+	       d.held_us, wall, d.ckpt_us);
 	assert_int_equal(frozen(f), 0); /* the reply came once it ran again */
 	assert_int_equal(kill(f->env_pid, 0), 0);
 	assert_int_equal(d.aborted, 0);
 	assert_true(d.held_us > 20000); /* waited, unbounded by the 1 ms max_delay */
-	assert_true(d.ckpt_us >= d.held_us);
-	printf("# every-turn: held %" PRIu64 " us (reply after %" PRIu64
-	       " us), checkpoint ran %" PRIu64 " us to its thaw\n",
-	       d.held_us, wall, d.ckpt_us);
+	/* It ran that long too (not compared with held: the job may start a little after the
+	 * step-begin arrives, and the release waits for the loop after the thaw). */
+	assert_true(d.ckpt_us > 20000);
 	assert_int_equal(checkpoints(f, ck, 4), 1);
 	assert_true(d.ckpt[0] == '\0' || strcmp(d.ckpt, ck[0].env_info.ckpt) == 0);
 	assert_int_equal(outcome(f, "completed"), 1);
