@@ -155,6 +155,11 @@ int engines_launch(struct supervisor *s, struct sv_engine *e, const char *cmd,
 	ret->port = port;
 	ret->role = role;
 	ret->started_ms = now_ms();
+	/* A probe in flight went to the group this one replaces: its answer, even read after
+	 * this, says nothing of the new primary (a 200 the old one sent before it died, read
+	 * at the next tick, made a cold restart "ready" before the new engine listened). */
+	if (role == ROLE_PRIMARY)
+		engines_probe_reset(e);
 	e->n_launches++;
 	supervisor_emit(s, EVENT_ENGINE, (uint32_t)pid, port,
 			"engine \"%s\" %s started on port %u: %s", e->cfg->name,

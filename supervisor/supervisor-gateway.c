@@ -39,6 +39,10 @@
 /* An engine connection silent this long is dropped (a hung engine is the liveness probe's to
  * find; this only bounds a connection nothing else would end). */
 #define GW_UPSTREAM_IDLE_S 600
+/* A failed attempt while the engine serves and no recovery starts is retried this many
+ * times, GW_RETRY_MS after the failure, doubling, before gateway_detect_grace ends it. */
+#define GW_RETRIES  3
+#define GW_RETRY_MS 100
 
 enum req_state {
 	REQ_WAITING,	/* for the engine to serve (it is recovering) */
@@ -78,6 +82,8 @@ struct gw_req {
 	uint64_t attempt_nrec; /* the engine's recoveries started when the attempt began */
 	uint64_t target_nrec;  /* the recovery that replaces the failed attempt's worker */
 	uint64_t deadline_ms, grace_ms;
+	uint64_t retry_ms; /* when a retry against the serving engine may start */
+	unsigned retries;  /* made since the last recovery the request followed */
 	char why[160];
 	struct gateway_traj_ticket traj; /* X-Belayer-Trajectory's entry; seq 0: untagged */
 };
@@ -373,6 +379,7 @@ static void attempt_failed(struct gw_req *r, const char *why)
 	 * or be over already when the failure is seen late (then the attempt restarts at once),
 	 * or be yet to start. */
 	r->target_nrec = r->attempt_nrec + 1;
+	r->retry_ms = now + ((uint64_t)GW_RETRY_MS << MIN(r->retries, GW_RETRIES));
 	r->grace_ms = now + ge->cfg->gateway_detect_grace_ms;
 	r->deadline_ms = now + ge->cfg->gateway_recovery_timeout_ms;
 }
@@ -652,9 +659,21 @@ static void req_advance(struct gw_req *r)
 	case REQ_RECOVERING:
 		if (engine_serving(ge) &&
 		    (e->n_recoveries >= r->target_nrec || e->primary_port != r->attempt_port)) {
+			r->retries = 0;
 			if (attempt_start(r) < 0)
 				req_fail(r, 503, "out of memory");
-		} else if (!e->rec && now >= r->grace_ms && e->n_recoveries < r->target_nrec) {
+		} else if (engine_serving(ge) && r->retries < GW_RETRIES && now >= r->retry_ms) {
+			/* No recovery began and the engine serves (its probe answers): the failure
+			 * was this connection's. No recovery may ever come (a cold-restarted
+			 * engine that cut its first connections left them waiting for one, then
+			 * 502), so the attempt is made again, a bounded number of times. */
+			r->retries++;
+			log_info("gateway %s: %s: %s while the engine serves; retry %u of %u.",
+				 ge->cfg->name, r->uri, r->why, r->retries, GW_RETRIES);
+			if (attempt_start(r) < 0)
+				req_fail(r, 503, "out of memory");
+		} else if (!e->rec && now >= r->grace_ms && e->n_recoveries < r->target_nrec &&
+			   (r->retries >= GW_RETRIES || !engine_serving(ge))) {
 			/* No recovery began: the engine is not dead, the request failed. */
 			snprintf(msg, sizeof(msg), "engine \"%s\" failed the request: %s",
 				 ge->cfg->name, r->why);

@@ -15,9 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
@@ -501,18 +503,39 @@ static void start(struct engine *e, struct evhttp_request *hreq, struct request 
 	sched_submit(e, req);
 }
 
+/* --debug-drop-requests: the connection of one of the first N token requests ends before any
+ * reply while /health answers, as an engine's request path can fail while its port and probe
+ * are up; the gateway's retry against a live engine is tested with it. The reply goes nowhere
+ * (the socket is shut down already): it only hands the request back to libevent. */
+static bool debug_drop(struct engine *e, struct evhttp_request *hreq)
+{
+	struct bufferevent *bev;
+
+	if (e->o.debug_drop == 0)
+		return false;
+	e->o.debug_drop--;
+	bev = evhttp_connection_get_bufferevent(evhttp_request_get_connection(hreq));
+	if (bev)
+		(void)shutdown(bufferevent_getfd(bev), SHUT_RDWR);
+	evhttp_send_reply(hreq, 503, "Dropped", NULL);
+	return true;
+}
+
 static void on_generate(struct evhttp_request *hreq, void *arg)
 {
 	static const char *const top[] = {
 		"input_ids", "sampling_params", "stream", "return_logprob", "rid", NULL};
 	static const char *const sp_keys[] = {"max_new_tokens", "temperature", "seed", NULL};
 	struct engine *e = arg;
-	json_object *o = body_json(hreq), *sp = NULL, *ids = NULL;
+	json_object *o, *sp = NULL, *ids = NULL;
 	int64_t max_new = 128, seed = 0;
 	double temperature = 1.0;
 	bool stream = false, logprob = false, seeded = false;
 	struct request *req;
 
+	if (debug_drop(e, hreq))
+		return;
+	o = body_json(hreq);
 	if (!o)
 		return;
 	if (!known_fields(hreq, o, "the request", top))
@@ -547,13 +570,16 @@ static void on_completions(struct evhttp_request *hreq, void *arg)
 					  "seed",  "stream", "logprobs",   "return_token_ids",
 					  "n",	   "top_p",  "user",	   NULL};
 	struct engine *e = arg;
-	json_object *o = body_json(hreq), *ids = NULL;
+	json_object *o, *ids = NULL;
 	int64_t max_tokens = 16, seed = 0, logprobs = -1, n = 1;
 	double temperature = 1.0, top_p = 1.0;
 	bool stream = false, tids = false;
 	const char *model;
 	struct request *req;
 
+	if (debug_drop(e, hreq))
+		return;
+	o = body_json(hreq);
 	if (!o)
 		return;
 	if (!known_fields(hreq, o, "the request", top))

@@ -36,6 +36,7 @@ enum {
 	ARG_BLOCK_SIZE,
 	ARG_MAX_TOKENS,
 	ARG_DEBUG,
+	ARG_DEBUG_DROP,
 	ARG_RANK,
 	ARG_NCCL_ID,
 	ARG_SEED,
@@ -60,6 +61,7 @@ static const struct option options[] = {
 	{"block-size", required_argument, NULL, ARG_BLOCK_SIZE},
 	{"max-num-batched-tokens", required_argument, NULL, ARG_MAX_TOKENS},
 	{"enable-debug-endpoints", no_argument, NULL, ARG_DEBUG},
+	{"debug-drop-requests", required_argument, NULL, ARG_DEBUG_DROP},
 	{"rank", required_argument, NULL, ARG_RANK},
 	{"nccl-id", required_argument, NULL, ARG_NCCL_ID},
 	{"help", no_argument, NULL, 'h'},
@@ -81,7 +83,10 @@ static void usage(FILE *f)
 		"  --block-size N                tokens per KV block (16)\n"
 		"  --max-num-batched-tokens N    tokens per step (max(2048, context))\n"
 		"  --served-model-name NAME      model name in the OpenAI API (file name)\n"
-		"  --enable-debug-endpoints      /debug/kv, /debug/pause|resume|step (tests)\n");
+		"  --enable-debug-endpoints      /debug/kv, /debug/pause|resume|step (tests)\n"
+		"  --debug-drop-requests N       cut the connections of the first N token "
+		"requests\n"
+		"                                before any reply, /health answering (tests)\n");
 }
 
 static int parse_size(const char *s, uint64_t *ret)
@@ -192,6 +197,9 @@ static int parse_args(int argc, char **argv, struct engine_options *o)
 			break;
 		case ARG_DEBUG:
 			o->debug_endpoints = true;
+			break;
+		case ARG_DEBUG_DROP:
+			r = parse_u32_arg(optarg, 0, 1000000, &o->debug_drop);
 			break;
 		case ARG_RANK:
 			r = parse_u32_arg(optarg, 1, 7, &o->rank);
@@ -441,6 +449,9 @@ int main(int argc, char **argv)
 	int r;
 
 	log_setup("belayer-test-engine", LOG_LEVEL_INFO);
+	/* As the Python engines (the interpreter ignores SIGPIPE): a write to a connection its
+	 * client closed is an error of that connection, not the process's death. */
+	(void)signal(SIGPIPE, SIG_IGN);
 	r = parse_args(argc, argv, &e.o);
 	if (r < 0)
 		return EXIT_FAILURE;

@@ -26,6 +26,7 @@ struct engine_options {
 	uint64_t kv_bytes; /* --kv-cache-bytes, 0: from gpu_util */
 	uint32_t max_num_seqs, block_size, max_batched_tokens;
 	bool debug_endpoints;
+	uint32_t debug_drop;		  /* --debug-drop-requests: token requests still to cut */
 	ncclUniqueId tp_id;		  /* followers: the TP group's id (--nccl-id) */
 	struct model_config dummy_config; /* --load-format dummy without --model */
 };

@@ -9,6 +9,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <json-c/json.h>
 #include <limits.h>
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -509,11 +511,14 @@ static int setup(void **state)
 	return 0;
 }
 
+static void relay_stop(void);
+
 static int teardown(void **state)
 {
 	(void)state;
 	if (sv.pid > 0)
 		(void)sv_kill(&sv, SIGTERM);
+	relay_stop();
 	sv_teardown(&sv);
 	return 0;
 }
@@ -604,16 +609,13 @@ static void greedy_identical_tp2(void **state)
 	greedy_identical(2, 6);
 }
 
-/* Without a shadow the recovery is a cold restart: in-flight streams continue all the same,
- * and requests sent while it runs wait for it. */
-static void cold_restart_resumes_and_waits(void **state)
+/* The failure-free runs of n requests into base, then the same n in flight into failed,
+ * held by the paused primary and stepped 7 times: the caller kills it. */
+static void cold_inflight(struct req *base, struct req *failed, int n)
 {
-	struct req base[MAX_REQS], failed[MAX_REQS], late[4];
 	unsigned seed = (unsigned)time(NULL) ^ 0x5a5a;
-	int n = 5;
+	uint64_t deadline;
 
-	(void)state;
-	start(1, false, NULL);
 	wait_serving();
 	run_set(base, n, 40, false, 1, &seed);
 	run_set(failed, n, 40, false, 1, &seed); /* warm */
@@ -624,44 +626,282 @@ static void cold_restart_resumes_and_waits(void **state)
 	engine_post(port_a, "/debug/pause");
 	for (int i = 0; i < n; i++)
 		assert_int_equal(pthread_create(&failed[i].t, NULL, req_run, &failed[i]), 0);
-	while (engine_holds(port_a) != n)
+	deadline = mono_ms() + READY_MS;
+	while (engine_holds(port_a) != n) {
+		if (mono_ms() > deadline)
+			fail_msg("the engine does not hold the %d requests", n);
 		(void)poll(NULL, 0, 5);
+	}
 	for (int s = 0; s < 7; s++)
 		engine_post(port_a, "/debug/step");
+}
+
+/* Each of got[0..n) (a thread of its own) ended in want[i]'s response. */
+static void join_identical(struct req *want, struct req *got, int n)
+{
+	for (int i = 0; i < n; i++) {
+		char *a, *b;
+
+		assert_int_equal(pthread_join(got[i].t, NULL), 0);
+		if (got[i].rc != 0)
+			fail_msg("request %d: %s", i, strerror(-got[i].rc));
+		a = content(&want[i].r, want[i].stream);
+		b = content(&got[i].r, got[i].stream);
+		assert_string_equal(a, b);
+		free(a);
+		free(b);
+		free(got[i].r.body);
+	}
+}
+
+/* "engine.t.cold_restart=" pre, the primary's command with extra arguments, post. */
+static void cold_setting(char *buf, size_t cap, const char *pre, const char *extra,
+			 const char *post)
+{
+	int n = snprintf(buf, cap,
+			 "engine.t.cold_restart=%s%s --model %s --port {port} --tp 1 "
+			 "--kv-cache-bytes 16M --enable-debug-endpoints %s%s",
+			 pre, ENGINE_PATH, weights, extra, post);
+
+	assert_true(n > 0 && (size_t)n < cap);
+}
+
+/* Without a shadow the recovery is a cold restart: in-flight streams continue all the same,
+ * and requests sent while it runs wait for it. */
+static void cold_restart_resumes_and_waits(void **state)
+{
+	static struct req base[MAX_REQS], failed[MAX_REQS], late[4];
+	int n = 5;
+
+	(void)state;
+	start(1, false, NULL);
+	cold_inflight(base, failed, n);
 	assert_int_equal(kill(primary_pid(0), SIGKILL), 0);
 	/* sent during the recovery: they wait instead of failing */
 	for (int i = 0; i < 4; i++) {
 		req_make(&late[i], i, 40);
 		assert_int_equal(pthread_create(&late[i].t, NULL, req_run, &late[i]), 0);
 	}
-	for (int i = 0; i < n; i++) {
-		char *a, *b;
-
-		assert_int_equal(pthread_join(failed[i].t, NULL), 0);
-		assert_int_equal(failed[i].rc, 0);
-		a = content(&base[i].r, base[i].stream);
-		b = content(&failed[i].r, failed[i].stream);
-		assert_string_equal(a, b);
-		free(a);
-		free(b);
-	}
-	for (int i = 0; i < 4; i++) {
-		char *a, *b;
-
-		assert_int_equal(pthread_join(late[i].t, NULL), 0);
-		assert_int_equal(late[i].rc, 0);
-		a = content(&base[i].r, base[i].stream);
-		b = content(&late[i].r, late[i].stream);
-		assert_string_equal(a, b);
-		free(a);
-		free(b);
-		free(late[i].r.body);
-	}
+	join_identical(base, failed, n);
+	join_identical(base, late, 4);
 	assert_int_equal(engine_metric("belayer_recovery_last_outcome"), 3); /* cold restart */
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < n; i++)
 		free(base[i].r.body);
-		free(failed[i].r.body);
+}
+
+/* The cold-restarted engine serves (its port and /health answer) but cuts the connections of
+ * its first requests: the resubmissions that fail against it are retried, not left waiting
+ * for a recovery that no failure of the engine will start (they got 502 after
+ * gateway_detect_grace). Issue 16, item 1. */
+static void cold_restart_retries_live_engine(void **state)
+{
+	static struct req base[MAX_REQS], failed[MAX_REQS];
+	static char cold[PATH_MAX * 2 + 320];
+	const char *more[] = {cold, NULL};
+	int n = 3;
+
+	(void)state;
+	cold_setting(cold, sizeof(cold), "", "--debug-drop-requests 2", "");
+	start(1, false, more);
+	cold_inflight(base, failed, n);
+	assert_int_equal(kill(primary_pid(0), SIGKILL), 0);
+	join_identical(base, failed, n);
+	assert_int_equal(engine_metric("belayer_recovery_last_outcome"), 3);
+	for (int i = 0; i < n; i++)
+		free(base[i].r.body);
+}
+
+/* ---- a health relay: engine t's health_url points at it, so that a test can hold one probe
+ * and answer it when it chooses; every other probe is the engine's own /health answer ---- */
+
+struct relay {
+	int lfd;
+	uint16_t port;
+	pthread_t t;
+	pthread_mutex_t mu;
+	pthread_cond_t cond;
+	bool hold, stop;
+	int held; /* the held probe's connection, -1: none */
+};
+
+static struct relay relay = {.lfd = -1, .held = -1};
+
+/* Reads an HTTP request's head from fd (bounded). */
+static bool relay_read_head(int fd)
+{
+	char buf[1024];
+	size_t n = 0;
+
+	while (n < sizeof(buf) - 1 &&
+	       poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, 1000) > 0) {
+		ssize_t k = recv(fd, buf + n, sizeof(buf) - 1 - n, 0);
+
+		if (k <= 0)
+			return false;
+		n += (size_t)k;
+		buf[n] = 0;
+		if (strstr(buf, "\r\n\r\n"))
+			return true;
 	}
+	return false;
+}
+
+static void relay_forward(int fd)
+{
+	static const char req[] = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+	static const char unavailable[] = "HTTP/1.0 503 Service Unavailable\r\n\r\n";
+	int up = tcp_connect(port_a);
+	char buf[4096];
+	ssize_t k;
+
+	if (up < 0 || send_all(up, req, strlen(req)) < 0) {
+		(void)send_all(fd, unavailable, strlen(unavailable));
+	} else {
+		while (poll(&(struct pollfd){.fd = up, .events = POLLIN}, 1, 2000) > 0 &&
+		       (k = recv(up, buf, sizeof(buf), 0)) > 0)
+			if (send_all(fd, buf, (size_t)k) < 0)
+				break;
+	}
+	if (up >= 0)
+		close(up);
+}
+
+static void *relay_run(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		int fd;
+
+		pthread_mutex_lock(&relay.mu);
+		if (relay.stop) {
+			pthread_mutex_unlock(&relay.mu);
+			return NULL;
+		}
+		pthread_mutex_unlock(&relay.mu);
+		if (poll(&(struct pollfd){.fd = relay.lfd, .events = POLLIN}, 1, 50) <= 0)
+			continue;
+		fd = accept4(relay.lfd, NULL, NULL, SOCK_CLOEXEC);
+		if (fd < 0)
+			continue;
+		if (!relay_read_head(fd)) {
+			close(fd);
+			continue;
+		}
+		pthread_mutex_lock(&relay.mu);
+		if (relay.hold && relay.held < 0) {
+			relay.held = fd;
+			relay.hold = false;
+			pthread_cond_signal(&relay.cond);
+			pthread_mutex_unlock(&relay.mu);
+			continue;
+		}
+		pthread_mutex_unlock(&relay.mu);
+		relay_forward(fd);
+		close(fd);
+	}
+}
+
+static void relay_start(void)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+
+	relay.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(relay.lfd >= 0);
+	assert_int_equal(bind(relay.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(relay.lfd, 16), 0);
+	assert_int_equal(getsockname(relay.lfd, (struct sockaddr *)&sa, &len), 0);
+	relay.port = ntohs(sa.sin_port);
+	relay.held = -1;
+	relay.hold = relay.stop = false;
+	pthread_mutex_init(&relay.mu, NULL);
+	pthread_cond_init(&relay.cond, NULL);
+	assert_int_equal(pthread_create(&relay.t, NULL, relay_run, NULL), 0);
+}
+
+/* Holds the next probe: returns its connection, the request read and unanswered. */
+static int relay_hold_next(int timeout_ms)
+{
+	struct timespec ts;
+	int fd;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += timeout_ms / 1000;
+	pthread_mutex_lock(&relay.mu);
+	relay.hold = true;
+	while (relay.held < 0)
+		if (pthread_cond_timedwait(&relay.cond, &relay.mu, &ts) != 0)
+			break;
+	fd = relay.held;
+	relay.held = -1;
+	relay.hold = false;
+	pthread_mutex_unlock(&relay.mu);
+	return fd;
+}
+
+static void relay_stop(void)
+{
+	if (relay.lfd < 0)
+		return;
+	pthread_mutex_lock(&relay.mu);
+	relay.stop = true;
+	pthread_mutex_unlock(&relay.mu);
+	pthread_join(relay.t, NULL);
+	close(relay.lfd);
+	relay.lfd = -1;
+}
+
+/* A probe of the old primary that the supervisor reads only after the cold restart began (its
+ * answer was on its way when the primary died) says nothing of the new one: the new engine is
+ * ready when its own probe answers. The cold-restarted engine waits for the test (a fifo)
+ * before it starts, so a readiness taken from the old probe shows as ready while nothing
+ * listens. Issue 16, item 1: "ready on port" came before the new engine's hello, and the
+ * resubmissions failed. */
+static void cold_restart_ignores_stale_probe(void **state)
+{
+	static struct req base[MAX_REQS], failed[MAX_REQS];
+	static char cold[PATH_MAX * 3 + 320], health[96], fifo[PATH_MAX], wrap[PATH_MAX + 64];
+	const char *more[] = {cold, health, "engine.t.probe_interval=2s", NULL};
+	uint64_t deadline;
+	char buf[64];
+	int n = 3, held, gate = -1;
+
+	(void)state;
+	snprintf(fifo, sizeof(fifo), "%s/cold-gate", sv.dir);
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	snprintf(wrap, sizeof(wrap), "sh -c 'read go < %s; exec ", fifo);
+	cold_setting(cold, sizeof(cold), wrap, "", "'");
+	relay_start();
+	snprintf(health, sizeof(health), "engine.t.health_url=http://127.0.0.1:%u/health",
+		 relay.port);
+	start(1, false, more);
+	cold_inflight(base, failed, n);
+	held = relay_hold_next(SV_WAIT_MS);
+	assert_true(held >= 0);
+	assert_int_equal(kill(primary_pid(0), SIGKILL), 0);
+	/* the cold restart runs: its command waits at the fifo */
+	deadline = mono_ms() + SV_WAIT_MS;
+	while ((gate = open(fifo, O_WRONLY | O_NONBLOCK | O_CLOEXEC)) < 0) {
+		assert_int_equal(errno, ENXIO);
+		if (mono_ms() > deadline)
+			fail_msg("no cold restart within %d ms", SV_WAIT_MS);
+		(void)poll(NULL, 0, 5);
+	}
+	/* the old probe's answer arrives; the supervisor reads it (or closed it already) */
+	(void)send(held, "HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", 38, MSG_NOSIGNAL);
+	while (poll(&(struct pollfd){.fd = held, .events = POLLIN}, 1, SV_WAIT_MS) > 0 &&
+	       recv(held, buf, sizeof(buf), 0) > 0)
+		;
+	close(held);
+	if (engine_metric("belayer_engine_ready") != 0)
+		fail_msg("engine t is ready while its cold-restarted primary has not started: the "
+			 "old primary's probe answer was taken for the new one's");
+	assert_int_equal(write(gate, "go\n", 3), 3);
+	close(gate);
+	join_identical(base, failed, n);
+	assert_int_equal(engine_metric("belayer_recovery_last_outcome"), 3);
+	for (int i = 0; i < n; i++)
+		free(base[i].r.body);
 }
 
 /* A seeded sampled request resumed with gateway_seed=advance continues the engine stand-in's
@@ -1158,6 +1398,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(greedy_identical_tp1, setup, teardown),
 		cmocka_unit_test_setup_teardown(greedy_identical_tp2, setup, teardown),
 		cmocka_unit_test_setup_teardown(cold_restart_resumes_and_waits, setup, teardown),
+		cmocka_unit_test_setup_teardown(cold_restart_retries_live_engine, setup, teardown),
+		cmocka_unit_test_setup_teardown(cold_restart_ignores_stale_probe, setup, teardown),
 		cmocka_unit_test_setup_teardown(seeded_advance_exact, setup, teardown),
 		cmocka_unit_test_setup_teardown(client_disconnect_cancels, setup, teardown),
 		cmocka_unit_test_setup_teardown(slow_client_gets_everything, setup, teardown),
