@@ -506,6 +506,7 @@ static const char *const event_kind_names[_EVENT_KIND_MAX] = {
 	[EVENT_RECOVERY] = "recovery",
 	[EVENT_ENGINE] = "engine",
 	[EVENT_NCCL] = "nccl",
+	[EVENT_ENV] = "env",
 };
 
 static const char *const health_check_names[_HEALTH_CHECK_MAX] = {

@@ -317,6 +317,7 @@ enum event_kind {
 	EVENT_RECOVERY = 13,	  /* a recovery's steps, outcome and phase durations */
 	EVENT_ENGINE = 14,	  /* a configured engine's process group started, ready or exited */
 	EVENT_NCCL = 15, /* a communicator hang (diagnosis) or a rank lost mid-collective */
+	EVENT_ENV = 16,	 /* an environment's checkpoint or restore failed, and why */
 	_EVENT_KIND_MAX,
 };
 

@@ -56,6 +56,10 @@ struct key {
 	{                                                     \
 		sec, k, KEY_U32, AT(m), SZ(m), lo, hi, d, doc \
 	}
+#define SIZE(sec, k, m, lo, hi, d, doc)                        \
+	{                                                      \
+		sec, k, KEY_SIZE, AT(m), SZ(m), lo, hi, d, doc \
+	}
 #define TYPED(sec, k, t, m, d, doc)                   \
 	{                                             \
 		sec, k, t, AT(m), SZ(m), 0, 0, d, doc \
@@ -148,6 +152,10 @@ static const struct key keys[] = {
 	U32("env", "workers", env_workers, 1, 64, "4",
 	    "Threads that run environment jobs (checkpoint, restore, create, rebuild): different "
 	    "environments' jobs run side by side, one job per environment at a time."),
+	SIZE("env", "ghost_limit", env_ghost_limit, 1, UINT32_MAX, "64M",
+	     "Largest deleted-but-open file (what pytest's output capture and other temporary "
+	     "files are) a checkpoint copies into its CRIU images; a bigger one fails the "
+	     "checkpoint, and its error names the file (CRIU's own default is 1M; at most 4G-1)."),
 
 	TYPED("nccl", "hang_timeout", KEY_MS, nccl_hang_timeout_ms, "10s",
 	      "A communicator with a collective in flight and no progress for this long, while "
@@ -394,7 +402,13 @@ static int key_parse(struct sv_config *c, const struct key *k, const char *value
 		*(uint32_t *)p = (uint32_t)v;
 		return 0;
 	case KEY_SIZE:
-		return parse_scaled(value, "kmgt", size_scales, p);
+		r = parse_scaled(value, "kmgt", size_scales, &v);
+		if (r < 0)
+			return r;
+		if (k->max && (v < k->min || v > k->max))
+			return -ERANGE;
+		*(uint64_t *)p = v;
+		return 0;
 	case KEY_SECS:
 		return parse_scaled(value, "smhd", secs_scales, p);
 	case KEY_MODE:

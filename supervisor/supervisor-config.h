@@ -113,6 +113,7 @@ struct sv_config {
 	char env_cgroup[256];
 	uint32_t env_keep;
 	uint32_t env_workers;
+	uint64_t env_ghost_limit;
 	/* [nccl] */
 	uint64_t nccl_hang_timeout_ms;
 	uint64_t nccl_stall_timeout_ms;

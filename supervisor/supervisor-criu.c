@@ -1,11 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <criu/criu.h>
 
 #include "log.h"
+#include "util.h"
 #include "supervisor-criu.h"
 
 #define CRIU_LOG_LEVEL 4
@@ -50,13 +54,13 @@ int sv_criu_version(const char *binary)
 		return r;
 	r = criu_local_get_version(o);
 	criu_local_free_opts(o);
-	return r < 0 ? r : r;
+	return r;
 }
 
 /* libcriu returns its own negative codes (-EBADE and friends) for its failures; they are
  * passed on as they are: every one is negative and distinct from success. */
 int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
-		 bool leave_running)
+		 bool leave_running, uint32_t ghost_limit)
 {
 	criu_opts *o;
 	int r;
@@ -69,6 +73,8 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 	criu_local_set_leave_running(o, leave_running);
 	criu_local_set_log_level(o, CRIU_LOG_LEVEL);
 	criu_local_set_file_locks(o, true);
+	if (ghost_limit)
+		criu_local_set_ghost_limit(o, ghost_limit);
 	r = criu_local_set_log_file(o, "dump.log");
 	if (r >= 0 && freeze_cgroup)
 		r = criu_local_set_freeze_cgroup(o, freeze_cgroup);
@@ -112,4 +118,50 @@ int sv_criu_restore(const char *binary, int images_fd, const char *root, pid_t *
 				       root);
 	*ret_pid = (pid_t)r;
 	return 0;
+}
+
+/* Lines CRIU logs as errors and carries on from (seen in successful dumps here: the
+ * sandbox's hard RLIMIT_NOFILE cannot be raised). */
+static bool error_is_benign(const char *text)
+{
+	static const char *const benign[] = {"rlimit: Can't setup RLIMIT_NOFILE"};
+
+	for (size_t i = 0; i < ARRAY_SIZE(benign); i++)
+		if (strncmp(text, benign[i], strlen(benign[i])) == 0)
+			return true;
+	return false;
+}
+
+/* CRIU's log lines: "(00.012345) Error (criu/files-reg.c:1030): TEXT", with "PID: " before
+ * "Error" in a restored task's lines; before the log is set up, no timestamp. */
+int sv_criu_log_error(int images_fd, const char *log, char *buf, size_t cap)
+{
+	_cleanup_fclose_ FILE *f = NULL;
+	_cleanup_free_ char *line = NULL;
+	size_t lcap = 0;
+	ssize_t n;
+	int fd;
+
+	fd = openat(images_fd, log, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	f = fdopen(fd, "re");
+	if (!f) {
+		(void)close(fd);
+		return -errno;
+	}
+	while ((n = getline(&line, &lcap, f)) > 0) {
+		char *text = strstr(line, "Error (");
+
+		text = text ? strstr(text, "): ") : NULL;
+		if (!text)
+			continue;
+		text += 3;
+		text[strcspn(text, "\n")] = '\0';
+		if (!*text || error_is_benign(text))
+			continue;
+		snprintf(buf, cap, "%s", text);
+		return 0;
+	}
+	return -ENOENT;
 }

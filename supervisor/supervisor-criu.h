@@ -13,7 +13,12 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
+
+/* CRIU's own ghost-file limit when none is given (criu --ghost-limit): 1 MiB. */
+#define SV_CRIU_GHOST_LIMIT_CRIU (1u << 20)
 
 /* The CRIU binary: configured (non-empty), else $BELAYER_CRIU, else /usr/local/sbin/criu,
  * else "criu" on PATH. Returns a static or the given string; NULL when none is executable. */
@@ -24,9 +29,15 @@ int sv_criu_version(const char *binary);
 /* Dumps the tree rooted at pid (leave_running: it keeps running, else CRIU kills it) into
  * images_fd. freeze_cgroup (may be NULL): the cgroup v2 the tree is in, possibly frozen by the
  * caller already; CRIU seizes the tasks through its freezer (a frozen task cannot run CRIU's
- * parasite otherwise) and leaves it as it found it. The log is "dump.log" in images_fd. */
+ * parasite otherwise) and leaves it as it found it. ghost_limit: the largest deleted-but-open
+ * file CRIU copies into the images, in bytes (0: CRIU's 1 MiB). The log is "dump.log" in
+ * images_fd (sv_criu_log_error() reads why it failed). */
 int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
-		 bool leave_running);
+		 bool leave_running, uint32_t ghost_limit);
 /* Restores the tree in images_fd with root as the environment's root (the overlay mount);
  * the restored tree's root process becomes the caller's child. *ret_pid: its pid. */
 int sv_criu_restore(const char *binary, int images_fd, const char *root, pid_t *ret_pid);
+/* Why CRIU failed, in its own words: the text of the first "Error (file:line): TEXT" line of
+ * log ("dump.log", "restore.log") in images_fd, skipping the ones CRIU logs as errors and
+ * carries on from. -ENOENT: no log, or no such line. */
+int sv_criu_log_error(int images_fd, const char *log, char *buf, size_t cap);

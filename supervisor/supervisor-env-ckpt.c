@@ -307,6 +307,23 @@ static int load_checkpoint(const struct sv_env *e, int ckfd, const char *id, str
 	return 0;
 }
 
+/* CRIU failed: its own reason into e->error (a deleted-but-open file over the ghost limit
+ * names the limit and the key that sets it). */
+static void criu_error(struct sv_env *e, int criufd, const char *log, int r)
+{
+	char line[ENV_ERROR_MAX];
+
+	if (sv_criu_log_error(criufd, log, line, sizeof(line)) < 0)
+		snprintf(line, sizeof(line), "CRIU failed without an error line in its %s", log);
+	if (strstr(line, "ghost file") && strstr(line, "increase limit"))
+		snprintf(e->error, sizeof(e->error), "%s ([env] ghost_limit is %" PRIu32 " bytes)",
+			 line, e->ghost_limit);
+	else
+		snprintf(e->error, sizeof(e->error), "%s", line);
+	log_debug_errno(r, "CRIU %s of %s failed: %s", strcmp(log, "dump.log") ? "restore" : "dump",
+			e->id, e->error);
+}
+
 int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env_manifest *ret)
 {
 	struct env_manifest m = {0}, parent = {0};
@@ -318,6 +335,7 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	bool frozen = false;
 	int r, nproc;
 
+	e->error[0] = '\0';
 	if (e->pid <= 0 && !e->adopted)
 		return -ESRCH;
 	if (cancelled(p))
@@ -386,6 +404,13 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 			log_debug_errno(r, "Failed to freeze %s: %m", e->cgroup);
 		goto out;
 	}
+	/* Frozen: nobody joins or leaves until the dump is done. A checkpoint that cannot be
+	 * restored is never committed. */
+	r = env_check_namespaces(e, e->error, sizeof(e->error));
+	if (r < 0) {
+		log_debug_errno(r, "Checkpoint of %s refused: %s", e->id, e->error);
+		goto out;
+	}
 	nproc = env_count_procs(e);
 	m.nproc = nproc > 0 ? (uint64_t)nproc : 0;
 	r = env_fs_scan(upperfd, base, p->force, p->userdata, p->cancel, datafd, &m, &st);
@@ -399,10 +424,12 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 		r = -ECANCELED;
 		goto out;
 	}
-	r = sv_criu_dump(e->criu, e->pid, e->cgroup, criufd, true);
+	r = sv_criu_dump(e->criu, e->pid, e->cgroup, criufd, true, e->ghost_limit);
 	t_dump = mono_us();
-	if (r < 0)
+	if (r < 0) {
+		criu_error(e, criufd, "dump.log", r);
 		goto out;
+	}
 	/* Cancelled while CRIU ran: its images go (out: thaw, then remove the .tmp-*). */
 	if (cancelled(p)) {
 		r = -ECANCELED;
@@ -536,23 +563,18 @@ out:
 	return r;
 }
 
-int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
+/* One restore of id. *stopped: the environment was killed (what ran is gone; a failure from
+ * there on leaves it down and its upper layer in between). */
+static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
+		      struct env_manifest *ret)
 {
-	_cleanup_close_ int ckfd = -1, upperfd = -1, workfd = -1, criufd = -1;
+	_cleanup_close_ int upperfd = -1, workfd = -1, criufd = -1;
 	struct env_manifest m = {0};
-	char criu_dir[ENV_ID_MAX + 8], want[ENV_ID_MAX + 1];
+	char criu_dir[ENV_ID_MAX + 8];
 	uint64_t t[6] = {0};
 	pid_t pid;
-	int r, n;
+	int r;
 
-	/* A copy: e->head is rewritten below. */
-	snprintf(want, sizeof(want), "%s", id && *id ? id : e->head);
-	id = want;
-	if (!*id)
-		return -ENOENT;
-	ckfd = ckpts_open(e);
-	if (ckfd < 0)
-		return ckfd;
 	r = load_checkpoint(e, ckfd, id, &m);
 	if (r < 0)
 		return log_error_errno(r, "Checkpoint %s of %s refused: %m", id, e->id);
@@ -567,6 +589,7 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 	}
 
 	t[0] = mono_us();
+	*stopped = true;
 	r = env_kill(e);
 	if (r < 0)
 		goto out;
@@ -583,7 +606,7 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 		goto out;
 	}
 	/* The upper layer as the head's index knows it: roll back what differs; otherwise (a
-	 * supervisor restart, a rebuild) from nothing. */
+	 * supervisor restart, a rebuild, a failed restore) from nothing. */
 	r = env_fs_wipe(workfd);
 	t[2] = mono_us();
 	if (r >= 0 && e->head_valid && strcmp(e->head_index.id, e->head) == 0) {
@@ -594,6 +617,9 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 			r = env_fs_rebuild(upperfd, &m, ckfd);
 	}
 	t[3] = mono_us();
+	/* From here the layer is the target's or in between: the head's index no longer says
+	 * what it holds. */
+	e->head_valid = false;
 	if (r < 0) {
 		log_error_errno(r, "Rebuilding %s's upper layer from %s failed: %m", e->id, id);
 		goto out;
@@ -607,19 +633,21 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 		goto out;
 	t[4] = mono_us();
 	r = sv_criu_restore(e->criu, criufd, e->root, &pid);
-	if (r < 0)
+	if (r < 0) {
+		criu_error(e, criufd, "restore.log", r);
 		goto out;
+	}
 	t[5] = mono_us();
 	log_debug("Restore of %s to %s: kill %" PRIu64 " µs, unmount %" PRIu64
 		  " µs, roll back %" PRIu64 " µs, mount + cgroup %" PRIu64 " µs, CRIU %" PRIu64
 		  " µs.",
 		  e->id, id, t[1] - t[0], t[2] - t[1], t[3] - t[2], t[4] - t[3], t[5] - t[4]);
 	e->pid = pid;
-	/* Verify: the tree is back, in the environment's cgroup. */
-	n = env_count_procs(e);
-	if (n < 0 || (uint64_t)n != m.nproc) {
-		r = log_error_errno(-EPROTO, "Restored %s: %d processes in %s, %" PRIu64 " dumped.",
-				    e->id, n, e->cgroup, m.nproc);
+	/* CRIU restored the whole tree or failed; what is left to verify is its root, not a
+	 * count of processes that the environment's own short-lived ones change meanwhile. */
+	r = env_check_root(e, pid, e->error, sizeof(e->error));
+	if (r < 0) {
+		log_debug_errno(r, "Restored %s: %s", e->id, e->error);
 		goto out;
 	}
 	snprintf(e->head, sizeof(e->head), "%s", id);
@@ -627,7 +655,6 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 	if (r < 0)
 		goto out;
 	env_manifest_finish(&e->head_index);
-	e->head_valid = false;
 	r = load_checkpoint(e, ckfd, id, &e->head_index);
 	if (r >= 0) {
 		e->head_valid = env_fs_refresh(upperfd, &e->head_index) >= 0;
@@ -636,6 +663,59 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 	}
 out:
 	env_manifest_finish(&m);
+	return r;
+}
+
+int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
+{
+	_cleanup_close_ int ckfd = -1;
+	struct env_manifest back = {0};
+	char want[ENV_ID_MAX + 1], head[ENV_ID_MAX + 1], why[ENV_ERROR_MAX];
+	bool stopped = false;
+	int r, k;
+
+	e->error[0] = '\0';
+	/* Copies: e->head is rewritten by a restore. */
+	snprintf(want, sizeof(want), "%s", id && *id ? id : e->head);
+	snprintf(head, sizeof(head), "%s", e->head);
+	if (!want[0])
+		return -ENOENT;
+	ckfd = ckpts_open(e);
+	if (ckfd < 0)
+		return ckfd;
+	r = restore_at(e, ckfd, want, &stopped, ret);
+	if (r >= 0 || !stopped)
+		return r;
+
+	/* The environment is down: whatever the failed restore left goes, and the head (the
+	 * last checkpoint committed or restored) comes back; the head stays where it was. */
+	snprintf(why, sizeof(why), "%s", e->error[0] ? e->error : strerror(-r));
+	(void)env_kill(e);
+	if (!head[0] || strcmp(head, want) == 0) {
+		log_error_errno(r,
+				"Restore of %s to %s failed (%s); no other checkpoint to go back "
+				"to: it is not running.",
+				e->id, want, why);
+		return r;
+	}
+	e->error[0] = '\0';
+	stopped = false;
+	k = restore_at(e, ckfd, head, &stopped, &back);
+	env_manifest_finish(&back);
+	if (k < 0) {
+		log_error_errno(k,
+				"Restore of %s to %s failed (%s), and going back to its head %s "
+				"failed too (%s): it is not running.",
+				e->id, want, why, head, e->error[0] ? e->error : strerror(-k));
+		snprintf(e->error, sizeof(e->error), "%s; going back to the head %s failed too",
+			 why, head);
+		if (stopped)
+			(void)env_kill(e);
+		return r;
+	}
+	log_warning_errno(r, "Restore of %s to %s failed (%s); running again from its head %s.",
+			  e->id, want, why, head);
+	snprintf(e->error, sizeof(e->error), "%s; running again from its head %s", why, head);
 	return r;
 }
 

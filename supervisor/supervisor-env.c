@@ -9,6 +9,7 @@
 #include <sys/mount.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,6 +20,10 @@
 #include "supervisor-env.h"
 
 #define KILL_WAIT_MS 10000
+
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
 
 static int mkdir_p(const char *path, mode_t mode)
 {
@@ -131,6 +136,7 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 	if (p->base && !realpath(p->base, e->base))
 		return -errno;
 	e->keep = p->keep ? p->keep : ENV_KEEP_DEFAULT;
+	e->ghost_limit = p->ghost_limit ? p->ghost_limit : ENV_GHOST_LIMIT_DEFAULT;
 	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", e->dir);
 	r = mkdir_p(e->dir, 0700);
 	if (r >= 0)
@@ -259,12 +265,13 @@ int env_adopt(const struct env_params *p, const char *cgroup, const char *root, 
 	return 0;
 }
 
-static int count_procs_in(const char *cgroup, unsigned depth)
+/* Calls fn (NULL: none) for every process of cgroup and its descendants; stops at fn's first
+ * negative return and returns it. Otherwise returns how many processes there were. */
+static int walk_procs(const char *cgroup, unsigned depth, int (*fn)(pid_t pid, void *userdata),
+		      void *userdata)
 {
 	char path[PATH_MAX];
-	_cleanup_free_ char *line = NULL;
-	size_t cap = 0;
-	int n = 0;
+	int n = 0, pid, r = 0;
 	FILE *f;
 	DIR *d;
 	struct dirent *de;
@@ -275,9 +282,14 @@ static int count_procs_in(const char *cgroup, unsigned depth)
 	f = fopen(path, "re");
 	if (!f)
 		return -errno;
-	while (getline(&line, &cap, f) > 0)
+	while (r >= 0 && fscanf(f, "%d", &pid) == 1) {
 		n++;
+		if (fn)
+			r = fn((pid_t)pid, userdata);
+	}
 	fclose(f);
+	if (r < 0)
+		return r;
 	d = opendir(cgroup);
 	if (!d)
 		return -errno;
@@ -287,17 +299,144 @@ static int count_procs_in(const char *cgroup, unsigned depth)
 		if (de->d_type != DT_DIR || de->d_name[0] == '.')
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", cgroup, de->d_name);
-		k = count_procs_in(path, depth + 1);
+		k = walk_procs(path, depth + 1, fn, userdata);
+		if (k < 0 && fn && k != -ENOENT) {
+			r = k;
+			break;
+		}
 		if (k > 0)
 			n += k;
 	}
 	closedir(d);
-	return n;
+	return r < 0 ? r : n;
 }
 
 int env_count_procs(const struct sv_env *e)
 {
-	return count_procs_in(e->cgroup, 0);
+	return walk_procs(e->cgroup, 0, NULL, NULL);
+}
+
+/* The namespaces a restorable tree shares with its init. cgroup and net are checked only
+ * when the init has its own (an environment shares the host's otherwise, and a process may
+ * have made a nested one). */
+static const struct {
+	const char *name;
+	bool if_own;
+} env_ns[] = {
+	{"pid", false},	 {"mnt", false},   {"uts", false}, {"ipc", false},
+	{"time", false}, {"cgroup", true}, {"net", true},
+};
+
+struct ns_check {
+	struct stat ns[ARRAY_SIZE(env_ns)];
+	bool want[ARRAY_SIZE(env_ns)];
+	char *why;
+	size_t cap;
+};
+
+static int ns_stat(pid_t pid, const char *name, struct stat *ret)
+{
+	char path[64];
+
+	if (pid > 0)
+		snprintf(path, sizeof(path), "/proc/%d/ns/%s", (int)pid, name);
+	else
+		snprintf(path, sizeof(path), "/proc/self/ns/%s", name);
+	return stat(path, ret) < 0 ? -errno : 0;
+}
+
+static void proc_comm(pid_t pid, char *buf, size_t cap)
+{
+	char path[64];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/comm", (int)pid);
+	f = fopen(path, "re");
+	if (!f || !fgets(buf, (int)cap, f))
+		snprintf(buf, cap, "?");
+	buf[strcspn(buf, "\n")] = '\0';
+	if (f)
+		fclose(f);
+}
+
+static int ns_check_one(pid_t pid, void *userdata)
+{
+	struct ns_check *c = userdata;
+
+	for (size_t i = 0; i < ARRAY_SIZE(env_ns); i++) {
+		struct stat st;
+		char comm[32];
+
+		if (!c->want[i])
+			continue;
+		/* Gone meanwhile (a zombie has no namespaces): nothing of it is dumped. */
+		if (ns_stat(pid, env_ns[i].name, &st) < 0)
+			return 0;
+		if (st.st_dev == c->ns[i].st_dev && st.st_ino == c->ns[i].st_ino)
+			continue;
+		proc_comm(pid, comm, sizeof(comm));
+		snprintf(c->why, c->cap,
+			 "pid %d (%s) is not in the environment's %s namespace: it joined from "
+			 "outside without it (enter with nsenter -a); a checkpoint would not "
+			 "restore",
+			 (int)pid, comm, env_ns[i].name);
+		return -ENOTRECOVERABLE;
+	}
+	return 0;
+}
+
+int env_check_namespaces(const struct sv_env *e, char *why, size_t cap)
+{
+	struct ns_check c = {.why = why, .cap = cap};
+	int r;
+
+	if (e->pid <= 0)
+		return -ESRCH;
+	for (size_t i = 0; i < ARRAY_SIZE(env_ns); i++) {
+		struct stat self;
+
+		r = ns_stat(e->pid, env_ns[i].name, &c.ns[i]);
+		if (r == -ENOENT && strcmp(env_ns[i].name, "time") == 0)
+			continue; /* a kernel without time namespaces */
+		if (r < 0)
+			return log_debug_errno(r, "Failed to read %s's %s namespace: %m", e->id,
+					       env_ns[i].name);
+		c.want[i] = !env_ns[i].if_own || ns_stat(0, env_ns[i].name, &self) < 0 ||
+			    self.st_dev != c.ns[i].st_dev || self.st_ino != c.ns[i].st_ino;
+	}
+	r = walk_procs(e->cgroup, 0, ns_check_one, &c);
+	return r < 0 ? r : 0;
+}
+
+struct root_find {
+	pid_t pid;
+};
+
+static int root_is(pid_t pid, void *userdata)
+{
+	return pid == ((struct root_find *)userdata)->pid ? -EEXIST : 0;
+}
+
+int env_check_root(const struct sv_env *e, pid_t pid, char *why, size_t cap)
+{
+	_cleanup_close_ int pidfd = -1;
+	struct root_find f = {.pid = pid};
+	siginfo_t si = {0};
+	int r;
+
+	/* Our child: its pid cannot be reused before we reap it, so the pidfd is of the root. */
+	pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	if (pidfd < 0 ||
+	    waitid((idtype_t)P_PIDFD, (id_t)pidfd, &si, WEXITED | WNOHANG | WNOWAIT) < 0 ||
+	    si.si_pid != 0) {
+		snprintf(why, cap, "the restored root (pid %d) is not running", (int)pid);
+		return -ESRCH;
+	}
+	r = walk_procs(e->cgroup, 0, root_is, &f);
+	if (r == -EEXIST)
+		return 0;
+	snprintf(why, cap, "the restored root (pid %d) is not in %s", (int)pid, e->cgroup);
+	return r < 0 ? r : -ESRCH;
 }
 
 static uint64_t mono_ms(void)

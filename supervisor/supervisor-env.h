@@ -26,6 +26,14 @@
 
 #define ENV_CMD_MAX	 4096
 #define ENV_KEEP_DEFAULT 8
+#define ENV_ERROR_MAX	 256
+/* CRIU's ghost limit when none is configured: the largest deleted-but-open file a dump copies
+ * into its images. CRIU's own 1 MiB fails on what real tools hold: pytest's output capture is
+ * a TemporaryFile per captured stream that grows with a test's output (a few MiB for a chatty
+ * test suite); an unlinked scratch file of a build or a download is likewise tens of MiB.
+ * 64 MiB covers those and still bounds what one file adds to a checkpoint (its copy is made
+ * while the environment is frozen: about 60 ms at 1 GB/s). */
+#define ENV_GHOST_LIMIT_DEFAULT (64u << 20)
 
 struct env_params {
 	const char *id;		   /* env_id_valid() */
@@ -35,6 +43,7 @@ struct env_params {
 	const char *cgroup_parent; /* a cgroup v2 directory; the environment's is <parent>/<id> */
 	const char *criu;	   /* CRIU >= 4 binary (sv_criu_binary()) */
 	unsigned keep;		   /* checkpoints kept (0: ENV_KEEP_DEFAULT) */
+	uint32_t ghost_limit;	   /* bytes (0: ENV_GHOST_LIMIT_DEFAULT) */
 };
 
 struct sv_env {
@@ -47,11 +56,16 @@ struct sv_env {
 	char cmd[ENV_CMD_MAX];
 	char criu[PATH_MAX];
 	unsigned keep;
+	uint32_t ghost_limit;
 	pid_t pid; /* the environment's init as the supervisor sees it; 0: none */
 	bool adopted;
 	char head[ENV_ID_MAX + 1];
 	struct env_manifest head_index; /* the head's index, inode/ctime as on disk now */
 	bool head_valid;
+	/* Why the last env_checkpoint or env_restore failed, beyond its errno (CRIU's own first
+	 * error line, the process that joined from outside, how the fallback to the head went);
+	 * empty: nothing more to say. Cleared when either starts. */
+	char error[ENV_ERROR_MAX];
 };
 
 struct env_ckpt_params {
@@ -112,14 +126,28 @@ void env_destroy(struct sv_env *e);
 
 /* Processes in the environment's cgroup (and below), or -errno. */
 int env_count_procs(const struct sv_env *e);
+/* Whether every process of the environment's cgroup (and below) is in the namespaces of its
+ * init (pid, mount, uts, ipc, time; cgroup and net when the init has its own): a process that
+ * joined from outside without one of them (nsenter without -T) would be dumped into a
+ * checkpoint CRIU cannot restore. -ENOTRECOVERABLE with the pid, its command and the
+ * namespace in why otherwise. Call it with the cgroup frozen. */
+int env_check_namespaces(const struct sv_env *e, char *why, size_t cap);
+/* Whether pid (the root CRIU restored, our child) is running and in the environment's cgroup
+ * (or below): 0, else -ESRCH with why. */
+int env_check_root(const struct sv_env *e, pid_t pid, char *why, size_t cap);
 
 /* Checkpoint: the new manifest (its index included) in *ret (env_manifest_finish it).
  * -ECANCELED: p->cancel was seen set (see struct env_ckpt_params). */
 int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env_manifest *ret);
 /* Restore id (NULL: the head): kill, roll the upper layer back, CRIU-restore into a fresh
- * cgroup, verify; *ret: the checkpoint's manifest (the caller truncates its context to the
- * manifest's turn and prefix). -ENOLINK: the parent chain is broken; -EXDEV: another
- * environment's checkpoint; -EBADMSG: a manifest failed validation. */
+ * cgroup, verify the restored root (env_check_root: CRIU's success is the verdict, not a
+ * count the environment's own short-lived processes change); *ret: the checkpoint's manifest
+ * (the caller truncates its context to the manifest's turn and prefix). -ENOLINK: the parent
+ * chain is broken; -EXDEV: another environment's checkpoint; -EBADMSG: a manifest failed
+ * validation (nothing touched in those three). A failure after the environment was stopped
+ * restores it from its head (the last checkpoint committed or restored: the head never moves
+ * to a checkpoint that failed to restore); the call still fails, e->error says why and how
+ * the fallback went. */
 int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret);
 /* Checkpoint ids, oldest first (free each and the array). */
 int env_checkpoints(const struct sv_env *e, char ***ret, size_t *ret_n);

@@ -36,7 +36,7 @@ int fixture_env_exec(const char *cgroup, pid_t pid, const char *fmt, ...)
 	vsnprintf(inner, sizeof(inner), fmt, ap);
 	va_end(ap);
 	snprintf(cmd, sizeof(cmd),
-		 "echo $$ >%s/cgroup.procs && exec nsenter -t %d -m -p -u -i -r -w sh -c '%s' "
+		 "echo $$ >%s/cgroup.procs && exec nsenter -t %d -a -r -w sh -c '%s' "
 		 "</dev/null >/dev/null 2>&1",
 		 cgroup, (int)pid, inner);
 	return system(cmd);

@@ -15,9 +15,11 @@
 
 /* Real environments can run here: root, cgroup v2 at FIXTURE_CGROUP_V2, CRIU >= 4.2. */
 bool fixture_env_preconditions(void);
-/* Runs the shell command fmt inside the environment whose init is pid (its namespaces) and
- * whose cgroup is cgroup (joined too, so the tracer and the freezer see it as the
- * environment's); stdio to /dev/null. Returns system()'s status. */
+/* Runs the shell command fmt inside the environment whose init is pid (every namespace it has:
+ * nsenter -a; after a restore that includes CRIU's time namespace, without which a process
+ * left behind makes the next checkpoint fail) and whose cgroup is cgroup (joined too, so the
+ * tracer and the freezer see it as the environment's); stdio to /dev/null. Returns system()'s
+ * status. */
 int fixture_env_exec(const char *cgroup, pid_t pid, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
