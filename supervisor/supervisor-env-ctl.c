@@ -18,6 +18,7 @@
 #include "supervisor-env-ctl.h"
 #include "supervisor-env.h"
 #include "supervisor-envtrace.h"
+#include "supervisor-events.h"
 #include "supervisor-offload.h"
 #include "supervisor-sidelog.h"
 #include "supervisor-traj-ctl.h"
@@ -516,6 +517,32 @@ static void job_report_checkpoint(struct supervisor *s, struct env_job *j)
 		traj_ctl_env_checkpointed(s, j->q.env, j->q.trajectory, &res);
 }
 
+/* The reply, the log and (for a checkpoint or restore) the event say why: the errno and, when
+ * the environment knows more (CRIU's own error line, a process that joined from outside,
+ * the fallback to the head), that too. */
+static void job_report_failure(struct supervisor *s, struct sv_client *c, const struct env_job *j)
+{
+	const char *op = env_op_to_string(j->q.op);
+	const struct sv_env *e = j->slot->env;
+	bool ckpt_or_restore = j->q.op == ENV_OP_CHECKPOINT || j->q.op == ENV_OP_RESTORE;
+	const char *why = ckpt_or_restore && e && e->error[0] ? e->error : NULL;
+
+	if (c)
+		(void)client_send_error(s, c, -j->r, PROTO_ENV_REQUEST, "env %s %s failed: %s%s%s",
+					j->q.env, op, strerror(-j->r), why ? ": " : "", why ?: "");
+	if (j->r == -ECANCELED) {
+		log_info("Environment %s: %s aborted after %" PRIu64 " ms (thawed).", j->q.env, op,
+			 j->us / 1000);
+		return;
+	}
+	log_warning_errno(j->r, "Environment %s: %s failed: %m%s%s", j->q.env, op, why ? ": " : "",
+			  why ?: "");
+	if (ckpt_or_restore)
+		supervisor_emit(s, EVENT_ENV, e && e->pid > 0 ? (uint32_t)e->pid : 0, 0,
+				"%s %s failed: %s%s%s", j->q.env, op, strerror(-j->r),
+				why ? ": " : "", why ?: "");
+}
+
 static void job_done(struct supervisor *s, struct sv_job *jb)
 {
 	struct env_job *j = (struct env_job *)jb;
@@ -545,16 +572,7 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 			dirty_restore(sl, j);
 		if (j->q.op == ENV_OP_REBUILD && sl->env && !sl->trace_id)
 			(void)slot_watch(s, sl);
-		if (c)
-			(void)client_send_error(s, c, -j->r, PROTO_ENV_REQUEST,
-						"env %s %s failed: %s", j->q.env,
-						env_op_to_string(j->q.op), strerror(-j->r));
-		if (j->r == -ECANCELED)
-			log_info("Environment %s: %s aborted after %" PRIu64 " ms (thawed).",
-				 j->q.env, env_op_to_string(j->q.op), j->us / 1000);
-		else
-			log_warning_errno(j->r, "Environment %s: %s failed: %m", j->q.env,
-					  env_op_to_string(j->q.op));
+		job_report_failure(s, c, j);
 		return;
 	}
 	switch (j->q.op) {
@@ -609,6 +627,7 @@ static struct env_job *job_new(struct supervisor *s, struct sv_client *c, struct
 		.cgroup_parent = j->cgroup_parent,
 		.criu = j->criu,
 		.keep = s->config.env_keep,
+		.ghost_limit = (uint32_t)s->config.env_ghost_limit,
 	};
 	sl->busy = true;
 	return j;
