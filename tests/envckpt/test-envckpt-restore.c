@@ -49,9 +49,9 @@
 #define GHOST_SMALL  (1u << 20)
 #define SERVER_STATE "set token-1"
 
-/* The unix server holds state in memory; a shell loop forks `true` without a pause. */
+/* The unix server holds state in memory; a shell loop forks /bin/true (not the builtin) without a pause. */
 static const char churn_script[] = "cd /work; /work/server /work/server.sock & "
-				   "while :; do true; done & "
+				   "while :; do /bin/true; done & "
 				   "touch /work/ready; exec sleep infinity";
 
 static void start(struct envckpt_fx *f, const char *id, const char *cmd)
