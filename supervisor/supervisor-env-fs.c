@@ -19,6 +19,8 @@
 
 #define OVL_OPAQUE_XATTR "trusted.overlay.opaque"
 #define WALK_DEPTH_MAX	 256
+/* The kernel's bound on a listxattr answer (XATTR_LIST_MAX). */
+#define XATTR_LIST_BYTES 65536
 
 static int openat_beneath(int dirfd, const char *path, int flags, mode_t mode)
 {
@@ -36,6 +38,143 @@ static int openat_beneath(int dirfd, const char *path, int flags, mode_t mode)
 static uint64_t ts_ns(const struct timespec *t)
 {
 	return (uint64_t)t->tv_sec * 1000000000ull + (uint64_t)t->tv_nsec;
+}
+
+/* --- extended attributes ---------------------------------------------------------------- */
+
+/*
+ * Every xattr of an inode is its state (issue 16 item 9): user.*, security.capability (a
+ * chown or a write drops it, so it is set after both), ACLs (system.posix_acl_*), and
+ * overlay's own trusted.overlay.*: opaque (a directory hiding the lower one), redirect (a
+ * renamed directory's lower path), origin (the lower inode a copy-up came from: st_ino as the
+ * environment sees it), metacopy (data still in the lower file), impure, nlink. An upper layer
+ * rebuilt without any one of them is not the overlay it was; kept with all of them it is.
+ *
+ * The object is reached through an fd of its own (O_PATH for what cannot be opened, a symlink
+ * or a socket), by /proc/self/fd/N: that names the object itself, never what a symlink points
+ * to, and no path in the upper layer is resolved again.
+ */
+static void fd_proc_path(int fd, char buf[static 32])
+{
+	snprintf(buf, 32, "/proc/self/fd/%d", fd);
+}
+
+/* The names of path's xattrs (NUL-separated) into a malloc'd *ret (NULL when none). */
+static ssize_t xattrs_list(const char *path, char **ret)
+{
+	*ret = NULL;
+	for (;;) {
+		ssize_t n = listxattr(path, NULL, 0);
+		char *buf;
+
+		if (n < 0 && (errno == ENOTSUP || errno == EOPNOTSUPP))
+			return 0;
+		if (n <= 0)
+			return n < 0 ? -errno : 0;
+		if (n > XATTR_LIST_BYTES)
+			return -E2BIG;
+		buf = malloc((size_t)n);
+		if (!buf)
+			return -ENOMEM;
+		n = listxattr(path, buf, (size_t)n);
+		if (n >= 0) {
+			*ret = buf;
+			return n;
+		}
+		free(buf);
+		if (errno != ERANGE) /* ERANGE: one was added meanwhile */
+			return -errno;
+	}
+}
+
+static int xattr_get(const char *path, struct env_xattr *x)
+{
+	for (;;) {
+		ssize_t n = getxattr(path, x->name, NULL, 0);
+
+		if (n < 0)
+			return -errno;
+		if (n > ENV_XATTR_VALUE_MAX)
+			return -E2BIG;
+		free(x->value);
+		x->value = malloc(n ? (size_t)n : 1);
+		if (!x->value)
+			return -ENOMEM;
+		n = getxattr(path, x->name, x->value, (size_t)n);
+		if (n >= 0) {
+			x->len = (uint32_t)n;
+			return 0;
+		}
+		if (errno != ERANGE)
+			return -errno;
+	}
+}
+
+/* fd's xattrs into e->xattrs (the caller frees them); -E2BIG past the manifest's bounds. */
+static int xattrs_read(int fd, struct env_entry *e)
+{
+	_cleanup_free_ char *names = NULL;
+	char path[32];
+	ssize_t len;
+	int r = 0;
+
+	e->xattrs = NULL;
+	e->n_xattrs = 0;
+	fd_proc_path(fd, path);
+	len = xattrs_list(path, &names);
+	if (len <= 0)
+		return (int)len;
+	for (ssize_t off = 0; off < len && r >= 0; off += (ssize_t)strlen(names + off) + 1) {
+		struct env_xattr *x;
+
+		if (e->n_xattrs == ENV_XATTRS_MAX)
+			return -E2BIG;
+		if (!e->xattrs) {
+			e->xattrs = calloc(ENV_XATTRS_MAX, sizeof(*e->xattrs));
+			if (!e->xattrs)
+				return -ENOMEM;
+		}
+		x = &e->xattrs[e->n_xattrs];
+		x->name = strdup(names + off);
+		if (!x->name)
+			return -ENOMEM;
+		e->n_xattrs++;
+		r = xattr_get(path, x);
+		if (r == -ENODATA) { /* removed between the list and the get */
+			free(x->name);
+			free(x->value);
+			*x = (struct env_xattr){0};
+			e->n_xattrs--;
+			r = 0;
+		}
+	}
+	return r;
+}
+
+/* Makes pfd/name's xattrs exactly e's: the others removed (inherited from a default ACL, or
+ * the state the rollback leaves), e's set. */
+static int xattrs_apply(int pfd, const char *name, const struct env_entry *e)
+{
+	_cleanup_close_ int fd = -1;
+	_cleanup_free_ char *names = NULL;
+	char path[32];
+	ssize_t len;
+
+	fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	fd_proc_path(fd, path);
+	len = xattrs_list(path, &names);
+	if (len < 0)
+		return (int)len;
+	for (ssize_t off = 0; off < len; off += (ssize_t)strlen(names + off) + 1)
+		if (!env_entry_xattr(e, names + off) && removexattr(path, names + off) < 0 &&
+		    errno != ENODATA)
+			return -errno;
+	for (uint32_t i = 0; i < e->n_xattrs; i++)
+		if (setxattr(path, e->xattrs[i].name, e->xattrs[i].value, e->xattrs[i].len, 0) < 0)
+			return -errno;
+	return 0;
 }
 
 /* --- scan ------------------------------------------------------------------------------ */
@@ -85,26 +224,29 @@ static bool cancelled(const atomic_bool *cancel)
 	return cancel && atomic_load_explicit(cancel, memory_order_relaxed);
 }
 
-/* Cancellable (cancel non-NULL): in ENV_FS_COPY_CHUNK pieces, cancel read before each. One
- * copy_file_range of the whole file otherwise (a reflink where the file system has them). */
-static int copy_fd(int in, int out, uint64_t size, const atomic_bool *cancel)
+/* Copies len bytes at *off of in to the same offset of out (advancing *off); cancellable
+ * (cancel non-NULL): in ENV_FS_COPY_CHUNK pieces, cancel read before each. One copy_file_range
+ * of the whole range otherwise (a reflink where the file system has them). 1 when in ended
+ * before (it shrank: what was there is what we keep), else 0 or -errno. */
+static int copy_range(int in, int out, off_t *off, uint64_t len, const atomic_bool *cancel)
 {
 	uint64_t done = 0;
 
-	while (done < size) {
-		size_t want = (size_t)(size - done);
+	while (done < len) {
+		size_t want = (size_t)(len - done);
+		off_t at_in = *off, at_out = *off;
 		ssize_t n;
 
 		if (cancelled(cancel))
 			return -ECANCELED;
 		if (cancel && want > ENV_FS_COPY_CHUNK)
 			want = ENV_FS_COPY_CHUNK;
-		n = copy_file_range(in, NULL, out, NULL, want, 0);
+		n = copy_file_range(in, &at_in, out, &at_out, want, 0);
 		if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS)) {
 			char buf[65536];
 
-			n = read(in, buf, sizeof(buf));
-			if (n > 0 && write(out, buf, (size_t)n) != n)
+			n = pread(in, buf, want < sizeof(buf) ? want : sizeof(buf), *off);
+			if (n > 0 && pwrite(out, buf, (size_t)n, *off) != n)
 				return -EIO;
 		}
 		if (n < 0 && errno == EINTR)
@@ -112,9 +254,51 @@ static int copy_fd(int in, int out, uint64_t size, const atomic_bool *cancel)
 		if (n < 0)
 			return -errno;
 		if (n == 0)
-			break; /* the file shrank: what was there is what we keep */
+			return 1;
+		*off += n;
 		done += (uint64_t)n;
 	}
+	return 0;
+}
+
+/* Copies in's data (size bytes) into the empty out: its data extents only, at their offsets,
+ * then out's size set to size, so that a hole stays a hole (issue 16 item 10: a 1 GiB sparse
+ * file with 2 bytes written is 4 KiB to copy, not 1 GiB). A file system without SEEK_DATA
+ * reports the whole file as one extent. ret_copied: the bytes copied. */
+static int copy_fd(int in, int out, uint64_t size, const atomic_bool *cancel, uint64_t *ret_copied)
+{
+	uint64_t copied = 0;
+	off_t pos = 0;
+	int r;
+
+	while ((uint64_t)pos < size) {
+		off_t data = lseek(in, pos, SEEK_DATA), hole;
+
+		if (data < 0 && errno == ENXIO)
+			break; /* nothing but a hole to the end */
+		if (data < 0)
+			return -errno;
+		if ((uint64_t)data >= size)
+			break;
+		hole = lseek(in, data, SEEK_HOLE);
+		if (hole < 0)
+			return -errno;
+		if ((uint64_t)hole > size)
+			hole = (off_t)size;
+		pos = data;
+		r = copy_range(in, out, &pos, (uint64_t)(hole - data), cancel);
+		if (r < 0)
+			return r;
+		copied += (uint64_t)(pos - data);
+		if (r > 0) {
+			size = (uint64_t)pos; /* it shrank */
+			break;
+		}
+	}
+	if (ftruncate(out, (off_t)size) < 0)
+		return -errno;
+	if (ret_copied)
+		*ret_copied = copied;
 	return 0;
 }
 
@@ -124,6 +308,7 @@ static int copy_data(struct scan *sc, int dirfd, const char *name, const struct 
 	_cleanup_close_ int in = -1, out = -1;
 	char key[32];
 	struct stat st2;
+	uint64_t copied = 0;
 	int r;
 
 	in = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
@@ -139,11 +324,11 @@ static int copy_data(struct scan *sc, int dirfd, const char *name, const struct 
 	out = openat(sc->data_fd, key, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (out < 0)
 		return -errno;
-	r = copy_fd(in, out, (uint64_t)st2.st_size, sc->cancel);
+	r = copy_fd(in, out, (uint64_t)st2.st_size, sc->cancel, &copied);
 	if (r < 0)
 		return r;
 	snprintf(e->src, sizeof(e->src), "%s", sc->out->id);
-	sc->stats.bytes += (uint64_t)st2.st_size;
+	sc->stats.bytes += copied;
 	sc->stats.files++;
 	return 0;
 }
@@ -172,6 +357,35 @@ static const struct ino_seen *find_ino(const struct scan *sc, const struct stat 
 	return NULL;
 }
 
+/* e's xattrs: base's when base holds the same inode unchanged since (an xattr's change is a
+ * change of its ctime), else read from the object walked (dirfd/name, or dirfd itself for a
+ * directory). *ret_owned: e->xattrs is the caller's to free. */
+static int scan_xattrs(int dirfd, const char *name, const struct stat *st,
+		       const struct env_entry *b, struct env_entry *e, bool *ret_owned)
+{
+	_cleanup_close_ int fd = -1;
+	struct stat st2;
+
+	*ret_owned = false;
+	if (b && b->kind == e->kind && b->ino == e->ino && b->ctime_ns == e->ctime_ns) {
+		e->xattrs = b->xattrs;
+		e->n_xattrs = b->n_xattrs;
+		return 0;
+	}
+	if (e->kind != ENV_ENTRY_DIR) {
+		fd = openat(dirfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0)
+			return -errno;
+		/* The name may have been swapped since the walk's stat: the object walked only. */
+		if (fstat(fd, &st2) < 0)
+			return -errno;
+		if (st2.st_ino != st->st_ino || st2.st_dev != st->st_dev)
+			return -ESTALE;
+	}
+	*ret_owned = true;
+	return xattrs_read(fd >= 0 ? fd : dirfd, e);
+}
+
 static int scan_entry(struct scan *sc, int dirfd, const char *name, const struct stat *st)
 {
 	struct env_entry e = {
@@ -184,18 +398,16 @@ static int scan_entry(struct scan *sc, int dirfd, const char *name, const struct
 		.ctime_ns = ts_ns(&st->st_ctim),
 		.ino = st->st_ino,
 	};
+	const struct env_entry *b = base_find(sc, sc->path);
 	char target[ENV_PATH_MAX + 1];
+	bool owned = false;
 	int r;
 
 	if (S_ISDIR(st->st_mode)) {
-		char v[4];
-
 		e.kind = ENV_ENTRY_DIR;
 		e.size = 0;
-		e.opaque = fgetxattr(dirfd, OVL_OPAQUE_XATTR, v, sizeof(v)) > 0 && v[0] == 'y';
 	} else if (S_ISREG(st->st_mode)) {
 		const struct ino_seen *seen = st->st_nlink > 1 ? find_ino(sc, st) : NULL;
-		const struct env_entry *b = base_find(sc, sc->path);
 
 		if (seen) {
 			e.kind = ENV_ENTRY_HARDLINK;
@@ -231,12 +443,27 @@ static int scan_entry(struct scan *sc, int dirfd, const char *name, const struct
 		e.kind = ENV_ENTRY_WHITEOUT;
 	} else if (S_ISFIFO(st->st_mode)) {
 		e.kind = ENV_ENTRY_FIFO;
+	} else if (S_ISSOCK(st->st_mode)) {
+		/* A socket's inode is file-system state (a stale one stays after its server is
+		 * gone, issue 16 item 11); a listening socket's other half is CRIU's. */
+		e.kind = ENV_ENTRY_SOCKET;
 	} else {
-		/* Sockets and device nodes are not file-system state an environment can own (its
-		 * /dev is its own tmpfs; a socket's other end is process state). */
+		/* Device nodes are not file-system state an environment can own (its /dev is its
+		 * own tmpfs, and it has no CAP_MKNOD). */
 		return 0;
 	}
-	return env_manifest_add(sc->out, &e);
+	/* A hard link's xattrs are its inode's, on its first name. */
+	r = e.kind == ENV_ENTRY_HARDLINK ? 0 : scan_xattrs(dirfd, name, st, b, &e, &owned);
+	if (r >= 0 && e.kind == ENV_ENTRY_DIR) {
+		const struct env_xattr *opq = env_entry_xattr(&e, OVL_OPAQUE_XATTR);
+
+		e.opaque = opq && opq->len > 0 && ((const char *)opq->value)[0] == 'y';
+	}
+	if (r >= 0)
+		r = env_manifest_add(sc->out, &e);
+	if (owned)
+		env_xattrs_free(e.xattrs, e.n_xattrs);
+	return r;
 }
 
 /* A DIR of its own on a dup of dirfd (closedir leaves dirfd open); NULL with errno set. */
@@ -441,6 +668,23 @@ static int set_times(int dirfd, const char *name, const struct env_entry *e, int
 	return utimensat(dirfd, name, ts, flags) < 0 ? -errno : 0;
 }
 
+/* Owner, xattrs, mode, times, in that order: a chown drops security.capability (and the
+ * set-id bits); setting an ACL sets the mode's group bits, the chmod after it the ACL's mask,
+ * to what they both were. */
+static int set_metadata(int pfd, const char *name, const struct env_entry *e)
+{
+	int r;
+
+	if (fchownat(pfd, name, e->uid, e->gid, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	r = xattrs_apply(pfd, name, e);
+	if (r < 0)
+		return r;
+	if (e->kind != ENV_ENTRY_SYMLINK && fchmodat(pfd, name, e->mode, 0) < 0)
+		return -errno;
+	return set_times(pfd, name, e, AT_SYMLINK_NOFOLLOW);
+}
+
 static int rebuild_entry(int upper_fd, const struct env_entry *e, int ckpts_fd)
 {
 	_cleanup_close_ int pfd = -1;
@@ -455,16 +699,9 @@ static int rebuild_entry(int upper_fd, const struct env_entry *e, int ckpts_fd)
 	case ENV_ENTRY_DIR:
 		if (mkdirat(pfd, name, 0700) < 0)
 			return -errno;
-		if (e->opaque) {
-			_cleanup_close_ int dfd =
-				openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-
-			if (dfd < 0)
-				return -errno;
-			if (fsetxattr(dfd, OVL_OPAQUE_XATTR, "y", 1, 0) < 0)
-				return -errno;
-		}
-		return 0; /* owner, mode and times once its content is in (env_fs_rebuild) */
+		/* Owner, xattrs, mode and times once its content is in (dirs_metadata): a default
+		 * ACL set now would be inherited by what is created in it. */
+		return 0;
 	case ENV_ENTRY_REG: {
 		_cleanup_close_ int in = -1, out = -1;
 		struct stat st;
@@ -480,12 +717,10 @@ static int rebuild_entry(int upper_fd, const struct env_entry *e, int ckpts_fd)
 		out = openat(pfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 		if (out < 0)
 			return -errno;
-		r = copy_fd(in, out, (uint64_t)st.st_size, NULL);
+		r = copy_fd(in, out, (uint64_t)st.st_size, NULL, NULL);
 		if (r < 0)
 			return r;
-		if (fchown(out, e->uid, e->gid) < 0 || fchmod(out, e->mode) < 0)
-			return -errno;
-		return set_times(pfd, name, e, AT_SYMLINK_NOFOLLOW);
+		break; /* written: a chown and the xattrs come after the data */
 	}
 	case ENV_ENTRY_HARDLINK: {
 		_cleanup_close_ int tfd = -1;
@@ -508,14 +743,14 @@ static int rebuild_entry(int upper_fd, const struct env_entry *e, int ckpts_fd)
 		if (mknodat(pfd, name, S_IFIFO | (e->mode & 07777), 0) < 0)
 			return -errno;
 		break;
+	case ENV_ENTRY_SOCKET:
+		if (mknodat(pfd, name, S_IFSOCK | (e->mode & 07777), 0) < 0)
+			return -errno;
+		break;
 	default:
 		return -EBADMSG;
 	}
-	if (fchownat(pfd, name, e->uid, e->gid, AT_SYMLINK_NOFOLLOW) < 0)
-		return -errno;
-	if (e->kind != ENV_ENTRY_SYMLINK && fchmodat(pfd, name, e->mode, 0) < 0)
-		return -errno;
-	return set_times(pfd, name, e, AT_SYMLINK_NOFOLLOW);
+	return set_metadata(pfd, name, e);
 }
 
 /* Directories last, deepest first: their mtime must survive their content's creation. */
@@ -533,10 +768,7 @@ static int dirs_metadata(int upper_fd, const struct env_manifest *m)
 		pfd = open_parent(upper_fd, e->path, &name);
 		if (pfd < 0)
 			return pfd;
-		if (fchownat(pfd, name, e->uid, e->gid, AT_SYMLINK_NOFOLLOW) < 0 ||
-		    fchmodat(pfd, name, e->mode, 0) < 0)
-			return -errno;
-		r = set_times(pfd, name, e, AT_SYMLINK_NOFOLLOW);
+		r = set_metadata(pfd, name, e);
 		if (r < 0)
 			return r;
 	}
@@ -678,28 +910,16 @@ int env_fs_rollback(int upper_fd, const struct env_manifest *cur, const struct e
 			r = rebuild_entry(upper_fd, e, ckpts_fd);
 			continue;
 		}
+		/* A kept directory's metadata (xattrs: opaque or not) is dirs_metadata's; a kept
+		 * file's xattrs are set again after its chown, which drops a capability. */
+		if (e->kind == ENV_ENTRY_DIR)
+			continue;
 		pfd = open_parent(upper_fd, e->path, &name);
 		if (pfd < 0) {
 			r = pfd;
 			break;
 		}
-		if (e->kind == ENV_ENTRY_DIR) {
-			_cleanup_close_ int dfd =
-				openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-
-			if (dfd < 0)
-				r = -errno;
-			else if (e->opaque)
-				r = fsetxattr(dfd, OVL_OPAQUE_XATTR, "y", 1, 0) < 0 ? -errno : 0;
-			else if (fremovexattr(dfd, OVL_OPAQUE_XATTR) < 0 && errno != ENODATA)
-				r = -errno;
-			continue; /* owner, mode, times: dirs_metadata */
-		}
-		if (fchownat(pfd, name, e->uid, e->gid, AT_SYMLINK_NOFOLLOW) < 0 ||
-		    fchmodat(pfd, name, e->mode, 0) < 0)
-			r = -errno;
-		else
-			r = set_times(pfd, name, e, AT_SYMLINK_NOFOLLOW);
+		r = set_metadata(pfd, name, e);
 	}
 	if (r >= 0)
 		r = dirs_metadata(upper_fd, target);

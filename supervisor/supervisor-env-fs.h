@@ -5,7 +5,9 @@
  * metadata) and copies the data of regular files that changed since the parent checkpoint;
  * unchanged ones point at the checkpoint that holds their data. Restoring rebuilds the upper
  * layer from a checkpoint's index (deletions are implied: what is not in the index is gone;
- * overlay whiteouts and opaque directories are entries like any other).
+ * overlay whiteouts and opaque directories are entries like any other). Every entry carries
+ * its inode's extended attributes (overlay's trusted.overlay.* among them); regular files'
+ * data is copied by extent, so a hole stays a hole both ways; socket inodes are entries.
  *
  * Security (issue 10 item 4): the upper layer is written by the environment; nothing here
  * follows a symlink in it: the walk opens every component with O_NOFOLLOW relative to its
@@ -32,7 +34,9 @@ typedef bool (*env_fs_force_cb)(const char *path, void *userdata);
  * Walks the upper layer (upper_fd) into out->entries. A regular file whose path, inode,
  * size, mode, mtime and ctime equal its entry in base (the parent's index, may be NULL) and
  * that force does not claim keeps base's data reference; any other is copied to
- * data_fd/<key> with out->id as its source. A further name of an inode already seen becomes a
+ * data_fd/<key> with out->id as its source (ret_stats->bytes: the bytes of data extents
+ * copied). An entry keeps base's xattrs when base holds the same inode with the same ctime
+ * (an xattr's change changes it); others' are read (-E2BIG past the manifest's bounds). A further name of an inode already seen becomes a
  * hard-link entry (copied once, by inode).
  *
  * cancel (NULL: none) is read before every entry and between ENV_FS_COPY_CHUNK pieces of a

@@ -53,25 +53,120 @@ bool env_path_valid(const char *path)
 	return true;
 }
 
+void env_xattrs_free(struct env_xattr *x, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		free(x[i].name);
+		free(x[i].value);
+	}
+	free(x);
+}
+
+/* What an entry's own fields own (its copy in a manifest, or a decoder's scratch entry). */
+static void entry_free(struct env_entry *e)
+{
+	free(e->path);
+	free(e->target);
+	free(e->hardlink);
+	env_xattrs_free(e->xattrs, e->n_xattrs);
+}
+
 void env_manifest_finish(struct env_manifest *m)
 {
 	if (!m)
 		return;
-	for (size_t i = 0; i < m->n_entries; i++) {
-		free(m->entries[i].path);
-		free(m->entries[i].target);
-		free(m->entries[i].hardlink);
-	}
+	for (size_t i = 0; i < m->n_entries; i++)
+		entry_free(&m->entries[i]);
 	free(m->entries);
 	m->entries = NULL;
 	m->n_entries = m->cap_entries = 0;
+	m->xattr_bytes = 0;
+}
+
+/* "<namespace>.<name>" in one of the namespaces Linux has (anything else no file system
+ * would take back at a restore). */
+static bool xattr_name_valid(const char *name)
+{
+	static const char *const ns[] = {"user.", "trusted.", "security.", "system."};
+	size_t n = strlen(name);
+
+	if (n > ENV_XATTR_NAME_MAX)
+		return false;
+	for (size_t i = 0; i < ARRAY_SIZE(ns); i++) {
+		size_t k = strlen(ns[i]);
+
+		if (n > k && strncmp(name, ns[i], k) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* The bytes e's xattrs count for (names and values), or -E2BIG / -EINVAL. */
+static ssize_t xattrs_check(const struct env_entry *e)
+{
+	size_t bytes = 0;
+
+	if (e->n_xattrs > ENV_XATTRS_MAX)
+		return -E2BIG;
+	for (uint32_t i = 0; i < e->n_xattrs; i++) {
+		const struct env_xattr *x = &e->xattrs[i];
+
+		if (!x->name || !xattr_name_valid(x->name) || (x->len && !x->value))
+			return -EINVAL;
+		if (x->len > ENV_XATTR_VALUE_MAX)
+			return -E2BIG;
+		for (uint32_t j = 0; j < i; j++)
+			if (strcmp(e->xattrs[j].name, x->name) == 0)
+				return -EINVAL;
+		bytes += strlen(x->name) + x->len;
+	}
+	return bytes > ENV_XATTR_ENTRY_BYTES ? -E2BIG : (ssize_t)bytes;
+}
+
+static int xattrs_dup(const struct env_entry *e, struct env_xattr **ret)
+{
+	struct env_xattr *a;
+
+	*ret = NULL;
+	if (!e->n_xattrs)
+		return 0;
+	a = calloc(e->n_xattrs, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < e->n_xattrs; i++) {
+		a[i].len = e->xattrs[i].len;
+		a[i].name = strdup(e->xattrs[i].name);
+		a[i].value = malloc(a[i].len ? a[i].len : 1);
+		if (!a[i].name || !a[i].value) {
+			env_xattrs_free(a, i + 1);
+			return -ENOMEM;
+		}
+		if (a[i].len)
+			memcpy(a[i].value, e->xattrs[i].value, a[i].len);
+	}
+	*ret = a;
+	return 0;
+}
+
+const struct env_xattr *env_entry_xattr(const struct env_entry *e, const char *name)
+{
+	for (uint32_t i = 0; i < e->n_xattrs; i++)
+		if (strcmp(e->xattrs[i].name, name) == 0)
+			return &e->xattrs[i];
+	return NULL;
 }
 
 int env_manifest_add(struct env_manifest *m, const struct env_entry *e)
 {
 	struct env_entry *n;
+	ssize_t xbytes;
 
 	if (m->n_entries >= ENV_MANIFEST_MAX_ENTRIES)
+		return -E2BIG;
+	xbytes = xattrs_check(e);
+	if (xbytes < 0)
+		return (int)xbytes;
+	if (m->xattr_bytes + (size_t)xbytes > ENV_XATTR_TOTAL_BYTES)
 		return -E2BIG;
 	if (m->n_entries == m->cap_entries) {
 		size_t cap = m->cap_entries ? m->cap_entries * 2 : 64;
@@ -87,12 +182,15 @@ int env_manifest_add(struct env_manifest *m, const struct env_entry *e)
 	n->path = strdup(e->path);
 	n->target = e->target ? strdup(e->target) : NULL;
 	n->hardlink = e->hardlink ? strdup(e->hardlink) : NULL;
-	if (!n->path || (e->target && !n->target) || (e->hardlink && !n->hardlink)) {
-		free(n->path);
-		free(n->target);
-		free(n->hardlink);
+	n->xattrs = NULL;
+	n->n_xattrs = 0;
+	if (!n->path || (e->target && !n->target) || (e->hardlink && !n->hardlink) ||
+	    xattrs_dup(e, &n->xattrs) < 0) {
+		entry_free(n);
 		return -ENOMEM;
 	}
+	n->n_xattrs = e->n_xattrs;
+	m->xattr_bytes += (size_t)xbytes;
 	m->n_entries++;
 	return 0;
 }
@@ -130,7 +228,7 @@ static void pack_kbool(msgpack_packer *pk, const char *k, bool v)
 
 static void pack_entry(msgpack_packer *pk, const struct env_entry *e)
 {
-	msgpack_pack_map(pk, 14);
+	msgpack_pack_map(pk, e->n_xattrs ? 15 : 14);
 	pack_kstr(pk, "p", e->path);
 	pack_ku64(pk, "k", e->kind);
 	pack_ku64(pk, "m", e->mode);
@@ -145,6 +243,15 @@ static void pack_entry(msgpack_packer *pk, const struct env_entry *e)
 	pack_kstr(pk, "src", e->src);
 	pack_ku64(pk, "dk", e->data_key);
 	pack_kbool(pk, "opq", e->opaque);
+	if (!e->n_xattrs)
+		return;
+	pack_str(pk, "xa");
+	msgpack_pack_map(pk, e->n_xattrs);
+	for (uint32_t i = 0; i < e->n_xattrs; i++) {
+		pack_str(pk, e->xattrs[i].name);
+		msgpack_pack_bin(pk, e->xattrs[i].len);
+		msgpack_pack_bin_body(pk, e->xattrs[i].value, e->xattrs[i].len);
+	}
 }
 
 int env_manifest_encode(const struct env_manifest *m, char **ret_buf, size_t *ret_len)
@@ -255,7 +362,60 @@ enum {
 	E_P = 1 << 0,
 	E_K = 1 << 1,
 	E_M = 1 << 2,
+	E_XA = 1 << 3,
 };
+
+/* "xa": a map of at most ENV_XATTRS_MAX names (strs) to values (bins); what else bounds them
+ * (names' namespaces, duplicates, bytes per entry and in all) env_manifest_add checks. */
+static int decode_xattrs(const msgpack_object *o, struct env_entry *e)
+{
+	if (o->type != MSGPACK_OBJECT_MAP || o->via.map.size > ENV_XATTRS_MAX)
+		return -EBADMSG;
+	e->xattrs = calloc(o->via.map.size + 1, sizeof(*e->xattrs));
+	if (!e->xattrs)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < o->via.map.size; i++) {
+		const msgpack_object *k = &o->via.map.ptr[i].key, *v = &o->via.map.ptr[i].val;
+		struct env_xattr *x = &e->xattrs[i];
+		int r;
+
+		if (v->type != MSGPACK_OBJECT_BIN || v->via.bin.size > ENV_XATTR_VALUE_MAX)
+			return -EBADMSG;
+		r = get_strdup(k, ENV_XATTR_NAME_MAX, &x->name);
+		if (r < 0)
+			return r;
+		e->n_xattrs++;
+		x->len = v->via.bin.size;
+		x->value = malloc(x->len ? x->len : 1);
+		if (!x->value)
+			return -ENOMEM;
+		if (x->len)
+			memcpy(x->value, v->via.bin.ptr, x->len);
+	}
+	return 0;
+}
+
+/* An older writer's opaque directory has "opq" only: its xattr, as the scan would record it. */
+static int opaque_as_xattr(struct env_entry *e)
+{
+	static const char name[] = "trusted.overlay.opaque";
+	struct env_xattr *a;
+
+	if (e->kind != ENV_ENTRY_DIR || !e->opaque || env_entry_xattr(e, name))
+		return 0;
+	a = reallocarray(e->xattrs, e->n_xattrs + 1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	e->xattrs = a;
+	a[e->n_xattrs] = (struct env_xattr){.name = strdup(name), .value = strdup("y"), .len = 1};
+	if (!a[e->n_xattrs].name || !a[e->n_xattrs].value) {
+		free(a[e->n_xattrs].name);
+		free(a[e->n_xattrs].value);
+		return -ENOMEM;
+	}
+	e->n_xattrs++;
+	return 0;
+}
 
 static int decode_entry(const msgpack_object *o, struct env_entry *e)
 {
@@ -302,12 +462,20 @@ static int decode_entry(const msgpack_object *o, struct env_entry *e)
 			r = get_u64(val, UINT64_MAX, &e->data_key);
 		else if (key_is(k, "opq"))
 			r = get_bool(val, &e->opaque);
+		else if (key_is(k, "xa")) {
+			if (seen & E_XA)
+				return -EBADMSG;
+			seen |= E_XA;
+			r = decode_xattrs(val, e);
+		}
 		/* other keys: ignored (a newer writer's optional fields) */
 	}
 	if (r < 0)
 		return r;
-	if (seen != (E_P | E_K | E_M) || !env_path_valid(e->path))
+	if ((seen & ~E_XA) != (E_P | E_K | E_M) || !env_path_valid(e->path))
 		return -EBADMSG;
+	if (e->kind == ENV_ENTRY_HARDLINK && e->n_xattrs)
+		return -EBADMSG; /* the inode's are on its first name */
 	if ((e->mode & ~07777u) != 0)
 		return -EBADMSG;
 	/* Empty strings mean absent. */
@@ -335,7 +503,7 @@ static int decode_entry(const msgpack_object *o, struct env_entry *e)
 	default:
 		break;
 	}
-	return 0;
+	return opaque_as_xattr(e);
 }
 
 enum {
@@ -359,9 +527,9 @@ static int decode_index(const msgpack_object *o, struct env_manifest *m)
 
 		if (r >= 0)
 			r = env_manifest_add(m, &e);
-		free(e.path);
-		free(e.target);
-		free(e.hardlink);
+		entry_free(&e);
+		if (r == -EINVAL || r == -E2BIG)
+			r = -EBADMSG; /* xattrs out of bounds, names no file system takes */
 		if (r < 0)
 			return r;
 	}

@@ -13,9 +13,13 @@
  *   components), "k" kind (enum env_entry_kind), "m" mode, "u" uid, "g" gid, "s" size,
  *   "mt" mtime ns, "ct" ctime ns, "ino", "tgt" (symlink target), "hl" (an earlier path of
  *   the same inode: a hard link), "src" (id of the checkpoint holding the data), "dk" (data
- *   key: <src>/data/<dk>), "opq" (overlay opaque directory).
- * The decoder is bounded (file size, entry count, string lengths), type- and range-checks
- * every field and refuses anything else with -EBADMSG; it is fuzzed (tests/fuzz).
+ *   key: <src>/data/<dk>), "opq" (overlay opaque directory: its trusted.overlay.opaque, also
+ *   in "xa"; an older writer's "opq" alone still restores it), "xa" (the inode's extended
+ *   attributes, every namespace, overlay's own trusted.overlay.* included: a map of name to
+ *   bin value; absent when none, and on hard links: the inode's are on its first name).
+ * The decoder is bounded (file size, entry count, string lengths, xattrs per entry and in
+ * all), type- and range-checks every field and refuses anything else with -EBADMSG; it is
+ * fuzzed (tests/fuzz).
  */
 #pragma once
 
@@ -29,6 +33,15 @@
 #define ENV_ID_MAX		 63
 #define ENV_PATH_MAX		 4095
 #define ENV_STR_MAX		 255
+/* Extended attributes: the kernel's own limits for a name and a value (XATTR_NAME_MAX,
+ * XATTR_SIZE_MAX); per entry at most ENV_XATTRS_MAX of them and ENV_XATTR_ENTRY_BYTES of names
+ * and values, per manifest ENV_XATTR_TOTAL_BYTES (a scan that meets more fails with -E2BIG
+ * rather than drop any). */
+#define ENV_XATTR_NAME_MAX    255
+#define ENV_XATTR_VALUE_MAX   65536
+#define ENV_XATTRS_MAX	      64
+#define ENV_XATTR_ENTRY_BYTES (256u << 10)
+#define ENV_XATTR_TOTAL_BYTES (16u << 20)
 
 enum env_entry_kind {
 	ENV_ENTRY_DIR = 0,
@@ -37,7 +50,14 @@ enum env_entry_kind {
 	ENV_ENTRY_WHITEOUT = 3, /* overlay: a lower file deleted (char device 0:0) */
 	ENV_ENTRY_FIFO = 4,
 	ENV_ENTRY_HARDLINK = 5, /* a regular file's further name ("hl") */
+	ENV_ENTRY_SOCKET = 6,	/* a unix socket's inode (its server's state is CRIU's) */
 	_ENV_ENTRY_KIND_MAX,
+};
+
+struct env_xattr {
+	char *name;
+	void *value;
+	uint32_t len;
 };
 
 struct env_entry {
@@ -50,6 +70,8 @@ struct env_entry {
 	char src[ENV_ID_MAX + 1]; /* reg */
 	uint64_t data_key;	  /* reg */
 	bool opaque;		  /* dir */
+	struct env_xattr *xattrs; /* any kind but hardlink */
+	uint32_t n_xattrs;
 };
 
 struct env_manifest {
@@ -65,6 +87,7 @@ struct env_manifest {
 	uint64_t freeze_us, dump_us, fs_us, commit_us;
 	struct env_entry *entries;
 	size_t n_entries, cap_entries;
+	size_t xattr_bytes; /* names and values of every entry's xattrs */
 };
 
 /* A name usable as an environment or checkpoint id: 1..ENV_ID_MAX of [A-Za-z0-9_.-], not
@@ -74,8 +97,12 @@ bool env_id_valid(const char *id);
 bool env_path_valid(const char *path);
 
 void env_manifest_finish(struct env_manifest *m);
-/* Appends a copy of e (strings duplicated). */
+/* Appends a copy of e (strings and xattrs duplicated); -E2BIG past the entry or xattr limits,
+ * -EINVAL for an xattr name that is not "<namespace>.<name>" of a namespace Linux knows. */
 int env_manifest_add(struct env_manifest *m, const struct env_entry *e);
+void env_xattrs_free(struct env_xattr *x, uint32_t n);
+/* An entry's xattr (NULL: none of that name). */
+const struct env_xattr *env_entry_xattr(const struct env_entry *e, const char *name);
 
 int env_manifest_encode(const struct env_manifest *m, char **ret_buf, size_t *ret_len);
 int env_manifest_decode(const void *buf, size_t len, struct env_manifest *ret);

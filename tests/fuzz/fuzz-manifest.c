@@ -2,7 +2,7 @@
 /*
  * env_manifest_decode() (a checkpoint's manifest, supervisor-env-manifest.h) on arbitrary
  * bytes: it never crashes, never leaks, and whatever it accepts re-encodes and decodes again
- * to the same entries (the restore trusts nothing else about a manifest).
+ * to the same entries, xattrs byte for byte (the restore trusts nothing else about a manifest).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,10 +25,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (env_manifest_decode(buf, len, &again) < 0 || again.n_entries != m.n_entries ||
 	    strcmp(again.id, m.id) != 0)
 		abort();
-	for (size_t i = 0; i < m.n_entries; i++)
-		if (strcmp(again.entries[i].path, m.entries[i].path) != 0 ||
-		    again.entries[i].kind != m.entries[i].kind)
+	for (size_t i = 0; i < m.n_entries; i++) {
+		const struct env_entry *a = &again.entries[i], *e = &m.entries[i];
+
+		if (strcmp(a->path, e->path) != 0 || a->kind != e->kind ||
+		    a->n_xattrs != e->n_xattrs)
 			abort();
+		for (uint32_t k = 0; k < e->n_xattrs; k++)
+			if (strcmp(a->xattrs[k].name, e->xattrs[k].name) != 0 ||
+			    a->xattrs[k].len != e->xattrs[k].len ||
+			    memcmp(a->xattrs[k].value, e->xattrs[k].value, e->xattrs[k].len) != 0)
+				abort();
+	}
 	free(buf);
 	env_manifest_finish(&again);
 	env_manifest_finish(&m);

@@ -16,6 +16,8 @@
  * fuzz-journal takes a mode byte (0: one record's payload for journal_decode, 1: a whole journal
  * file for journal_open) and then the bytes; fuzz-sidelog takes a side-effect log file as is.
  * Their "valid-" seeds decode (a journal file replays at least one record), "bad-" ones do not.
+ *
+ * fuzz-manifest takes a checkpoint's manifest.mpk as is: "valid-" seeds decode, "bad-" do not.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -31,6 +33,7 @@
 #include "log.h"
 #include "proto-samples.h"
 #include "proto.h"
+#include "supervisor-env-manifest.h"
 #include "supervisor-journal.h"
 #include "supervisor-sidelog.h"
 #include "util.h"
@@ -696,6 +699,144 @@ static int verify_sidelog_seed(const struct seed *s)
 	return 0;
 }
 
+static struct seed manifest_seeds[MAX_SEEDS];
+static size_t n_manifest_seeds;
+
+static void manifest_seed(const char *name, const struct env_manifest *m, size_t cut)
+{
+	struct seed *s = seed_in(manifest_seeds, &n_manifest_seeds, name);
+	char *buf;
+	size_t len;
+
+	if (env_manifest_encode(m, &buf, &len) < 0) {
+		fprintf(stderr, "gen-seeds: env_manifest_encode %s failed\n", name);
+		exit(EXIT_FAILURE);
+	}
+	seed_append(s, buf, len - cut);
+	free(buf);
+}
+
+static void manifest_add(struct env_manifest *m, const struct env_entry *e)
+{
+	if (env_manifest_add(m, e) < 0) {
+		fprintf(stderr, "gen-seeds: env_manifest_add %s failed\n", e->path);
+		exit(EXIT_FAILURE);
+	}
+}
+
+static void manifest_header(struct env_manifest *m, const char *id, const char *parent)
+{
+	memset(m, 0, sizeof(*m));
+	(void)snprintf(m->id, sizeof(m->id), "%s", id);
+	(void)snprintf(m->parent, sizeof(m->parent), "%s", parent);
+	(void)snprintf(m->env, sizeof(m->env), "env-1");
+	(void)snprintf(m->trajectory, sizeof(m->trajectory), "traj");
+	memset(m->uuid, 0x5a, sizeof(m->uuid));
+	m->turn = 7;
+	m->prefix_tokens = 4096;
+	m->prefix_hash = 0xdeadbeef;
+}
+
+/* Every kind of entry, and xattrs of every namespace (overlay's own, a file capability, an
+ * empty value). */
+static void manifest_chain(struct env_manifest *m)
+{
+	static const uint8_t cap[20] = {0x00, 0x00, 0x00, 0x02, 0x00, 0x20}; /* cap_net_raw=p */
+	static const uint8_t origin[] = {0x00, 0xfb, 0x15, 0x01, 0x81};	     /* a file handle */
+	struct env_xattr dir_x[] = {
+		{.name = "trusted.overlay.opaque", .value = "y", .len = 1},
+		{.name = "trusted.overlay.redirect", .value = "/old", .len = 4},
+		{.name = "user.empty", .value = "", .len = 0},
+	};
+	struct env_xattr file_x[] = {
+		{.name = "user.x", .value = "new-x", .len = 5},
+		{.name = "security.capability", .value = (void *)cap, .len = sizeof(cap)},
+		{.name = "trusted.overlay.origin", .value = (void *)origin, .len = sizeof(origin)},
+	};
+	struct env_entry e = {.path = "work",
+			      .kind = ENV_ENTRY_DIR,
+			      .mode = 0755,
+			      .opaque = true,
+			      .xattrs = dir_x,
+			      .n_xattrs = ARRAY_SIZE(dir_x)};
+
+	manifest_header(m, "c00000002", "c00000001");
+	manifest_add(m, &e);
+	e = (struct env_entry){.path = "work/a",
+			       .kind = ENV_ENTRY_REG,
+			       .mode = 0644,
+			       .size = 12,
+			       .data_key = 3,
+			       .xattrs = file_x,
+			       .n_xattrs = ARRAY_SIZE(file_x)};
+	(void)snprintf(e.src, sizeof(e.src), "c00000001");
+	manifest_add(m, &e);
+	e = (struct env_entry){
+		.path = "work/b", .kind = ENV_ENTRY_HARDLINK, .mode = 0644, .hardlink = "work/a"};
+	manifest_add(m, &e);
+	e = (struct env_entry){
+		.path = "work/l", .kind = ENV_ENTRY_SYMLINK, .mode = 0777, .target = "/etc/passwd"};
+	manifest_add(m, &e);
+	e = (struct env_entry){.path = "gone", .kind = ENV_ENTRY_WHITEOUT};
+	manifest_add(m, &e);
+	e = (struct env_entry){.path = "work/fifo", .kind = ENV_ENTRY_FIFO, .mode = 0644};
+	manifest_add(m, &e);
+	e = (struct env_entry){.path = "work/stale.sock", .kind = ENV_ENTRY_SOCKET, .mode = 0755};
+	manifest_add(m, &e);
+}
+
+static void build_manifest_seeds(void)
+{
+	struct env_xattr many[ENV_XATTRS_MAX + 1];
+	char names[ENV_XATTRS_MAX + 1][16];
+	struct env_manifest m;
+
+	manifest_header(&m, "c00000001", "");
+	manifest_seed("valid-root-empty", &m, 0);
+	manifest_chain(&m);
+	manifest_seed("valid-chain", &m, 0);
+	manifest_seed("bad-truncated", &m, 1);
+	env_manifest_finish(&m);
+
+	/* Past the decoder's bounds: one xattr more than an entry may hold, a name of no
+	 * namespace. Built past env_manifest_add, which refuses them too. */
+	manifest_chain(&m);
+	for (size_t i = 0; i < ARRAY_SIZE(many); i++) {
+		(void)snprintf(names[i], sizeof(names[i]), "user.%zu", i);
+		many[i] = (struct env_xattr){.name = names[i], .value = "v", .len = 1};
+	}
+	{
+		struct env_xattr *saved = m.entries[1].xattrs;
+		uint32_t n_saved = m.entries[1].n_xattrs;
+
+		m.entries[1].xattrs = many;
+		m.entries[1].n_xattrs = ARRAY_SIZE(many);
+		manifest_seed("bad-xattrs-too-many", &m, 0);
+		many[0].name = "nonamespace";
+		m.entries[1].n_xattrs = 1;
+		manifest_seed("bad-xattr-no-namespace", &m, 0);
+		m.entries[1].xattrs = saved;
+		m.entries[1].n_xattrs = n_saved;
+	}
+	env_manifest_finish(&m);
+}
+
+static int verify_manifest_seed(const struct seed *s)
+{
+	bool want_ok = strncmp(s->name, "valid-", 6) == 0;
+	struct env_manifest m;
+	int r = env_manifest_decode(s->data, s->len, &m);
+
+	if (r >= 0)
+		env_manifest_finish(&m);
+	if (want_ok ? r < 0 : r != -EBADMSG) {
+		fprintf(stderr, "gen-seeds: fuzz-manifest seed %s: %s\n", s->name,
+			r < 0 ? strerror(-r) : "decodes");
+		return -EINVAL;
+	}
+	return 0;
+}
+
 static bool in_set(const struct seed *set, size_t n, const char *name)
 {
 	for (size_t i = 0; i < n; i++)
@@ -758,6 +899,7 @@ int main(int argc, char **argv)
 	build_sessions();
 	build_journal_seeds();
 	build_sidelog_seeds();
+	build_manifest_seeds();
 	for (size_t i = 0; i < n_seeds; i++)
 		if (verify_seed(&seeds[i]) < 0)
 			failed++;
@@ -770,6 +912,9 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < n_sidelog_seeds; i++)
 		if (verify_sidelog_seed(&sidelog_seeds[i]) < 0)
 			failed++;
+	for (size_t i = 0; i < n_manifest_seeds; i++)
+		if (verify_manifest_seed(&manifest_seeds[i]) < 0)
+			failed++;
 	if (failed)
 		return EXIT_FAILURE;
 
@@ -778,6 +923,7 @@ int main(int argc, char **argv)
 	failed += corpus(dir, "fuzz-supervisor", sessions, n_sessions, check);
 	failed += corpus(dir, "fuzz-journal", journal_seeds, n_journal_seeds, check);
 	failed += corpus(dir, "fuzz-sidelog", sidelog_seeds, n_sidelog_seeds, check);
+	failed += corpus(dir, "fuzz-manifest", manifest_seeds, n_manifest_seeds, check);
 	if (failed && check)
 		fprintf(stderr, "gen-seeds: regenerate with: gen-seeds %s\n", dir);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
