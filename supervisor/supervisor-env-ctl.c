@@ -66,8 +66,8 @@ struct env_job {
 	int r;
 	struct env_manifest m;
 	bool have_manifest;
-	/* The dirty set at the checkpoint (sorted "path\0subtree"), its full-diff reason. */
-	struct dirty_item *dirty;
+	/* The dirty set at the checkpoint, sorted, each "path\0S" with S its subtree flag ('1':
+	 * the path and all below it, '0': the object itself), and its full-diff reason. */
 	char **dirty_paths;
 	size_t n_dirty;
 	char full_reason[ENV_STR_MAX + 1];
@@ -382,23 +382,35 @@ static int cmp_str_ptr(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The dirty set as the checkpoint sees it: the path or one of its ancestors ("/"-rooted in
- * the tracer, relative in the manifest). Conservative: any ancestor entry counts. */
+static bool dirty_path_subtree(const char *p)
+{
+	return p[strlen(p) + 1] == '1';
+}
+
+/* The dirty set as the checkpoint sees it ("/"-rooted in the tracer, relative in the
+ * manifest), dirty_covers()'s rule: the path itself, or an ancestor dirty with its subtree (a
+ * renamed directory). A directory dirty for itself only (it gained or lost an entry) does not
+ * cover what it holds: one new file in a directory of 100,000 is one file to copy (issue 16
+ * item 12). */
 static bool job_force(const char *path, void *userdata)
 {
 	struct env_job *j = userdata;
 	char buf[ENV_PATH_MAX + 2];
-	char *key = buf;
+	char *key = buf, **hit;
+	bool self = true;
 
 	snprintf(buf, sizeof(buf), "/%s", path);
 	for (;;) {
-		if (bsearch(&key, j->dirty_paths, j->n_dirty, sizeof(*j->dirty_paths), cmp_str_ptr))
+		hit = bsearch(&key, j->dirty_paths, j->n_dirty, sizeof(*j->dirty_paths),
+			      cmp_str_ptr);
+		if (hit && (self || dirty_path_subtree(*hit)))
 			return true;
 		char *slash = strrchr(buf, '/');
 
 		if (!slash || slash == buf)
 			return false;
 		*slash = '\0';
+		self = false;
 	}
 }
 
@@ -487,15 +499,19 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 }
 
 /* A checkpoint that did not commit: what its snapshot took out of the dirty set is dirty
- * still (the policy must not see the environment clean). Subtrees for all: false positives
- * are allowed, false negatives are not. */
+ * still (the policy must not see the environment clean), each as it was. */
 static void dirty_restore(struct env_slot *sl, const struct env_job *j)
 {
 	if (!j->traced || !sl->dirty)
 		return;
-	for (size_t i = 0; i < j->n_dirty; i++)
-		if (dirty_add(sl->dirty, j->dirty_paths[i]) < 0)
+	for (size_t i = 0; i < j->n_dirty; i++) {
+		const char *p = j->dirty_paths[i];
+		int r = dirty_path_subtree(p) ? dirty_add(sl->dirty, p)
+					      : dirty_add_self(sl->dirty, p);
+
+		if (r < 0)
 			dirty_require_full_diff(sl->dirty, "out of memory");
+	}
 	if (j->full_reason[0])
 		dirty_require_full_diff(sl->dirty, j->full_reason);
 }
@@ -658,11 +674,16 @@ static int snapshot_dirty(struct supervisor *s, struct env_slot *sl, struct env_
 		return -ENOMEM;
 	}
 	for (size_t i = 0; i < n; i++) {
-		j->dirty_paths[i] = strdup(items[i].path);
+		size_t len = strlen(items[i].path);
+
+		/* The subtree flag after the path's NUL: bsearch's strcmp sees the path only. */
+		j->dirty_paths[i] = malloc(len + 2);
 		if (!j->dirty_paths[i]) {
 			free(items);
 			return -ENOMEM;
 		}
+		memcpy(j->dirty_paths[i], items[i].path, len + 1);
+		j->dirty_paths[i][len + 1] = items[i].subtree ? '1' : '0';
 		j->n_dirty++;
 	}
 	free(items);

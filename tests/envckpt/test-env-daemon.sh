@@ -88,6 +88,20 @@ grep -q '"prefix_tokens":1234' "$dir/rs.json" || fail "restore reply lacks the p
 [[ $(ctl --json env list | sed -n 's/.*"processes":\([0-9]*\).*/\1/p') -ge 1 ]] ||
 	fail "no process after restore"
 
+# A checkpoint copies what changed (issue 16 item 12): one line appended to /data/counter next to
+# 8 MiB of other files under /data makes /data dirty for itself only (an entry was added to it:
+# >> opens with O_CREAT), not for its subtree: one file copied, not 65.
+pid=$(ctl --json env list | sed -n 's/.*"pid":\([0-9]*\).*/\1/p') # restored: a new init
+in_env 'mkdir /data && for i in $(seq 64); do head -c 131072 /dev/zero >/data/f$i; done; echo 0 >/data/counter'
+ctl env checkpoint e1 --turn 5 >/dev/null
+in_env 'echo 1 >>/data/counter'
+ctl --json env checkpoint e1 --turn 6 >"$dir/ck6.json"
+copied=$(sed -n 's/.*"fs_files": *\([0-9]*\).*/\1/p' "$dir/ck6.json")
+[[ $copied == 1 ]] || fail "one appended line copied $copied files: $(cat "$dir/ck6.json")"
+field() { sed -n "s/.*\"$1\": *\([0-9]*\).*/\1/p" "$dir/ck6.json"; }
+echo "one line appended under /data: $copied file, $(field fs_bytes) bytes copied," \
+	"$(field frozen_us) us frozen ($(field fs_us) us copying)"
+
 # Refusals: an unknown checkpoint, a checkpoint without --turn, an unknown environment.
 if ctl env restore e1 --checkpoint c99999999 2>/dev/null; then fail "restored a missing checkpoint"; fi
 if ctl env checkpoint e1 2>/dev/null; then fail "checkpoint without --turn accepted"; fi
