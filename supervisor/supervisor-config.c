@@ -140,6 +140,11 @@ static const struct key keys[] = {
 	TYPED("env", "trace_preload", KEY_BOOL, env_trace_preload, "no",
 	      "Load the tracer at start rather than at the first environment (loading and "
 	      "attaching its programs takes about a second)."),
+	STR("env", "pin_dir", env_pin_dir, "",
+	    "bpffs directory for the tracer's pinned maps and programs, this supervisor's alone "
+	    "(empty: /sys/fs/bpf/belayer/NAME-HASH from state_dir's canonical path; belayerctl "
+	    "bpf names it). A directory another running supervisor holds is refused: tracing "
+	    "stays off, its pins untouched."),
 	STR("env", "criu", env_criu, "",
 	    "CRIU >= 4 binary for environment checkpoints (empty: $BELAYER_CRIU, else "
 	    "/usr/local/sbin/criu, else criu on PATH)."),

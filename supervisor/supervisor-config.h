@@ -109,6 +109,7 @@ struct sv_config {
 	/* [env] */
 	bool env_trace;
 	bool env_trace_preload;
+	char env_pin_dir[256];
 	char env_criu[256];
 	char env_cgroup[256];
 	uint32_t env_keep;

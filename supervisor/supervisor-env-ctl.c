@@ -129,7 +129,8 @@ static void slot_remove(struct sv_envs *es, struct env_slot *sl)
 static void tracer_load(struct supervisor *s)
 {
 	struct sv_envs *es = s->envs;
-	struct envtrace_options o = {0};
+	struct envtrace_options o = {.pin_dir = s->config.env_pin_dir,
+				     .state_dir = s->config.state_dir};
 	int r;
 
 	if (es->et_tried || !s->config.env_trace)

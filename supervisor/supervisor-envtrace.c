@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -22,6 +23,7 @@
 
 #include "envtrace.skel.h"
 #include "log.h"
+#include "pin-dir.h"
 #include "supervisor-envtrace.h"
 #include "util.h"
 
@@ -36,8 +38,10 @@ struct watch_entry {
 struct sv_envtrace {
 	struct envtrace *skel;
 	struct ring_buffer *rb;
-	char *pin_dir;
-	bool pinned;
+	char *pin_dir; /* "": nothing pinned */
+	int pin_lock;  /* the pin directory, flock()ed while this tracer lives; -1: none */
+	char **pins;   /* the paths this tracer pinned: the only ones it removes */
+	size_t n_pins;
 	int ncpus;
 	struct watch_entry watches[ENVTRACE_MAX_ENVS];
 	/* Decode state for the callback in flight. */
@@ -141,38 +145,78 @@ static int mkdir_p(const char *path, mode_t mode)
 	return 0;
 }
 
-/* Removes the files in dir (pins of a previous run), not the directory itself. */
-static void unpin_dir(const char *dir)
+/* Takes the pin directory: creates it (and progs/ below it) when missing and holds an exclusive
+ * flock() on it for the tracer's life. A directory another live tracer holds is refused:
+ * its pins are that tracer's. A lock dies with its holder, so a crashed run's pins are free to
+ * replace. */
+static int pin_dir_take(struct sv_envtrace *et)
 {
-	DIR *d = opendir(dir);
-	struct dirent *de;
+	char progs[PATH_MAX];
+	int r;
 
-	if (!d)
-		return;
-	while ((de = readdir(d))) {
-		if (de->d_name[0] == '.')
-			continue;
-		(void)unlinkat(dirfd(d), de->d_name, 0);
+	r = mkdir_p(et->pin_dir, 0700);
+	if (r < 0)
+		return log_debug_errno(r, "Failed to create %s: %m", et->pin_dir);
+	et->pin_lock = open(et->pin_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (et->pin_lock < 0)
+		return log_debug_errno(negative_errno(), "Failed to open %s: %m", et->pin_dir);
+	if (flock(et->pin_lock, LOCK_EX | LOCK_NB) < 0) {
+		r = negative_errno();
+		et->pin_lock = safe_close(et->pin_lock); /* not ours: unpin_all() leaves it */
+		if (r == -EWOULDBLOCK)
+			return log_error_errno(
+				-EBUSY,
+				"The BPF pin directory %s is held by another running "
+				"supervisor: not tracing here, and its pins are left "
+				"alone (give each supervisor its own state_dir or [env] "
+				"pin_dir).",
+				et->pin_dir);
+		return log_debug_errno(r, "Failed to lock %s: %m", et->pin_dir);
 	}
-	closedir(d);
+	if (snprintf(progs, sizeof(progs), "%s/progs", et->pin_dir) >= (int)sizeof(progs))
+		return -ENAMETOOLONG;
+	if (mkdir(progs, 0700) < 0 && errno != EEXIST)
+		return log_debug_errno(negative_errno(), "Failed to create %s: %m", progs);
+	return 0;
+}
+
+/* Pins one object at dir/name, replacing a dead holder's pin of that name (only names this
+ * tracer pins itself are ever replaced), and remembers the path. */
+static int pin_one(struct sv_envtrace *et, const char *dir, const char *name, bool is_map,
+		   void *obj)
+{
+	char path[PATH_MAX], **pins;
+	int r;
+
+	if (snprintf(path, sizeof(path), "%s/%s", dir, name) >= (int)sizeof(path))
+		return -ENAMETOOLONG;
+	pins = realloc(et->pins, (et->n_pins + 1) * sizeof(*pins));
+	if (!pins)
+		return -ENOMEM;
+	et->pins = pins;
+	if (unlink(path) < 0 && errno != ENOENT)
+		return log_debug_errno(negative_errno(), "Failed to replace %s: %m", path);
+	r = is_map ? bpf_map__pin(obj, path) : bpf_program__pin(obj, path);
+	if (r < 0)
+		return log_debug_errno(r, "Failed to pin %s at %s: %m", is_map ? "map" : "program",
+				       path);
+	pins[et->n_pins] = strdup(path);
+	if (!pins[et->n_pins]) {
+		(void)unlink(path);
+		return -ENOMEM;
+	}
+	et->n_pins++;
+	return 0;
 }
 
 static int pin_all(struct sv_envtrace *et)
 {
-	char path[PATH_MAX], progs[PATH_MAX];
+	char progs[PATH_MAX];
 	struct bpf_program *prog;
 	struct bpf_map *map;
 	int r;
 
 	snprintf(progs, sizeof(progs), "%s/progs", et->pin_dir);
-	r = mkdir_p(progs, 0700);
-	if (r < 0)
-		return log_debug_errno(r, "Failed to create %s: %m", progs);
-	/* A previous run's pins (its maps and programs are gone with it otherwise) are replaced,
-	 * so the stable names always show the live objects. */
-	unpin_dir(progs);
-	unpin_dir(et->pin_dir);
-
 	bpf_object__for_each_map(map, et->skel->obj)
 	{
 		const char *name = bpf_map__name(map);
@@ -180,21 +224,40 @@ static int pin_all(struct sv_envtrace *et)
 		/* ".rodata"/".bss" are named "envtrace.rodata" etc.: pin them as rodata/bss. */
 		if (strchr(name, '.'))
 			name = strchr(name, '.') + 1;
-		snprintf(path, sizeof(path), "%s/%s", et->pin_dir, name);
-		r = bpf_map__pin(map, path);
+		r = pin_one(et, et->pin_dir, name, true, map);
 		if (r < 0)
-			return log_debug_errno(r, "Failed to pin map at %s: %m", path);
+			return r;
 	}
 	bpf_object__for_each_program(prog, et->skel->obj)
 	{
 		if (!bpf_program__autoload(prog))
 			continue;
-		snprintf(path, sizeof(path), "%s/%s", progs, bpf_program__name(prog));
-		r = bpf_program__pin(prog, path);
+		r = pin_one(et, progs, bpf_program__name(prog), false, prog);
 		if (r < 0)
-			return log_debug_errno(r, "Failed to pin program at %s: %m", path);
+			return r;
 	}
 	return 0;
+}
+
+/* Removes the pins this tracer made, then its pin directory and progs/ if that left them empty;
+ * whatever else is there (another program's pins) stays. */
+static void unpin_all(struct sv_envtrace *et)
+{
+	char progs[PATH_MAX];
+
+	for (size_t i = 0; i < et->n_pins; i++) {
+		(void)unlink(et->pins[i]);
+		free(et->pins[i]);
+	}
+	free(et->pins);
+	et->pins = NULL;
+	et->n_pins = 0;
+	if (et->pin_lock >= 0) {
+		snprintf(progs, sizeof(progs), "%s/progs", et->pin_dir);
+		(void)rmdir(progs);
+		(void)rmdir(et->pin_dir);
+	}
+	et->pin_lock = safe_close(et->pin_lock);
 }
 
 static int on_sample(void *ctx, void *data, size_t size);
@@ -213,7 +276,26 @@ int envtrace_create(const struct envtrace_options *opts, struct sv_envtrace **re
 		return -ENOMEM;
 	for (size_t i = 0; i < ARRAY_SIZE(et->watches); i++)
 		et->watches[i].root_fd = -1;
-	et->pin_dir = strdup(opts->pin_dir ? opts->pin_dir : ENVTRACE_PIN_DIR_DEFAULT);
+	et->pin_lock = -1;
+	if (opts->pin_dir && opts->pin_dir[0]) {
+		et->pin_dir = strdup(opts->pin_dir);
+	} else if (opts->state_dir && opts->state_dir[0]) {
+		char dir[PATH_MAX];
+
+		/* The name is the state directory's canonical path's: it must exist (with the
+		 * journal off nothing else may have made it yet), as the journal makes it. */
+		r = mkdir_p(opts->state_dir, 0700);
+		if (r >= 0)
+			r = pin_dir_for_state(opts->state_dir, dir, sizeof(dir));
+		if (r < 0) {
+			log_debug_errno(r, "No pin directory for state directory %s: %m",
+					opts->state_dir);
+			goto fail;
+		}
+		et->pin_dir = strdup(dir);
+	} else {
+		et->pin_dir = strdup("");
+	}
 	if (!et->pin_dir) {
 		r = -ENOMEM;
 		goto fail;
@@ -229,6 +311,8 @@ int envtrace_create(const struct envtrace_options *opts, struct sv_envtrace **re
 		goto fail;
 	if (et->pin_dir[0]) {
 		r = ensure_fs("/sys/fs/bpf", BPF_FS_MAGIC, "bpf", "mode=0700");
+		if (r >= 0) /* before the slow load: a refusal costs nothing */
+			r = pin_dir_take(et);
 		if (r < 0)
 			goto fail;
 	}
@@ -269,7 +353,6 @@ int envtrace_create(const struct envtrace_options *opts, struct sv_envtrace **re
 		goto fail;
 	}
 	if (et->pin_dir[0]) {
-		et->pinned = true;
 		r = pin_all(et);
 		if (r < 0)
 			goto fail;
@@ -291,17 +374,9 @@ void envtrace_destroy(struct sv_envtrace *et)
 	if (!et)
 		return;
 	ring_buffer__free(et->rb);
-	/* A clean stop leaves no pins behind (they would keep the ring buffer's memory); after a
-	 * crash the next start replaces them. */
-	if (et->pinned) {
-		char progs[PATH_MAX];
-
-		snprintf(progs, sizeof(progs), "%s/progs", et->pin_dir);
-		unpin_dir(progs);
-		(void)rmdir(progs);
-		unpin_dir(et->pin_dir);
-		(void)rmdir(et->pin_dir);
-	}
+	/* A clean stop leaves none of its pins behind (they would keep the ring buffer's memory);
+	 * after a crash the next start with this pin directory replaces them. */
+	unpin_all(et);
 	envtrace__destroy(et->skel);
 	for (size_t i = 0; i < ARRAY_SIZE(et->watches); i++) {
 		safe_close(et->watches[i].root_fd);

@@ -20,7 +20,8 @@
  *               dirty_needs_full_diff()), then dirty_reset() and dirty_rescan_writers().
  *   env remove: envtrace_watch_remove(et, env_id).
  *   belayerctl bpf: envtrace_pin_dir(et) names the directory whose maps and progs/ bpftool
- *               shows (`bpftool map dump pinned DIR/watched`, `bpftool prog show pinned ...`).
+ *               shows (`bpftool map dump pinned DIR/watched`, `bpftool prog show pinned ...`);
+ *               "" when nothing is pinned.
  */
 #pragma once
 
@@ -31,12 +32,16 @@
 
 #include "envtrace.h"
 
-#define ENVTRACE_PIN_DIR_DEFAULT "/sys/fs/bpf/belayer/envtrace"
-
 struct sv_envtrace;
 
+/* Pins belong to one tracer: it holds an exclusive flock() on its pin directory while it lives
+ * (another tracer given the same directory is refused with -EBUSY, its pins untouched), replaces
+ * only a dead holder's pins of the names it pins itself, and removes only the pins it made. */
 struct envtrace_options {
-	const char *pin_dir;   /* NULL: ENVTRACE_PIN_DIR_DEFAULT; "" pins nothing */
+	/* NULL or "": pin_dir_for_state(state_dir) (common/pin-dir.h) when state_dir is set,
+	 * else nothing is pinned */
+	const char *pin_dir;
+	const char *state_dir;
 	size_t ringbuf_bytes;  /* 0: the program's default (8 MiB); a power of 2 >= page size */
 	unsigned int argv_max; /* 0: ENVTRACE_ARGV_MAX */
 	/* Wake the reader of envtrace_fd() only once this many bytes wait (0: min(256 KiB, a

@@ -9,7 +9,8 @@
  *   envtrace-cli [--json] log FILE            print a side-effect log
  *
  * Options: --json, --log FILE (side-effect log to append to), --root DIR (the environment's
- * root), --pin-dir DIR (default /sys/fs/bpf/belayer/envtrace; "" pins nothing),
+ * root), --pin-dir DIR (pins the maps and programs there, a directory no running tracer
+ * holds; default: pins nothing),
  * --ringbuf BYTES.
  */
 #include <errno.h>

@@ -30,6 +30,8 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <bpf/bpf.h>
+
 #include "envtrace-fixture.h"
 #include "test-util.h"
 
@@ -803,20 +805,74 @@ static void test_pinned_maps_visible(void **state)
 	assert_int_equal(pclose(f), 0);
 	assert_true(found);
 
-	/* A second load replaces the stale pins instead of failing. */
+	/* Another tracer given this directory while its holder lives is refused, and the
+	 * holder's pins stay the same objects (issue 16 item 7: it replaced them, and its stop
+	 * removed them). */
 	{
 		struct envtrace_options opts = {.pin_dir = fx.pin_dir};
 		struct sv_envtrace *again = NULL;
+		struct stat before;
 
-		assert_int_equal(envtrace_create(&opts, &again), 0);
 		snprintf(path, sizeof(path), "%s/watched", fx.pin_dir);
+		assert_int_equal(stat(path, &before), 0);
+		assert_int_equal(envtrace_create(&opts, &again), -EBUSY);
+		assert_null(again);
 		assert_int_equal(stat(path, &st), 0);
-		/* A clean stop removes its pins. */
-		envtrace_destroy(again);
-		assert_int_equal(stat(path, &st), -1);
-		assert_int_equal(errno, ENOENT);
+		assert_int_equal(st.st_ino, before.st_ino);
 	}
 	fixture_teardown(&fx);
+}
+
+/* A map pinned at path (an array of one u32): another program's pin, or a dead tracer's. */
+static void pin_dummy(const char *path)
+{
+	int fd = bpf_map_create(BPF_MAP_TYPE_ARRAY, "dummy", 4, 4, 1, NULL);
+
+	assert_true(fd >= 0);
+	assert_int_equal(bpf_obj_pin(fd, path), 0);
+	close(fd);
+}
+
+static enum bpf_map_type pinned_type(const char *path)
+{
+	struct bpf_map_info info = {0};
+	uint32_t len = sizeof(info);
+	int fd = bpf_obj_get(path);
+
+	assert_true(fd >= 0);
+	assert_int_equal(bpf_obj_get_info_by_fd(fd, &info, &len), 0);
+	close(fd);
+	return info.type;
+}
+
+/* A tracer replaces a dead holder's pins of its own names (no live tracer holds the
+ * directory), leaves everything else in the directory, and its stop removes only its own
+ * pins. */
+static void test_pins_own_only(void **state)
+{
+	char dir[256], path[PATH_MAX], foreign[PATH_MAX];
+	struct envtrace_options opts = {.pin_dir = dir};
+	struct sv_envtrace *et = NULL;
+	struct stat st;
+	struct fixture fx;
+
+	FIXTURE(&fx, 0); /* the preconditions; its tracer is not the one tested */
+	fixture_teardown(&fx);
+	snprintf(dir, sizeof(dir), "/sys/fs/bpf/belayer/envtrace-test-%d-own", getpid());
+	snprintf(path, sizeof(path), "%s/watched", dir);
+	snprintf(foreign, sizeof(foreign), "%s/foreign", dir);
+	assert_int_equal(mkdir(dir, 0700), 0);
+	pin_dummy(path);
+	pin_dummy(foreign);
+	assert_int_equal(envtrace_create(&opts, &et), 0);
+	assert_int_equal(pinned_type(path), BPF_MAP_TYPE_HASH); /* the tracer's watched */
+	assert_int_equal(pinned_type(foreign), BPF_MAP_TYPE_ARRAY);
+	envtrace_destroy(et);
+	assert_int_equal(stat(path, &st), -1);
+	assert_int_equal(errno, ENOENT);
+	assert_int_equal(pinned_type(foreign), BPF_MAP_TYPE_ARRAY);
+	assert_int_equal(unlink(foreign), 0);
+	assert_int_equal(rmdir(dir), 0); /* progs/ went with the tracer's pins */
 }
 
 struct holder {
@@ -958,6 +1014,7 @@ int main(void)
 		cmocka_unit_test(test_sidelog_rejects_malformed),
 		/* Last: it replaces the shared tracer's pins with another load's. */
 		cmocka_unit_test(test_pinned_maps_visible),
+		cmocka_unit_test(test_pins_own_only),
 	};
 
 	return cmocka_run_group_tests(tests, fixture_group_setup, fixture_group_teardown);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * belayerctl bpf: the bpftool commands that show the environment tracer's pinned maps and
- * programs (supervisor-envtrace.h: pinned under /sys/fs/bpf/belayer/envtrace), and, when
- * bpftool is installed, their output now.
+ * programs, and, when bpftool is installed, their output now. The directory is the
+ * supervisor's own (supervisor-envtrace.h): its [env] pin_dir, else the one derived from its
+ * state_dir (common/pin-dir.h), asked from the supervisor unless --pin-dir names it.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -15,9 +16,53 @@
 #include <unistd.h>
 
 #include "belayerctl.h"
+#include "pin-dir.h"
 #include "util.h"
 
-#define PIN_DIR "/sys/fs/bpf/belayer/envtrace"
+struct pin_query {
+	char pin_dir[256]; /* as long as the configuration's */
+	char state_dir[256];
+};
+
+static int on_config(const struct proto_msg *m, void *userdata)
+{
+	struct pin_query *q = userdata;
+
+	if (m->type != PROTO_CONFIG_ENTRY)
+		return 0;
+	if (strcmp(m->config_entry.key, "env.pin_dir") == 0)
+		snprintf(q->pin_dir, sizeof(q->pin_dir), "%s", m->config_entry.value);
+	else if (strcmp(m->config_entry.key, "supervisor.state_dir") == 0)
+		snprintf(q->state_dir, sizeof(q->state_dir), "%s", m->config_entry.value);
+	return 0;
+}
+
+/* The running supervisor's pin directory into buf. */
+static int supervisor_pin_dir(const struct ctl_options *o, char *buf, size_t cap)
+{
+	struct pin_query q = {0};
+	int r;
+
+	r = ctl_query(o, CTL_CONFIG, 0, CTL_ACT_NONE, -1, 0, on_config, &q);
+	if (r < 0) {
+		fprintf(stderr,
+			"belayerctl: cannot ask the supervisor for its pin directory (%s); name it "
+			"with --pin-dir DIR\n",
+			strerror(-r));
+		return r;
+	}
+	if (q.pin_dir[0]) {
+		snprintf(buf, cap, "%s", q.pin_dir);
+		return 0;
+	}
+	r = pin_dir_for_state(q.state_dir, buf, cap);
+	if (r < 0)
+		fprintf(stderr,
+			"belayerctl: no pin directory from the supervisor's state_dir \"%s\" (%s); "
+			"name it with --pin-dir DIR\n",
+			q.state_dir, strerror(-r));
+	return r;
+}
 
 static bool have_bpftool(void)
 {
@@ -40,14 +85,13 @@ int cmd_bpf(const struct ctl_options *o, int argc, char **argv)
 		{"no-run", no_argument, NULL, 'n'},
 		{},
 	};
-	const char *dir = PIN_DIR;
-	char cmd[PATH_MAX + 64], progs[PATH_MAX];
+	const char *dir = NULL;
+	char cmd[PATH_MAX + 64], progs[PATH_MAX], own[512];
 	bool run;
 	struct dirent *de;
 	DIR *d;
 	int c;
 
-	(void)o;
 	run = have_bpftool();
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "", options, NULL)) >= 0) {
@@ -57,6 +101,13 @@ int cmd_bpf(const struct ctl_options *o, int argc, char **argv)
 			run = false;
 		else
 			return 2;
+	}
+	if (!dir) {
+		int r = supervisor_pin_dir(o, own, sizeof(own));
+
+		if (r < 0)
+			return r;
+		dir = own;
 	}
 	d = opendir(dir);
 	if (!d) {
