@@ -30,9 +30,12 @@
 #include "log.h"
 #include "util.h"
 
-#define SV_WAIT_MS   30000 /* every-turn holds a step-begin for a whole checkpoint */
-#define GEN_WAIT_MS  120000
-#define BUSY_WAIT_MS 30000
+/* A loaded machine makes answers late, not wrong: a wait says so every SLOW_MS it lasts (the
+ * rollout counts them: pol_slow_waits()) and gives up only when its peer is gone or after
+ * HANG_MS, which no load explains (a fixed 30 s bound failed the adaptive failure rollout with
+ * "Connection timed out" while other work ran on the machine). */
+#define SLOW_MS 30000
+#define HANG_MS (20 * 60 * 1000)
 
 uint64_t pol_now_us(const struct pol_rollout *ro)
 {
@@ -59,19 +62,68 @@ int pol_connect(const char *socket_path)
 	return fd;
 }
 
-static int recv_wait(int fd, struct proto_msg *m, int timeout_ms)
+static atomic_uint slow_waits;
+
+unsigned pol_slow_waits(void)
 {
-	struct pollfd pfd = {.fd = fd, .events = POLLIN};
+	return atomic_load(&slow_waits);
+}
+
+/* Whether a wait that began at t0_ns and is still on may go on (it reports itself as slow);
+ * -ETIMEDOUT after HANG_MS. */
+static int still_waiting(uint64_t t0_ns, const char *what)
+{
+	uint64_t s = (bench_now_ns() - t0_ns) / 1000000000u;
+
+	atomic_fetch_add(&slow_waits, 1);
+	if (s * 1000 >= HANG_MS)
+		return log_error_errno(-ETIMEDOUT, "%s: nothing for %" PRIu64 " s: hung", what, s);
+	log_warning("%s: still waiting after %" PRIu64 " s (a loaded machine?).", what, s);
+	return 0;
+}
+
+/* Until fd is readable (or its peer gone: the read that follows says so). */
+static int wait_readable(int fd, const char *what)
+{
+	uint64_t t0 = bench_now_ns();
+
+	for (;;) {
+		int r = poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, SLOW_MS);
+
+		if (r > 0)
+			return 0;
+		if (r < 0 && errno != EINTR)
+			return -errno;
+		if (r == 0) {
+			r = still_waiting(t0, what);
+			if (r < 0)
+				return r;
+		}
+	}
+}
+
+static int recv_wait(int fd, struct proto_msg *m)
+{
+	int r = wait_readable(fd, "an answer of the supervisor");
+
+	return r < 0 ? r : proto_recv(fd, m, 0);
+}
+
+/* fixture_ask() with the same patience (its requests are idempotent: get, set turn-N). */
+static int ask(const struct pol_traj *t, const char *req, char *ans, size_t cap)
+{
+	uint64_t t0 = bench_now_ns();
+	char port[16], what[96];
 	int r;
 
-	do
-		r = poll(&pfd, 1, timeout_ms);
-	while (r < 0 && errno == EINTR);
-	if (r < 0)
-		return -errno;
-	if (r == 0)
-		return -ETIMEDOUT;
-	return proto_recv(fd, m, 0);
+	snprintf(port, sizeof(port), "%u", (unsigned)t->srv_port);
+	snprintf(what, sizeof(what), "%s: the environment's server (%s)", t->id, req);
+	while ((r = fixture_ask(port, req, ans, cap, SLOW_MS)) == -ETIMEDOUT) {
+		r = still_waiting(t0, what);
+		if (r < 0)
+			return r;
+	}
+	return r;
 }
 
 int pol_env_request(int fd, const struct proto_env_request *q, struct proto_env_info *ret)
@@ -85,7 +137,7 @@ int pol_env_request(int fd, const struct proto_env_request *q, struct proto_env_
 	if (r < 0)
 		return r;
 	for (;;) {
-		r = recv_wait(fd, &m, SV_WAIT_MS);
+		r = recv_wait(fd, &m);
 		if (r < 0)
 			return r;
 		if (m.type == PROTO_ERROR) {
@@ -105,21 +157,29 @@ int pol_env_request(int fd, const struct proto_env_request *q, struct proto_env_
 	}
 }
 
-/* An environment request retried while the environment is busy (a checkpoint job). */
+/* An environment request retried while the environment is busy (a checkpoint job, however
+ * long load makes it). */
 static int env_request_retry(int fd, const struct proto_env_request *q, struct proto_env_info *ret)
 {
-	uint64_t end = bench_now_ns() + (uint64_t)BUSY_WAIT_MS * 1000000u;
+	uint64_t t0 = bench_now_ns(), next = t0 + (uint64_t)SLOW_MS * 1000000u;
 	int r;
 
-	while ((r = pol_env_request(fd, q, ret)) == -EBUSY && bench_now_ns() < end)
+	while ((r = pol_env_request(fd, q, ret)) == -EBUSY) {
+		if (bench_now_ns() >= next) {
+			next += (uint64_t)SLOW_MS * 1000000u;
+			r = still_waiting(t0, "a busy environment");
+			if (r < 0)
+				return r;
+		}
 		(void)poll(NULL, 0, 5);
+	}
 	return r;
 }
 
 int pol_env_create(int fd, const char *base, struct pol_traj *t)
 {
 	struct proto_env_request q = {.op = ENV_OP_CREATE};
-	char port[16], ans[128];
+	char ans[128];
 	int r;
 
 	snprintf(q.env, sizeof(q.env), "%s", t->env);
@@ -133,8 +193,7 @@ int pol_env_create(int fd, const char *base, struct pol_traj *t)
 	if (r < 0)
 		return log_error_errno(r, "Environment %s has no process: %m", q.env);
 	/* Ready once its server answers. */
-	snprintf(port, sizeof(port), "%u", (unsigned)t->srv_port);
-	r = fixture_ask(port, "get", ans, sizeof(ans), 30000);
+	r = ask(t, "get", ans, sizeof(ans));
 	if (r < 0)
 		return log_error_errno(r, "The server of %s does not answer: %m", q.env);
 	return 0;
@@ -151,7 +210,7 @@ int pol_env_refresh(int fd, struct pol_traj *t)
 	if (r < 0)
 		return r;
 	for (;;) {
-		r = recv_wait(fd, &m, SV_WAIT_MS);
+		r = recv_wait(fd, &m);
 		if (r < 0)
 			return r;
 		if (m.type == PROTO_ERROR)
@@ -162,8 +221,12 @@ int pol_env_refresh(int fd, struct pol_traj *t)
 			snprintf(t->cgroup, sizeof(t->cgroup), "%s", m.env_info.cgroup);
 			found = true;
 		}
+		/* Its cgroup and root are what the failure timer and the actions build paths
+		 * from: an environment without them is not there. */
 		if (m.type == PROTO_END)
-			return found && t->pid > 0 ? 0 : -ESRCH;
+			return found && t->pid > 0 && t->cgroup[0] == '/' && t->root[0] == '/'
+				       ? 0
+				       : -ESRCH;
 	}
 }
 
@@ -183,7 +246,7 @@ static int step(int fd, struct pol_traj *t, enum traj_event ev, uint64_t turn, u
 	r = proto_send(fd, &m, 0);
 	if (r < 0)
 		return r;
-	r = recv_wait(fd, &m, SV_WAIT_MS);
+	r = recv_wait(fd, &m);
 	if (r < 0)
 		return r;
 	if (m.type == PROTO_ERROR)
@@ -235,12 +298,12 @@ static int64_t generate(const struct pol_rollout *ro, const struct pol_traj *t, 
 	}
 	free(body);
 	for (;;) {
-		struct pollfd pfd = {.fd = fd, .events = POLLIN};
+		int w = wait_readable(fd, "a generation's stream");
 		ssize_t k;
 
-		if (poll(&pfd, 1, GEN_WAIT_MS) <= 0) {
+		if (w < 0) {
 			close(fd);
-			return -ETIMEDOUT;
+			return w;
 		}
 		k = recv(fd, buf, sizeof(buf) - 1, 0);
 		if (k < 0 && errno == EINTR)
@@ -263,19 +326,24 @@ static int64_t generate(const struct pol_rollout *ro, const struct pol_traj *t, 
 /* Runs `sh -c cmd` inside the environment (its cgroup and namespaces). */
 static int env_run(const struct pol_traj *t, const char *cmd)
 {
-	char line[8192];
+	char line[8192], procs[4200];
+	int r;
 
+	/* An empty cgroup would have the shell write /cgroup.procs at the host's root. */
+	r = bench_cgroup_file(procs, sizeof(procs), t->cgroup, "cgroup.procs");
+	if (r < 0)
+		return log_error_errno(r, "%s: no cgroup to run in (\"%s\"): %m", t->id, t->cgroup);
 	snprintf(line, sizeof(line),
-		 "echo $$ >%s/cgroup.procs && exec nsenter -t %u -m -p -u -i -r -w sh -ec \"%s\" "
+		 "echo $$ >%s && exec nsenter -t %u -m -p -u -i -r -w sh -ec \"%s\" "
 		 "</dev/null >/dev/null 2>&1",
-		 t->cgroup, t->pid, cmd);
+		 procs, t->pid, cmd);
 	return system(line) == 0 ? 0 : -EIO;
 }
 
 /* Action k: files written as drawn, the turn recorded in /work/turn and in the server. */
 static int act(const struct pol_traj *t, unsigned k)
 {
-	char cmd[1024], req[64], ans[128], port[16];
+	char cmd[1024], req[64], ans[128];
 	int r;
 
 	switch (t->act[k]) {
@@ -302,8 +370,7 @@ static int act(const struct pol_traj *t, unsigned k)
 	if (r < 0)
 		return r;
 	snprintf(req, sizeof(req), "set turn-%u", k);
-	snprintf(port, sizeof(port), "%u", (unsigned)t->srv_port);
-	return fixture_ask(port, req, ans, sizeof(ans), 30000);
+	return ask(t, req, ans, sizeof(ans));
 }
 
 unsigned pol_protected_turn(const struct pol_traj *t, unsigned turns, uint64_t at_us)
@@ -319,16 +386,17 @@ unsigned pol_protected_turn(const struct pol_traj *t, unsigned turns, uint64_t a
 int pol_env_checkpoints(int fd, const struct pol_rollout *ro, struct pol_traj *t)
 {
 	struct proto_msg m = {.type = PROTO_ENV_REQUEST};
-	uint64_t end = bench_now_ns() + (uint64_t)BUSY_WAIT_MS * 1000000u;
+	uint64_t t0 = bench_now_ns(), next = t0 + (uint64_t)SLOW_MS * 1000000u;
 	char dir[4200];
 	int r;
 
 	memset(t->ck_done_us, 0, sizeof(t->ck_done_us));
 	t->ck_listed = 0;
-	/* <state>/envs/ID/root -> <state>/envs/ID/ckpt/CKPT */
+	/* <state>/envs/ID/root -> <state>/envs/ID/ckpt/CKPT: from a root that is one */
 	snprintf(dir, sizeof(dir), "%s", t->root);
-	if (strrchr(dir, '/'))
-		*strrchr(dir, '/') = '\0';
+	if (dir[0] != '/' || strrchr(dir, '/') == dir)
+		return log_error_errno(-ESRCH, "%s: no environment root (\"%s\")", t->id, t->root);
+	*strrchr(dir, '/') = '\0';
 again:
 	m = (struct proto_msg){.type = PROTO_ENV_REQUEST};
 	m.env_request.op = ENV_OP_LIST;
@@ -337,12 +405,19 @@ again:
 	if (r < 0)
 		return r;
 	for (;;) {
-		r = recv_wait(fd, &m, SV_WAIT_MS);
+		r = recv_wait(fd, &m);
 		if (r < 0)
 			return r;
 		if (m.type == PROTO_ERROR) {
 			r = -abs(m.error.code ? m.error.code : EIO);
-			if (r == -EBUSY && bench_now_ns() < end) {
+			if (r == -EBUSY && bench_now_ns() >= next) {
+				next += (uint64_t)SLOW_MS * 1000000u;
+				r = still_waiting(t0, "a busy environment's checkpoints");
+				if (r < 0)
+					return r;
+				r = -EBUSY;
+			}
+			if (r == -EBUSY) {
 				(void)poll(NULL, 0, 5);
 				goto again;
 			}
@@ -350,7 +425,9 @@ again:
 		}
 		if (m.type == PROTO_END)
 			return 0;
-		if (m.type == PROTO_ENV_INFO && m.env_info.turn < POL_MAX_TURNS + 1) {
+		/* An entry without a checkpoint ("": its ckpt/ directory) commits no turn. */
+		if (m.type == PROTO_ENV_INFO && m.env_info.turn < POL_MAX_TURNS + 1 &&
+		    m.env_info.ckpt[0]) {
 			char path[4400];
 			struct stat st;
 
@@ -376,7 +453,7 @@ static void *killer(void *arg)
 	struct timespec ts = {.tv_sec = (time_t)(k->t->fail_delay_us / 1000000),
 			      .tv_nsec = (long)(k->t->fail_delay_us % 1000000) * 1000};
 	char path[4200];
-	int fd;
+	int fd, r;
 
 	/* Relative to the trajectory's own progress, so that the failure lands inside it
 	 * however fast this rollout runs. */
@@ -386,15 +463,23 @@ static void *killer(void *arg)
 		;
 	if (atomic_load(&k->t->finished))
 		return NULL;
+	/* The environment's own cgroup, checked: an environment never created (or gone) has
+	 * none, and "" + "/cgroup.kill" is a path at the host's root. Nothing is killed then,
+	 * and the trajectory fails on its own error. */
+	r = bench_cgroup_file(path, sizeof(path), k->t->cgroup, "cgroup.kill");
+	if (r < 0) {
+		log_error_errno(r, "%s: no environment cgroup to kill (\"%s\"): %m", k->t->id,
+				k->t->cgroup);
+		return NULL;
+	}
 	k->t->fail.at_us = pol_now_us(k->ro);
 	/* Flagged first: an action the kill breaks must know why it failed. */
 	atomic_store(&k->t->killed, true);
-	snprintf(path, sizeof(path), "%s/cgroup.kill", k->t->cgroup);
 	fd = open(path, O_WRONLY | O_CLOEXEC);
-	if (fd >= 0) {
-		(void)!write(fd, "1", 1);
+	if (fd < 0 || write(fd, "1", 1) != 1)
+		log_error_errno(negative_errno(), "%s: failed to kill %s: %m", k->t->id, path);
+	if (fd >= 0)
 		close(fd);
-	}
 	return NULL;
 }
 
@@ -405,7 +490,7 @@ static int recover(struct pol_rollout *ro, int fd, struct pol_traj *t, unsigned 
 	struct proto_env_request q = {.op = ENV_OP_RESTORE};
 	struct proto_env_info info = {0};
 	struct pol_failure *f = &t->fail;
-	char path[4300], buf[32] = "", ans[128], want[64], port[16];
+	char path[4300], buf[32] = "", ans[128], want[64];
 	uint64_t s0 = pol_now_us(ro);
 	FILE *fp;
 	int r;
@@ -450,8 +535,7 @@ static int recover(struct pol_rollout *ro, int fd, struct pol_traj *t, unsigned 
 		fclose(fp);
 	}
 	f->file_turn = (unsigned)strtoul(buf, NULL, 10);
-	snprintf(port, sizeof(port), "%u", (unsigned)t->srv_port);
-	r = fixture_ask(port, "get", ans, sizeof(ans), 30000);
+	r = ask(t, "get", ans, sizeof(ans));
 	/* The server answers "STATE COUNT"; its state is the last turn that set it. */
 	snprintf(want, sizeof(want), "turn-%u ", f->file_turn);
 	f->server_ok = r >= 0 && (f->file_turn ? strncmp(ans, want, strlen(want)) == 0

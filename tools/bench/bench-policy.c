@@ -639,6 +639,8 @@ static void print_json(const struct popts *o, const struct pol_result *res, cons
 		json_object_object_add(pols, mode_names[m], p);
 	}
 	json_object_object_add(j, "policies", pols);
+	/* waits of SLOW_MS and more (a loaded machine): reported, never a failure */
+	json_object_object_add(j, "slow_waits", json_object_new_int((int)pol_slow_waits()));
 	json_object_object_add(j, "plot", png ? json_object_new_string(png) : NULL);
 	printf("%s\n", json_object_to_json_string_ext(j, JSON_C_TO_STRING_PRETTY));
 	json_object_put(j);
@@ -719,6 +721,10 @@ static void print_table(const struct popts *o, const struct pol_result *res, con
 		}
 	printf("(lost s: computed from the decisions / real, from the turn that came back; rb: "
 	       "rebuilt from the base; state: files and server hold that turn's state)\n");
+	if (pol_slow_waits())
+		printf("\nslow: %u waits of 30 s or more for the supervisor, a stream or an "
+		       "environment (a loaded machine: the timings above are inflated)\n",
+		       pol_slow_waits());
 	if (png)
 		printf("\nplot: %s\n", png);
 }

@@ -115,3 +115,5 @@ unsigned pol_protected_turn(const struct pol_traj *t, unsigned turns, uint64_t a
 /* Runs every trajectory of ro concurrently until all are done (or one failed). */
 int pol_rollout_run(struct pol_rollout *ro);
 uint64_t pol_now_us(const struct pol_rollout *ro);
+/* Waits that lasted 30 s or more, so far (a loaded machine: reported, never a failure). */
+unsigned pol_slow_waits(void);
