@@ -9,10 +9,13 @@
 #include <sys/mount.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <linux/magic.h>
 
 #include "log.h"
 #include "util.h"
@@ -235,36 +238,6 @@ static int overlay_dirs(const char *root, char *upper, char *work, char *lower)
 	return r;
 }
 
-int env_adopt(const struct env_params *p, const char *cgroup, const char *root, pid_t pid,
-	      struct sv_env **ret)
-{
-	struct sv_env *e;
-	char upper[PATH_MAX] = "", work[PATH_MAX] = "", lower[PATH_MAX] = "";
-	char rootp[PATH_MAX];
-	struct stat st;
-	int r;
-
-	if (!realpath(root, rootp))
-		return -errno;
-	if (stat(cgroup, &st) < 0 || !S_ISDIR(st.st_mode))
-		return -ENOENT;
-	r = overlay_dirs(rootp, upper, work, lower);
-	if (r < 0)
-		return log_debug_errno(r, "%s is not a single-lower overlay mount: %m", rootp);
-	r = env_prepare(p, &e);
-	if (r < 0)
-		return r;
-	snprintf(e->root, sizeof(e->root), "%s", rootp);
-	snprintf(e->upper, sizeof(e->upper), "%s", upper);
-	snprintf(e->work, sizeof(e->work), "%s", work);
-	snprintf(e->base, sizeof(e->base), "%s", lower);
-	snprintf(e->cgroup, sizeof(e->cgroup), "%s", cgroup);
-	e->pid = pid;
-	e->adopted = true;
-	*ret = e;
-	return 0;
-}
-
 /* Calls fn (NULL: none) for every process of cgroup and its descendants; stops at fn's first
  * negative return and returns it. Otherwise returns how many processes there were. */
 static int walk_procs(const char *cgroup, unsigned depth, int (*fn)(pid_t pid, void *userdata),
@@ -437,6 +410,67 @@ int env_check_root(const struct sv_env *e, pid_t pid, char *why, size_t cap)
 		return 0;
 	snprintf(why, cap, "the restored root (pid %d) is not in %s", (int)pid, e->cgroup);
 	return r < 0 ? r : -ESRCH;
+}
+
+/* The cgroup an adopted environment is killed, frozen and restored through: a canonical,
+ * absolute cgroup v2 directory below its hierarchy's root (never the root: cgroup.kill there
+ * would kill the host), holding pid. Anything else would have later paths built on an
+ * unchecked component. */
+static int adopt_cgroup_check(const char *cgroup, pid_t pid)
+{
+	char canon[PATH_MAX], parent[PATH_MAX + 4];
+	struct stat st, pst;
+	struct statfs sf;
+	int r;
+
+	if (!cgroup || cgroup[0] != '/' || !realpath(cgroup, canon) || strcmp(canon, cgroup) != 0)
+		return log_debug_errno(-EINVAL, "Cgroup \"%s\" is not a canonical absolute path.",
+				       cgroup ? cgroup : "");
+	if (statfs(cgroup, &sf) < 0 || sf.f_type != CGROUP2_SUPER_MAGIC)
+		return log_debug_errno(-ENOTDIR, "%s is not a cgroup v2 directory.", cgroup);
+	snprintf(parent, sizeof(parent), "%s/..", cgroup);
+	if (stat(cgroup, &st) < 0 || stat(parent, &pst) < 0)
+		return -errno;
+	if (st.st_dev != pst.st_dev)
+		return log_debug_errno(-EPERM, "%s is the root of its cgroup hierarchy.", cgroup);
+	{
+		struct root_find f = {.pid = pid};
+
+		r = walk_procs(cgroup, 0, root_is, &f);
+	}
+	if (r != -EEXIST)
+		return log_debug_errno(-ESRCH, "Process %d is not in cgroup %s.", (int)pid, cgroup);
+	return 0;
+}
+
+int env_adopt(const struct env_params *p, const char *cgroup, const char *root, pid_t pid,
+	      struct sv_env **ret)
+{
+	struct sv_env *e;
+	char upper[PATH_MAX] = "", work[PATH_MAX] = "", lower[PATH_MAX] = "";
+	char rootp[PATH_MAX];
+	int r;
+
+	if (!realpath(root, rootp))
+		return -errno;
+	r = adopt_cgroup_check(cgroup, pid);
+	if (r < 0)
+		return r;
+	r = overlay_dirs(rootp, upper, work, lower);
+	if (r < 0)
+		return log_debug_errno(r, "%s is not a single-lower overlay mount: %m", rootp);
+	r = env_prepare(p, &e);
+	if (r < 0)
+		return r;
+	snprintf(e->root, sizeof(e->root), "%s", rootp);
+	snprintf(e->upper, sizeof(e->upper), "%s", upper);
+	snprintf(e->work, sizeof(e->work), "%s", work);
+	snprintf(e->base, sizeof(e->base), "%s", lower);
+	snprintf(e->cgroup, sizeof(e->cgroup), "%s", cgroup);
+	e->pid = pid;
+	e->adopted = true;
+	*ret = e;
+	return 0;
 }
 
 static uint64_t mono_ms(void)

@@ -550,6 +550,25 @@ static void test_adopt(void **state)
 	p.state_dir = other_state;
 	p.cgroup_parent = f->cgparent;
 	p.criu = sv_criu_binary(NULL);
+	/* The cgroup is what a kill or a freeze is written to later: never one that is empty,
+	 * relative, not canonical, the hierarchy's root, or without the environment's init. */
+	{
+		char cg[PATH_MAX];
+
+		assert_int_equal(env_adopt(&p, "", f->env->root, f->env->pid, &a), -EINVAL);
+		assert_int_equal(env_adopt(&p, f->env->cgroup + 1, f->env->root, f->env->pid, &a),
+				 -EINVAL);
+		snprintf(cg, sizeof(cg), "%s/../%s/native", f->cgparent,
+			 strrchr(f->cgparent, '/') + 1);
+		assert_int_equal(env_adopt(&p, cg, f->env->root, f->env->pid, &a), -EINVAL);
+		assert_int_equal(env_adopt(&p, FIXTURE_CGROUP_V2, f->env->root, f->env->pid, &a),
+				 -EPERM);
+		snprintf(cg, sizeof(cg), "%s/empty", f->cgparent);
+		assert_int_equal(mkdir(cg, 0755), 0);
+		assert_int_equal(env_adopt(&p, cg, f->env->root, f->env->pid, &a), -ESRCH);
+		assert_int_equal(rmdir(cg), 0);
+		assert_int_equal(env_adopt(&p, "/proc", f->env->root, f->env->pid, &a), -ENOTDIR);
+	}
 	assert_int_equal(env_adopt(&p, f->env->cgroup, f->env->root, f->env->pid, &a), 0);
 	assert_true(a->adopted);
 	assert_string_equal(a->upper, f->env->upper);
