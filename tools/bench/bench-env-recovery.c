@@ -164,14 +164,21 @@ static int make_base(const char *base, const char *server)
 	return system(cmd) == 0 ? 0 : -EIO;
 }
 
+/* Runs the action inside the environment: its cgroup and every namespace it has (nsenter -a:
+ * after a restore that includes CRIU's time namespace, without which the next checkpoint
+ * could not be restored). */
 static int env_run(struct sv_env *e, const char *action)
 {
-	char cmd[8192];
+	char cmd[8192], procs[PATH_MAX + 16];
+	int r;
 
+	r = bench_cgroup_file(procs, sizeof(procs), e->cgroup, "cgroup.procs");
+	if (r < 0)
+		return log_error_errno(r, "%s: no cgroup to run in (\"%s\"): %m", e->id, e->cgroup);
 	snprintf(cmd, sizeof(cmd),
-		 "echo $$ >%s/cgroup.procs && exec nsenter -t %d -m -p -u -i -r -w sh -ec \"%s%s\" "
+		 "echo $$ >%s && exec nsenter -t %d -a -r -w sh -ec \"%s%s\" "
 		 "</dev/null >/dev/null 2>&1",
-		 e->cgroup, (int)e->pid, GIT_ENV, action);
+		 procs, (int)e->pid, GIT_ENV, action);
 	return system(cmd) == 0 ? 0 : -EIO;
 }
 

@@ -323,7 +323,7 @@ static int64_t generate(const struct pol_rollout *ro, const struct pol_traj *t, 
 	return done ? n : -EPROTO;
 }
 
-/* Runs `sh -c cmd` inside the environment (its cgroup and namespaces). */
+/* Runs `sh -c cmd` inside the environment: its cgroup and every namespace (nsenter -a). */
 static int env_run(const struct pol_traj *t, const char *cmd)
 {
 	char line[8192], procs[4200];
@@ -334,7 +334,7 @@ static int env_run(const struct pol_traj *t, const char *cmd)
 	if (r < 0)
 		return log_error_errno(r, "%s: no cgroup to run in (\"%s\"): %m", t->id, t->cgroup);
 	snprintf(line, sizeof(line),
-		 "echo $$ >%s && exec nsenter -t %u -m -p -u -i -r -w sh -ec \"%s\" "
+		 "echo $$ >%s && exec nsenter -t %u -a -r -w sh -ec \"%s\" "
 		 "</dev/null >/dev/null 2>&1",
 		 procs, t->pid, cmd);
 	return system(line) == 0 ? 0 : -EIO;
