@@ -9,40 +9,11 @@ set -euo pipefail
 
 supervisor=$1
 ctl_bin=$2
-skip() {
-	echo "SKIP: $*"
-	[[ ${BELAYER_TEST_NO_SKIP:-0} == 1 ]] && exit 1
-	exit 77
-}
-fail() {
-	echo "FAIL: $*" >&2
-	exit 1
-}
-((EUID == 0)) || skip "needs root"
-[[ -d /sys/fs/cgroup/unified ]] || skip "no cgroup v2 at /sys/fs/cgroup/unified"
+# shellcheck source=SCRIPTDIR/../helpers/test-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../helpers/test-lib.sh"
+need_root_cgroup_v2
 
-dir=$(mktemp -d /tmp/belayer-envd.XXXXXX)
-cg=/sys/fs/cgroup/unified/belayer-envd-$$
-sv_pid=
-cleanup() {
-	[[ -n $sv_pid ]] && kill "$sv_pid" 2>/dev/null && wait "$sv_pid" 2>/dev/null
-	for e in e1 big small; do
-		if [[ -d $cg/$e ]]; then
-			echo 1 >"$cg/$e/cgroup.kill" 2>/dev/null || true
-		fi
-		umount -l "$dir/state/envs/$e/root" 2>/dev/null || true
-	done
-	for _ in 1 2 3 4 5 6 7 8 9 10; do
-		rmdir "$cg"/* 2>/dev/null || true
-		rmdir "$cg" 2>/dev/null && break
-		sleep 0.1
-	done
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-
-mkdir -p "$dir"/base/{usr,etc,dev,proc,tmp,work}
-for l in bin lib lib64 sbin; do ln -s "usr/$l" "$dir/base/$l"; done
+env_fixture envd e1 big small
 cat >"$dir/conf.ini" <<CONF
 [supervisor]
 socket = $dir/sv.sock
@@ -56,11 +27,8 @@ cgroup = $cg
 trace_preload = yes
 workers = 2
 CONF
-"$supervisor" -c "$dir/conf.ini" >"$dir/sv.log" 2>&1 &
-sv_pid=$!
+supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
-for _ in $(seq 200); do grep -q "Listening on" "$dir/sv.log" && break; sleep 0.05; done
-[[ -S $dir/sv.sock ]] || fail "supervisor did not start: $(cat "$dir/sv.log")"
 grep -q "Environment tracing on" "$dir/sv.log" || fail "tracer not loaded: $(cat "$dir/sv.log")"
 
 ctl env create e1 --root "$dir/base" --cmd 'cd /tmp; exec sleep infinity' >/dev/null
@@ -92,6 +60,7 @@ grep -q '"prefix_tokens":1234' "$dir/rs.json" || fail "restore reply lacks the p
 # 8 MiB of other files under /data makes /data dirty for itself only (an entry was added to it:
 # >> opens with O_CREAT), not for its subtree: one file copied, not 65.
 pid=$(ctl --json env list | sed -n 's/.*"pid":\([0-9]*\).*/\1/p') # restored: a new init
+# shellcheck disable=SC2016 # expanded inside the environment
 in_env 'mkdir /data && for i in $(seq 64); do head -c 131072 /dev/zero >/data/f$i; done; echo 0 >/data/counter'
 ctl env checkpoint e1 --turn 5 >/dev/null
 in_env 'echo 1 >>/data/counter'
@@ -109,7 +78,8 @@ if ctl env dirty nope 2>/dev/null; then fail "dirty of an unknown environment"; 
 
 # belayerctl bpf shows the pinned maps (and dumps them when bpftool is there).
 bpf_out=$(ctl bpf --no-run)
-grep -q 'bpftool map dump pinned /sys/fs/bpf/belayer/envtrace/' <<<"$bpf_out" ||
+# This supervisor's own pin directory: named after its state dir ("state"), with a hash.
+grep -q 'bpftool map dump pinned /sys/fs/bpf/belayer/state-[0-9a-f]\{16\}/' <<<"$bpf_out" ||
 	fail "belayerctl bpf shows no pinned map: $bpf_out"
 
 # A supervisor that dies (here inside a checkpoint's freeze, simulated) loses nothing: the
@@ -117,9 +87,7 @@ grep -q 'bpftool map dump pinned /sys/fs/bpf/belayer/envtrace/' <<<"$bpf_out" ||
 echo 1 >"$cg/e1/cgroup.freeze"
 kill -KILL "$sv_pid"
 wait "$sv_pid" 2>/dev/null || true
-"$supervisor" -c "$dir/conf.ini" >"$dir/sv2.log" 2>&1 &
-sv_pid=$!
-for _ in $(seq 200); do grep -q "Listening on" "$dir/sv2.log" && break; sleep 0.05; done
+supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv2.log"
 grep -q "Environment e1 taken back: running" "$dir/sv2.log" || fail "e1 not taken back: $(cat "$dir/sv2.log")"
 grep -q "frozen 0" "$cg/e1/cgroup.events" || fail "e1 left frozen"
 pid=$(ctl --json env list | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')

@@ -8,38 +8,11 @@ set -euo pipefail
 
 supervisor=$1
 ctl_bin=$2
-skip() {
-	echo "SKIP: $*"
-	[[ ${BELAYER_TEST_NO_SKIP:-0} == 1 ]] && exit 1
-	exit 77
-}
-fail() {
-	echo "FAIL: $*" >&2
-	exit 1
-}
-((EUID == 0)) || skip "needs root"
-[[ -d /sys/fs/cgroup/unified ]] || skip "no cgroup v2 at /sys/fs/cgroup/unified"
+# shellcheck source=SCRIPTDIR/../helpers/test-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../helpers/test-lib.sh"
+need_root_cgroup_v2
 
-dir=$(mktemp -d /tmp/belayer-enverr.XXXXXX)
-cg=/sys/fs/cgroup/unified/belayer-enverr-$$
-sv_pid=
-cleanup() {
-	[[ -n $sv_pid ]] && kill "$sv_pid" 2>/dev/null && wait "$sv_pid" 2>/dev/null
-	for e in big small; do
-		[[ -d $cg/$e ]] && { echo 1 >"$cg/$e/cgroup.kill" 2>/dev/null || true; }
-		umount -l "$dir/state/envs/$e/root" 2>/dev/null || true
-	done
-	for _ in $(seq 50); do
-		rmdir "$cg"/* 2>/dev/null || true
-		rmdir "$cg" 2>/dev/null && break
-		sleep 0.1
-	done
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-
-mkdir -p "$dir"/base/{usr,etc,dev,proc,tmp,work}
-for l in bin lib lib64 sbin; do ln -s "usr/$l" "$dir/base/$l"; done
+env_fixture enverr big small
 cat >"$dir/conf.ini" <<CONF
 [supervisor]
 socket = $dir/sv.sock
@@ -59,11 +32,8 @@ if "$supervisor" -c "$dir/conf.ini" -o env.ghost_limit=4G --dump-config >"$dir/b
 fi
 grep -q ghost_limit "$dir/bad.txt" || fail "the refusal does not name the key: $(cat "$dir/bad.txt")"
 
-"$supervisor" -c "$dir/conf.ini" >"$dir/sv.log" 2>&1 &
-sv_pid=$!
+supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
-for _ in $(seq 200); do grep -q "Listening on" "$dir/sv.log" && break; sleep 0.05; done
-[[ -S $dir/sv.sock ]] || fail "supervisor did not start: $(cat "$dir/sv.log")"
 
 # pytest's output capture: a file deleted while open. 2 MiB is over the 1 MiB limit, 512 KiB is not.
 ghost() {

@@ -11,17 +11,12 @@ set -euo pipefail
 
 supervisor=$1
 ctl_bin=$2
-skip() {
-	echo "SKIP: $*"
-	[[ ${BELAYER_TEST_NO_SKIP:-0} == 1 ]] && exit 1
-	exit 77
-}
-fail() {
-	echo "FAIL: $*" >&2
+# shellcheck source=SCRIPTDIR/../helpers/test-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../helpers/test-lib.sh"
+on_fail() {
 	for n in a b c; do
-		[[ -f $dir/$n.log ]] && sed "s/^/  $n: /" "$dir/$n.log" >&2
+		[[ -f $dir/$n.log ]] && sed "s/^/  $n: /" "$dir/$n.log"
 	done
-	exit 1
 }
 ((EUID == 0)) || skip "needs root"
 [[ -d /sys/kernel/tracing/events/syscalls || -d /sys/kernel/debug/tracing/events/syscalls ]] ||

@@ -1,0 +1,65 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+# Sourced by the test scripts that drive a real supervisor as root: skip (meson's 77; a
+# failure under BELAYER_TEST_NO_SKIP=1, as CI runs), fail (calls the script's on_fail first,
+# when it defines one, to show its logs), and the preconditions they share.
+
+skip() {
+	echo "SKIP: $*"
+	[[ ${BELAYER_TEST_NO_SKIP:-0} == 1 ]] && exit 1
+	exit 77
+}
+
+fail() {
+	echo "FAIL: $*" >&2
+	if [[ $(type -t on_fail) == function ]]; then
+		on_fail >&2 || true
+	fi
+	exit 1
+}
+
+# Root, and the cgroup v2 hierarchy environments are made in (hybrid hosts: its unified
+# mount).
+need_root_cgroup_v2() {
+	((EUID == 0)) || skip "needs root"
+	[[ -d /sys/fs/cgroup/unified ]] || skip "no cgroup v2 at /sys/fs/cgroup/unified"
+}
+
+# env_fixture TAG ENV...: $dir (a temporary directory), $cg (a cgroup v2 parent for the
+# supervisor's environments), an empty base root at $dir/base, and an EXIT trap that stops the
+# supervisor ($sv_pid), kills and unmounts the named environments and removes $cg and $dir.
+env_fixture() {
+	local tag=$1
+	shift
+	dir=$(mktemp -d "/tmp/belayer-$tag.XXXXXX")
+	cg=/sys/fs/cgroup/unified/belayer-$tag-$$
+	sv_pid=
+	fixture_envs=("$@")
+	trap env_fixture_cleanup EXIT
+	mkdir -p "$dir"/base/{usr,etc,dev,proc,tmp,work}
+	for l in bin lib lib64 sbin; do ln -s "usr/$l" "$dir/base/$l"; done
+}
+
+env_fixture_cleanup() {
+	[[ -n $sv_pid ]] && kill "$sv_pid" 2>/dev/null && wait "$sv_pid" 2>/dev/null
+	for e in "${fixture_envs[@]}"; do
+		[[ -d $cg/$e ]] && { echo 1 >"$cg/$e/cgroup.kill" 2>/dev/null || true; }
+		umount -l "$dir/state/envs/$e/root" 2>/dev/null || true
+	done
+	# The killed trees leave their cgroups once the kernel has reaped them.
+	for _ in $(seq 50); do
+		rmdir "$cg"/* 2>/dev/null || true
+		rmdir "$cg" 2>/dev/null && break
+		sleep 0.1
+	done
+	rm -rf "$dir"
+}
+
+# supervisor_start SUPERVISOR CONF LOG: starts it in the background ($sv_pid), its socket at
+# $dir/sv.sock; fails unless it listens within 10 s.
+supervisor_start() {
+	"$1" -c "$2" >"$3" 2>&1 &
+	sv_pid=$!
+	for _ in $(seq 200); do grep -q "Listening on" "$3" && break; sleep 0.05; done
+	[[ -S $dir/sv.sock ]] || fail "supervisor did not start: $(cat "$3")"
+}
