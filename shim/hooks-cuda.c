@@ -2,10 +2,18 @@
 /*
  * The exported CUDA Driver API wrappers: one line of logic each, calling into shim-alloc.c.
  * The caller's return address is taken here, in the exported function, because that is the
- * only frame that knows which library called the driver.
+ * only frame that knows which library called the driver. cuGetProcAddress answers a hooked
+ * name with its wrapper, from the table at the end.
  */
-#include "shim.h"
-#include "util.h"
+#include <string.h>
+
+#include "hooks.h"
+#include "shim-alloc.h"
+#include "shim-conn.h"
+#include "shim-ipc.h"
+#include "shim-real.h"
+
+static void *proc_address(const char *symbol, void *fn, int version, cuuint64_t flags);
 
 #define REAL_OR_FAIL(sym)                       \
 	__typeof__(&sym) real_ = REAL(sym);     \
@@ -24,7 +32,7 @@
 		REAL_OR_FAIL(sym);                \
 		CUresult r_ = real_(__VA_ARGS__); \
 		if (r_ == CUDA_SUCCESS)           \
-			shim_first_use();         \
+			conn_start();             \
 		return r_;                        \
 	} while (0)
 
@@ -49,7 +57,7 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuin
 	CUresult r = real_(symbol, pfn, cudaVersion, flags);
 
 	if (r == CUDA_SUCCESS && pfn && *pfn)
-		*pfn = shim_proc_address(symbol, *pfn, cudaVersion, flags);
+		*pfn = proc_address(symbol, *pfn, cudaVersion, flags);
 	return r;
 }
 
@@ -60,7 +68,7 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
 	CUresult r = real_(symbol, pfn, cudaVersion, flags, symbolStatus);
 
 	if (r == CUDA_SUCCESS && pfn && *pfn)
-		*pfn = shim_proc_address(symbol, *pfn, cudaVersion, flags);
+		*pfn = proc_address(symbol, *pfn, cudaVersion, flags);
 	return r;
 }
 
@@ -286,3 +294,32 @@ const struct hook_info cuda_hooks[_HOOK_CUDA_MAX] = {
 	BELAYER_CUDA_HOOKS(X)
 #undef X
 };
+
+/* cuGetProcAddress post-processing: our wrapper for what the driver returned (learning it),
+ * or fn. */
+static void *proc_address(const char *symbol, void *fn, int version, cuuint64_t flags)
+{
+	bool want_ptds = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+	int best = -1, best_score = -1;
+
+	if (!symbol || symbol[0] != 'c' || symbol[1] != 'u')
+		return fn;
+	for (int i = 0; i < _HOOK_CUDA_MAX; i++) {
+		int score;
+
+		if (cuda_hooks[i].version > version || strcmp(cuda_hooks[i].proc, symbol) != 0)
+			continue;
+		if (cuda_hooks[i].ptds && !want_ptds)
+			continue;
+		/* The per-thread variant when asked for, else the newest version allowed. */
+		score = (cuda_hooks[i].ptds ? 1000000 : 0) + cuda_hooks[i].version;
+		if (score > best_score) {
+			best = i;
+			best_score = score;
+		}
+	}
+	if (best < 0 || fn == cuda_hooks[best].wrapper)
+		return fn;
+	real_cuda_learn((enum hook_id)best, fn);
+	return cuda_hooks[best].wrapper;
+}

@@ -14,48 +14,42 @@
 #include <dlfcn.h>
 #include <string.h>
 
-#include "shim.h"
-#include "util.h"
+#include "hooks.h"
+#include "shim-classify.h"
+#include "shim-real.h"
 
 /* Referenced by name from the assembly below, hence not static (hidden by default). */
-void *glibc_dlsym_fn;
-void *dlsym_resolve_glibc(void);
 void *dlsym_slow(void *handle, const char *name);
 
-static __thread int resolving __attribute__((tls_model("initial-exec")));
-
-void *dlsym_resolve_glibc(void)
+/* Our wrapper when name is hooked (learning fn, the real function), else fn. */
+static void *dlsym_result(const char *name, void *fn)
 {
-	static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
-	void *fn = __atomic_load_n(&glibc_dlsym_fn, __ATOMIC_ACQUIRE);
-
-	/* dlvsym may allocate, and an allocator that resolves its own symbols with dlsym would
-	 * come back here before we know where glibc's dlsym is: it gets NULL, not a loop. */
-	if (fn || resolving)
-		return fn;
-	resolving++;
-	for (size_t i = 0; i < ARRAY_SIZE(versions) && !fn; i++)
-		fn = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
-	resolving--;
-	if (fn)
-		__atomic_store_n(&glibc_dlsym_fn, fn, __ATOMIC_RELEASE);
+	if (name[0] == 'c' && name[1] == 'u') {
+		for (int i = 0; i < _HOOK_CUDA_MAX; i++)
+			if (strcmp(cuda_hooks[i].name, name) == 0) {
+				if (fn != cuda_hooks[i].wrapper)
+					real_cuda_learn((enum hook_id)i, fn);
+				return cuda_hooks[i].wrapper;
+			}
+	} else if (strncmp(name, "nccl", 4) == 0) {
+		for (int i = 0; i < _NCCL_HOOK_MAX; i++)
+			if (strcmp(nccl_hooks[i].name, name) == 0) {
+				if (fn != nccl_hooks[i].wrapper)
+					real_nccl_learn((enum nccl_hook_id)i, fn);
+				return nccl_hooks[i].wrapper;
+			}
+	} else if (strncmp(name, "tms_", 4) == 0)
+		return tms_hook_for(name, fn);
 	return fn;
-}
-
-void *real_dlsym(void *handle, const char *name)
-{
-	void *(*fn)(void *, const char *) = dlsym_resolve_glibc();
-
-	return fn ? fn(handle, name) : NULL;
 }
 
 void *dlsym_slow(void *handle, const char *name)
 {
 	void *fn = real_dlsym(handle, name);
 
-	if (!fn || !name || resolving)
+	if (!fn || !name || real_dlsym_resolving())
 		return fn;
-	return shim_dlsym_result(name, fn);
+	return dlsym_result(name, fn);
 }
 
 #if defined(__x86_64__)

@@ -10,8 +10,11 @@
 #include <nccl.h>
 
 #include "nccl-counters.h"
-#include "shim.h"
+#include "hooks.h"
+#include "shim-alloc.h"
+#include "shim-conn.h"
 #include "shim-nccl.h"
+#include "shim-real.h"
 #include "util.h"
 
 /* Declared with the table's prototype: nccl.h's declaration must agree. */
@@ -170,8 +173,9 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
 	if (!real)
 		return ncclSystemError;
 	r = real(comm, nranks, commId, rank);
-	if (created(r) && comm)
-		nccl_comm_created(*comm, &commId, NCCL_ORIGIN_INIT_RANK, NULL, 0, rank, nranks);
+	if (created(r) && comm &&
+	    nccl_comm_created(*comm, &commId, NCCL_ORIGIN_INIT_RANK, NULL, 0, rank, nranks))
+		conn_start();
 	return r;
 }
 
@@ -184,9 +188,9 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId c
 	if (!real)
 		return ncclSystemError;
 	r = real(comm, nranks, commId, rank, config);
-	if (created(r) && comm)
-		nccl_comm_created(*comm, &commId, NCCL_ORIGIN_INIT_RANK_CONFIG, NULL, 0, rank,
-				  nranks);
+	if (created(r) && comm &&
+	    nccl_comm_created(*comm, &commId, NCCL_ORIGIN_INIT_RANK_CONFIG, NULL, 0, rank, nranks))
+		conn_start();
 	return r;
 }
 
@@ -199,8 +203,8 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist)
 		return ncclSystemError;
 	r = real(comm, ndev, devlist);
 	/* One clique: every rank must get the same hash, so the call is counted once. */
-	if (created(r) && comm)
-		nccl_initall_created(comm, ndev);
+	if (created(r) && comm && nccl_initall_created(comm, ndev))
+		conn_start();
 	return r;
 }
 
@@ -216,9 +220,10 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
 	/* Every rank of the parent takes part, in the same order: the ordinal is common. */
 	ord = nccl_comm_next_split(comm);
 	r = real(comm, color, key, newcomm, config);
-	if (created(r) && newcomm && *newcomm)
-		nccl_comm_created(*newcomm, NULL, NCCL_ORIGIN_SPLIT, comm,
-				  (ord << 32) ^ (uint64_t)(uint32_t)color, -1, -1);
+	if (created(r) && newcomm && *newcomm &&
+	    nccl_comm_created(*newcomm, NULL, NCCL_ORIGIN_SPLIT, comm,
+			      (ord << 32) ^ (uint64_t)(uint32_t)color, -1, -1))
+		conn_start();
 	return r;
 }
 
@@ -236,8 +241,9 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
 	salt = ord << 32;
 	for (int i = 0; excludeRanksList && i < excludeRanksCount; i++)
 		salt = salt * 31 + (uint64_t)(uint32_t)excludeRanksList[i] + 1;
-	if (created(r) && newcomm && *newcomm)
-		nccl_comm_created(*newcomm, NULL, NCCL_ORIGIN_SHRINK, comm, salt, -1, -1);
+	if (created(r) && newcomm && *newcomm &&
+	    nccl_comm_created(*newcomm, NULL, NCCL_ORIGIN_SHRINK, comm, salt, -1, -1))
+		conn_start();
 	return r;
 }
 

@@ -9,114 +9,15 @@
 #include <string.h>
 
 #include "log.h"
-#include "shim.h"
+#include "shim-alloc.h"
+#include "shim-classify.h"
+#include "shim-config.h"
+#include "shim-conn.h"
+#include "shim-device.h"
+#include "shim-real.h"
+#include "shim-regions.h"
+#include "shim-shadow-scratch.h"
 #include "util.h"
-
-__thread int shim_busy __attribute__((tls_model("initial-exec")));
-
-#define MAX_DEVS 64
-
-struct dev_info {
-	bool probed;
-	bool posix_fd;
-	size_t granularity;
-	bool uuid_ok;
-	uint8_t uuid[PROTO_UUID_LEN];
-};
-
-static struct dev_info devs[MAX_DEVS];
-static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
-
-void shim_first_use(void)
-{
-	conn_start();
-}
-
-/* With shim_busy held. */
-static const struct dev_info *dev_info(CUdevice dev)
-{
-	const struct real_extra *x = real_extra();
-	struct dev_info *d;
-
-	if (dev < 0 || dev >= MAX_DEVS)
-		return NULL;
-	d = &devs[dev];
-	if (__atomic_load_n(&d->probed, __ATOMIC_ACQUIRE))
-		return d;
-
-	pthread_mutex_lock(&devs_lock);
-	if (!d->probed) {
-		int v = 0;
-		CUmemAllocationProp prop = {
-			.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-			.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev},
-		};
-
-		d->posix_fd =
-			x->cuDeviceGetAttribute &&
-			x->cuDeviceGetAttribute(
-				&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-				dev) == CUDA_SUCCESS &&
-			v;
-		if (!x->cuMemGetAllocationGranularity ||
-		    x->cuMemGetAllocationGranularity(&d->granularity, &prop,
-						     CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
-			    CUDA_SUCCESS)
-			d->granularity = 0;
-		d->uuid_ok = x->cuDeviceGetUuid_v2 &&
-			     x->cuDeviceGetUuid_v2((CUuuid *)d->uuid, dev) == CUDA_SUCCESS;
-		__atomic_store_n(&d->probed, true, __ATOMIC_RELEASE);
-	}
-	pthread_mutex_unlock(&devs_lock);
-	return d;
-}
-
-void shim_device_uuid(CUdevice dev, uint8_t uuid[PROTO_UUID_LEN])
-{
-	const struct dev_info *d;
-
-	shim_busy++;
-	d = dev_info(dev);
-	shim_busy--;
-	if (d && d->uuid_ok)
-		memcpy(uuid, d->uuid, PROTO_UUID_LEN);
-	else
-		memset(uuid, 0, PROTO_UUID_LEN);
-}
-
-/* Access for the owning device and for every device that can reach it as a peer, which is
- * what cudaMalloc memory offers once peer access is enabled. */
-CUresult shim_set_access(CUdeviceptr va, size_t size, CUdevice dev)
-{
-	const struct real_extra *x = real_extra();
-	CUmemAccessDesc desc[MAX_DEVS];
-	size_t n = 0;
-	int count = 0;
-	CUresult r;
-
-	desc[n++] = (CUmemAccessDesc){
-		.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev},
-		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-	};
-	if (x->cuDeviceGetCount && x->cuDeviceCanAccessPeer &&
-	    x->cuDeviceGetCount(&count) == CUDA_SUCCESS) {
-		for (int i = 0; i < count && i < MAX_DEVS && n < MAX_DEVS; i++) {
-			int can = 0;
-
-			if (i == dev || x->cuDeviceCanAccessPeer(&can, i, dev) != CUDA_SUCCESS ||
-			    !can)
-				continue;
-			desc[n++] = (CUmemAccessDesc){
-				.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = i},
-				.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-			};
-		}
-	}
-	r = CALL_REAL(cuMemSetAccess, va, size, desc, n);
-	if (r != CUDA_SUCCESS && n > 1)
-		r = CALL_REAL(cuMemSetAccess, va, size, desc, 1);
-	return r;
-}
 
 /* Serves a cuMemAlloc_v2 with reserve + create (exportable) + map + set access. */
 static CUresult convert(CUdeviceptr *dptr, size_t bytesize, const void *caller)
@@ -142,7 +43,7 @@ static CUresult convert(CUdeviceptr *dptr, size_t bytesize, const void *caller)
 	r = x->cuCtxGetDevice(&dev);
 	if (r != CUDA_SUCCESS)
 		return r;
-	d = dev_info(dev);
+	d = shim_device_info(dev);
 	if (!d || !d->posix_fd || d->granularity == 0)
 		return CUDA_ERROR_NOT_SUPPORTED;
 	size = (bytesize + d->granularity - 1) / d->granularity * d->granularity;
@@ -212,7 +113,7 @@ CUresult shim_mem_alloc(CUdeviceptr *dptr, size_t bytesize, const void *caller)
 	if (shim_busy || bytesize < c->alloc_threshold || c->policy != ALLOC_POLICY_VMM || !dptr)
 		return real(dptr, bytesize);
 
-	shim_first_use();
+	conn_start();
 	shim_busy++;
 	r = convert(dptr, bytesize, caller);
 	shim_busy--;
@@ -372,9 +273,9 @@ CUresult shim_mem_create(CUmemGenericAllocationHandle *handle, size_t size,
 	    prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
 		return real(handle, size, prop, flags);
 
-	shim_first_use();
+	conn_start();
 	shim_busy++;
-	d = dev_info(prop->location.id);
+	d = shim_device_info(prop->location.id);
 	shim_busy--;
 	cls = classify_region(caller, size);
 	if (shadow_wants_scratch(cls)) {
@@ -516,50 +417,4 @@ void shim_note_write(CUdeviceptr dst, size_t len)
 	if (shim_busy || !classify_load_done() || !regions_have_weights())
 		return;
 	regions_note_write(dst, len);
-}
-
-void *shim_proc_address(const char *symbol, void *fn, int version, cuuint64_t flags)
-{
-	bool want_ptds = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
-	int best = -1, best_score = -1;
-
-	if (!symbol || symbol[0] != 'c' || symbol[1] != 'u')
-		return fn;
-	for (int i = 0; i < _HOOK_CUDA_MAX; i++) {
-		int score;
-
-		if (cuda_hooks[i].version > version || strcmp(cuda_hooks[i].proc, symbol) != 0)
-			continue;
-		if (cuda_hooks[i].ptds && !want_ptds)
-			continue;
-		/* The per-thread variant when asked for, else the newest version allowed. */
-		score = (cuda_hooks[i].ptds ? 1000000 : 0) + cuda_hooks[i].version;
-		if (score > best_score) {
-			best = i;
-			best_score = score;
-		}
-	}
-	if (best < 0 || fn == cuda_hooks[best].wrapper)
-		return fn;
-	real_cuda_learn((enum hook_id)best, fn);
-	return cuda_hooks[best].wrapper;
-}
-
-void *shim_dlsym_result(const char *name, void *fn)
-{
-	if (name[0] == 'c' && name[1] == 'u') {
-		for (int i = 0; i < _HOOK_CUDA_MAX; i++)
-			if (strcmp(cuda_hooks[i].name, name) == 0) {
-				real_cuda_learn((enum hook_id)i, fn);
-				return cuda_hooks[i].wrapper;
-			}
-	} else if (strncmp(name, "nccl", 4) == 0) {
-		for (int i = 0; i < _NCCL_HOOK_MAX; i++)
-			if (strcmp(nccl_hooks[i].name, name) == 0) {
-				real_nccl_learn((enum nccl_hook_id)i, fn);
-				return nccl_hooks[i].wrapper;
-			}
-	} else if (strncmp(name, "tms_", 4) == 0)
-		return tms_hook_for(name, fn);
-	return fn;
 }

@@ -17,9 +17,10 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "shim.h"
-#include "util.h"
 #include "belayer.h"
+#include "shim-classify.h"
+#include "shim-config.h"
+#include "util.h"
 
 static __thread int explicit_class __attribute__((tls_model("initial-exec"))) = -1;
 static __thread int tms_class __attribute__((tls_model("initial-exec"))) = -1;

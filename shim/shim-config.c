@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "log.h"
-#include "shim.h"
+#include "shim-config.h"
 
 #define MIB (UINT64_C(1) << 20)
 

@@ -2,8 +2,9 @@
 /*
  * The connection to the supervisor, owned by one shim thread so that no CUDA call ever waits
  * on a socket. Producers (the CUDA wrappers) append ids to a bounded queue under the regions
- * lock and never block: while disconnected they queue nothing, and when the queue is full
- * they drop the item and ask for a resync. Either way the thread (re)connects with backoff,
+ * lock and never block (shim-conn-queue.c): while disconnected they queue nothing, and when
+ * the queue is full they drop the item and ask for a resync. Either way the thread
+ * (re)connects with backoff,
  * says hello and announces every live region from a snapshot taken atomically with the
  * queue's reset, so each region is announced once per connection, whatever raced.
  *
@@ -29,72 +30,38 @@
 #include <time.h>
 
 #include "log.h"
-#include "shim.h"
+#include "shim-classify.h"
+#include "shim-config.h"
+#include "shim-conn-queue.h"
+#include "shim-conn.h"
+#include "shim-device.h"
+#include "shim-ipc.h"
 #include "shim-nccl.h"
+#include "shim-real.h"
+#include "shim-regions.h"
+#include "shim-role.h"
+#include "shim-shadow-scratch.h"
+#include "shim-shadow.h"
 #include "util.h"
 
-struct item {
-	enum conn_item type;
-	uint64_t id;
-};
-
-static pthread_mutex_t qlock = PTHREAD_MUTEX_INITIALIZER;
-static int wake_fd = -1;
-static struct item *ring;
-static size_t ring_head, ring_count, ring_cap;
-static bool resync;
-static bool connected; /* written with the regions lock held, read by producers under it */
 static int sock = -1;
 static bool session; /* hello sent on sock; the thread's own */
 static bool thread_started;
 static bool warned_absent;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
-bool conn_active_locked(void)
-{
-	return connected;
-}
-
-void conn_enqueue_locked(enum conn_item type, uint64_t id)
-{
-	pthread_mutex_lock(&qlock);
-	if (!ring) {
-		ring_cap = shim_config()->queue_max;
-		ring = calloc(ring_cap, sizeof(*ring));
-	}
-	if (!ring || ring_count == ring_cap) {
-		/* Dropping is safe only because a resync re-announces everything from scratch. */
-		resync = true;
-	} else {
-		ring[(ring_head + ring_count) % ring_cap] = (struct item){type, id};
-		ring_count++;
-	}
-	pthread_mutex_unlock(&qlock);
-	if (wake_fd >= 0)
-		(void)eventfd_write(wake_fd, 1); /* non-blocking: at worst the counter saturates */
-}
-
-/* With the regions lock held: drops everything queued (a full announce follows). */
-static void queue_clear_locked(void)
-{
-	pthread_mutex_lock(&qlock);
-	ring_head = ring_count = 0;
-	resync = false;
-	pthread_mutex_unlock(&qlock);
-}
-
+/* With the regions lock held (regions_snapshot): the new session starts from an empty
+ * queue, producers queue from now on. */
 static void mark_connected(void)
 {
-	queue_clear_locked();
-	connected = true;
+	conn_queue_set_connected_locked(true);
 }
 
 static void disconnect(void)
 {
 	session = false;
 	regions_lock();
-	connected = false;
-	queue_clear_locked();
+	conn_queue_set_connected_locked(false);
 	regions_unlock();
 	sock = safe_close(sock);
 }
@@ -240,6 +207,7 @@ static int read_incoming(void)
 /* Idle: waits for queued items, the supervisor, or the shadow's park timer. */
 static int idle_wait(void)
 {
+	int wake_fd = conn_queue_wake_fd();
 	struct pollfd p[2] = {{.fd = sock, .events = POLLIN}, {.fd = wake_fd, .events = POLLIN}};
 	long timeout = shadow_tick(send_msg);
 	eventfd_t v;
@@ -272,8 +240,7 @@ static void *conn_thread(void *arg)
 	(void)arg;
 	for (;;) {
 		struct proto_msg m;
-		struct item it;
-		bool want_resync;
+		struct conn_queue_item it;
 		int r;
 
 		if (sock < 0) {
@@ -297,9 +264,8 @@ static void *conn_thread(void *arg)
 			continue;
 		}
 
-		pthread_mutex_lock(&qlock);
-		if (ring_count == 0 && !resync) {
-			pthread_mutex_unlock(&qlock);
+		r = conn_queue_pop(&it);
+		if (r == 0) {
 			/* Idle: also notices a supervisor that went away, so that its successor
 			 * gets everything again without waiting for our next message. */
 			r = idle_wait();
@@ -311,15 +277,7 @@ static void *conn_thread(void *arg)
 				session = false; /* promoted: hello as a primary, announce all */
 			continue;
 		}
-		want_resync = resync;
-		if (!want_resync) {
-			it = ring[ring_head];
-			ring_head = (ring_head + 1) % ring_cap;
-			ring_count--;
-		}
-		pthread_mutex_unlock(&qlock);
-
-		if (want_resync) {
+		if (r < 0) {
 			/* Something was dropped: start a new session, which re-announces all. */
 			log_debug("Queue overflowed, resynchronizing with the supervisor.");
 			disconnect();
@@ -358,23 +316,18 @@ static void *conn_thread(void *arg)
 static void atfork_prepare(void)
 {
 	regions_lock();
-	pthread_mutex_lock(&qlock);
+	conn_queue_atfork_prepare();
 }
 
 static void atfork_parent(void)
 {
-	pthread_mutex_unlock(&qlock);
+	conn_queue_atfork_parent();
 	regions_unlock();
 }
 
 static void atfork_child(void)
 {
-	pthread_mutex_init(&qlock, NULL);
-	/* The parent's eventfd would wake the parent's thread: the child makes its own. */
-	wake_fd = safe_close(wake_fd);
-	ring_head = ring_count = 0;
-	resync = false;
-	connected = false;
+	conn_queue_atfork_child();
 	/* The parent's connection stays the parent's: our copy of the fd is just closed. */
 	sock = safe_close(sock);
 	session = false;
@@ -383,6 +336,7 @@ static void atfork_child(void)
 	classify_reset_after_fork();
 	regions_reset_after_fork();
 	ipc_reset_after_fork();
+	shadow_scratch_reset_after_fork();
 	shadow_reset_after_fork();
 	nccl_reset_after_fork();
 }
@@ -404,7 +358,7 @@ void conn_start(void)
 		return;
 	(void)pthread_once(&atfork_once, register_atfork);
 	/* Before the thread exists, so it is visible to it; producers check it, -1 is fine. */
-	wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	conn_queue_open();
 
 	/* The first attempt happens here, on the calling thread (a non-blocking connect to a
 	 * local socket), so whether a supervisor is there is settled before the first CUDA call

@@ -29,7 +29,10 @@
 
 #include "fdpass.h"
 #include "log.h"
-#include "shim.h"
+#include "shim-device.h"
+#include "shim-ipc.h"
+#include "shim-real.h"
+#include "shim-regions.h"
 #include "util.h"
 
 #define IPC_MAGIC     UINT64_C(0x3143504952594c42) /* "BLYRIPC1" */

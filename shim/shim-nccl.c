@@ -29,8 +29,11 @@
 
 #include "log.h"
 #include "nccl-counters.h"
+#include "shim-conn-queue.h"
+#include "shim-device.h"
 #include "shim-nccl.h"
-#include "shim.h"
+#include "shim-real.h"
+#include "shim-regions.h"
 #include "util.h"
 
 #define MAX_COMMS   256
@@ -220,8 +223,10 @@ static void start_poller_locked(void)
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-/* Adds the record of comm with this hash (parent_id 0: none). */
-static void comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nccl_origin origin,
+/* Adds the record of comm with this hash (parent_id 0: none). Returns whether the shim tracks
+ * communicators (the caller then makes sure the connection runs, even if this one record
+ * could not be made). */
+static bool comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nccl_origin origin,
 		     int rank, int nranks)
 {
 	struct nccl_counters *ctr = NULL;
@@ -229,11 +234,10 @@ static void comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nc
 	int v, fd;
 
 	if (!comm)
-		return;
+		return false;
 	(void)pthread_once(&fn.once, resolve);
 	if (!track_on)
-		return;
-	shim_first_use();
+		return false;
 	shim_busy++;
 	if (rank < 0 && fn.ncclCommUserRank && fn.ncclCommUserRank(comm, &v) == ncclSuccess)
 		rank = v;
@@ -251,7 +255,7 @@ static void comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nc
 	fd = counters_create(&ctr);
 	if (fd < 0) {
 		log_debug("No counters for a communicator (%d), not tracking it.", fd);
-		return;
+		return true;
 	}
 	r = calloc(1, sizeof(*r));
 	if (r) {
@@ -269,7 +273,7 @@ static void comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nc
 		free(r);
 		(void)munmap(ctr, NCCL_COUNTERS_SIZE);
 		(void)close(fd);
-		return;
+		return true;
 	}
 	r->comm = comm;
 	r->rank = rank < 0 ? 0 : rank;
@@ -286,9 +290,10 @@ static void comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nc
 	start_poller_locked();
 	pthread_mutex_unlock(&lock);
 	announce(CONN_NCCL_COMM, r->id);
+	return true;
 }
 
-void nccl_comm_created(ncclComm_t comm, const ncclUniqueId *uid, enum nccl_origin origin,
+bool nccl_comm_created(ncclComm_t comm, const ncclUniqueId *uid, enum nccl_origin origin,
 		       ncclComm_t parent, uint64_t salt, int rank, int nranks)
 {
 	uint64_t h = FNV_INIT, parent_id = 0;
@@ -305,11 +310,12 @@ void nccl_comm_created(ncclComm_t comm, const ncclUniqueId *uid, enum nccl_origi
 		h = fnv1a(h, uid->internal, sizeof(uid->internal));
 	h = fnv1a(h, &salt, sizeof(salt));
 	h = fnv1a(h, &origin, sizeof(origin));
-	comm_add(comm, h, parent_id, origin, rank, nranks);
+	return comm_add(comm, h, parent_id, origin, rank, nranks);
 }
 
-void nccl_initall_created(ncclComm_t *comms, int n)
+bool nccl_initall_created(ncclComm_t *comms, int n)
 {
+	bool tracked = false;
 	/* Every rank is in this process: one hash per call. */
 	pid_t pid = getpid();
 	uint64_t h = FNV_INIT, k;
@@ -319,7 +325,8 @@ void nccl_initall_created(ncclComm_t *comms, int n)
 	pthread_mutex_unlock(&lock);
 	h = fnv1a(fnv1a(h, &pid, sizeof(pid)), &k, sizeof(k));
 	for (int i = 0; i < n; i++)
-		comm_add(comms[i], h, 0, NCCL_ORIGIN_INIT_ALL, i, n);
+		tracked = comm_add(comms[i], h, 0, NCCL_ORIGIN_INIT_ALL, i, n) || tracked;
+	return tracked;
 }
 
 uint64_t nccl_comm_next_split(ncclComm_t parent)

@@ -17,11 +17,12 @@
 /* A communicator the real library just made. uid: its unique id (NULL when the shim did not
  * see one: InitAll); parent: the communicator it was split/shrunk from (NULL: none); salt
  * makes derived hashes differ (the split color, the shrink's excluded ranks). rank and nranks
- * may be -1: asked from the library then. */
-void nccl_comm_created(ncclComm_t comm, const ncclUniqueId *uid, enum nccl_origin origin,
+ * may be -1: asked from the library then. Returns whether the shim tracks communicators: the
+ * caller starts the connection then (conn_start). */
+bool nccl_comm_created(ncclComm_t comm, const ncclUniqueId *uid, enum nccl_origin origin,
 		       ncclComm_t parent, uint64_t salt, int rank, int nranks);
-/* ncclCommInitAll made comms[0..n): one clique, one hash. */
-void nccl_initall_created(ncclComm_t *comms, int n);
+/* ncclCommInitAll made comms[0..n): one clique, one hash. Returns as nccl_comm_created. */
+bool nccl_initall_created(ncclComm_t *comms, int n);
 /* Before the real Finalize/Destroy/Abort: finalize marks it, destroy/abort end the record
  * once the real call returned (nccl_comm_gone). */
 void nccl_comm_ending(ncclComm_t comm, enum nccl_end how);

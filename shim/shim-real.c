@@ -10,13 +10,64 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "shim.h"
+#include "shim-real.h"
+#include "util.h"
+
+__thread int shim_busy __attribute__((tls_model("initial-exec")));
+
+/* The hooked names (the wrappers' own table is theirs, hooks.h). */
+static const char *const cuda_names[_HOOK_CUDA_MAX] = {
+#define X(sym, proc, version, ptds, pfn) [HOOK_##sym] = #sym,
+	BELAYER_CUDA_HOOKS(X)
+#undef X
+};
+static const char *const nccl_names[_NCCL_HOOK_MAX] = {
+#define X(sym, ret, params, args) [NCCL_HOOK_##sym] = #sym,
+	BELAYER_NCCL_HOOKS(X)
+#undef X
+};
 
 static void *cuda_slots[_HOOK_CUDA_MAX];
 static void *nccl_slots[_NCCL_HOOK_MAX];
 static struct real_extra extra;
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
+
+/* glibc's dlsym, found with dlvsym: ours is what the program's dlsym binds to. Read and
+ * resolved by the dlsym entry point's assembly too (hooks-dl.c). */
+void *glibc_dlsym_fn;
+
+static __thread int resolving __attribute__((tls_model("initial-exec")));
+
+void *dlsym_resolve_glibc(void)
+{
+	static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
+	void *fn = __atomic_load_n(&glibc_dlsym_fn, __ATOMIC_ACQUIRE);
+
+	/* dlvsym may allocate, and an allocator that resolves its own symbols with dlsym would
+	 * come back here before we know where glibc's dlsym is: it gets NULL, not a loop. */
+	if (fn || resolving)
+		return fn;
+	resolving++;
+	for (size_t i = 0; i < ARRAY_SIZE(versions) && !fn; i++)
+		fn = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+	resolving--;
+	if (fn)
+		__atomic_store_n(&glibc_dlsym_fn, fn, __ATOMIC_RELEASE);
+	return fn;
+}
+
+void *real_dlsym(void *handle, const char *name)
+{
+	void *(*fn)(void *, const char *) = dlsym_resolve_glibc();
+
+	return fn ? fn(handle, name) : NULL;
+}
+
+bool real_dlsym_resolving(void)
+{
+	return resolving > 0;
+}
 
 /* Looks name up in the library with this soname if loaded, else after us in the global scope. */
 static void *lookup(const char *soname, const char *name)
@@ -51,7 +102,7 @@ static void resolve_cuda(void)
 {
 	shim_busy++;
 	for (size_t i = 0; i < _HOOK_CUDA_MAX; i++)
-		store_if_unset(&cuda_slots[i], lookup("libcuda.so.1", cuda_hooks[i].name));
+		store_if_unset(&cuda_slots[i], lookup("libcuda.so.1", cuda_names[i]));
 
 #define E(field, name) extra.field = (__typeof__(extra.field))lookup("libcuda.so.1", name)
 	E(cuCtxGetDevice, "cuCtxGetDevice");
@@ -97,7 +148,7 @@ static void resolve_nccl(void)
 {
 	shim_busy++;
 	for (size_t i = 0; i < _NCCL_HOOK_MAX; i++)
-		store_if_unset(&nccl_slots[i], lookup("libnccl.so.2", nccl_hooks[i].name));
+		store_if_unset(&nccl_slots[i], lookup("libnccl.so.2", nccl_names[i]));
 	shim_busy--;
 }
 
@@ -111,7 +162,7 @@ void *real_cuda(enum hook_id id)
 	fn = __atomic_load_n(&cuda_slots[id], __ATOMIC_ACQUIRE);
 	if (!fn) {
 		/* The driver may have been loaded after the table was resolved. */
-		fn = lookup("libcuda.so.1", cuda_hooks[id].name);
+		fn = lookup("libcuda.so.1", cuda_names[id]);
 		store_if_unset(&cuda_slots[id], fn);
 	}
 	return fn;
@@ -126,7 +177,7 @@ void *real_nccl(enum nccl_hook_id id)
 	(void)pthread_once(&nccl_once, resolve_nccl);
 	fn = __atomic_load_n(&nccl_slots[id], __ATOMIC_ACQUIRE);
 	if (!fn) {
-		fn = lookup("libnccl.so.2", nccl_hooks[id].name);
+		fn = lookup("libnccl.so.2", nccl_names[id]);
 		store_if_unset(&nccl_slots[id], fn);
 	}
 	return fn;
@@ -134,14 +185,12 @@ void *real_nccl(enum nccl_hook_id id)
 
 void real_cuda_learn(enum hook_id id, void *fn)
 {
-	if (fn != cuda_hooks[id].wrapper)
-		store_if_unset(&cuda_slots[id], fn);
+	store_if_unset(&cuda_slots[id], fn);
 }
 
 void real_nccl_learn(enum nccl_hook_id id, void *fn)
 {
-	if (fn != nccl_hooks[id].wrapper)
-		store_if_unset(&nccl_slots[id], fn);
+	store_if_unset(&nccl_slots[id], fn);
 }
 
 const struct real_extra *real_extra(void)

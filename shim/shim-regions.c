@@ -16,9 +16,13 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
-#include "shim.h"
+#include "shim-conn-queue.h"
+#include "shim-device.h"
+#include "shim-real.h"
+#include "shim-regions.h"
 #include "util.h"
 
 struct range {
@@ -35,6 +39,10 @@ static size_t n_ranges, cap_ranges;
 static uint64_t next_id = 1, next_order;
 static uint64_t weights_version;
 static size_t n_weights_mapped; /* read without the lock as a hint only */
+/* When a tracked allocation or a scratch region last appeared or went (ms), and the scratch
+ * layout's generation: what a shadow waits on before it parks (shim-shadow.c). */
+static uint64_t last_alloc_ms;
+static uint64_t layout_gen;
 
 void regions_lock(void)
 {
@@ -145,6 +153,40 @@ static struct region *region_by_handle(CUmemGenericAllocationHandle h)
 	return NULL;
 }
 
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) / 1000000u;
+}
+
+/* A tracked allocation or a scratch region appeared or went: restarts the quiet period
+ * and, when the scratch layout changed, its generation. */
+static void note_change_locked(bool layout_changed)
+{
+	last_alloc_ms = now_ms();
+	if (layout_changed)
+		layout_gen++;
+}
+
+void regions_last_change_locked(uint64_t *ret_ms, uint64_t *ret_layout_gen)
+{
+	*ret_ms = last_alloc_ms;
+	*ret_layout_gen = layout_gen;
+}
+
+void regions_drop_pending_locked(struct region *r)
+{
+	if (!r->has_pending)
+		return;
+	shim_busy++;
+	(void)CALL_REAL(cuMemRelease, r->pending);
+	shim_busy--;
+	r->has_pending = false;
+	r->pending = 0;
+}
+
 static struct region *region_new(enum region_kind kind, CUmemGenericAllocationHandle h, int dev,
 				 uint64_t size, enum region_class cls, bool exportable)
 {
@@ -174,7 +216,7 @@ static void region_delete(struct region *r)
 {
 	size_t i = id_index(r->id);
 
-	shadow_region_forget_locked(r);
+	regions_drop_pending_locked(r);
 	memmove(&by_id[i], &by_id[i + 1], (n_regions - i - 1) * sizeof(*by_id));
 	n_regions--;
 	free(r);
@@ -197,13 +239,13 @@ static void release_locked(struct region *r)
 	r->announced = false;
 	r->announce_queued = false;
 	if (r->scratch)
-		shadow_note_alloc_locked(true);
+		note_change_locked(true);
 }
 
 /* A scratch region the supervisor should learn about (a shadow's layout entry). */
 static void shadow_region_locked(struct region *r)
 {
-	shadow_note_alloc_locked(true);
+	note_change_locked(true);
 	if (conn_active_locked())
 		conn_enqueue_locked(CONN_SHADOW_REGION, r->id);
 }
@@ -241,7 +283,7 @@ int regions_add_converted(CUmemGenericAllocationHandle h, int dev, uint64_t va, 
 		ret = -ENOMEM;
 		goto out;
 	}
-	shadow_note_alloc_locked(false);
+	note_change_locked(false);
 	if (scratch)
 		shadow_region_locked(r);
 	else
@@ -360,7 +402,7 @@ int regions_add_user(CUmemGenericAllocationHandle h, int dev, uint64_t size, enu
 	r = region_new(REGION_KIND_USER, h, dev, size, cls, exportable);
 	if (r) {
 		r->scratch = scratch;
-		shadow_note_alloc_locked(false);
+		note_change_locked(false);
 	}
 	regions_unlock();
 	return r ? 0 : -ENOMEM;
@@ -626,5 +668,6 @@ void regions_reset_after_fork(void)
 	next_id = 1;
 	next_order = 0;
 	weights_version = 0;
+	layout_gen = 0;
 	pthread_rwlock_init(&lock, NULL);
 }

@@ -3,13 +3,9 @@
  * Shadow mode (BELAYER_ROLE=shadow, DESIGN §1.2) and its promotion to primary.
  *
  * A shadow runs the engine's whole initialization while its weights and kv regions cost
- * almost nothing: each is backed by one small scratch allocation per device (one allocation
- * granule), mapped over and over across the region's reserved range (cuMemMap accepts one
- * handle at many addresses). Converted cuMemAlloc_v2 memory gets this in shim-alloc.c; a
- * program's own cuMemCreate of such a class gets a fake handle that the shim recognises in
- * cuMemMap / cuMemUnmap / cuMemRelease. Every byte the shadow writes there lands in the same
- * scratch granule: the shadow computes garbage until it is promoted, which is fine because
- * it serves nothing until then.
+ * almost nothing: they are backed by scratch (shim-shadow-scratch.c). Every byte the shadow
+ * writes there lands in the same scratch granule: the shadow computes garbage until it is
+ * promoted, which is fine because it serves nothing until then.
  *
  * The supervisor learns the layout (SHADOW_REGION per region, PARKED with the layout hash
  * once the KV cache exists and no tracked allocation happened for BELAYER_PARK_QUIET_MS).
@@ -30,29 +26,14 @@
 
 #include "layout.h"
 #include "log.h"
-#include "shim.h"
+#include "shim-config.h"
+#include "shim-device.h"
+#include "shim-real.h"
+#include "shim-regions.h"
+#include "shim-role.h"
+#include "shim-shadow-scratch.h"
+#include "shim-shadow.h"
 #include "util.h"
-
-#define MAX_DEVS 64
-/* Fake handles carry this tag in their top 16 bits: no driver hands out such values
- * (real handles are small numbers or heap pointers). */
-#define FAKE_TAG  UINT64_C(0xb1a7000000000000)
-#define FAKE_MASK UINT64_C(0xffff000000000000)
-
-struct scratch {
-	bool made;
-	CUmemGenericAllocationHandle h;
-	size_t granularity;
-};
-
-static struct scratch scratch[MAX_DEVS];
-static pthread_mutex_t scratch_lock = PTHREAD_MUTEX_INITIALIZER;
-static int role_now = -1; /* -1: as configured */
-static uint64_t fake_next;
-
-/* Guarded by the regions lock. */
-static uint64_t last_alloc_ms;
-static uint64_t layout_gen;
 
 /* The connection thread's own. */
 static bool parked_sent;
@@ -64,143 +45,6 @@ static uint64_t now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-enum worker_role shim_role(void)
-{
-	int r = __atomic_load_n(&role_now, __ATOMIC_ACQUIRE);
-
-	return r < 0 ? shim_config()->role : (enum worker_role)r;
-}
-
-bool shadow_wants_scratch(enum region_class cls)
-{
-	return shim_role() == ROLE_SHADOW && layout_class_counts(cls);
-}
-
-CUmemGenericAllocationHandle shadow_fake_handle(void)
-{
-	return FAKE_TAG | (__atomic_add_fetch(&fake_next, 1, __ATOMIC_RELAXED) & ~FAKE_MASK);
-}
-
-bool shadow_handle_is_fake(CUmemGenericAllocationHandle h)
-{
-	return (h & FAKE_MASK) == FAKE_TAG;
-}
-
-/* With shim_busy held. The scratch granule of dev, made on first use; never freed (it is
- * what every scratch region maps, for the life of the process). */
-static CUresult scratch_get(int dev, struct scratch **ret)
-{
-	const struct real_extra *x = real_extra();
-	struct scratch *s;
-	CUresult r = CUDA_SUCCESS;
-
-	if (dev < 0 || dev >= MAX_DEVS)
-		return CUDA_ERROR_INVALID_DEVICE;
-	s = &scratch[dev];
-	if (__atomic_load_n(&s->made, __ATOMIC_ACQUIRE)) {
-		*ret = s;
-		return CUDA_SUCCESS;
-	}
-	pthread_mutex_lock(&scratch_lock);
-	if (!s->made) {
-		CUmemAllocationProp prop = {
-			.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-			.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev},
-		};
-
-		if (!x->cuMemGetAllocationGranularity || !REAL(cuMemCreate))
-			r = CUDA_ERROR_NOT_SUPPORTED;
-		else
-			r = x->cuMemGetAllocationGranularity(&s->granularity, &prop,
-							     CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-		if (r == CUDA_SUCCESS && s->granularity == 0)
-			r = CUDA_ERROR_NOT_SUPPORTED;
-		if (r == CUDA_SUCCESS)
-			r = REAL(cuMemCreate)(&s->h, s->granularity, &prop, 0);
-		if (r == CUDA_SUCCESS)
-			__atomic_store_n(&s->made, true, __ATOMIC_RELEASE);
-	}
-	pthread_mutex_unlock(&scratch_lock);
-	if (r == CUDA_SUCCESS)
-		*ret = s;
-	return r;
-}
-
-size_t shadow_granularity(int dev)
-{
-	struct scratch *s;
-	CUresult r;
-
-	shim_busy++;
-	r = scratch_get(dev, &s);
-	shim_busy--;
-	return r == CUDA_SUCCESS ? s->granularity : 0;
-}
-
-CUresult shadow_scratch_map(int dev, uint64_t va, uint64_t size)
-{
-	PFN_cuMemMap_v10020 map = REAL(cuMemMap);
-	struct scratch *s;
-	uint64_t off;
-	CUresult r;
-
-	r = scratch_get(dev, &s);
-	if (r != CUDA_SUCCESS)
-		return r;
-	if (!map || !REAL(cuMemUnmap) || !REAL(cuMemSetAccess))
-		return CUDA_ERROR_NOT_SUPPORTED;
-	if (size == 0 || size % s->granularity || va % s->granularity)
-		return CUDA_ERROR_INVALID_VALUE;
-	for (off = 0; off < size; off += s->granularity) {
-		r = map(va + off, s->granularity, 0, s->h, 0);
-		if (r != CUDA_SUCCESS)
-			break;
-	}
-	if (r == CUDA_SUCCESS)
-		r = shim_set_access(va, size, dev);
-	if (r != CUDA_SUCCESS)
-		(void)shadow_scratch_unmap(dev, va, off < size ? off : size);
-	return r;
-}
-
-CUresult shadow_scratch_unmap(int dev, uint64_t va, uint64_t size)
-{
-	PFN_cuMemUnmap_v10020 unmap = REAL(cuMemUnmap);
-	CUresult first = CUDA_SUCCESS;
-	struct scratch *s;
-	CUresult r;
-
-	r = scratch_get(dev, &s);
-	if (r != CUDA_SUCCESS)
-		return r;
-	if (!unmap)
-		return CUDA_ERROR_NOT_SUPPORTED;
-	for (uint64_t off = 0; off < size; off += s->granularity) {
-		r = unmap(va + off, s->granularity);
-		if (r != CUDA_SUCCESS && first == CUDA_SUCCESS)
-			first = r;
-	}
-	return first;
-}
-
-void shadow_note_alloc_locked(bool layout_changed)
-{
-	last_alloc_ms = now_ns() / 1000000u;
-	if (layout_changed)
-		layout_gen++;
-}
-
-void shadow_region_forget_locked(struct region *r)
-{
-	if (!r->has_pending)
-		return;
-	shim_busy++;
-	(void)CALL_REAL(cuMemRelease, r->pending);
-	shim_busy--;
-	r->has_pending = false;
-	r->pending = 0;
 }
 
 /* With the regions lock held: the live scratch regions in creation order, their layout
@@ -257,8 +101,7 @@ long shadow_tick(int (*send)(const struct proto_msg *m))
 		return 500;
 	regions_lock();
 	(void)layout_locked(NULL, &n, &hash, &kv);
-	gen = layout_gen;
-	last = last_alloc_ms;
+	regions_last_change_locked(&last, &gen);
 	regions_unlock();
 	if (!kv || (parked_sent && gen == parked_gen))
 		return 500;
@@ -364,7 +207,7 @@ static int on_map(const struct proto_promote_map *pm, int (*send)(const struct p
 	regions_lock();
 	r = regions_get_locked(pm->shadow_id);
 	if (r && r->scratch) {
-		shadow_region_forget_locked(r);
+		regions_drop_pending_locked(r);
 		r->pending_error = err;
 		if (err == 0) {
 			r->pending = h;
@@ -521,7 +364,7 @@ int shadow_on_message(struct proto_msg *m, int (*send)(const struct proto_msg *m
 		regions_lock();
 		r = commit_locked(&m->promote_commit, &reply.promote_done);
 		if (r == 0)
-			__atomic_store_n(&role_now, (int)ROLE_PRIMARY, __ATOMIC_RELEASE);
+			shim_role_promoted();
 		regions_unlock();
 	}
 	reply.promote_done.code = r < 0 ? -r : 0;
@@ -538,11 +381,8 @@ int shadow_on_message(struct proto_msg *m, int (*send)(const struct proto_msg *m
 
 void shadow_reset_after_fork(void)
 {
-	/* The child has none of the parent's CUDA memory: no scratch, no imports, no layout.
-	 * It keeps the parent's current role. */
-	pthread_mutex_init(&scratch_lock, NULL);
-	memset(scratch, 0, sizeof(scratch));
+	/* The child has no layout of its own yet (its scratch and regions are reset by their
+	 * modules). */
 	parked_sent = false;
 	parked_gen = 0;
-	layout_gen = 0;
 }
