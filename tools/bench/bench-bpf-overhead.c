@@ -36,6 +36,7 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 
+#include "bench-measure.h"
 #include "bench.h"
 #include "log.h"
 #include "supervisor-dirty.h"

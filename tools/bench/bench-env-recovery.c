@@ -34,6 +34,8 @@
 
 #include <json-c/json.h>
 
+#include "bench-measure.h"
+#include "bench-path.h"
 #include "bench.h"
 #include "envckpt-fixture.h"
 #include "log.h"

@@ -14,8 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "bench.h"
+#include "bench-measure.h"
 #include "bench-recovery.h"
+#include "bench.h"
 #include "log.h"
 #include "util.h"
 
@@ -43,7 +44,7 @@ static double throughput(uint16_t port)
 			return -1;
 	}
 	return (double)OVERHEAD_REQUESTS * REC_NPROMPTS * REC_NEW_TOKENS /
-	       (rec_ms_between(t0, rec_now_ns()) / 1000.0);
+	       (bench_ms_between(t0, rec_now_ns()) / 1000.0);
 }
 
 /* Two engines of one world, tracking on and off, measured alternately. */

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/statfs.h>
 
-#include "bench.h"
+#include "bench-path.h"
 
 int bench_path_join(char *buf, size_t cap, const char *dir, const char *name)
 {

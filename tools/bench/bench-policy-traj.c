@@ -23,8 +23,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench-measure.h"
+#include "bench-path.h"
 #include "bench-policy.h"
-#include "bench.h"
 #include "engine-client.h"
 #include "envckpt-fixture.h"
 #include "log.h"

@@ -55,6 +55,7 @@
 
 #include <json-c/json.h>
 
+#include "bench-measure.h"
 #include "bench-policy.h"
 #include "bench-recovery.h"
 #include "bench.h"

@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench-measure.h"
 #include "bench-recovery.h"
 #include "log.h"
 #include "proto.h"
@@ -500,8 +501,8 @@ int rec_run_shadow_fault(const struct rec_paths *p, const char *wfile, const cha
 	 */
 	for (int k = 0; k < PH_COUNT; k++)
 		c->ph[k] = k > PH_DETECT && k < PH_LOAD ? sup_ph[k] : -1;
-	c->ph[PH_DETECT] = rec_ms_between(t_kill, t_detect);
-	c->total_ms = rec_ms_between(t_kill, t_ready);
+	c->ph[PH_DETECT] = bench_ms_between(t_kill, t_detect);
+	c->total_ms = bench_ms_between(t_kill, t_ready);
 	{
 		double rest = c->total_ms;
 

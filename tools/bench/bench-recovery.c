@@ -33,6 +33,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench-measure.h"
 #include "bench-recovery.h"
 #include "bench.h"
 #include "log.h"
@@ -94,11 +95,6 @@ static void fmt_size(uint64_t b, char *buf, size_t n)
 		snprintf(buf, n, "%" PRIu64 " GiB", b >> 30);
 	else
 		snprintf(buf, n, "%" PRIu64 " MiB", b >> 20);
-}
-
-double rec_ms_between(uint64_t a, uint64_t b)
-{
-	return (double)(b - a) / 1e6;
 }
 
 /* Starts the primary, records pre- and post-update answers. */
@@ -185,11 +181,11 @@ static int run_cold(const struct rec_paths *p, const char *wfile, const char *uf
 	}
 	for (int i = 0; i < PH_COUNT; i++)
 		c->ph[i] = -1;
-	c->ph[PH_DETECT] = rec_ms_between(t_kill, t_detect);
-	c->ph[PH_OWNER] = rec_ms_between(t_detect, t_owner);
-	c->ph[PH_LOAD] = rec_ms_between(t_owner, t_health);
-	c->ph[PH_READY] = rec_ms_between(t_health, t_ready);
-	c->total_ms = rec_ms_between(t_kill, t_ready);
+	c->ph[PH_DETECT] = bench_ms_between(t_kill, t_detect);
+	c->ph[PH_OWNER] = bench_ms_between(t_detect, t_owner);
+	c->ph[PH_LOAD] = bench_ms_between(t_owner, t_health);
+	c->ph[PH_READY] = bench_ms_between(t_health, t_ready);
+	c->total_ms = bench_ms_between(t_kill, t_ready);
 	(void)t_spawn;
 	r = rec_answers_get(cold.port, &after);
 	if (r < 0)

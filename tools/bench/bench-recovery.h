@@ -162,4 +162,3 @@ int rec_run_shadow_fault(const struct rec_paths *p, const char *wfile, const cha
 int rec_run_shadow(const struct rec_paths *p, const char *wfile, const char *ufile,
 		   const char *verify, struct rec_case *c);
 int rec_pidfd_open(pid_t pid);
-double rec_ms_between(uint64_t a, uint64_t b);

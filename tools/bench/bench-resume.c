@@ -29,6 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench-measure.h"
 #include "bench-recovery.h"
 #include "bench.h"
 #include "engine-client.h"
@@ -181,10 +182,10 @@ static int run_clients(struct client *cl, char **bodies, int n, uint16_t port, b
 				}
 			}
 			if (at)
-				gaps[ng++] = rec_ms_between(t_kill, at);
+				gaps[ng++] = bench_ms_between(t_kill, at);
 		}
 	}
-	ret->total_ms = rec_ms_between(t0, t_end);
+	ret->total_ms = bench_ms_between(t0, t_end);
 	ret->tok_per_s = ret->total_ms > 0 ? tokens / (ret->total_ms / 1000.0) : 0;
 	if (ng) {
 		qsort(gaps, (size_t)ng, sizeof(gaps[0]), bench_cmp_double);
@@ -207,7 +208,7 @@ static double seq_latency_us(uint16_t port, int n)
 		if (stream_once(&c) != 1)
 			return -1;
 	}
-	return rec_ms_between(t0, rec_now_ns()) * 1000.0 / n;
+	return bench_ms_between(t0, rec_now_ns()) * 1000.0 / n;
 }
 
 /* The engine process serving on port: argv holds "--port" then the port (the supervisor's

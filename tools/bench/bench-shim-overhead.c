@@ -27,6 +27,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include "bench-measure.h"
 #include "bench.h"
 #include "log.h"
 #include "proto.h"

@@ -23,14 +23,3 @@ int bench_hang(const struct bench_args *a, int argc, char **argv);
 int bench_policy(const struct bench_args *a, int argc, char **argv);
 /* The measuring side of shim-overhead, run by the bench in a child process. */
 int bench_shim_overhead_child(int argc, char **argv);
-
-uint64_t bench_now_ns(void);
-/* qsort comparison of doubles, ascending. */
-int bench_cmp_double(const void *a, const void *b);
-
-/* dir/name into buf: 0, -EINVAL when dir is empty, relative or "/" or name is empty (the path
- * would be at the host's root: "" + "/cgroup.kill"), -ENAMETOOLONG when it does not fit. */
-int bench_path_join(char *buf, size_t cap, const char *dir, const char *name);
-/* The same for a file of a cgroup, which must be a cgroup v2 directory now (-ENOTDIR: it is
- * not; -errno: it does not exist). */
-int bench_cgroup_file(char *buf, size_t cap, const char *cgroup, const char *name);

@@ -18,7 +18,7 @@
 
 #include <cmocka.h>
 
-#include "bench.h"
+#include "bench-path.h"
 
 static void join_refuses_empty_and_root(void **state)
 {
