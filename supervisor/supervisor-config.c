@@ -20,6 +20,27 @@
 #include "proto.h"
 #include "supervisor-config.h"
 
+static const char *const mode_names[] = {
+	[POLICY_NEVER] = "never",
+	[POLICY_EVERY_TURN] = "every-turn",
+	[POLICY_ADAPTIVE] = "adaptive",
+};
+
+const char *policy_mode_to_string(enum policy_mode m)
+{
+	return (unsigned)m < _POLICY_MODE_MAX ? mode_names[m] : "?";
+}
+
+int policy_mode_from_string(const char *s, enum policy_mode *ret)
+{
+	for (unsigned i = 0; i < _POLICY_MODE_MAX; i++)
+		if (strcmp(s, mode_names[i]) == 0) {
+			*ret = i;
+			return 0;
+		}
+	return -EINVAL;
+}
+
 enum key_type {
 	KEY_STRING, /* char[size] */
 	KEY_U32,    /* uint32_t in [min, max] */

@@ -12,10 +12,20 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "supervisor-policy.h"
-
 #define CONFIG_DEFAULT_PATH "/etc/belayer/belayer.conf"
 #define CONFIG_LIST_MAX	    64
+
+/* [policy] mode (supervisor-policy.h decides with it). */
+enum policy_mode {
+	POLICY_NEVER = 0,
+	POLICY_EVERY_TURN = 1,
+	POLICY_ADAPTIVE = 2,
+	_POLICY_MODE_MAX,
+};
+
+const char *policy_mode_to_string(enum policy_mode m);
+/* "never", "every-turn", "adaptive" -> 0 and *ret; anything else -EINVAL. */
+int policy_mode_from_string(const char *s, enum policy_mode *ret);
 
 enum content_method {
 	CONTENT_AUTO = 0,   /* read the fd as a file when it is one, else through the driver */

@@ -24,6 +24,7 @@
 #include "supervisor-promote.h"
 #include "supervisor-shadow.h"
 #include "supervisor-workers.h"
+#include "sv-recovery.h"
 
 #define KILL_WAIT_MS 5000
 
@@ -815,4 +816,29 @@ void engines_worker_died(struct supervisor *s, struct sv_worker *w)
 	/* An adopted group that lost a rank while no supervisor ran: the recovery adopt_check()
 	 * is about to start, whichever comes first. */
 	promote_start(s, e, e->adopt_broken ? "adopt" : "exit", w->pid, hint);
+}
+
+size_t recovery_engines_n(struct supervisor *s)
+{
+	return s->engines ? s->engines->n : 0;
+}
+
+struct sv_engine *recovery_engine(struct supervisor *s, size_t i)
+{
+	return &s->engines->e[i];
+}
+
+const struct sv_engine_config *engine_config(const struct sv_engine *e)
+{
+	return e->cfg;
+}
+
+void engine_upstream(const struct sv_engine *e, struct engine_upstream *ret)
+{
+	*ret = (struct engine_upstream){
+		.port = e->primary_port,
+		.ready = e->primary_ready,
+		.recovering = e->rec != NULL,
+		.n_recoveries = e->n_recoveries,
+	};
 }

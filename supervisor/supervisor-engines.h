@@ -146,3 +146,7 @@ size_t engines_workers(struct supervisor *s, const struct sv_engine *e, enum wor
 int32_t worker_rank(const struct sv_worker *w);
 
 uint64_t now_ns(void);
+
+/* The engines' metrics: readiness and the last recovery's phases (the bench reads these). */
+struct metrics_collector;
+void engines_collect_metrics(struct supervisor *s, struct metrics_collector *col);

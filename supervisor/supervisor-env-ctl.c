@@ -21,8 +21,6 @@
 #include "supervisor-events.h"
 #include "supervisor-offload.h"
 #include "supervisor-sidelog.h"
-#include "supervisor-traj-ctl.h"
-#include "supervisor-traj.h"
 
 /* Paths and ids are copied into the protocol's 255-byte strings and PATH_MAX buffers: a longer
  * one is cut in a reply (never used to open anything); env_prepare() bounds the others. */
@@ -523,11 +521,18 @@ static void job_report_checkpoint(struct supervisor *s, struct env_job *j)
 {
 	struct envs_ckpt_result res = {
 		.r = j->r,
-		.m = j->have_manifest ? &j->m : NULL,
+		.committed = j->have_manifest,
 		.run_us = j->us,
 		.thaw_us = j->thaw_at_us ? j->thaw_at_us - j->run_start_us : 0,
 	};
 
+	if (j->have_manifest) {
+		snprintf(res.id, sizeof(res.id), "%s", j->m.id);
+		res.fs_bytes = j->m.fs_bytes;
+		res.criu_bytes = j->m.criu_bytes;
+		res.fs_us = j->m.fs_us;
+		res.dump_us = j->m.dump_us;
+	}
 	if (j->policy)
 		j->policy->on_done(s, j->policy, &res);
 	else if (j->r >= 0 && j->have_manifest && j->q.trajectory[0])

@@ -9,7 +9,7 @@
  * different environments side by side; the reply (PROTO_ENV_INFO + END) goes
  * out when the job is done. List, dirty and log are answered at once. A checkpoint naming a
  * trajectory that completes is reported to the checkpoint policy's tracker
- * (supervisor-traj-ctl.h), and the policy runs its own checkpoints as the same jobs (below).
+ * (sv-policy.h), and the policy runs its own checkpoints as the same jobs (below).
  *
  * Tracing: envtrace is loaded when [env] trace=yes (see envs_start); when BPF is unavailable one line
  * says so and environments work without it (every checkpoint then compares the upper layer
@@ -22,10 +22,10 @@
 #include <stdint.h>
 
 #include "supervisor.h"
+#include "sv-policy.h"
 
 struct sv_envs;
 struct env_manifest;
-struct traj_env_view;
 
 /* At start, on the loop thread: takes back the environments of an earlier run. The tracer is
  * loaded ([env] trace) at start with [env] trace_preload, else at the first environment:
@@ -39,7 +39,7 @@ void envs_stop(struct supervisor *s);
 
 int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_env_request *q);
 
-/* --- the checkpoint policy's side (issue 11; supervisor-traj-ctl.h) ---------------------- */
+/* --- the checkpoint policy's side (issue 11): struct traj_env_ops of sv-policy.h ---------- */
 
 /* The policy's view of environment id at a step end: dirty (its dirty set is not empty, or it
  * was never checkpointed, or it is not traced), the bytes of its dirty paths in the upper
@@ -48,27 +48,6 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
  * the tracer first. -ENOENT: not an environment the
  * supervisor manages (unknown, or a watch only). */
 int envs_view(struct supervisor *s, const char *id, struct traj_env_view *ret);
-
-/* How a policy checkpoint ended (loop thread). */
-struct envs_ckpt_result {
-	int r;			      /* 0, -ECANCELED (aborted), or the failure */
-	const struct env_manifest *m; /* the committed checkpoint's manifest; NULL unless r == 0 */
-	uint64_t run_us;	      /* from the job's start to its end */
-	uint64_t thaw_us;	      /* from the job's start to the thaw (0: never froze) */
-};
-
-/* A checkpoint the policy asked for: the caller's, alive until done() is called. */
-struct envs_policy_ckpt {
-	atomic_bool cancel;  /* set by the caller: stop at the next safe point (supervisor-env.h) */
-	atomic_bool started; /* set by the offload thread as the job begins */
-	atomic_bool thawed;  /* set by the offload thread once the environment runs again */
-	uint64_t thaw_us;    /* job start to thaw; valid once thawed reads true */
-	/* Offload thread, right after thawed is set: wake the loop. */
-	void (*on_thawed)(struct envs_policy_ckpt *pc);
-	/* Loop thread, once, when the job is over (completed, aborted, failed). */
-	void (*on_done)(struct supervisor *s, struct envs_policy_ckpt *pc,
-			const struct envs_ckpt_result *res);
-};
 
 /* Runs a checkpoint of environment id for trajectory, turn as the environment's job (the same
  * job a framework's `env checkpoint` runs, with the dirty set snapshot), cancellable through

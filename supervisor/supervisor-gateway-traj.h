@@ -25,12 +25,9 @@
 #include <stdint.h>
 
 #include "proto.h"
+#include "sv-policy.h"
 
 struct supervisor;
-
-#define GATEWAY_TRAJ_HEADER "X-Belayer-Trajectory"
-/* Trajectories remembered; past that the least recently active one is forgotten. */
-#define GATEWAY_TRAJ_MAX 4096
 
 /* What the gateway knows of a trajectory's pending (in flight) request. */
 struct gateway_traj_pending {
@@ -46,33 +43,6 @@ int gateway_traj_pending(struct supervisor *s, const char *trajectory,
 /* Output tokens of the trajectory's last completed request. -ENOENT: none completed. */
 int gateway_traj_last_output(struct supervisor *s, const char *trajectory, uint64_t *ret);
 
-/* 0 when v is a valid header value: 1..PROTO_MAX_STR bytes, each visible ASCII (0x21-0x7e);
- * -EINVAL otherwise. */
-int gateway_traj_id_check(const char *v);
-
-/* The table itself (the gateway owns one in s->gw_trajs while it runs). */
-struct gateway_trajs;
-
-/* A request's handle on its trajectory's entry; seq 0: untagged. */
-struct gateway_traj_ticket {
-	uint32_t slot;
-	uint64_t seq;
-};
-
-struct gateway_trajs *gateway_trajs_new(uint32_t max);
-void gateway_trajs_free(struct gateway_trajs *t);
-/* A tagged request with prompt_tokens was accepted: it becomes its trajectory's pending one.
- * -EINVAL for an invalid id. */
-int gateway_trajs_begin(struct gateway_trajs *t, const char *id, uint64_t prompt_tokens,
-			uint64_t now_us, struct gateway_traj_ticket *ret);
-/* An attempt (the first, or a resumed one) starts: the rate window restarts. */
-void gateway_trajs_attempt(struct gateway_trajs *t, const struct gateway_traj_ticket *k);
-/* The request has generated this many tokens in total by now_us. */
-void gateway_trajs_progress(struct gateway_trajs *t, const struct gateway_traj_ticket *k,
-			    uint64_t generated, uint64_t now_us);
-/* The request ended; completed (a finish reason came) with generated tokens, or not. */
-void gateway_trajs_end(struct gateway_trajs *t, struct gateway_traj_ticket *k, bool completed,
-		       uint64_t generated, uint64_t now_us);
 /* Lookups: -ENOENT when the id is unknown (or, for last_output, none completed). */
 int gateway_trajs_get(const struct gateway_trajs *t, const char *id,
 		      struct gateway_traj_pending *ret);

@@ -24,12 +24,12 @@
 
 #include "log.h"
 #include "supervisor-config.h"
-#include "supervisor-engines.h"
 #include "supervisor-gateway-resume.h"
 #include "supervisor-gateway-sse.h"
-#include "supervisor-gateway-traj.h"
 #include "supervisor-gateway.h"
 #include "supervisor.h"
+#include "sv-policy.h"
+#include "sv-recovery.h"
 #include "util.h"
 
 #define GW_TICK_MS	 5
@@ -350,7 +350,10 @@ static void reply_start(struct gw_req *r)
 
 static bool engine_serving(const struct gw_engine *ge)
 {
-	return !ge->e->rec && ge->e->primary_ready && ge->e->primary_port;
+	struct engine_upstream u;
+
+	engine_upstream(ge->e, &u);
+	return !u.recovering && u.ready && u.port;
 }
 
 /* The attempt in flight failed (connection lost, stream cut, 5xx): wait for the engine's
@@ -573,6 +576,7 @@ static int attempt_start(struct gw_req *r)
 {
 	struct gw_engine *ge = r->ge;
 	struct gw_attempt *a = calloc(1, sizeof(*a));
+	struct engine_upstream u;
 	struct evkeyvalq *h;
 	char host[64];
 	char *body = NULL;
@@ -586,8 +590,9 @@ static int attempt_start(struct gw_req *r)
 	r->a = a;
 	a->sse = evbuffer_new();
 	a->body = evbuffer_new();
-	r->attempt_port = ge->e->primary_port;
-	r->attempt_nrec = ge->e->n_recoveries;
+	engine_upstream(ge->e, &u);
+	r->attempt_port = u.port;
+	r->attempt_nrec = u.n_recoveries;
 	a->conn = evhttp_connection_base_new(gw->base, NULL, GW_UPSTREAM_HOST,
 					     (uint16_t)r->attempt_port);
 	a->ureq = a->conn ? evhttp_request_new(on_up_done, a) : NULL;
@@ -641,9 +646,11 @@ nomem:
 static void req_advance(struct gw_req *r)
 {
 	struct gw_engine *ge = r->ge;
-	struct sv_engine *e = ge->e;
+	struct engine_upstream e;
 	uint64_t now = now_ms();
 	char msg[512];
+
+	engine_upstream(ge->e, &e);
 
 	switch (r->state) {
 	case REQ_WAITING:
@@ -658,7 +665,7 @@ static void req_advance(struct gw_req *r)
 		break;
 	case REQ_RECOVERING:
 		if (engine_serving(ge) &&
-		    (e->n_recoveries >= r->target_nrec || e->primary_port != r->attempt_port)) {
+		    (e.n_recoveries >= r->target_nrec || e.port != r->attempt_port)) {
 			r->retries = 0;
 			if (attempt_start(r) < 0)
 				req_fail(r, 503, "out of memory");
@@ -672,7 +679,7 @@ static void req_advance(struct gw_req *r)
 				 ge->cfg->name, r->uri, r->why, r->retries, GW_RETRIES);
 			if (attempt_start(r) < 0)
 				req_fail(r, 503, "out of memory");
-		} else if (!e->rec && now >= r->grace_ms && e->n_recoveries < r->target_nrec &&
+		} else if (!e.recovering && now >= r->grace_ms && e.n_recoveries < r->target_nrec &&
 			   (r->retries >= GW_RETRIES || !engine_serving(ge))) {
 			/* No recovery began: the engine is not dead, the request failed. */
 			snprintf(msg, sizeof(msg), "engine \"%s\" failed the request: %s",
@@ -872,19 +879,20 @@ int gateway_start(struct supervisor *s, struct event_base *base)
 {
 	int r;
 
-	if (!s->engines)
+	if (!recovery_engines_n(s))
 		return 0;
 	gw = calloc(1, sizeof(*gw));
 	if (!gw)
 		return -ENOMEM;
 	gw->s = s;
 	gw->base = base;
-	for (size_t i = 0; i < s->engines->n; i++) {
-		struct sv_engine *e = &s->engines->e[i];
+	for (size_t i = 0; i < recovery_engines_n(s); i++) {
+		struct sv_engine *e = recovery_engine(s, i);
+		const struct sv_engine_config *cfg = engine_config(e);
 
-		if (!e->cfg->gateway_listen[0])
+		if (!cfg->gateway_listen[0])
 			continue;
-		gw->ge[gw->n] = (struct gw_engine){.s = s, .e = e, .cfg = e->cfg};
+		gw->ge[gw->n] = (struct gw_engine){.s = s, .e = e, .cfg = cfg};
 		r = listen_one(&gw->ge[gw->n]);
 		gw->n++;
 		if (r < 0)

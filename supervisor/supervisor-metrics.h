@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "proto.h"
+#include "util.h"
 
 enum reject_reason {
 	REJECT_MAX_CONNECTIONS,
@@ -73,6 +74,11 @@ struct sv_metrics {
 const char *reject_reason_to_string(enum reject_reason r);
 
 struct supervisor;
+
+/* What a subsystem's collect_metrics (supervisor-subsystem.h) adds its metrics to. */
+struct metrics_collector;
+void metrics_add(struct metrics_collector *col, const char *name, enum metric_kind kind,
+		 uint64_t value, const char *help, const char *labels_fmt, ...) _printf_(6, 7);
 
 /* Metric i (0, 1, ... until false) as a METRIC message, values as of now. */
 bool metrics_get(struct supervisor *s, size_t i, struct proto_msg *ret);

@@ -4,33 +4,12 @@
 
 #include "supervisor-policy.h"
 
-static const char *const mode_names[] = {
-	[POLICY_NEVER] = "never",
-	[POLICY_EVERY_TURN] = "every-turn",
-	[POLICY_ADAPTIVE] = "adaptive",
-};
-
 static const char *const reason_names[] = {
 	[POLICY_R_MODE_NEVER] = "never",      [POLICY_R_EVERY_TURN] = "every-turn",
 	[POLICY_R_CLEAN] = "clean",	      [POLICY_R_FITS] = "fits",
 	[POLICY_R_NO_FIT] = "no-fit",	      [POLICY_R_FORCE_TURNS] = "force-turns",
 	[POLICY_R_FORCE_TIME] = "force-time",
 };
-
-const char *policy_mode_to_string(enum policy_mode m)
-{
-	return (unsigned)m < _POLICY_MODE_MAX ? mode_names[m] : "?";
-}
-
-int policy_mode_from_string(const char *s, enum policy_mode *ret)
-{
-	for (unsigned i = 0; i < _POLICY_MODE_MAX; i++)
-		if (strcmp(s, mode_names[i]) == 0) {
-			*ret = i;
-			return 0;
-		}
-	return -EINVAL;
-}
 
 const char *policy_reason_to_string(enum policy_reason r)
 {

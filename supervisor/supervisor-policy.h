@@ -29,12 +29,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum policy_mode {
-	POLICY_NEVER = 0,
-	POLICY_EVERY_TURN = 1,
-	POLICY_ADAPTIVE = 2,
-	_POLICY_MODE_MAX,
-};
+#include "supervisor-config.h" /* enum policy_mode: [policy] mode */
 
 struct policy_config {
 	enum policy_mode mode;
@@ -85,9 +80,6 @@ struct policy_decision {
 	enum policy_reason reason;
 };
 
-const char *policy_mode_to_string(enum policy_mode m);
-/* "never", "every-turn", "adaptive" -> 0 and *ret; anything else -EINVAL. */
-int policy_mode_from_string(const char *s, enum policy_mode *ret);
 const char *policy_reason_to_string(enum policy_reason r);
 
 void policy_traj_init(struct policy_traj *t, uint64_t now_us);

@@ -2,7 +2,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "supervisor-nccl.h"
 #include "supervisor-registry.h"
 #include "util.h"
 
@@ -98,7 +97,8 @@ void registry_worker_remove(struct sv_registry *reg, struct sv_worker *w)
 			break;
 		}
 	group_put(reg, w->group);
-	nccl_worker_removed(w);
+	if (reg->worker_removed)
+		reg->worker_removed(w);
 	(void)safe_close(w->pidfd);
 	free(w->shadow_regions);
 	free(w);

@@ -94,6 +94,8 @@ struct sv_registry {
 	struct sv_worker *workers;
 	struct sv_group *groups;
 	uint32_t n_fds; /* region fds held */
+	/* Called as a worker record goes (its regions gone already); NULL: nothing to tell. */
+	void (*worker_removed)(struct sv_worker *w);
 };
 
 struct supervisor;

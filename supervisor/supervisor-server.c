@@ -18,22 +18,12 @@
 #include <systemd/sd-daemon.h>
 
 #include "log.h"
-#include "supervisor-nccl.h"
-#include "supervisor-checks.h"
 #include "supervisor-client.h"
-#include "supervisor-engines.h"
-#include "supervisor-gateway.h"
-#include "supervisor-env-ctl.h"
-#include "supervisor-envtrace.h"
-#include "supervisor-events.h"
-#include "supervisor-fdstore.h"
 #include "supervisor-handler.h"
-#include "supervisor-health.h"
 #include "supervisor-journal.h"
 #include "supervisor-offload.h"
 #include "supervisor-server.h"
-#include "supervisor-traj-ctl.h"
-#include "supervisor-workers.h"
+#include "supervisor-subsystem.h"
 
 #define ACCEPT_BURST 64
 #define READ_BURST   32
@@ -116,7 +106,9 @@ static void on_pidfd(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	supervisor_worker_died(the, w);
+	SUBSYSTEMS_FOREACH (the, it)
+		if ((*it)->worker_died)
+			(*it)->worker_died(the, w);
 	sweep(the);
 }
 
@@ -142,32 +134,8 @@ static void unwatch_worker(struct supervisor *s, struct sv_worker *w)
 	w->watch = NULL;
 }
 
-static void on_envtrace(evutil_socket_t fd, short what, void *arg)
-{
-	(void)fd;
-	(void)what;
-	envs_drain(arg);
-	sweep(arg);
-}
-
-static struct event *ev_et, *ev_et_timer;
-
-/* The environment tracer's ring buffer on the loop (once loaded: at start or at the first
- * environment), drained on wakeups and every ENVTRACE_DRAIN_INTERVAL_MS (records below the
- * wakeup threshold wake nobody). */
-static int watch_envtrace(struct supervisor *s, int fd)
-{
-	ev_et = event_new(base, fd, EV_READ | EV_PERSIST, on_envtrace, s);
-	ev_et_timer = event_new(base, -1, EV_PERSIST, on_envtrace, s);
-	if (!ev_et || !ev_et_timer || event_add(ev_et, NULL) < 0 ||
-	    event_add(ev_et_timer,
-		      &(struct timeval){.tv_usec = ENVTRACE_DRAIN_INTERVAL_MS * 1000}) < 0)
-		return -ENOMEM;
-	return 0;
-}
-
 /* Modules' fds on the loop (sv_hooks.watch_fd), freed at exit before the modules close them. */
-#define MAX_WATCHED_FDS 4
+#define MAX_WATCHED_FDS 8
 static struct event *ev_watched[MAX_WATCHED_FDS];
 static void (*watched_cb[MAX_WATCHED_FDS])(struct supervisor *s);
 
@@ -199,14 +167,48 @@ static int watch_fd(struct supervisor *s, int fd, void (*cb)(struct supervisor *
 	return 0;
 }
 
+/* Modules' timers (sv_hooks.every), freed at exit with the fds. */
+#define MAX_TIMERS 8
+static struct event *ev_timers[MAX_TIMERS];
+static void (*timer_cb[MAX_TIMERS])(struct supervisor *s);
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	timer_cb[(uintptr_t)arg](the);
+	sweep(the);
+}
+
+static int every(struct supervisor *s, uint64_t interval_us, void (*cb)(struct supervisor *s))
+{
+	uintptr_t i;
+
+	(void)s;
+	for (i = 0; i < MAX_TIMERS && ev_timers[i]; i++)
+		;
+	if (i == MAX_TIMERS)
+		return -ENOSPC;
+	ev_timers[i] = event_new(base, -1, EV_PERSIST, on_timer, (void *)i);
+	if (!ev_timers[i] ||
+	    event_add(ev_timers[i],
+		      &(struct timeval){.tv_sec = (time_t)(interval_us / 1000000),
+					.tv_usec = (suseconds_t)(interval_us % 1000000)}) < 0) {
+		if (ev_timers[i])
+			event_free(ev_timers[i]);
+		ev_timers[i] = NULL;
+		return -ENOMEM;
+	}
+	timer_cb[i] = cb;
+	return 0;
+}
+
 static const struct sv_hooks hooks = {
 	.want_write = want_write,
 	.watch_worker = watch_worker,
 	.unwatch_worker = unwatch_worker,
-	.env_request = envs_dispatch,
 	.watch_fd = watch_fd,
-	.env_view = envs_view,
-	.env_policy_checkpoint = envs_policy_checkpoint,
+	.every = every,
 };
 
 static void on_accept(evutil_socket_t fd, short what, void *arg)
@@ -263,32 +265,11 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	workers_tick(s);
+	SUBSYSTEMS_FOREACH (s, it)
+		if ((*it)->tick)
+			(*it)->tick(s);
 	update_status(s);
 	sweep(s);
-}
-
-static void on_engines(evutil_socket_t fd, short what, void *arg)
-{
-	(void)fd;
-	(void)what;
-	engines_tick(arg);
-	sweep(arg);
-}
-
-static void on_nccl(evutil_socket_t fd, short what, void *arg)
-{
-	(void)fd;
-	(void)what;
-	nccl_tick(arg);
-	sweep(arg);
-}
-
-static void on_gpu_timer(evutil_socket_t fd, short what, void *arg)
-{
-	(void)fd;
-	(void)what;
-	checks_gpu_periodic(arg);
 }
 
 static void on_watchdog(evutil_socket_t fd, short what, void *arg)
@@ -462,22 +443,43 @@ static int listen_socket(struct supervisor *s)
 	return TAKE_FD(fd);
 }
 
+/* The journal's records, to every subsystem that keeps some. */
+static int replay_record(void *userdata, const struct journal_record *rec)
+{
+	struct supervisor *s = userdata;
+
+	SUBSYSTEMS_FOREACH (s, it)
+		if ((*it)->journal_record) {
+			int r = (*it)->journal_record(s, rec);
+
+			if (r < 0)
+				return r;
+		}
+	return 0;
+}
+
+/* At exit, after the offload thread stopped: the connections, then the subsystems (the last
+ * started first), then what is left of the registry. */
 static void teardown(struct supervisor *s)
 {
+	size_t n = 0;
+
 	while (s->clients)
 		client_close(s, s->clients);
-	gateway_stop(s);
-	engines_stop(s);
+	SUBSYSTEMS_FOREACH (s, it)
+		n++;
+	while (n--)
+		if (s->subsystems[n]->finish)
+			s->subsystems[n]->finish(s);
 	for (struct sv_worker *w = s->reg.workers; w; w = w->next)
 		unwatch_worker(s, w);
 	registry_finish(&s->reg);
-	nccl_finish();
 }
 
 int server_run(struct supervisor *s)
 {
-	struct event *ev_listen = NULL, *ev_tick = NULL, *ev_gpu = NULL, *ev_wd = NULL,
-		     *ev_off = NULL, *ev_eng = NULL, *ev_sig[4] = {NULL}, *ev_nccl = NULL;
+	struct event *ev_listen = NULL, *ev_tick = NULL, *ev_wd = NULL, *ev_off = NULL,
+		     *ev_sig[4] = {NULL};
 	static const int sigs[4] = {SIGTERM, SIGINT, SIGHUP, 0};
 	struct evhttp *http = NULL;
 	uint64_t wd_usec = 0;
@@ -491,11 +493,12 @@ int server_run(struct supervisor *s)
 		return log_error_errno(-ENOMEM, "Failed to create the event loop.");
 
 	if (s->config.journal) {
-		r = journal_open(s->config.state_dir, workers_restore_record, s, &s->journal);
+		r = journal_open(s->config.state_dir, replay_record, s, &s->journal);
 		if (r < 0)
 			goto out;
-		(void)fdstore_restore(s);
-		workers_restore_finish(s);
+		SUBSYSTEMS_FOREACH (s, it)
+			if ((*it)->journal_replayed)
+				(*it)->journal_replayed(s);
 	}
 	r = offload_start(s);
 	if (r < 0)
@@ -517,15 +520,6 @@ int server_run(struct supervisor *s)
 		if (!ev_sig[i] || event_add(ev_sig[i], NULL) < 0)
 			goto out;
 	}
-	/* The first GPU check opens NVML, whose XID events count from then on. */
-	checks_gpu_periodic(s);
-	if (s->config.health_interval) {
-		ev_gpu = event_new(base, -1, EV_PERSIST, on_gpu_timer, s);
-		if (!ev_gpu ||
-		    event_add(ev_gpu,
-			      &(struct timeval){.tv_sec = (time_t)s->config.health_interval}) < 0)
-			goto out;
-	}
 	if (sd_watchdog_enabled(0, &wd_usec) > 0 && wd_usec > 0) {
 		ev_wd = event_new(base, -1, EV_PERSIST, on_watchdog, s);
 		if (!ev_wd ||
@@ -534,38 +528,16 @@ int server_run(struct supervisor *s)
 					     .tv_usec = (suseconds_t)(wd_usec / 2 % 1000000)}) < 0)
 			goto out;
 	}
-	{
-		/* NCCL hang detection: reads the communicators' counters. */
-		uint64_t ms = MAX(s->config.nccl_poll_ms, (uint64_t)10);
-
-		ev_nccl = event_new(base, -1, EV_PERSIST, on_nccl, s);
-		if (!ev_nccl ||
-		    event_add(ev_nccl,
-			      &(struct timeval){.tv_sec = (time_t)(ms / 1000),
-						.tv_usec = (suseconds_t)(ms % 1000) * 1000}) < 0)
-			goto out;
-	}
 	r = http_start(s, &http);
 	if (r < 0)
 		goto out;
-	r = envs_start(s, watch_envtrace);
-	if (r < 0)
-		goto out;
-	/* Engines last: their shims connect to the socket that now listens. */
-	if (s->config.n_engines) {
-		r = engines_start(s);
-		if (r < 0)
-			goto out;
-		r = -ENOMEM;
-		ev_eng = event_new(base, -1, EV_PERSIST, on_engines, s);
-		if (!ev_eng ||
-		    event_add(ev_eng, &(struct timeval){.tv_usec = ENGINES_TICK_MS * 1000}) < 0)
-			goto out;
-		/* The engines' gateways (issue 8): listeners in this loop. */
-		r = gateway_start(s, base);
-		if (r < 0)
-			goto out;
-	}
+	/* In the list's order (main's): each may rely on those before it. */
+	SUBSYSTEMS_FOREACH (s, it)
+		if ((*it)->start) {
+			r = (*it)->start(s, base);
+			if (r < 0)
+				goto out;
+		}
 
 	log_info("Listening on %s.", s->config.socket);
 	(void)sd_notify(0, "READY=1");
@@ -573,16 +545,17 @@ int server_run(struct supervisor *s)
 	r = event_base_dispatch(base) < 0 ? -EIO : 0;
 
 out:
-	if (ev_et)
-		event_free(ev_et);
-	if (ev_et_timer)
-		event_free(ev_et_timer);
-	ev_et = ev_et_timer = NULL;
+	for (size_t i = 0; i < MAX_TIMERS; i++)
+		if (ev_timers[i])
+			event_free(ev_timers[i]);
+	memset(ev_timers, 0, sizeof(ev_timers));
 	for (size_t i = 0; i < MAX_WATCHED_FDS; i++)
 		if (ev_watched[i])
 			event_free(ev_watched[i]);
 	memset(ev_watched, 0, sizeof(ev_watched));
-	envs_stop(s);
+	SUBSYSTEMS_FOREACH (s, it)
+		if ((*it)->stop)
+			(*it)->stop(s);
 	if (http)
 		evhttp_free(http);
 	for (int i = 0; i < 4; i++)
@@ -590,12 +563,6 @@ out:
 			event_free(ev_sig[i]);
 	if (ev_wd)
 		event_free(ev_wd);
-	if (ev_eng)
-		event_free(ev_eng);
-	if (ev_nccl)
-		event_free(ev_nccl);
-	if (ev_gpu)
-		event_free(ev_gpu);
 	if (ev_off)
 		event_free(ev_off);
 	if (ev_tick)
@@ -610,9 +577,6 @@ out:
 	}
 	journal_close(s->journal);
 	s->journal = NULL;
-	traj_ctl_free(s);
-	health_gpu_free(s->gpu);
-	s->gpu = NULL;
 	event_base_free(base);
 	base = NULL;
 	return r;

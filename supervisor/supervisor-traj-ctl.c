@@ -12,8 +12,6 @@
 #include "log.h"
 #include "util.h"
 #include "supervisor-client.h"
-#include "supervisor-env-ctl.h"
-#include "supervisor-env-manifest.h"
 #include "supervisor-gateway-traj.h"
 #include "supervisor-traj-ctl.h"
 #include "supervisor-traj.h"
@@ -26,10 +24,18 @@
  * about a millisecond; much more is a CRIU dump that was running (it is never interrupted). */
 #define PAST_BOUND_SLACK_US 10000
 
+/* The environments' side (traj_ctl_set_env_ops); NULL: no environments (tests, fuzzing). */
+static const struct traj_env_ops *env_ops;
+
+void traj_ctl_set_env_ops(const struct traj_env_ops *ops)
+{
+	env_ops = ops;
+}
+
 /* A checkpoint the policy started at a step end, until a step-begin of its trajectory took its
  * outcome and its job is over. */
 struct pckpt {
-	struct envs_policy_ckpt h; /* the job's handle (supervisor-env-ctl.h) */
+	struct envs_policy_ckpt h; /* the job's handle (sv-policy.h) */
 	struct pckpt *next;
 	struct sv_traj_ctl *tc;
 	char env[64];
@@ -286,10 +292,10 @@ static void cost_sample_of(const struct envs_ckpt_result *res, struct cost_sampl
 	uint64_t total_us = res->thaw_us ? res->thaw_us : res->run_us;
 
 	*ret = (struct cost_sample){
-		.fs_bytes = res->m->fs_bytes,
-		.criu_bytes = res->m->criu_bytes,
-		.fs_s = (double)res->m->fs_us / 1e6,
-		.dump_s = (double)res->m->dump_us / 1e6,
+		.fs_bytes = res->fs_bytes,
+		.criu_bytes = res->criu_bytes,
+		.fs_s = (double)res->fs_us / 1e6,
+		.dump_s = (double)res->dump_us / 1e6,
 		.total_s = (double)total_us / 1e6,
 	};
 }
@@ -304,11 +310,11 @@ static void pckpt_done(struct supervisor *s, struct envs_policy_ckpt *h,
 	pc->running = false;
 	pc->r = res->r;
 	pc->ran_us = res->run_us;
-	if (res->r >= 0 && res->m) {
+	if (res->r >= 0 && res->committed) {
 		struct cost_sample cs;
 
 		pc->r = 0;
-		snprintf(pc->id, sizeof(pc->id), "%s", res->m->id);
+		snprintf(pc->id, sizeof(pc->id), "%s", res->id);
 		s->metrics.policy_ckpts[POLICY_CKPT_COMPLETED]++;
 		cost_sample_of(res, &cs);
 		if (t)
@@ -381,7 +387,7 @@ static void start_checkpoint(struct supervisor *s, struct sv_traj_ctl *tc,
 	pc->running = true;
 	pc->next = tc->ckpts;
 	tc->ckpts = pc;
-	r = s->hooks->env_policy_checkpoint(s, q->env, q->trajectory, q->turn, &pc->h);
+	r = env_ops->checkpoint(s, q->env, q->trajectory, q->turn, &pc->h);
 	if (r < 0) {
 		tc->ckpts = pc->next;
 		free(pc);
@@ -447,9 +453,8 @@ int traj_ctl_on_step(struct supervisor *s, struct sv_client *c, const struct pro
 	q = gateway_fill(s, q, &filled); /* gateway-traj */
 	/* An environment the supervisor manages is seen as it is; any other (or none) is taken
 	 * as dirty with the cost model's priors, and the decision is advice only. */
-	if (q->ev == TRAJ_STEP_END && q->env[0] && s->hooks && s->hooks->env_view &&
-	    s->hooks->env_policy_checkpoint)
-		managed = s->hooks->env_view(s, q->env, &v) >= 0;
+	if (q->ev == TRAJ_STEP_END && q->env[0] && env_ops && env_ops->view && env_ops->checkpoint)
+		managed = env_ops->view(s, q->env, &v) >= 0;
 	r = traj_on_step(s->trajs, &pc, q, &v, now, &m.traj_decision);
 	if (r < 0)
 		return client_send_error(s, c, -r, PROTO_TRAJ_STEP,
@@ -470,7 +475,7 @@ void traj_ctl_env_checkpointed(struct supervisor *s, const char *env, const char
 	struct traj_tracker *t = tracker(s);
 	struct cost_sample cs;
 
-	if (!t || !res->m)
+	if (!t || !res->committed)
 		return;
 	cost_sample_of(res, &cs);
 	(void)traj_checkpoint_done(t, trajectory, env, &cs, mono_now_us());

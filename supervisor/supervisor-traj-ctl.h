@@ -23,13 +23,8 @@
 
 #include "proto.h"
 #include "supervisor.h"
-
-struct envs_ckpt_result;
+#include "sv-policy.h"
 
 int traj_ctl_on_step(struct supervisor *s, struct sv_client *c, const struct proto_traj_step *q);
-/* A checkpoint a client asked for (`env checkpoint` naming a trajectory) completed: it
- * protects the trajectory and teaches the environment's cost predictor. */
-void traj_ctl_env_checkpointed(struct supervisor *s, const char *env, const char *trajectory,
-			       const struct envs_ckpt_result *res);
 /* At exit, after the offload thread stopped. */
 void traj_ctl_free(struct supervisor *s);

@@ -15,13 +15,7 @@
 #include "proto.h"
 #include "supervisor-policy-predict.h"
 #include "supervisor-policy.h"
-
-/* What the daemon knows of an environment at a step end. */
-struct traj_env_view {
-	bool dirty;	      /* changed since its last checkpoint (dirty set or new processes) */
-	uint64_t dirty_bytes; /* bytes of the dirty paths */
-	uint64_t mem_bytes;   /* the process tree's memory (what CRIU dumps) */
-};
+#include "sv-policy.h"
 
 struct traj_tracker;
 

@@ -1,5 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* belayer-supervisor: main only (arguments, configuration), the rest is in supervisor-*.c. */
+/*
+ * belayer-supervisor: main only (arguments, configuration, the list of subsystems). The core
+ * (core/) runs the loop and dispatches to the subsystems (recovery/, env/, policy/,
+ * gateway/), which register what they serve through struct sv_subsystem.
+ */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +15,18 @@
 #include "supervisor-config.h"
 #include "supervisor-events.h"
 #include "supervisor-server.h"
+#include "supervisor-subsystem.h"
 #include "supervisor.h"
+#include "sv-env.h"
+#include "sv-gateway.h"
+#include "sv-policy.h"
+#include "sv-recovery.h"
+
+/* Started in this order, finished in the reverse: environments are taken back before the
+ * engines launch, and the gateways front the engines once they run. */
+static const struct sv_subsystem *const subsystems[] = {
+	&env_subsystem, &recovery_subsystem, &policy_subsystem, &gateway_subsystem, NULL,
+};
 
 static void help(void)
 {
@@ -140,6 +155,7 @@ int main(int argc, char **argv)
 	if (!getenv("BELAYER_LOG_LEVEL") && log_level_from_string(s.config.log_level, &level) == 0)
 		log_set_level(level);
 
+	subsystems_init(&s, subsystems);
 	raise_nofile(&s.config);
 	s.uid = getuid();
 	s.start_ms = now_ms();

@@ -18,13 +18,13 @@
 
 struct sv_journal;
 struct sv_offload;
+struct sv_subsystem;
+/* The subsystems' state: opaque here, each defined and owned by its subsystem. */
 struct health_gpu;
 struct sv_engines;
 struct sv_envs;
 struct traj_tracker;
 struct sv_traj_ctl;
-struct traj_env_view;
-struct envs_policy_ckpt;
 struct gateway_trajs;
 
 struct sv_packet {
@@ -52,21 +52,15 @@ struct sv_client {
 struct sv_hooks {
 	/* A client has queued output: watch it for writability. */
 	void (*want_write)(struct supervisor *s, struct sv_client *c);
-	/* Watch w->pidfd; call supervisor_worker_died() when it fires. */
+	/* Watch w->pidfd; call the subsystems' worker_died when it fires. */
 	int (*watch_worker)(struct supervisor *s, struct sv_worker *w);
 	void (*unwatch_worker)(struct supervisor *s, struct sv_worker *w);
-	/* PROTO_ENV_REQUEST (supervisor-env-ctl.h): served by the daemon only. */
-	int (*env_request)(struct supervisor *s, struct sv_client *c,
-			   const struct proto_env_request *q);
 	/* Call cb(s) on the loop whenever fd is readable (cb reads it), until the loop ends; the
 	 * module closes fd after that (supervisor-traj-ctl.c: wakeups from the offload thread, a
 	 * timerfd). */
 	int (*watch_fd)(struct supervisor *s, int fd, void (*cb)(struct supervisor *s));
-	/* The checkpoint policy's view of an environment and its checkpoints (envs_view,
-	 * envs_policy_checkpoint of supervisor-env-ctl.h): served by the daemon only. */
-	int (*env_view)(struct supervisor *s, const char *id, struct traj_env_view *ret);
-	int (*env_policy_checkpoint)(struct supervisor *s, const char *id, const char *trajectory,
-				     uint64_t turn, struct envs_policy_ckpt *pc);
+	/* Call cb(s) on the loop every interval_us, until the loop ends. */
+	int (*every)(struct supervisor *s, uint64_t interval_us, void (*cb)(struct supervisor *s));
 };
 
 struct sv_event_ring {
@@ -82,6 +76,8 @@ struct supervisor {
 	struct sv_journal *journal;
 	struct sv_offload *offload;
 	const struct sv_hooks *hooks;
+	/* main's list, NULL-terminated (supervisor-subsystem.h); NULL: none */
+	const struct sv_subsystem *const *subsystems;
 	struct sv_client *clients;
 	uint32_t n_clients;
 	uint64_t next_serial;

@@ -18,8 +18,11 @@
 #include "supervisor-events.h"
 #include "supervisor-handler.h"
 #include "supervisor-health.h"
+#include "supervisor-subsystem.h"
 #include "supervisor-traj-ctl.h"
 #include "supervisor.h"
+#include "sv-policy.h"
+#include "sv-recovery.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -27,6 +30,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define MAX_PACKETS 64
 
 static struct health_gpu *gpu;
+
+/* Environments are the daemon's alone (CRIU, BPF): their requests get its answer without them. */
+static int on_env_request(struct supervisor *s, struct sv_client *c, struct proto_msg *m)
+{
+	(void)m;
+	return client_send_error(s, c, EOPNOTSUPP, PROTO_ENV_REQUEST,
+				 "environments are served by the daemon only");
+}
+
+static const struct sv_message_handler env_messages[] = {
+	{PROTO_ENV_REQUEST, on_env_request},
+	{},
+};
+
+static const struct sv_subsystem no_env = {.name = "env", .messages = env_messages};
+
+/* The daemon's subsystems that the socket reaches, but the environments. */
+static const struct sv_subsystem *const subsystems[] = {
+	&no_env,
+	&recovery_subsystem,
+	&policy_subsystem,
+	NULL,
+};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -60,6 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fuzz_fd_mark();
 	memset(&s, 0, sizeof(s));
 	config_init_defaults(&s.config);
+	subsystems_init(&s, subsystems);
 	s.config.allow_inject = false;
 	s.config.journal = false;
 	s.config.max_fds = 32;

@@ -1,0 +1,12 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Agent environments' face (supervisor/env/): launch, file-system delta, manifest,
+ * checkpoint/restore through CRIU, the eBPF tracer, served as PROTO_ENV_REQUEST. The other
+ * subsystems reach environments only through the checkpoint policy's struct traj_env_ops,
+ * which this subsystem implements (sv-policy.h).
+ */
+#pragma once
+
+struct sv_subsystem;
+
+extern const struct sv_subsystem env_subsystem;
