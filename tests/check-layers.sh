@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# The include rule (README, Development / Layout): every `#include "..."` of a C file in a
+# folder below must name a header of its own folder, or of a folder its row says it may use:
+# that folder's face (its one public header), or every header of it where the use ends in
+# "+" (white-box tests and benches). Core is the bottom layer: its headers are its face, and
+# it uses no subsystem. Prints each violation; fails when there is one, when a header name is
+# ambiguous, or when a listed folder or face is missing. Usage: check-layers.sh [SOURCE_ROOT]
+set -euo pipefail
+
+cd "${1:-$(dirname "$0")/..}"
+
+# The one statement of the allowed edges. A file belongs to the longest folder listed that
+# holds it; includes that resolve to no header of a listed folder (system, common/, generated
+# skeletons) are not this check's business.
+#   name      folder               face (*: every header)  may use (name: its face; name+: all)
+rules='
+core        supervisor/core      *              -
+policy      supervisor/policy    sv-policy.h    core
+env         supervisor/env       sv-env.h       core policy
+recovery    supervisor/recovery  sv-recovery.h  core
+gateway     supervisor/gateway   sv-gateway.h   core recovery policy
+main        supervisor           -              core env recovery policy gateway
+t-sv        tests/supervisor     -              core
+t-policy    tests/policy         -              core policy+ env+ t-sv+ t-envckpt+
+t-envckpt   tests/envckpt        -              env+
+t-envtrace  tests/envtrace       -              env+
+t-fuzz      tests/fuzz           -              core recovery+ policy+ env+
+bench       tools/bench          -              env+ t-envckpt+
+'
+# shim/ and tools/bench/ (issue 17, its last rule): their own rows go here, in the same form.
+
+declare -A folder_of face_of uses_of unit_of_header path_of_header
+names=()
+while read -r name folder face uses; do
+	[[ -n $name ]] || continue
+	names+=("$name")
+	folder_of[$name]=$folder
+	face_of[$name]=$face
+	uses_of[$name]=$uses
+done <<<"$rules"
+
+fail=0
+complain() {
+	echo "check-layers: $*" >&2
+	fail=1
+}
+
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+	list_files() { git ls-files -- "$1/*.c" "$1/*.h"; }
+else
+	list_files() { find "$1" -type f \( -name '*.c' -o -name '*.h' \) | sed 's|^\./||'; }
+fi
+
+# The unit a path belongs to: the longest listed folder that holds it.
+unit_of() {
+	local best='' len=0 n
+	for n in "${names[@]}"; do
+		local f=${folder_of[$n]}
+		if [[ $1 == "$f"/* && ${#f} -gt $len ]]; then
+			best=$n
+			len=${#f}
+		fi
+	done
+	echo "$best"
+}
+
+declare -A unit_of_file
+files=()
+for n in "${names[@]}"; do
+	[[ -d ${folder_of[$n]} ]] || complain "${folder_of[$n]} (row $n) does not exist"
+	while read -r f; do
+		[[ -n $f && -f $f ]] || continue
+		[[ -n ${unit_of_file[$f]:-} ]] && continue
+		u=$(unit_of "$f")
+		unit_of_file[$f]=$u
+		files+=("$f")
+		if [[ $f == *.h ]]; then
+			b=${f##*/}
+			if [[ -n ${path_of_header[$b]:-} && ${path_of_header[$b]} != "$f" ]]; then
+				complain "$b is ambiguous: ${path_of_header[$b]} and $f"
+			fi
+			path_of_header[$b]=$f
+			unit_of_header[$b]=$u
+		fi
+	done < <(list_files "${folder_of[$n]}")
+done
+for n in "${names[@]}"; do
+	face=${face_of[$n]}
+	[[ $face == '*' || $face == - ]] && continue
+	[[ -f ${folder_of[$n]}/$face ]] || complain "${folder_of[$n]}/$face (the face of $n) does not exist"
+done
+
+for f in "${files[@]}"; do
+	u=${unit_of_file[$f]}
+	while IFS= read -r hit; do
+		line=${hit%%:*}
+		[[ ${hit#*:} =~ \"([^\"]*)\" ]] || continue
+		b=${BASH_REMATCH[1]##*/}
+		hu=${unit_of_header[$b]:-}
+		[[ -n $hu && $hu != "$u" ]] || continue
+		allowed=0
+		for use in ${uses_of[$u]}; do
+			if [[ $use == "$hu+" ]]; then
+				allowed=1
+			elif [[ $use == "$hu" ]]; then
+				face=${face_of[$hu]}
+				if [[ $face == '*' || $face == "$b" ]]; then
+					allowed=1
+				else
+					complain "$f:$line: $b is private to ${folder_of[$hu]} (its face: $face)"
+					allowed=2
+				fi
+			fi
+		done
+		[[ $allowed == 0 ]] &&
+			complain "$f:$line: $b is ${folder_of[$hu]}'s, which $u may not use (may use: ${uses_of[$u]})"
+	done < <(grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" || true)
+done
+
+if [[ $fail != 0 ]]; then
+	echo "check-layers: the allowed edges are the table in tests/check-layers.sh (README: Layout)." >&2
+	exit 1
+fi
+echo "check-layers: ${#files[@]} files, every include within the layers."
