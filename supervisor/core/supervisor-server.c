@@ -134,73 +134,54 @@ static void unwatch_worker(struct supervisor *s, struct sv_worker *w)
 	w->watch = NULL;
 }
 
-/* Modules' fds on the loop (sv_hooks.watch_fd), freed at exit before the modules close them. */
-#define MAX_WATCHED_FDS 8
-static struct event *ev_watched[MAX_WATCHED_FDS];
-static void (*watched_cb[MAX_WATCHED_FDS])(struct supervisor *s);
+/* Modules' fds and timers on the loop (sv_hooks.watch_fd, sv_hooks.every), freed at exit
+ * before the modules close the fds. */
+#define MAX_WATCHES 16
+static struct event *ev_watches[MAX_WATCHES];
+static void (*watch_cb[MAX_WATCHES])(struct supervisor *s);
 
-static void on_watched(evutil_socket_t fd, short what, void *arg)
+static void on_watch(evutil_socket_t fd, short what, void *arg)
 {
 	(void)fd;
 	(void)what;
-	watched_cb[(uintptr_t)arg](the);
+	watch_cb[(uintptr_t)arg](the);
 	sweep(the);
+}
+
+/* fd readable (tv NULL) or a timer (fd -1) calls cb until the loop ends. */
+static int watch_add(int fd, const struct timeval *tv, void (*cb)(struct supervisor *s))
+{
+	uintptr_t i;
+
+	for (i = 0; i < MAX_WATCHES && ev_watches[i]; i++)
+		;
+	if (i == MAX_WATCHES)
+		return -ENOSPC;
+	ev_watches[i] = event_new(base, fd, fd >= 0 ? EV_READ | EV_PERSIST : EV_PERSIST, on_watch,
+				  (void *)i);
+	if (!ev_watches[i] || event_add(ev_watches[i], tv) < 0) {
+		if (ev_watches[i])
+			event_free(ev_watches[i]);
+		ev_watches[i] = NULL;
+		return -ENOMEM;
+	}
+	watch_cb[i] = cb;
+	return 0;
 }
 
 static int watch_fd(struct supervisor *s, int fd, void (*cb)(struct supervisor *s))
 {
-	uintptr_t i;
-
 	(void)s;
-	for (i = 0; i < MAX_WATCHED_FDS && ev_watched[i]; i++)
-		;
-	if (i == MAX_WATCHED_FDS)
-		return -ENOSPC;
-	ev_watched[i] = event_new(base, fd, EV_READ | EV_PERSIST, on_watched, (void *)i);
-	if (!ev_watched[i] || event_add(ev_watched[i], NULL) < 0) {
-		if (ev_watched[i])
-			event_free(ev_watched[i]);
-		ev_watched[i] = NULL;
-		return -ENOMEM;
-	}
-	watched_cb[i] = cb;
-	return 0;
-}
-
-/* Modules' timers (sv_hooks.every), freed at exit with the fds. */
-#define MAX_TIMERS 8
-static struct event *ev_timers[MAX_TIMERS];
-static void (*timer_cb[MAX_TIMERS])(struct supervisor *s);
-
-static void on_timer(evutil_socket_t fd, short what, void *arg)
-{
-	(void)fd;
-	(void)what;
-	timer_cb[(uintptr_t)arg](the);
-	sweep(the);
+	return watch_add(fd, NULL, cb);
 }
 
 static int every(struct supervisor *s, uint64_t interval_us, void (*cb)(struct supervisor *s))
 {
-	uintptr_t i;
+	struct timeval tv = {.tv_sec = (time_t)(interval_us / 1000000),
+			     .tv_usec = (suseconds_t)(interval_us % 1000000)};
 
 	(void)s;
-	for (i = 0; i < MAX_TIMERS && ev_timers[i]; i++)
-		;
-	if (i == MAX_TIMERS)
-		return -ENOSPC;
-	ev_timers[i] = event_new(base, -1, EV_PERSIST, on_timer, (void *)i);
-	if (!ev_timers[i] ||
-	    event_add(ev_timers[i],
-		      &(struct timeval){.tv_sec = (time_t)(interval_us / 1000000),
-					.tv_usec = (suseconds_t)(interval_us % 1000000)}) < 0) {
-		if (ev_timers[i])
-			event_free(ev_timers[i]);
-		ev_timers[i] = NULL;
-		return -ENOMEM;
-	}
-	timer_cb[i] = cb;
-	return 0;
+	return watch_add(-1, &tv, cb);
 }
 
 static const struct sv_hooks hooks = {
@@ -545,14 +526,10 @@ int server_run(struct supervisor *s)
 	r = event_base_dispatch(base) < 0 ? -EIO : 0;
 
 out:
-	for (size_t i = 0; i < MAX_TIMERS; i++)
-		if (ev_timers[i])
-			event_free(ev_timers[i]);
-	memset(ev_timers, 0, sizeof(ev_timers));
-	for (size_t i = 0; i < MAX_WATCHED_FDS; i++)
-		if (ev_watched[i])
-			event_free(ev_watched[i]);
-	memset(ev_watched, 0, sizeof(ev_watched));
+	for (size_t i = 0; i < MAX_WATCHES; i++)
+		if (ev_watches[i])
+			event_free(ev_watches[i]);
+	memset(ev_watches, 0, sizeof(ev_watches));
 	SUBSYSTEMS_FOREACH (s, it)
 		if ((*it)->stop)
 			(*it)->stop(s);
