@@ -13,20 +13,22 @@ cd "${1:-$(dirname "$0")/..}"
 # The one statement of the allowed edges. A file belongs to the longest folder listed that
 # holds it; includes that resolve to no header of a listed folder (system, common/, generated
 # skeletons) are not this check's business.
-#   name      folder               face (*: every header)  may use (name: its face; name+: all)
+# name      folder                    face (*: all)  may use (name: its face; name+: all of it)
 rules='
-core        supervisor/core      *              -
-policy      supervisor/policy    sv-policy.h    core
-env         supervisor/env       sv-env.h       core policy
-recovery    supervisor/recovery  sv-recovery.h  core
-gateway     supervisor/gateway   sv-gateway.h   core recovery policy
-main        supervisor           -              core env recovery policy gateway
-t-sv        tests/supervisor     -              core
-t-policy    tests/policy         -              core policy+ env+ t-sv+ t-envckpt+
-t-envckpt   tests/envckpt        -              env+
-t-envtrace  tests/envtrace       -              env+
-t-fuzz      tests/fuzz           -              core recovery+ policy+ env+
-bench       tools/bench          -              env+ t-envckpt+
+core        supervisor/core           *              -
+policy      supervisor/policy         sv-policy.h    core
+env         supervisor/env            sv-env.h       core policy
+recovery    supervisor/recovery       sv-recovery.h  core
+gateway     supervisor/gateway        sv-gateway.h   core recovery policy
+main        supervisor                -              core env recovery policy gateway
+t-sv        tests/supervisor          -              core
+t-core      tests/supervisor/core     -              core
+t-env       tests/supervisor/env      -              core env+
+t-recovery  tests/supervisor/recovery -              core recovery+ t-sv+
+t-gateway   tests/supervisor/gateway  -              core gateway+ t-sv+
+t-policy    tests/supervisor/policy   -              core policy+ env+ t-sv+ t-env+
+t-fuzz      tests/fuzz                -              core recovery+ policy+ env+
+bench       tools/bench               -              env+ t-env+
 '
 # shim/ and tools/bench/ (issue 17, its last rule): their own rows go here, in the same form.
 

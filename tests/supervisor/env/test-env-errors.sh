@@ -8,8 +8,8 @@ set -euo pipefail
 
 supervisor=$1
 ctl_bin=$2
-# shellcheck source=SCRIPTDIR/../helpers/test-lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../helpers/test-lib.sh"
+# shellcheck source=SCRIPTDIR/../../helpers/test-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
 
 env_fixture enverr big small

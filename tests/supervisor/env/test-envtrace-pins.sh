@@ -11,8 +11,8 @@ set -euo pipefail
 
 supervisor=$1
 ctl_bin=$2
-# shellcheck source=SCRIPTDIR/../helpers/test-lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../helpers/test-lib.sh"
+# shellcheck source=SCRIPTDIR/../../helpers/test-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 on_fail() {
 	for n in a b c; do
 		[[ -f $dir/$n.log ]] && sed "s/^/  $n: /" "$dir/$n.log"

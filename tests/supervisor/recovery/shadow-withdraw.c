@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A minimal engine for tests/supervisor/test-shadow-withdraw.c, started by the supervisor from
+ * A minimal engine for tests/supervisor/recovery/test-shadow-withdraw.c, started by the supervisor from
  * [engine.w] under LD_PRELOAD=libbelayer.so on the emulated GPU, as primary or shadow:
  *   weights: two cuMemAlloc of WEIGHTS_MIB/2 (before the KV-sizing probe: class weights);
  *   the probe (cuMemGetInfo), then kv: one cuMemAlloc of KV_MIB.
