@@ -5,7 +5,8 @@
 # that folder's face (its one public header), or every header of it where the use ends in
 # "+" (white-box tests and benches). Core is the bottom layer: its headers are its face, and
 # it uses no subsystem. Prints each violation; fails when there is one, when a header name is
-# ambiguous, or when a listed folder or face is missing. Usage: check-layers.sh [SOURCE_ROOT]
+# ambiguous, when a listed folder or face is missing, or when the table has a cycle.
+# Usage: check-layers.sh [SOURCE_ROOT]
 set -euo pipefail
 
 cd "${1:-$(dirname "$0")/..}"
@@ -91,6 +92,31 @@ for n in "${names[@]}"; do
 	face=${face_of[$n]}
 	[[ $face == '*' || $face == - ]] && continue
 	[[ -f ${folder_of[$n]}/$face ]] || complain "${folder_of[$n]}/$face (the face of $n) does not exist"
+done
+
+# The table itself points one way: no row reaches itself through what it may use.
+declare -A state
+visit() {
+	local n=$1 use
+	[[ ${state[$n]:-} == closed ]] && return 0
+	if [[ ${state[$n]:-} == open ]]; then
+		complain "the table has a cycle through $n"
+		return 0
+	fi
+	state[$n]=open
+	for use in ${uses_of[$n]}; do
+		use=${use%+}
+		[[ $use == - ]] && continue
+		if [[ -z ${folder_of[$use]:-} ]]; then
+			complain "row $n uses $use, which has no row"
+			continue
+		fi
+		visit "$use"
+	done
+	state[$n]=closed
+}
+for n in "${names[@]}"; do
+	visit "$n"
 done
 
 for f in "${files[@]}"; do
