@@ -16,6 +16,7 @@
 #include "supervisor-criu.h"
 #include "supervisor-dirty.h"
 #include "supervisor-env-ctl.h"
+#include "supervisor-env-slots.h"
 #include "supervisor-env.h"
 #include "supervisor-envtrace.h"
 #include "supervisor-events.h"
@@ -26,57 +27,6 @@
  * one is cut in a reply (never used to open anything); env_prepare() bounds the others. */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
-#define MAX_FOLLOWERS 8
-
-struct env_slot {
-	struct env_slot *next;
-	char id[ENV_ID_MAX + 1];
-	struct sv_env *env; /* NULL: a watch of another runtime's cgroup only */
-	bool busy;	    /* a job owns env */
-	char cgroup[PATH_MAX], root[PATH_MAX];
-	uint32_t trace_id;
-	struct sv_dirty *dirty;
-	/* The dirty set asked for a full diff by the end of the last checkpoint, with no path:
-	 * CRIU's parasite (a shared writable mapping in the dumped tasks), not the environment. */
-	bool full_diff_of_dump;
-	struct sv_sidelog *log;
-	char log_path[PATH_MAX];
-	uint64_t followers[MAX_FOLLOWERS]; /* client serials of `env log --follow` */
-};
-
-struct sv_envs {
-	struct env_slot *slots;
-	struct sv_envtrace *et;
-	bool et_tried; /* loaded, or failed once (said so, never again) */
-	int (*watch_fd)(struct supervisor *s, int fd);
-	uint32_t next_trace_id;
-	uint32_t next_watch;
-};
-
-struct env_job {
-	struct sv_job job;
-	uint64_t client;
-	struct env_slot *slot;
-	struct proto_env_request q;
-	struct env_params p;
-	char state_dir[PATH_MAX], cgroup_parent[PATH_MAX], criu[PATH_MAX];
-	struct sv_env *created;
-	int r;
-	struct env_manifest m;
-	bool have_manifest;
-	/* The dirty set at the checkpoint, sorted, each "path\0S" with S its subtree flag ('1':
-	 * the path and all below it, '0': the object itself), and its full-diff reason. */
-	char **dirty_paths;
-	size_t n_dirty;
-	char full_reason[ENV_STR_MAX + 1];
-	bool traced;
-	uint64_t us;
-	/* Checkpoints: the policy's handle (NULL: a client's request), the job's start and the
-	 * thaw on the offload thread's clock (thaw 0: never froze). */
-	struct envs_policy_ckpt *policy;
-	uint64_t run_start_us, thaw_at_us;
-};
-
 static uint64_t mono_us(void)
 {
 	struct timespec ts;
@@ -85,7 +35,7 @@ static uint64_t mono_us(void)
 	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
-static struct env_slot *slot_find(struct sv_envs *es, const char *id)
+struct env_slot *env_slot_find(struct sv_envs *es, const char *id)
 {
 	for (struct env_slot *sl = es ? es->slots : NULL; sl; sl = sl->next)
 		if (strcmp(sl->id, id) == 0)
@@ -624,8 +574,8 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 	(void)send_end(s, c, j->have_manifest || sl ? 1 : 0);
 }
 
-static struct env_job *job_new(struct supervisor *s, struct sv_client *c, struct env_slot *sl,
-			       const struct proto_env_request *q)
+struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct env_slot *sl,
+			    const struct proto_env_request *q)
 {
 	struct env_job *j = calloc(1, sizeof(*j));
 
@@ -656,7 +606,7 @@ static struct env_job *job_new(struct supervisor *s, struct sv_client *c, struct
 }
 
 /* Snapshot the dirty set for the checkpoint, then start a new one (loop thread). */
-static int snapshot_dirty(struct supervisor *s, struct env_slot *sl, struct env_job *j)
+int env_job_snapshot_dirty(struct supervisor *s, struct env_slot *sl, struct env_job *j)
 {
 	struct envtrace_env_stats st;
 	struct dirty_item *items = NULL;
@@ -717,7 +667,7 @@ static int reply_list(struct supervisor *s, struct sv_client *c, const char *env
 		return send_end(s, c, n);
 	}
 	{
-		struct env_slot *sl = slot_find(s->envs, env);
+		struct env_slot *sl = env_slot_find(s->envs, env);
 		char **ids = NULL;
 		size_t k = 0;
 		int r;
@@ -848,7 +798,7 @@ static int do_watch(struct supervisor *s, struct sv_client *c, const struct prot
 		snprintf(id, sizeof(id), "%s", q->env);
 	else
 		snprintf(id, sizeof(id), "watch%u", ++es->next_watch);
-	if (!env_id_valid(id) || slot_find(es, id))
+	if (!env_id_valid(id) || env_slot_find(es, id))
 		return client_send_error(s, c, EEXIST, PROTO_ENV_REQUEST, "%s: taken or invalid",
 					 id);
 	sl = calloc(1, sizeof(*sl));
@@ -897,7 +847,7 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 		    (q->op == ENV_OP_ADOPT && (!q->cgroup[0] || !q->pid)))
 			return client_send_error(s, c, EINVAL, PROTO_ENV_REQUEST,
 						 "create: env and root; adopt: env, root, cg, pid");
-		if (slot_find(es, q->env))
+		if (env_slot_find(es, q->env))
 			return client_send_error(s, c, EEXIST, PROTO_ENV_REQUEST,
 						 "environment %s exists", q->env);
 		sl = calloc(1, sizeof(*sl));
@@ -906,7 +856,7 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 		snprintf(sl->id, sizeof(sl->id), "%s", q->env);
 		sl->next = es->slots;
 		es->slots = sl;
-		j = job_new(s, c, sl, q);
+		j = env_job_new(s, c, sl, q);
 		if (!j) {
 			slot_remove(es, sl);
 			return client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory");
@@ -916,7 +866,7 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 	default:
 		break;
 	}
-	sl = slot_find(es, q->env);
+	sl = env_slot_find(es, q->env);
 	if (!sl)
 		return client_send_error(s, c, ENOENT, PROTO_ENV_REQUEST, "no environment %s",
 					 q->env);
@@ -934,173 +884,14 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 		slot_remove(es, sl);
 		return send_end(s, c, 0);
 	}
-	j = job_new(s, c, sl, q);
+	j = env_job_new(s, c, sl, q);
 	if (!j)
 		return client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory");
 	/* The tracer holds the environment's root open (O_PATH, to resolve its paths): a rebuild
 	 * or a destroy unmounts it, so tracing stops first (a rebuild's restarts when done). */
 	if (q->op == ENV_OP_REBUILD || q->op == ENV_OP_DESTROY)
 		slot_unwatch(es, sl);
-	if (q->op == ENV_OP_CHECKPOINT && snapshot_dirty(s, sl, j) < 0)
-		j->traced = false; /* metadata comparison alone still catches every change */
-	offload_submit(s, &j->job);
-	return 0;
-}
-
-/* --- the checkpoint policy's side -------------------------------------------------------- */
-
-/* Entries a view walks at most below dirty directories: the view is taken on the loop thread
- * at every step end, and the byte count is a cost estimate, not a copy. */
-#define VIEW_WALK_MAX 4096
-
-/* Bytes of regular files at path (and below it when subtree) in the upper layer. */
-static uint64_t upper_bytes(int at, const char *name, bool subtree, unsigned *budget)
-{
-	struct stat st;
-	uint64_t sum = 0;
-	struct dirent *de;
-	DIR *d;
-	int fd;
-
-	if (*budget == 0 || fstatat(at, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-		return 0;
-	(*budget)--;
-	if (S_ISREG(st.st_mode))
-		return (uint64_t)st.st_size;
-	if (!S_ISDIR(st.st_mode) || !subtree)
-		return 0;
-	fd = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	d = fd >= 0 ? fdopendir(fd) : NULL;
-	if (!d) {
-		if (fd >= 0)
-			(void)close(fd);
-		return 0;
-	}
-	while (*budget > 0 && (de = readdir(d)))
-		if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0)
-			sum += upper_bytes(dirfd(d), de->d_name, true, budget);
-	closedir(d);
-	return sum;
-}
-
-/* The processes' anonymous and shared memory (RssAnon + RssShmem), in the cgroup and below. */
-static uint64_t procs_mem_bytes(const char *cgroup, unsigned depth)
-{
-	char path[PATH_MAX], line[256];
-	unsigned long long kb, sum = 0;
-	struct dirent *de;
-	FILE *procs, *st;
-	DIR *d;
-	int pid;
-
-	snprintf(path, sizeof(path), "%s/cgroup.procs", cgroup);
-	procs = fopen(path, "re");
-	while (procs && fscanf(procs, "%d", &pid) == 1) {
-		snprintf(path, sizeof(path), "/proc/%d/status", pid);
-		st = fopen(path, "re");
-		while (st && fgets(line, sizeof(line), st))
-			if (sscanf(line, "RssAnon: %llu kB", &kb) == 1 ||
-			    sscanf(line, "RssShmem: %llu kB", &kb) == 1)
-				sum += kb * 1024;
-		if (st)
-			fclose(st);
-	}
-	if (procs)
-		fclose(procs);
-	d = depth < 8 ? opendir(cgroup) : NULL;
-	while (d && (de = readdir(d)))
-		if (de->d_type == DT_DIR && de->d_name[0] != '.') {
-			snprintf(path, sizeof(path), "%s/%s", cgroup, de->d_name);
-			sum += procs_mem_bytes(path, depth + 1);
-		}
-	if (d)
-		closedir(d);
-	return sum;
-}
-
-/* What CRIU dumps of the environment's memory: anonymous and shared memory. The cgroup's
- * memory.stat where the memory controller is on (memory.current would count the page cache
- * of the files the environment wrote too, which the FS delta copies, not the dump); else (a
- * hybrid hierarchy, its memory controller v1's) the processes' own counts. */
-static uint64_t cgroup_mem_bytes(const char *cgroup)
-{
-	char path[PATH_MAX], key[64];
-	unsigned long long v, sum = 0;
-	bool found = false;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "%s/memory.stat", cgroup);
-	f = fopen(path, "re");
-	if (f) {
-		while (fscanf(f, "%63s %llu", key, &v) == 2)
-			if (strcmp(key, "anon") == 0 || strcmp(key, "shmem") == 0) {
-				sum += v;
-				found = true;
-			}
-		fclose(f);
-		if (found)
-			return sum;
-	}
-	return procs_mem_bytes(cgroup, 0);
-}
-
-int envs_view(struct supervisor *s, const char *id, struct traj_env_view *ret)
-{
-	struct env_slot *sl = slot_find(s->envs, id);
-	struct dirty_item *items = NULL;
-	unsigned budget = VIEW_WALK_MAX;
-	size_t n = 0;
-	int upper;
-
-	if (!sl || !sl->env)
-		return -ENOENT;
-	*ret = (struct traj_env_view){.mem_bytes = cgroup_mem_bytes(sl->cgroup)};
-	envs_drain(s);
-	/* sl->env->head is the offload thread's while a job runs (a checkpoint it commits, or one
-	 * that fails and puts its dirty paths back): the dirty set alone says it then. */
-	if (!sl->dirty || !s->envs->et || (!sl->busy && !sl->env->head[0])) {
-		/* No tracer: nothing says it is clean. Never checkpointed: all of it is new. */
-		ret->dirty = true;
-		return 0;
-	}
-	if (dirty_list(sl->dirty, &items, &n) < 0) {
-		ret->dirty = true;
-		return 0;
-	}
-	/* A full diff with nothing named since the dump: the dump's own (see full_diff_of_dump);
-	 * any other (io_uring, lost records, a mapping made since) may hide a change. */
-	ret->dirty = n > 0 || (dirty_needs_full_diff(sl->dirty, NULL) && !sl->full_diff_of_dump);
-	upper = open(sl->env->upper, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	for (size_t i = 0; upper >= 0 && i < n; i++) {
-		const char *rel = items[i].path + strspn(items[i].path, "/");
-
-		ret->dirty_bytes +=
-			upper_bytes(upper, rel[0] ? rel : ".", items[i].subtree, &budget);
-	}
-	if (upper >= 0)
-		(void)close(upper);
-	free(items);
-	return 0;
-}
-
-int envs_policy_checkpoint(struct supervisor *s, const char *id, const char *trajectory,
-			   uint64_t turn, struct envs_policy_ckpt *pc)
-{
-	struct proto_env_request q = {.op = ENV_OP_CHECKPOINT, .turn = turn};
-	struct env_slot *sl = slot_find(s->envs, id);
-	struct env_job *j;
-
-	if (!sl || !sl->env)
-		return -ENOENT;
-	if (sl->busy)
-		return -EBUSY;
-	snprintf(q.env, sizeof(q.env), "%s", id);
-	snprintf(q.trajectory, sizeof(q.trajectory), "%s", trajectory);
-	j = job_new(s, NULL, sl, &q);
-	if (!j)
-		return -ENOMEM;
-	j->policy = pc;
-	if (snapshot_dirty(s, sl, j) < 0)
+	if (q->op == ENV_OP_CHECKPOINT && env_job_snapshot_dirty(s, sl, j) < 0)
 		j->traced = false; /* metadata comparison alone still catches every change */
 	offload_submit(s, &j->job);
 	return 0;

@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The daemon's environments (slots: an environment, or a watch of another runtime's cgroup)
+ * and the jobs it runs on them, shared by supervisor-env-ctl.c (requests, the tracer) and
+ * supervisor-env-policy.c (the checkpoint policy's side). Private to supervisor/env/.
+ */
+#pragma once
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "supervisor-env-manifest.h"
+#include "supervisor-env.h"
+#include "supervisor-offload.h"
+#include "supervisor.h"
+#include "sv-policy.h"
+
+struct sv_dirty;
+struct sv_envtrace;
+struct sv_sidelog;
+
+#define MAX_FOLLOWERS 8
+
+struct env_slot {
+	struct env_slot *next;
+	char id[ENV_ID_MAX + 1];
+	struct sv_env *env; /* NULL: a watch of another runtime's cgroup only */
+	bool busy;	    /* a job owns env */
+	char cgroup[PATH_MAX], root[PATH_MAX];
+	uint32_t trace_id;
+	struct sv_dirty *dirty;
+	/* The dirty set asked for a full diff by the end of the last checkpoint, with no path:
+	 * CRIU's parasite (a shared writable mapping in the dumped tasks), not the environment. */
+	bool full_diff_of_dump;
+	struct sv_sidelog *log;
+	char log_path[PATH_MAX];
+	uint64_t followers[MAX_FOLLOWERS]; /* client serials of `env log --follow` */
+};
+
+struct sv_envs {
+	struct env_slot *slots;
+	struct sv_envtrace *et;
+	bool et_tried; /* loaded, or failed once (said so, never again) */
+	int (*watch_fd)(struct supervisor *s, int fd);
+	uint32_t next_trace_id;
+	uint32_t next_watch;
+};
+
+struct env_job {
+	struct sv_job job;
+	uint64_t client;
+	struct env_slot *slot;
+	struct proto_env_request q;
+	struct env_params p;
+	char state_dir[PATH_MAX], cgroup_parent[PATH_MAX], criu[PATH_MAX];
+	struct sv_env *created;
+	int r;
+	struct env_manifest m;
+	bool have_manifest;
+	/* The dirty set at the checkpoint, sorted, each "path\0S" with S its subtree flag ('1':
+	 * the path and all below it, '0': the object itself), and its full-diff reason. */
+	char **dirty_paths;
+	size_t n_dirty;
+	char full_reason[ENV_STR_MAX + 1];
+	bool traced;
+	uint64_t us;
+	/* Checkpoints: the policy's handle (NULL: a client's request), the job's start and the
+	 * thaw on the offload thread's clock (thaw 0: never froze). */
+	struct envs_policy_ckpt *policy;
+	uint64_t run_start_us, thaw_at_us;
+};
+
+struct env_slot *env_slot_find(struct sv_envs *es, const char *id);
+/* A job of request q on slot sl for client c (NULL: the policy's), the slot busy from then on;
+ * NULL when out of memory. */
+struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct env_slot *sl,
+			    const struct proto_env_request *q);
+/* Snapshots the dirty set for the checkpoint into j, then starts a new one (loop thread). */
+int env_job_snapshot_dirty(struct supervisor *s, struct env_slot *sl, struct env_job *j);
