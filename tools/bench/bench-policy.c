@@ -92,6 +92,9 @@ struct pol_result {
 	/* done: committed (the environments' lists); reported: "ckpt" in a step-begin */
 	unsigned ckpt_done, ckpt_reported, ckpt_aborted, ckpt_decided, tokens;
 	double lost_mean_s, lost_p95_s; /* per failure, drawn */
+	/* The same draws with nothing protected (lost back to the start): the policy's own
+	 * timeline without its checkpoints, which a slower rollout lengthens for every policy. */
+	double lost_unprotected_mean_s;
 	/* Mean per turn, ms: step-end answered, generation, step-begin answered, action. */
 	double end_ms, gen_ms, begin_ms, act_ms;
 	/* The step-end predictions (means over those with a bubble predicted), ms and per mille:
@@ -189,7 +192,7 @@ static void destroy_envs(int fd, struct pol_traj *tr, unsigned n)
 static void work_lost(const struct popts *o, const struct pol_traj *tr, struct pol_result *res)
 {
 	size_t n = (size_t)o->trajs * MC_SAMPLES, k = 0;
-	double *v = calloc(n, sizeof(*v)), sum = 0;
+	double *v = calloc(n, sizeof(*v)), sum = 0, sum_unprotected = 0;
 	uint64_t s = o->seed ^ 0x5eedf00dull;
 
 	if (!v)
@@ -204,9 +207,11 @@ static void work_lost(const struct popts *o, const struct pol_traj *tr, struct p
 
 			v[k] = (double)(f - from) / 1e6;
 			sum += v[k++];
+			sum_unprotected += (double)(f - t->act_end[0]) / 1e6;
 		}
 	}
 	res->lost_mean_s = sum / (double)k;
+	res->lost_unprotected_mean_s = sum_unprotected / (double)k;
 	qsort(v, k, sizeof(*v), bench_cmp_double);
 	res->lost_p95_s = v[k * 95 / 100];
 	free(v);
@@ -277,6 +282,7 @@ static void summarize(const struct popts *o, const struct pol_traj *tr, struct p
 		work_lost(o, tr, &one);
 		res->lost_mean_s += one.lost_mean_s;
 		res->lost_p95_s += one.lost_p95_s;
+		res->lost_unprotected_mean_s += one.lost_unprotected_mean_s;
 	}
 	res->rounds++;
 	res->ran = true;
@@ -319,6 +325,7 @@ static void finish(const struct popts *o, struct pol_result *res)
 		}
 		r->lost_mean_s /= r->rounds;
 		r->lost_p95_s /= r->rounds;
+		r->lost_unprotected_mean_s /= r->rounds;
 		r->hidden = r->ckpt_us ? 1.0 - (double)r->held_us / (double)r->ckpt_us : NAN;
 	}
 }
@@ -610,6 +617,8 @@ static void print_json(const struct popts *o, const struct pol_result *res, cons
 		json_object_object_add(p, "work_lost_mean_s",
 				       json_object_new_double(r->lost_mean_s));
 		json_object_object_add(p, "work_lost_p95_s", json_object_new_double(r->lost_p95_s));
+		json_object_object_add(p, "work_lost_unprotected_mean_s",
+				       json_object_new_double(r->lost_unprotected_mean_s));
 		for (unsigned i = 0; i < r->nfail; i++) {
 			const struct pol_failure *f = &r->fail[i];
 			json_object *x = json_object_new_object();

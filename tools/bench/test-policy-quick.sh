@@ -4,9 +4,9 @@
 # CI smoke test of `belayer-bench policy --quick --json`: the three policies ran side by side
 # and their figures are consistent (structure and sanity, not speed): the same tokens were
 # streamed under every policy (same seeded draws), never took no checkpoint and every-turn
-# did, the hidden fraction is a fraction, work lost is positive and smaller with every-turn
-# than with never, every real failure came back with the state of the turn it reported, and
-# the PNG plot was written.
+# did, the hidden fraction is a fraction, work lost is positive and every-turn's checkpoints
+# reduce it on its own timeline, every real failure came back with the state of the turn it
+# reported, and the PNG plot was written.
 #
 # Usage: test-policy-quick.sh BELAYER-BENCH
 set -euo pipefail
@@ -81,8 +81,13 @@ check(never.get("checkpoints_done") == 0 and never.get("hidden_fraction") is Non
       "never took checkpoints")
 check(all(f["rebuilt"] for f in never.get("real_failures", [])), "never restored something")
 check(every.get("checkpoints_done", 0) > 0, "every-turn took no checkpoint")
-check(every.get("work_lost_mean_s", 1e9) < never.get("work_lost_mean_s", 0),
-      "every-turn loses no less work than never")
+# Work lost is compared on each policy's own timeline (its draws with nothing protected), not
+# across rollouts: a loaded machine stretches one rollout more than another, which says nothing
+# of what a checkpoint protects.
+check(never.get("work_lost_mean_s") == never.get("work_lost_unprotected_mean_s"),
+      "never protected some work")
+check(every.get("work_lost_mean_s", 1e9) < every.get("work_lost_unprotected_mean_s", 0),
+      "every-turn's checkpoints protect no work")
 check(j.get("plot") == png, f"plot path {j.get('plot')}")
 try:
     with open(png, "rb") as f:
