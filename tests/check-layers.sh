@@ -30,8 +30,53 @@ t-gateway   tests/supervisor/gateway  -              core gateway+ t-sv+
 t-policy    tests/supervisor/policy   -              core policy+ env+ t-sv+ t-env+
 t-fuzz      tests/fuzz                -              core recovery+ policy+ env+
 bench       tools/bench               -              env+ t-env+
+shim        shim                      belayer.h      -
+t-shim      tests/shim                -              shim+
 '
-# shim/ and tools/bench/ (issue 17, its last rule): their own rows go here, in the same form.
+
+# Inside a folder whose files are layered among themselves (issue 17: the shim, the bench):
+# each file, by its path without .c/.h, and the headers of its own folder it may include
+# besides its own. Every file of such a folder needs a row; the rows form no cycle (tsort).
+# shim: the real driver/NCCL entry points at the bottom; the session (conn) above regions,
+# NCCL, IPC and the shadow; the allocator above the session; the exported wrappers on top.
+# bench: main, the subcommands, the helpers they share.
+# file                              may include (same folder)
+file_rules='
+shim/belayer                        -
+shim/hooks-table                    -
+shim/shim-real                      hooks-table.h
+shim/shim-config                    -
+shim/shim-role                      shim-config.h
+shim/shim-device                    shim-real.h
+shim/shim-classify                  belayer.h shim-config.h
+shim/shim-conn-queue                shim-config.h
+shim/shim-regions                   shim-conn-queue.h shim-device.h shim-real.h
+shim/shim-shadow-scratch            shim-device.h shim-real.h shim-role.h
+shim/shim-shadow                    shim-config.h shim-device.h shim-real.h shim-regions.h shim-role.h shim-shadow-scratch.h
+shim/shim-ipc                       shim-device.h shim-real.h shim-regions.h
+shim/shim-nccl                      shim-conn-queue.h shim-device.h shim-real.h shim-regions.h
+shim/shim-conn                      shim-classify.h shim-config.h shim-conn-queue.h shim-device.h shim-ipc.h shim-nccl.h shim-real.h shim-regions.h shim-role.h shim-shadow-scratch.h shim-shadow.h
+shim/shim-alloc                     shim-classify.h shim-config.h shim-conn.h shim-device.h shim-real.h shim-regions.h shim-shadow-scratch.h
+shim/hooks                          shim-real.h
+shim/hooks-cuda                     hooks.h shim-alloc.h shim-conn.h shim-ipc.h shim-real.h
+shim/hooks-nccl                     hooks.h shim-alloc.h shim-conn.h shim-nccl.h shim-real.h
+shim/hooks-dl                       hooks.h shim-classify.h shim-real.h
+tools/bench/bench-measure           -
+tools/bench/bench-path              -
+tools/bench/test-bench-path         bench-path.h
+tools/bench/bench                   -
+tools/bench/bench-recovery-proc     bench-recovery.h bench.h
+tools/bench/bench-recovery-shadow   bench-measure.h bench-recovery.h
+tools/bench/bench-recovery          bench-measure.h bench.h
+tools/bench/bench-hang              bench-measure.h bench-recovery.h bench.h
+tools/bench/bench-resume            bench-measure.h bench-recovery.h bench.h
+tools/bench/bench-policy-traj       bench-measure.h bench-path.h bench-policy.h
+tools/bench/bench-policy            bench-measure.h bench-recovery.h bench.h
+tools/bench/bench-shim-overhead     bench-measure.h bench.h
+tools/bench/bench-bpf-overhead      bench-measure.h bench.h
+tools/bench/bench-env-recovery      bench-measure.h bench-path.h bench.h
+tools/bench/belayer-bench           bench.h
+'
 
 declare -A folder_of face_of uses_of unit_of_header path_of_header
 names=()
@@ -145,6 +190,40 @@ for f in "${files[@]}"; do
 			complain "$f:$line: $b is ${folder_of[$hu]}'s, which $u may not use (may use: ${uses_of[$u]})"
 	done < <(grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" || true)
 done
+
+# The file table: every file of its folders has a row, includes only what its row lists of
+# its own folder, and the rows point one way.
+declare -A file_uses file_folders
+edges=()
+while read -r stem uses; do
+	[[ -n $stem ]] || continue
+	file_uses[$stem]=$uses
+	file_folders[${stem%/*}]=1
+	for use in $uses; do
+		[[ $use == - ]] || edges+=("$stem ${stem%/*}/${use%.h}")
+	done
+done <<<"$file_rules"
+for d in "${!file_folders[@]}"; do
+	while read -r f; do
+		[[ -n $f && -f $f && ${f%/*} == "$d" ]] || continue
+		stem=${f%.*}
+		if [[ -z ${file_uses[$stem]+x} ]]; then
+			complain "$f has no row in the file table"
+			continue
+		fi
+		while IFS= read -r hit; do
+			line=${hit%%:*}
+			[[ ${hit#*:} =~ \"([^\"/]*)\" ]] || continue
+			b=${BASH_REMATCH[1]}
+			[[ -f $d/$b && $b != "${stem##*/}.h" ]] || continue
+			[[ " ${file_uses[$stem]} " == *" $b "* ]] ||
+				complain "$f:$line: $b is not in its row of the file table (may include: ${file_uses[$stem]})"
+		done < <(grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" || true)
+	done < <(list_files "$d")
+done
+if ((${#edges[@]})) && ! printf '%s\n' "${edges[@]}" | tsort >/dev/null 2>&1; then
+	complain "the file table has a cycle: $(printf '%s\n' "${edges[@]}" | tsort 2>&1 >/dev/null | head -n 3 | tr '\n' ' ')"
+fi
 
 if [[ $fail != 0 ]]; then
 	echo "check-layers: the allowed edges are the table in tests/check-layers.sh (README: Layout)." >&2
