@@ -161,9 +161,8 @@ static size_t collect(struct supervisor *s, struct proto_msg *out, size_t max)
 		    m->policy_held_us, "Time step-begin replies were held, in total.", "%s", "");
 	metrics_add(&col, "belayer_policy_holds_past_bound_total", METRIC_COUNTER,
 		    m->policy_holds_past_bound,
-		    "Held replies released more than 10 ms past [policy] max_delay (a CRIU dump "
-		    "running "
-		    "at the bound is not interrupted).",
+		    "Held replies released past [policy] max_delay because a CRIU dump was "
+		    "running at the bound (it is not interrupted).",
 		    "%s", "");
 	metrics_add(&col, "belayer_journal_bytes", METRIC_GAUGE, journal_size(s->journal),
 		    "Size of the journal.", "%s", "");

@@ -68,7 +68,7 @@ struct sv_metrics {
 	uint64_t policy_ckpts[_POLICY_CKPT_MAX];
 	uint64_t policy_holds;		  /* step-begin replies held for a running checkpoint */
 	uint64_t policy_held_us;	  /* their waits, in total */
-	uint64_t policy_holds_past_bound; /* released well past max_delay (a running dump) */
+	uint64_t policy_holds_past_bound; /* released past max_delay: a dump ran at the bound */
 };
 
 const char *reject_reason_to_string(enum reject_reason r);

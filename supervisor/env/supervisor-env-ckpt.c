@@ -44,7 +44,10 @@
 /* How often a cancellable freeze that has not completed looks at the flag. */
 #define FREEZE_CANCEL_POLL_MS 5
 #define CHAIN_MAX	      100000
-#define GC_KEY_BASE	      (1ull << 40)
+/* Refreezes when a vfork child was caught before its exec, and the thaw between them. */
+#define VFORK_RETRIES 100
+#define VFORK_THAW_MS 1
+#define GC_KEY_BASE   (1ull << 40)
 
 static uint64_t mono_us(void)
 {
@@ -112,6 +115,42 @@ static int set_frozen(const struct sv_env *e, bool frozen, const atomic_bool *ca
 static bool cancelled(const struct env_ckpt_params *p)
 {
 	return p->cancel && atomic_load_explicit(p->cancel, memory_order_relaxed);
+}
+
+/* Freezes the environment at an instant CRIU can dump: none of its processes is a vfork child
+ * between its vfork and its exec (the freezer can stop one there, and its parent cannot be
+ * seized then). Such an instant comes within microseconds of a thaw; the freeze is tried again
+ * after a short thaw, at most VFORK_RETRIES times, cancellable between tries. */
+static int freeze_quiescent(struct sv_env *e, const struct env_ckpt_params *p)
+{
+	int r;
+
+	for (unsigned i = 0;; i++) {
+		r = set_frozen(e, true, p->cancel);
+		if (r < 0) {
+			if (r != -ECANCELED)
+				log_debug_errno(r, "Failed to freeze %s: %m", e->cgroup);
+			return r;
+		}
+		r = env_vfork_pending(e, e->error, sizeof(e->error));
+		if (r != -EBUSY)
+			break;
+		if (i == VFORK_RETRIES) {
+			log_debug("Checkpoint of %s refused after %u freezes: %s", e->id, i + 1,
+				  e->error);
+			return r;
+		}
+		r = set_frozen(e, false, NULL);
+		if (r < 0)
+			return r;
+		if (cancelled(p))
+			return -ECANCELED;
+		(void)poll(NULL, 0, VFORK_THAW_MS);
+	}
+	if (r < 0)
+		return r;
+	e->error[0] = '\0';
+	return 0;
 }
 
 /* Thaws and reports it (once: *frozen is cleared), whatever the thaw's result: the caller
@@ -398,12 +437,9 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	t_freeze = mono_us();
 	/* Frozen from the write on: a freeze that timed out half-way is undone (and reported). */
 	frozen = true;
-	r = set_frozen(e, true, p->cancel);
-	if (r < 0) {
-		if (r != -ECANCELED)
-			log_debug_errno(r, "Failed to freeze %s: %m", e->cgroup);
+	r = freeze_quiescent(e, p);
+	if (r < 0)
 		goto out;
-	}
 	/* Frozen: nobody joins or leaves until the dump is done. A checkpoint that cannot be
 	 * restored is never committed. */
 	r = env_check_namespaces(e, e->error, sizeof(e->error));
@@ -424,7 +460,11 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 		r = -ECANCELED;
 		goto out;
 	}
+	if (p->dumping)
+		atomic_store_explicit(p->dumping, true, memory_order_relaxed);
 	r = sv_criu_dump(e->criu, e->pid, e->cgroup, criufd, true, e->ghost_limit);
+	if (p->dumping)
+		atomic_store_explicit(p->dumping, false, memory_order_relaxed);
 	t_dump = mono_us();
 	if (r < 0) {
 		criu_error(e, criufd, "dump.log", r);

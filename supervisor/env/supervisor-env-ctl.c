@@ -422,6 +422,7 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 			.userdata = j,
 			.full_diff_reason = j->full_reason[0] ? j->full_reason : NULL,
 			.cancel = j->policy ? &j->policy->cancel : NULL,
+			.dumping = j->policy ? &j->policy->dumping : NULL,
 			.thawed = job_thawed,
 		};
 

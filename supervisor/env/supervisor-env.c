@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <linux/kcmp.h>
 #include <linux/magic.h>
 
 #include "log.h"
@@ -356,6 +357,54 @@ static int ns_check_one(pid_t pid, void *userdata)
 		return -ENOTRECOVERABLE;
 	}
 	return 0;
+}
+
+/* The parent (PPid in /proc/pid/status) of pid, or -errno. */
+static pid_t parent_of(pid_t pid)
+{
+	char path[64], line[256];
+	_cleanup_fclose_ FILE *f = NULL;
+	int ppid = -1;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "PPid: %d", &ppid) == 1)
+			break;
+	return ppid > 0 ? (pid_t)ppid : -ESRCH;
+}
+
+struct vfork_find {
+	pid_t child, parent;
+};
+
+static int in_vfork(pid_t pid, void *userdata)
+{
+	struct vfork_find *v = userdata;
+	pid_t ppid = parent_of(pid);
+
+	/* Another process (not a thread: cgroup.procs lists thread groups) on its parent's
+	 * address space is a vfork child before its exec or exit. A parent that is not in the
+	 * environment is not dumped. */
+	if (ppid <= 0 || syscall(SYS_kcmp, pid, ppid, KCMP_VM, 0, 0) != 0)
+		return 0;
+	v->child = pid;
+	v->parent = ppid;
+	return -EBUSY;
+}
+
+int env_vfork_pending(const struct sv_env *e, char *why, size_t cap)
+{
+	struct vfork_find v = {0};
+	int r = walk_procs(e->cgroup, 0, in_vfork, &v);
+
+	if (r != -EBUSY)
+		return r < 0 ? r : 0;
+	snprintf(why, cap, "process %d is a vfork child of %d that has not exec'd yet",
+		 (int)v.child, (int)v.parent);
+	return -EBUSY;
 }
 
 int env_check_namespaces(const struct sv_env *e, char *why, size_t cap)

@@ -88,6 +88,10 @@ struct env_ckpt_params {
 	 * ENV_FS_COPY_CHUNK (supervisor-env-fs.h) copy, or the rest of a running dump. Read with
 	 * relaxed ordering: it is a request, it guards no data. */
 	const atomic_bool *cancel;
+	/* NULL or set true (relaxed) while the CRIU dump runs, past the last safe point before
+	 * it, and false once it returned: a cancel seen set meanwhile waits for the dump (the
+	 * policy counts such a hold as past its bound, a load-delayed cancel it does not). */
+	atomic_bool *dumping;
 	/* NULL or called (on the caller's thread, with userdata) the moment the environment runs
 	 * again: thawed after the dump (before the commit's syncfs and rename: the environment
 	 * runs while its checkpoint is written out), or after a cancel or failure (before the
@@ -132,6 +136,12 @@ int env_count_procs(const struct sv_env *e);
  * checkpoint CRIU cannot restore. -ENOTRECOVERABLE with the pid, its command and the
  * namespace in why otherwise. Call it with the cgroup frozen. */
 int env_check_namespaces(const struct sv_env *e, char *why, size_t cap);
+/* Whether a process of the environment is a vfork child that has not exec'd or exited yet
+ * (it shares its parent's address space: kcmp KCMP_VM): its parent then waits in the kernel
+ * for it and CRIU cannot seize that parent (it gives up after its 10 s timeout: "Unseizable
+ * non-zombie ... state D"). dash, glibc's posix_spawn and Python's subprocess all vfork.
+ * -EBUSY with why, 0 when none; with the cgroup frozen. */
+int env_vfork_pending(const struct sv_env *e, char *why, size_t cap);
 /* Whether pid (the root CRIU restored, our child) is running and in the environment's cgroup
  * (or below): 0, else -ESRCH with why. */
 int env_check_root(const struct sv_env *e, pid_t pid, char *why, size_t cap);

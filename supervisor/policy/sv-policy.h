@@ -46,6 +46,7 @@ struct envs_policy_ckpt {
 	atomic_bool cancel;  /* set by the caller: stop at the next safe point (supervisor-env.h) */
 	atomic_bool started; /* set by the offload thread as the job begins */
 	atomic_bool thawed;  /* set by the offload thread once the environment runs again */
+	atomic_bool dumping; /* set by the offload thread while CRIU dumps (not cancellable) */
 	uint64_t thaw_us;    /* job start to thaw; valid once thawed reads true */
 	/* Offload thread, right after thawed is set: wake the loop. */
 	void (*on_thawed)(struct envs_policy_ckpt *pc);

@@ -7,6 +7,10 @@
  * Listens on a unix socket (argument: an absolute path) or TCP 127.0.0.1:PORT (argument: the
  * port). The tests run both; the TCP one needs CRIU >= 4.2 on kernels >= 6.16 (4.1.1 fails
  * to read the socket's options there: CRIU issue #2705).
+ *
+ * "vfork CHILD_US PARENT_US" instead: vforks for ever, each child waiting CHILD_US before it
+ * exits (0: never), the parent CHILD_US + PARENT_US per round: a process that is often (or
+ * always) a vfork child that has not exec'd, as dash and posix_spawn make them briefly.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -15,7 +19,38 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+
+static void wait_us(unsigned long us)
+{
+	struct timespec ts = {.tv_sec = (time_t)(us / 1000000),
+			      .tv_nsec = (long)(us % 1000000) * 1000};
+
+	while (nanosleep(&ts, &ts) < 0)
+		;
+}
+
+static int vfork_loop(unsigned long child_us, unsigned long parent_us)
+{
+	for (;;) {
+		pid_t pid = vfork();
+
+		if (pid == 0) {
+			/* Only async-signal-safe calls on the parent's stack: nanosleep, _exit. */
+			if (child_us == 0)
+				for (;;)
+					pause();
+			wait_us(child_us);
+			_exit(0);
+		}
+		if (pid < 0)
+			return 1;
+		(void)waitpid(pid, NULL, 0);
+		wait_us(parent_us);
+	}
+}
 
 int main(int argc, char **argv)
 {
@@ -24,6 +59,8 @@ int main(int argc, char **argv)
 	unsigned long count = 0;
 	int s, one = 1;
 
+	if (argc == 4 && strcmp(argv[1], "vfork") == 0)
+		return vfork_loop(strtoul(argv[2], NULL, 10), strtoul(argv[3], NULL, 10));
 	if (argc != 2)
 		return 2;
 	if (argv[1][0] == '/') {
