@@ -9,10 +9,12 @@
  * to read the socket's options there: CRIU issue #2705).
  *
  * "vfork CHILD_US PARENT_US" instead: vforks for ever, each child waiting CHILD_US before it
- * exits (0: never), the parent CHILD_US + PARENT_US per round: a process that is often (or
- * always) a vfork child that has not exec'd, as dash and posix_spawn make them briefly.
+ * exits (0: never, after creating ./in-vfork, so that a test knows it is there), the parent
+ * CHILD_US + PARENT_US per round: a process that is often (or always) a vfork child that has
+ * not exec'd, as dash and posix_spawn make them briefly.
  */
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,9 +41,11 @@ static int vfork_loop(unsigned long child_us, unsigned long parent_us)
 
 		if (pid == 0) {
 			/* Only async-signal-safe calls on the parent's stack: nanosleep, _exit. */
-			if (child_us == 0)
+			if (child_us == 0) {
+				(void)close(open("in-vfork", O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
 				for (;;)
 					pause();
+			}
 			wait_us(child_us);
 			_exit(0);
 		}
