@@ -1391,6 +1391,43 @@ static void no_leak(void **state)
 	assert_true(rss1 - rss0 < 512);
 }
 
+/* The /metrics text of a supervisor with a gateway engine (its recovery and policy metrics
+ * included) passes `promtool check metrics`: Prometheus' own parser and naming rules (issue
+ * 18: the _microseconds names failed them). promtool comes with Debian's prometheus package
+ * (tools/dev setup installs it). */
+static void metrics_pass_promtool(void **state)
+{
+	static char mport[48], path[PATH_MAX], cmd[PATH_MAX + 64];
+	const char *more[] = {mport, NULL};
+	uint16_t port = sv_free_port();
+	struct resp r;
+	FILE *f;
+	int st;
+
+	(void)state;
+	if (system("command -v promtool >/dev/null 2>&1") != 0) {
+		print_message("promtool not installed (Debian package prometheus; tools/dev "
+			      "setup installs it)\n");
+		skip();
+	}
+	snprintf(mport, sizeof(mport), "metrics.http_port=%u", port);
+	start(1, false, more);
+	wait_serving();
+	assert_int_equal(http(port, "GET", "/metrics", NULL, &r), 0);
+	assert_int_equal(r.status, 200);
+	assert_non_null(strstr(r.body, "belayer_recovery_last_outcome{engine=\"t\"}"));
+	snprintf(path, sizeof(path), "%s/metrics.txt", sv.dir);
+	f = fopen(path, "we");
+	assert_non_null(f);
+	assert_int_equal(fwrite(r.body, 1, r.len, f), r.len);
+	assert_int_equal(fclose(f), 0);
+	free(r.body);
+	snprintf(cmd, sizeof(cmd), "promtool check metrics < '%s'", path);
+	st = system(cmd);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		fail_msg("promtool check metrics failed (status %d) on %s", st, path);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1405,6 +1442,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(slow_client_gets_everything, setup, teardown),
 		cmocka_unit_test_setup_teardown(no_leak, setup, teardown),
 		cmocka_unit_test_setup_teardown(trajectory_tagged_requests, setup, teardown),
+		cmocka_unit_test_setup_teardown(metrics_pass_promtool, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
