@@ -334,10 +334,36 @@ struct req {
 	const char *hdr; /* NULL: none */
 	char body[4096];
 	bool stream, generate;
+	bool usage; /* stream_options.include_usage: a last {"choices": [], "usage"} event */
+	int nprompt, max_new;
 	pthread_t t;
 	struct resp r;
 	int rc;
 };
+
+/* The stream's usage event (the last before [DONE], no choices) counts the client's prompt
+ * and every token the client got, resumed or not. */
+static void usage_whole(const struct req *q)
+{
+	char *c = content(&q->r, true), *last = c, *line;
+	json_object *j, *ch, *u, *v;
+
+	for (line = c; (line = strchr(line, '\n')) && line[1]; line++)
+		last = line + 1;
+	j = json_tokener_parse(last);
+	assert_non_null(j);
+	if (!json_object_object_get_ex(j, "choices", &ch) || json_object_array_length(ch) != 0 ||
+	    !json_object_object_get_ex(j, "usage", &u))
+		fail_msg("the last event is not a usage event: %.300s", last);
+	assert_true(json_object_object_get_ex(u, "prompt_tokens", &v));
+	assert_int_equal(json_object_get_int(v), q->nprompt);
+	assert_true(json_object_object_get_ex(u, "completion_tokens", &v));
+	assert_int_equal(json_object_get_int(v), q->max_new);
+	assert_true(json_object_object_get_ex(u, "total_tokens", &v));
+	assert_int_equal(json_object_get_int(v), q->nprompt + q->max_new);
+	json_object_put(j);
+	free(c);
+}
 
 static void *req_run(void *arg)
 {
@@ -362,8 +388,8 @@ static void req_make(struct req *q, int i, int max_new)
 {
 	char p[2048];
 
-	prompt_of(p, sizeof(p), (unsigned)i + 1, 8 + (i * 13) % 40);
-	*q = (struct req){0};
+	*q = (struct req){.nprompt = 8 + (i * 13) % 40, .max_new = max_new};
+	prompt_of(p, sizeof(p), (unsigned)i + 1, q->nprompt);
 	switch (i % 5) {
 	case 0:
 	case 3:
@@ -378,11 +404,17 @@ static void req_make(struct req *q, int i, int max_new)
 	default:
 		q->path = "/v1/completions";
 		q->stream = i % 5 != 4;
+		/* vLLM's usage events: the last one alone (1), and usage in every event too (2) */
+		q->usage = q->stream;
 		snprintf(q->body, sizeof(q->body),
 			 "{\"prompt\":[%s],\"max_tokens\":%d,\"temperature\":0,"
-			 "\"stream\":%s,\"return_token_ids\":true%s}",
+			 "\"stream\":%s,\"return_token_ids\":true%s%s}",
 			 p, max_new, q->stream ? "true" : "false",
-			 i % 5 == 1 ? ",\"logprobs\":1" : "");
+			 i % 5 == 1 ? ",\"logprobs\":1" : "",
+			 i % 5 == 1   ? ",\"stream_options\":{\"include_usage\":true}"
+			 : i % 5 == 2 ? ",\"stream_options\":{\"include_usage\":true,"
+					"\"continuous_usage_stats\":true}"
+				      : "");
 		break;
 	}
 }
@@ -587,6 +619,10 @@ static void greedy_identical(int tp, int n)
 			fail_msg("request %d (%s): responses differ\n  failure-free: %.600s\n  "
 				 "with kill:    %.600s",
 				 i, base[i].path, a, b);
+		if (failed[i].usage) {
+			usage_whole(&base[i]);
+			usage_whole(&failed[i]);
+		}
 		free(a);
 		free(b);
 		free(ta);
