@@ -465,6 +465,30 @@ static void release_job(struct request *req)
 	job_detach(req);
 }
 
+/* --debug-cut-replies: a non-stream reply cut mid-body, as by an engine that dies while
+ * writing it: the head (the whole body's Content-Length) and half the body go out, then the
+ * connection is shut down; the reply after it only hands the request back to libevent. */
+static void send_cut(struct evhttp_request *hreq, json_object *o)
+{
+	const char *s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
+	struct bufferevent *bev =
+		evhttp_connection_get_bufferevent(evhttp_request_get_connection(hreq));
+	int fd = bev ? bufferevent_getfd(bev) : -1;
+	size_t n = strlen(s);
+	char head[160];
+
+	snprintf(head, sizeof(head),
+		 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+		 n + 1);
+	if (fd >= 0) {
+		(void)send(fd, head, strlen(head), MSG_NOSIGNAL);
+		(void)send(fd, s, n / 2, MSG_NOSIGNAL);
+		(void)shutdown(fd, SHUT_RDWR);
+	}
+	evhttp_send_reply(hreq, 503, "Cut", NULL);
+	json_object_put(o);
+}
+
 /* After a step: stream the new tokens, or answer once finished. */
 static void emit(struct request *req)
 {
@@ -495,7 +519,12 @@ static void emit(struct request *req)
 	} else if (req->finished) {
 		o = j->api == API_GENERATE ? generate_body(req, 0, gen, true, j)
 					   : completion_body(j->e, req, 0, gen, true, j);
-		send_json(j->hreq, 200, o);
+		if (j->e->o.debug_cut) {
+			j->e->o.debug_cut--;
+			send_cut(j->hreq, o);
+		} else {
+			send_json(j->hreq, 200, o);
+		}
 	}
 	if (req->finished)
 		job_detach(req);

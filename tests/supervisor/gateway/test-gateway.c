@@ -43,6 +43,7 @@
 static struct sv sv;
 static char weights[PATH_MAX];
 static uint16_t port_a, port_b, port_gw;
+static const char *primary_args = ""; /* more arguments of the primary's command */
 
 /* ---- a small HTTP/1.1 client: one request per connection, chunked bodies decoded ---- */
 
@@ -440,8 +441,8 @@ static void start(int tp, bool shadow, const char *const *more)
 	port_gw = sv_free_port();
 	snprintf(primary, sizeof(primary),
 		 "engine.t.primary=%s --model %s --port {port} --tp %d --kv-cache-bytes 16M "
-		 "--enable-debug-endpoints",
-		 ENGINE_PATH, weights, tp);
+		 "--enable-debug-endpoints %s",
+		 ENGINE_PATH, weights, tp, primary_args);
 	snprintf(shadowc, sizeof(shadowc),
 		 "engine.t.shadow=%s --model %s --port {port} --tp %d --load-format dummy --seed 1 "
 		 "--kv-cache-bytes 16M --enable-debug-endpoints",
@@ -531,6 +532,7 @@ static int engine_holds(uint16_t port)
 static int setup(void **state)
 {
 	(void)state;
+	primary_args = "";
 	sv_setup(&sv);
 	setenv("BELAYER_EMU_KERNELS", KERNELS_PATH, 1);
 	setenv("BELAYER_EMU_DEVICES", "4", 1);
@@ -1464,6 +1466,61 @@ static void metrics_pass_promtool(void **state)
 		fail_msg("promtool check metrics failed (status %d) on %s", st, path);
 }
 
+/* A passthrough reply (echo: not journaled) cut by the engine is not resumable once begun;
+ * it must not look complete either (issue 18, item 2: a cut stream ended with a clean chunked
+ * end, no error, curl exit 0). A body cut mid-way: the client's connection closes before the
+ * chunked reply's end. A stream cut by the engine's death: an SSE error event, no [DONE]. */
+static void passthrough_cut_is_not_whole(void **state)
+{
+	const char *body = "{\"prompt\":[1,2,3],\"max_tokens\":200,\"temperature\":0,"
+			   "\"stream\":true,\"echo\":false}";
+	const char *plain = "{\"prompt\":[1,2,3],\"max_tokens\":8,\"echo\":false}";
+	struct resp r = {0};
+	uint64_t deadline;
+	int fd, rc;
+
+	(void)state;
+	primary_args = "--debug-cut-replies 1";
+	start(1, true, NULL);
+	wait_serving();
+	wait_promotable();
+	rc = http(port_gw, "POST", "/v1/completions", plain, &r);
+	if (rc == 0)
+		fail_msg("a body cut mid-way looked whole: %d %s", r.status, r.body);
+	assert_int_equal(rc, -EBADMSG);
+	/* the next one is whole */
+	assert_int_equal(http(port_gw, "POST", "/v1/completions", plain, &r), 0);
+	assert_int_equal(r.status, 200);
+	free(content(&r, false));
+	free(r.body);
+
+	engine_post(port_a, "/debug/pause");
+	fd = tcp_connect(port_gw);
+	assert_true(fd >= 0);
+	assert_int_equal(http_send(fd, "POST", "/v1/completions", body), 0);
+	deadline = mono_ms() + READY_MS;
+	while (engine_holds(port_a) != 1) {
+		assert_true(mono_ms() < deadline);
+		(void)poll(NULL, 0, 5);
+	}
+	for (int s = 0; s < 5; s++)
+		engine_post(port_a, "/debug/step");
+	/* the stream reached the client before the kill */
+	assert_true(poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, HTTP_MS) == 1);
+	assert_int_equal(kill(primary_pid(0), SIGKILL), 0);
+	rc = http_recv(fd, HTTP_MS, &r);
+	close(fd);
+	assert_int_equal(rc, 0);
+	assert_int_equal(r.status, 200);
+	assert_non_null(strstr(r.body, "\"token_ids\""));
+	if (!strstr(r.body, "data: {\"error\":"))
+		fail_msg("the cut stream ended as if whole: %.400s", r.body);
+	assert_null(strstr(r.body, "[DONE]"));
+	free(r.body);
+	/* the recovered engine serves */
+	wait_serving();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1478,6 +1535,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(slow_client_gets_everything, setup, teardown),
 		cmocka_unit_test_setup_teardown(no_leak, setup, teardown),
 		cmocka_unit_test_setup_teardown(trajectory_tagged_requests, setup, teardown),
+		cmocka_unit_test_setup_teardown(passthrough_cut_is_not_whole, setup, teardown),
 		cmocka_unit_test_setup_teardown(metrics_pass_promtool, setup, teardown),
 	};
 
