@@ -352,11 +352,10 @@ static json_object *usage_info(uint32_t prompt, uint32_t completion)
 	return u;
 }
 
-static json_object *completion_body(struct engine *e, struct request *req, uint32_t from,
-				    uint32_t to, bool final, const struct job *j)
+/* What every completion object of a request starts with: id, object, created, model. */
+static json_object *completion_head(struct engine *e, struct request *req, const struct job *j)
 {
-	json_object *o = json_object_new_object(), *ch = json_object_new_object();
-	json_object *choices = json_object_new_array();
+	json_object *o = json_object_new_object();
 	char id[32];
 
 	snprintf(id, sizeof(id), "cmpl-%" PRIu64, req->id);
@@ -364,6 +363,15 @@ static json_object *completion_body(struct engine *e, struct request *req, uint3
 	json_object_object_add(o, "object", json_object_new_string("text_completion"));
 	json_object_object_add(o, "created", json_object_new_int64(j->created));
 	json_object_object_add(o, "model", json_object_new_string(e->o.served_name));
+	return o;
+}
+
+static json_object *completion_body(struct engine *e, struct request *req, uint32_t from,
+				    uint32_t to, bool final, const struct job *j)
+{
+	json_object *o = completion_head(e, req, j), *ch = json_object_new_object();
+	json_object *choices = json_object_new_array();
+
 	json_object_object_add(ch, "index", json_object_new_int(0));
 	json_object_object_add(ch, "text", json_object_new_string(""));
 	/* vLLM's return_token_ids: the generated ids; always present here (text is empty) */
@@ -403,14 +411,8 @@ static json_object *completion_body(struct engine *e, struct request *req, uint3
 /* vLLM's last event with stream_options.include_usage: no choices, the whole request's usage. */
 static json_object *usage_body(struct engine *e, struct request *req, const struct job *j)
 {
-	json_object *o = json_object_new_object();
-	char id[32];
+	json_object *o = completion_head(e, req, j);
 
-	snprintf(id, sizeof(id), "cmpl-%" PRIu64, req->id);
-	json_object_object_add(o, "id", json_object_new_string(id));
-	json_object_object_add(o, "object", json_object_new_string("text_completion"));
-	json_object_object_add(o, "created", json_object_new_int64(j->created));
-	json_object_object_add(o, "model", json_object_new_string(e->o.served_name));
 	json_object_object_add(o, "choices", json_object_new_array());
 	json_object_object_add(o, "usage", usage_info(req->nprompt, req->ntok - req->nprompt));
 	return o;

@@ -979,6 +979,26 @@ static void seeded_advance_exact(void **state)
 	free(b.r.body);
 }
 
+/* Sends body to path through the gateway with the primary paused, waits until the engine
+ * holds it, and steps the engine steps times: the client's connection. */
+static int held_request(const char *path, const char *body, int steps)
+{
+	uint64_t deadline = mono_ms() + READY_MS;
+	int fd;
+
+	engine_post(port_a, "/debug/pause");
+	fd = tcp_connect(port_gw);
+	assert_true(fd >= 0);
+	assert_int_equal(http_send(fd, "POST", path, body), 0);
+	while (engine_holds(port_a) != 1) {
+		assert_true(mono_ms() < deadline);
+		(void)poll(NULL, 0, 5);
+	}
+	for (int s = 0; s < steps; s++)
+		engine_post(port_a, "/debug/step");
+	return fd;
+}
+
 /* A client that goes away mid-stream cancels its engine request. */
 static void client_disconnect_cancels(void **state)
 {
@@ -991,17 +1011,7 @@ static void client_disconnect_cancels(void **state)
 	(void)state;
 	start(1, false, NULL);
 	wait_serving();
-	engine_post(port_a, "/debug/pause");
-	fd = tcp_connect(port_gw);
-	assert_true(fd >= 0);
-	assert_int_equal(http_send(fd, "POST", "/generate", body), 0);
-	deadline = mono_ms() + READY_MS;
-	while (engine_holds(port_a) != 1) {
-		assert_true(mono_ms() < deadline);
-		(void)poll(NULL, 0, 5);
-	}
-	for (int s = 0; s < 3; s++)
-		engine_post(port_a, "/debug/step");
+	fd = held_request("/generate", body, 3);
 	/* the client saw its stream start */
 	assert_true(recv(fd, buf, sizeof(buf), 0) > 0);
 	close(fd);
@@ -1476,7 +1486,6 @@ static void passthrough_cut_is_not_whole(void **state)
 			   "\"stream\":true,\"echo\":false}";
 	const char *plain = "{\"prompt\":[1,2,3],\"max_tokens\":8,\"echo\":false}";
 	struct resp r = {0};
-	uint64_t deadline;
 	int fd, rc;
 
 	(void)state;
@@ -1494,17 +1503,7 @@ static void passthrough_cut_is_not_whole(void **state)
 	free(content(&r, false));
 	free(r.body);
 
-	engine_post(port_a, "/debug/pause");
-	fd = tcp_connect(port_gw);
-	assert_true(fd >= 0);
-	assert_int_equal(http_send(fd, "POST", "/v1/completions", body), 0);
-	deadline = mono_ms() + READY_MS;
-	while (engine_holds(port_a) != 1) {
-		assert_true(mono_ms() < deadline);
-		(void)poll(NULL, 0, 5);
-	}
-	for (int s = 0; s < 5; s++)
-		engine_post(port_a, "/debug/step");
+	fd = held_request("/v1/completions", body, 5);
 	/* the stream reached the client before the kill */
 	assert_true(poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, HTTP_MS) == 1);
 	assert_int_equal(kill(primary_pid(0), SIGKILL), 0);
