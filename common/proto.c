@@ -149,6 +149,12 @@ static const struct field metric_fields[] = {
 	F_ENUM("kind", metric.kind, _METRIC_KIND_MAX),
 	F_U64("val", metric.value),
 	F_STR("help", metric.help),
+	{.key = "scale",
+	 .kind = FIELD_U32,
+	 .offset = AT(metric.scale),
+	 .min = 0,
+	 .max = UINT32_MAX,
+	 .optional = true},
 };
 
 static const struct field worker_info_fields[] = {

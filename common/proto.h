@@ -403,6 +403,10 @@ struct proto_metric {
 	char labels[96];
 	enum metric_kind kind;
 	uint64_t value;
+	/* value counts 1/scale of the metric's unit (1000000: a _seconds metric kept in
+	 * microseconds); 0 or 1: whole units. Prometheus names use base units (seconds), which
+	 * the exposition writes as value / scale. */
+	uint32_t scale;
 	char help[PROTO_MAX_STR + 1];
 };
 

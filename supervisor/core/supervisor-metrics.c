@@ -52,11 +52,11 @@ struct metrics_collector {
 	size_t n, max;
 };
 
-void metrics_add(struct metrics_collector *col, const char *name, enum metric_kind kind,
-		 uint64_t value, const char *help, const char *labels_fmt, ...)
+static void metrics_vadd(struct metrics_collector *col, const char *name, enum metric_kind kind,
+			 uint64_t value, uint32_t scale, const char *help, const char *labels_fmt,
+			 va_list ap)
 {
 	struct proto_msg *m;
-	va_list ap;
 
 	if (col->n >= col->max)
 		return;
@@ -66,9 +66,28 @@ void metrics_add(struct metrics_collector *col, const char *name, enum metric_ki
 	snprintf(m->metric.name, sizeof(m->metric.name), "%s", name);
 	m->metric.kind = kind;
 	m->metric.value = value;
+	m->metric.scale = scale;
 	snprintf(m->metric.help, sizeof(m->metric.help), "%s", help);
-	va_start(ap, labels_fmt);
 	(void)vsnprintf(m->metric.labels, sizeof(m->metric.labels), labels_fmt, ap);
+}
+
+void metrics_add(struct metrics_collector *col, const char *name, enum metric_kind kind,
+		 uint64_t value, const char *help, const char *labels_fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, labels_fmt);
+	metrics_vadd(col, name, kind, value, 0, help, labels_fmt, ap);
+	va_end(ap);
+}
+
+void metrics_add_us(struct metrics_collector *col, const char *name, enum metric_kind kind,
+		    uint64_t us, const char *help, const char *labels_fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, labels_fmt);
+	metrics_vadd(col, name, kind, us, 1000000, help, labels_fmt, ap);
 	va_end(ap);
 }
 
@@ -157,8 +176,8 @@ static size_t collect(struct supervisor *s, struct proto_msg *out, size_t max)
 			    "outcome=\"%s\"", policy_ckpt_names[o]);
 	metrics_add(&col, "belayer_policy_holds_total", METRIC_COUNTER, m->policy_holds,
 		    "Step-begin replies held while the environment's checkpoint ran.", "%s", "");
-	metrics_add(&col, "belayer_policy_held_microseconds_total", METRIC_COUNTER,
-		    m->policy_held_us, "Time step-begin replies were held, in total.", "%s", "");
+	metrics_add_us(&col, "belayer_policy_held_seconds_total", METRIC_COUNTER, m->policy_held_us,
+		       "Time step-begin replies were held, in total.", "%s", "");
 	metrics_add(&col, "belayer_policy_holds_past_bound_total", METRIC_COUNTER,
 		    m->policy_holds_past_bound,
 		    "Held replies released past [policy] max_delay because a CRIU dump was "
@@ -188,6 +207,16 @@ bool metrics_get(struct supervisor *s, size_t i, struct proto_msg *ret)
 	return true;
 }
 
+/* Digits after the point of 1/scale (scale a power of ten: metrics_add_us's 10^6). */
+static int scale_digits(uint32_t scale)
+{
+	int d = 0;
+
+	for (; scale > 1; scale /= 10)
+		d++;
+	return d;
+}
+
 void metrics_write_prometheus(struct supervisor *s, FILE *f)
 {
 	static struct proto_msg all[MAX_METRICS];
@@ -199,7 +228,13 @@ void metrics_write_prometheus(struct supervisor *s, FILE *f)
 		if (i == 0 || strcmp(all[i - 1].metric.name, m->name) != 0)
 			fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", m->name, m->help, m->name,
 				metric_kind_to_string(m->kind));
-		fprintf(f, "%s%s%s%s %" PRIu64 "\n", m->name, m->labels[0] ? "{" : "", m->labels,
-			m->labels[0] ? "}" : "", m->value);
+		fprintf(f, "%s%s%s%s ", m->name, m->labels[0] ? "{" : "", m->labels,
+			m->labels[0] ? "}" : "");
+		if (m->scale > 1)
+			/* exact: value / scale as a decimal, not through a double */
+			fprintf(f, "%" PRIu64 ".%0*" PRIu64 "\n", m->value / m->scale,
+				scale_digits(m->scale), m->value % m->scale);
+		else
+			fprintf(f, "%" PRIu64 "\n", m->value);
 	}
 }

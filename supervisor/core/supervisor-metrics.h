@@ -79,6 +79,9 @@ struct supervisor;
 struct metrics_collector;
 void metrics_add(struct metrics_collector *col, const char *name, enum metric_kind kind,
 		 uint64_t value, const char *help, const char *labels_fmt, ...) _printf_(6, 7);
+/* A duration in microseconds, exposed in seconds (name ends in _seconds or _seconds_total). */
+void metrics_add_us(struct metrics_collector *col, const char *name, enum metric_kind kind,
+		    uint64_t us, const char *help, const char *labels_fmt, ...) _printf_(6, 7);
 
 /* Metric i (0, 1, ... until false) as a METRIC message, values as of now. */
 bool metrics_get(struct supervisor *s, size_t i, struct proto_msg *ret);

@@ -289,7 +289,7 @@ static int rewrite_generate(struct gw_call *c, json_object *o)
 	r = journal_ids(c, get(o, "output_ids"), get(meta, "output_token_logprobs"), true);
 	if (r < 0)
 		return r;
-	if (!meta)
+	if (!meta || !json_object_is_type(meta, json_type_object))
 		return 0;
 	if (has(meta, "prompt_tokens"))
 		json_object_object_add(meta, "prompt_tokens",
@@ -311,19 +311,11 @@ static int rewrite_generate(struct gw_call *c, json_object *o)
 	return 0;
 }
 
-static int rewrite_completion(struct gw_call *c, json_object *o)
+/* One response: the first attempt's id and creation time throughout. */
+static void keep_id(struct gw_call *c, json_object *o)
 {
-	json_object *ch = get(o, "choices"), *lp, *u, *v;
+	json_object *v;
 
-	if (!ch || !json_object_is_type(ch, json_type_array) || json_object_array_length(ch) != 1)
-		return -EBADMSG;
-	ch = json_object_array_get_idx(ch, 0);
-	lp = get(ch, "logprobs");
-	if (journal_ids(c, get(ch, "token_ids"), get(lp, "token_logprobs"), false) < 0)
-		return -EBADMSG;
-	if (has(ch, "finish_reason"))
-		c->finished = true;
-	/* One response: the first attempt's id and creation time throughout. */
 	if (!c->have_id) {
 		if ((v = get(o, "id")) && json_object_is_type(v, json_type_string))
 			snprintf(c->id, sizeof(c->id), "%s", json_object_get_string(v));
@@ -336,6 +328,49 @@ static int rewrite_completion(struct gw_call *c, json_object *o)
 		if (has(o, "created"))
 			json_object_object_add(o, "created", json_object_new_int64(c->created));
 	}
+}
+
+/* usage (every non-stream body; a stream's last event with stream_options.include_usage, or
+ * every event with continuous_usage_stats) describes the response as the client sees it: its
+ * prompt and every token it got so far, not the resumed attempt's longer prompt and shorter
+ * completion. */
+static void rewrite_usage(struct gw_call *c, json_object *o)
+{
+	json_object *u = get(o, "usage");
+
+	if (!u || !json_object_is_type(u, json_type_object))
+		return;
+	json_object_object_add(u, "prompt_tokens", json_object_new_int64((int64_t)c->j.nprompt));
+	json_object_object_add(u, "completion_tokens", json_object_new_int64((int64_t)c->j.ngen));
+	json_object_object_add(u, "total_tokens",
+			       json_object_new_int64((int64_t)(c->j.nprompt + c->j.ngen)));
+}
+
+static int rewrite_completion(struct gw_call *c, json_object *o)
+{
+	json_object *ch = get(o, "choices"), *lp;
+
+	if (!ch || !json_object_is_type(ch, json_type_array))
+		return -EBADMSG;
+	if (json_object_array_length(ch) == 0) {
+		/* vLLM's usage event (choices [], usage): tokens and finish came before it */
+		if (!c->stream || !json_object_is_type(get(o, "usage"), json_type_object))
+			return -EBADMSG;
+		keep_id(c, o);
+		rewrite_usage(c, o);
+		return 0;
+	}
+	if (json_object_array_length(ch) != 1)
+		return -EBADMSG;
+	ch = json_object_array_get_idx(ch, 0);
+	if (!json_object_is_type(ch, json_type_object))
+		return -EBADMSG;
+	lp = get(ch, "logprobs");
+	if (journal_ids(c, get(ch, "token_ids"), get(lp, "token_logprobs"), false) < 0)
+		return -EBADMSG;
+	if (has(ch, "finish_reason"))
+		c->finished = true;
+	keep_id(c, o);
 	if (!c->want_ids) {
 		json_object_object_del(ch, "token_ids");
 		json_object_object_del(ch, "prompt_token_ids");
@@ -349,14 +384,7 @@ static int rewrite_completion(struct gw_call *c, json_object *o)
 	}
 	if (!c->want_lp && json_object_object_get_ex(ch, "logprobs", NULL))
 		json_object_object_add(ch, "logprobs", NULL);
-	if ((u = get(o, "usage"))) {
-		json_object_object_add(u, "prompt_tokens",
-				       json_object_new_int64((int64_t)c->j.nprompt));
-		json_object_object_add(u, "completion_tokens",
-				       json_object_new_int64((int64_t)c->j.ngen));
-		json_object_object_add(u, "total_tokens",
-				       json_object_new_int64((int64_t)(c->j.nprompt + c->j.ngen)));
-	}
+	rewrite_usage(c, o);
 	return 0;
 }
 

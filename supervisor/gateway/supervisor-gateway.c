@@ -78,6 +78,7 @@ struct gw_req {
 	enum req_state state;
 	struct gw_attempt *a;
 	bool reply_started, client_gone, paused;
+	bool sse; /* a passthrough reply that is an event stream (the engine's Content-Type) */
 	uint32_t attempt_port;
 	uint64_t attempt_nrec; /* the engine's recoveries started when the attempt began */
 	uint64_t target_nrec;  /* the recovery that replaces the failed attempt's worker */
@@ -238,10 +239,20 @@ static void req_fail(struct gw_req *r, int code, const char *msg)
 	client_release(r);
 	if (!r->reply_started) {
 		send_json_error(r->creq, code, error_type(code), msg);
+	} else if (!r->managed && !r->sse) {
+		/* A passthrough body cut short (the engine died mid-reply): the connection is
+		 * closed without the chunked reply's end, so the client sees it truncated, never
+		 * as a whole 200. evhttp frees the request with its connection. */
+		if (r->cconn)
+			evhttp_connection_free(r->cconn);
 	} else {
 		struct evbuffer *b = evbuffer_new();
 
-		if (b && r->managed && !r->client_gone) {
+		/* A passthrough stream gets the error event too, after a blank line that ends
+		 * whatever event was cut, and no [DONE]: a truncated stream never looks whole. */
+		if (b && !r->managed)
+			(void)evbuffer_add(b, "\n\n", 2);
+		if (b && !r->client_gone) {
 			json_object *o = json_object_new_object(), *e = json_object_new_object();
 			const char *s;
 
@@ -251,7 +262,8 @@ static void req_fail(struct gw_req *r, int code, const char *msg)
 			json_object_object_add(o, "error", e);
 			s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
 			(void)gw_sse_write(b, s, strlen(s));
-			(void)gw_sse_write(b, "[DONE]", 6);
+			if (r->managed)
+				(void)gw_sse_write(b, "[DONE]", 6);
 			json_object_put(o);
 			evhttp_send_reply_chunk(r->creq, b);
 		}
@@ -340,7 +352,11 @@ static void reply_start(struct gw_req *r)
 		evhttp_add_header(h, "Content-Type", "text/event-stream");
 		evhttp_add_header(h, "Cache-Control", "no-cache");
 	} else if (r->a && r->a->ureq) {
-		copy_headers(h, evhttp_request_get_input_headers(r->a->ureq));
+		const struct evkeyvalq *uh = evhttp_request_get_input_headers(r->a->ureq);
+		const char *ct = evhttp_find_header(uh, "Content-Type");
+
+		copy_headers(h, uh);
+		r->sse = ct && strncasecmp(ct, "text/event-stream", 17) == 0;
 	}
 	evhttp_send_reply_start(r->creq, r->a ? r->a->code : 200, "OK");
 	r->reply_started = true;

@@ -63,14 +63,14 @@ void engines_collect_metrics(struct supervisor *s, struct metrics_collector *col
 			    s->engines->e[i].cfg->name);
 	for (size_t i = 0; i < n; i++)
 		for (int p = 0; p < _PHASE_MAX; p++)
-			metrics_add(col, "belayer_recovery_last_phase_microseconds", METRIC_GAUGE,
-				    s->engines->e[i].last.phase_us[p],
-				    "Duration of each phase of the engine's last recovery.",
-				    "engine=\"%s\",phase=\"%s\"", s->engines->e[i].cfg->name,
-				    rec_phase_to_string((enum rec_phase)p));
+			metrics_add_us(col, "belayer_recovery_last_phase_seconds", METRIC_GAUGE,
+				       s->engines->e[i].last.phase_us[p],
+				       "Duration of each phase of the engine's last recovery.",
+				       "engine=\"%s\",phase=\"%s\"", s->engines->e[i].cfg->name,
+				       rec_phase_to_string((enum rec_phase)p));
 	for (size_t i = 0; i < n; i++)
-		metrics_add(col, "belayer_recovery_last_total_microseconds", METRIC_GAUGE,
-			    s->engines->e[i].last.total_us,
-			    "Failure (or detection) to serving, the engine's last recovery.",
-			    "engine=\"%s\"", s->engines->e[i].cfg->name);
+		metrics_add_us(col, "belayer_recovery_last_total_seconds", METRIC_GAUGE,
+			       s->engines->e[i].last.total_us,
+			       "Failure (or detection) to serving, the engine's last recovery.",
+			       "engine=\"%s\"", s->engines->e[i].cfg->name);
 }

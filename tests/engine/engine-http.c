@@ -37,12 +37,20 @@ enum api {
 };
 
 /* One HTTP request being served by a struct request. */
+enum {
+	USAGE_LAST = 1 << 0,
+	USAGE_CONTINUOUS = 1 << 1,
+};
+
 struct job {
 	struct engine *e;
 	struct evhttp_request *hreq;
 	bool closed; /* the client went away: evhttp detached hreq, ending it frees it */
 	enum api api;
 	bool stream, logprobs, return_token_ids;
+	/* stream_options, as vLLM: include_usage adds a last event {"choices": [], "usage"}
+	 * before [DONE]; continuous_usage_stats adds usage (so far) to every event too */
+	bool usage, continuous_usage;
 	time_t created;
 };
 
@@ -334,11 +342,20 @@ static json_object *generate_body(struct request *req, uint32_t from, uint32_t t
 	return o;
 }
 
-static json_object *completion_body(struct engine *e, struct request *req, uint32_t from,
-				    uint32_t to, bool final, const struct job *j)
+static json_object *usage_info(uint32_t prompt, uint32_t completion)
 {
-	json_object *o = json_object_new_object(), *ch = json_object_new_object();
-	json_object *choices = json_object_new_array();
+	json_object *u = json_object_new_object();
+
+	json_object_object_add(u, "prompt_tokens", json_object_new_int64(prompt));
+	json_object_object_add(u, "completion_tokens", json_object_new_int64(completion));
+	json_object_object_add(u, "total_tokens", json_object_new_int64(prompt + completion));
+	return u;
+}
+
+/* What every completion object of a request starts with: id, object, created, model. */
+static json_object *completion_head(struct engine *e, struct request *req, const struct job *j)
+{
+	json_object *o = json_object_new_object();
 	char id[32];
 
 	snprintf(id, sizeof(id), "cmpl-%" PRIu64, req->id);
@@ -346,6 +363,15 @@ static json_object *completion_body(struct engine *e, struct request *req, uint3
 	json_object_object_add(o, "object", json_object_new_string("text_completion"));
 	json_object_object_add(o, "created", json_object_new_int64(j->created));
 	json_object_object_add(o, "model", json_object_new_string(e->o.served_name));
+	return o;
+}
+
+static json_object *completion_body(struct engine *e, struct request *req, uint32_t from,
+				    uint32_t to, bool final, const struct job *j)
+{
+	json_object *o = completion_head(e, req, j), *ch = json_object_new_object();
+	json_object *choices = json_object_new_array();
+
 	json_object_object_add(ch, "index", json_object_new_int(0));
 	json_object_object_add(ch, "text", json_object_new_string(""));
 	/* vLLM's return_token_ids: the generated ids; always present here (text is empty) */
@@ -377,15 +403,18 @@ static json_object *completion_body(struct engine *e, struct request *req, uint3
 			       final ? json_object_new_string("length") : NULL);
 	json_object_array_add(choices, ch);
 	json_object_object_add(o, "choices", choices);
-	if (final && !j->stream) {
-		json_object *u = json_object_new_object();
-		uint32_t gen = req->ntok - req->nprompt;
+	if ((final && !j->stream) || (j->stream && j->continuous_usage))
+		json_object_object_add(o, "usage", usage_info(req->nprompt, to));
+	return o;
+}
 
-		json_object_object_add(u, "prompt_tokens", json_object_new_int64(req->nprompt));
-		json_object_object_add(u, "completion_tokens", json_object_new_int64(gen));
-		json_object_object_add(u, "total_tokens", json_object_new_int64(req->ntok));
-		json_object_object_add(o, "usage", u);
-	}
+/* vLLM's last event with stream_options.include_usage: no choices, the whole request's usage. */
+static json_object *usage_body(struct engine *e, struct request *req, const struct job *j)
+{
+	json_object *o = completion_head(e, req, j);
+
+	json_object_object_add(o, "choices", json_object_new_array());
+	json_object_object_add(o, "usage", usage_info(req->nprompt, req->ntok - req->nprompt));
 	return o;
 }
 
@@ -438,6 +467,30 @@ static void release_job(struct request *req)
 	job_detach(req);
 }
 
+/* --debug-cut-replies: a non-stream reply cut mid-body, as by an engine that dies while
+ * writing it: the head (the whole body's Content-Length) and half the body go out, then the
+ * connection is shut down; the reply after it only hands the request back to libevent. */
+static void send_cut(struct evhttp_request *hreq, json_object *o)
+{
+	const char *s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
+	struct bufferevent *bev =
+		evhttp_connection_get_bufferevent(evhttp_request_get_connection(hreq));
+	int fd = bev ? bufferevent_getfd(bev) : -1;
+	size_t n = strlen(s);
+	char head[160];
+
+	snprintf(head, sizeof(head),
+		 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+		 n + 1);
+	if (fd >= 0) {
+		(void)send(fd, head, strlen(head), MSG_NOSIGNAL);
+		(void)send(fd, s, n / 2, MSG_NOSIGNAL);
+		(void)shutdown(fd, SHUT_RDWR);
+	}
+	evhttp_send_reply(hreq, 503, "Cut", NULL);
+	json_object_put(o);
+}
+
 /* After a step: stream the new tokens, or answer once finished. */
 static void emit(struct request *req)
 {
@@ -459,6 +512,8 @@ static void emit(struct request *req)
 			    ? generate_body(req, req->emitted, gen, req->finished, j)
 			    : completion_body(j->e, req, req->emitted, gen, req->finished, j);
 		sse_send(j->hreq, o);
+		if (req->finished && j->usage)
+			sse_send(j->hreq, usage_body(j->e, req, j));
 		if (req->finished) {
 			sse_send(j->hreq, NULL);
 			evhttp_send_reply_end(j->hreq);
@@ -466,14 +521,19 @@ static void emit(struct request *req)
 	} else if (req->finished) {
 		o = j->api == API_GENERATE ? generate_body(req, 0, gen, true, j)
 					   : completion_body(j->e, req, 0, gen, true, j);
-		send_json(j->hreq, 200, o);
+		if (j->e->o.debug_cut) {
+			j->e->o.debug_cut--;
+			send_cut(j->hreq, o);
+		} else {
+			send_json(j->hreq, 200, o);
+		}
 	}
 	if (req->finished)
 		job_detach(req);
 }
 
 static void start(struct engine *e, struct evhttp_request *hreq, struct request *req, enum api api,
-		  bool stream, bool logprobs, bool return_token_ids)
+		  bool stream, bool logprobs, bool return_token_ids, unsigned usage)
 {
 	struct job *j = calloc(1, sizeof(*j));
 
@@ -488,6 +548,8 @@ static void start(struct engine *e, struct evhttp_request *hreq, struct request 
 			  .stream = stream,
 			  .logprobs = logprobs,
 			  .return_token_ids = return_token_ids,
+			  .usage = usage & USAGE_LAST,
+			  .continuous_usage = usage & USAGE_CONTINUOUS,
 			  .created = time(NULL)};
 	req->user = j;
 	req->emit = emit;
@@ -559,21 +621,51 @@ static void on_generate(struct evhttp_request *hreq, void *arg)
 	(void)json_object_object_get_ex(o, "input_ids", &ids);
 	req = new_request(e, hreq, ids, "input_ids", max_new, temperature, seed, seeded);
 	if (req)
-		start(e, hreq, req, API_GENERATE, stream, logprob, false);
+		start(e, hreq, req, API_GENERATE, stream, logprob, false, 0);
 out:
 	json_object_put(o);
+}
+
+/* stream_options as vLLM takes it: an object, only with stream true. */
+static bool stream_options(struct evhttp_request *hreq, json_object *o, bool stream, unsigned *ret)
+{
+	static const char *const keys[] = {"include_usage", "continuous_usage_stats", NULL};
+	json_object *so;
+	bool last = false, cont = false;
+
+	*ret = 0;
+	if (!json_object_object_get_ex(o, "stream_options", &so) ||
+	    json_object_is_type(so, json_type_null))
+		return true;
+	if (!stream) {
+		send_error(hreq, 400, "Stream options can only be defined when `stream=True`.");
+		return false;
+	}
+	if (!json_object_is_type(so, json_type_object)) {
+		send_error(hreq, 400, "\"stream_options\" must be an object");
+		return false;
+	}
+	if (!known_fields(hreq, so, "stream_options", keys) ||
+	    !get_bool(hreq, so, "include_usage", &last) ||
+	    !get_bool(hreq, so, "continuous_usage_stats", &cont))
+		return false;
+	/* vLLM: continuous usage only with include_usage */
+	*ret = (last ? USAGE_LAST : 0) | (last && cont ? USAGE_CONTINUOUS : 0);
+	return true;
 }
 
 static void on_completions(struct evhttp_request *hreq, void *arg)
 {
 	static const char *const top[] = {"model", "prompt", "max_tokens", "temperature",
 					  "seed",  "stream", "logprobs",   "return_token_ids",
-					  "n",	   "top_p",  "user",	   NULL};
+					  "n",	   "top_p",  "user",	   "stream_options",
+					  "echo",  NULL};
 	struct engine *e = arg;
 	json_object *o, *ids = NULL;
 	int64_t max_tokens = 16, seed = 0, logprobs = -1, n = 1;
 	double temperature = 1.0, top_p = 1.0;
-	bool stream = false, tids = false;
+	bool stream = false, tids = false, echo = false;
+	unsigned usage = 0;
 	const char *model;
 	struct request *req;
 
@@ -598,11 +690,19 @@ static void on_completions(struct evhttp_request *hreq, void *arg)
 	    !get_num(hreq, o, "top_p", 1.0, 1.0, &top_p) || !get_bool(hreq, o, "stream", &stream) ||
 	    !get_bool(hreq, o, "return_token_ids", &tids) || !get_str(hreq, o, "user", false))
 		goto out;
+	if (!get_bool(hreq, o, "echo", &echo))
+		goto out;
+	if (echo) {
+		send_error(hreq, 400, "\"echo\" is not supported by this engine");
+		goto out;
+	}
+	if (!stream_options(hreq, o, stream, &usage))
+		goto out;
 	(void)json_object_object_get_ex(o, "prompt", &ids);
 	req = new_request(e, hreq, ids, "prompt", max_tokens, temperature, seed,
 			  json_object_object_get_ex(o, "seed", NULL));
 	if (req)
-		start(e, hreq, req, API_COMPLETIONS, stream, logprobs >= 0, tids);
+		start(e, hreq, req, API_COMPLETIONS, stream, logprobs >= 0, tids, usage);
 out:
 	json_object_put(o);
 }

@@ -37,6 +37,7 @@ enum {
 	ARG_MAX_TOKENS,
 	ARG_DEBUG,
 	ARG_DEBUG_DROP,
+	ARG_DEBUG_CUT,
 	ARG_RANK,
 	ARG_NCCL_ID,
 	ARG_SEED,
@@ -62,6 +63,7 @@ static const struct option options[] = {
 	{"max-num-batched-tokens", required_argument, NULL, ARG_MAX_TOKENS},
 	{"enable-debug-endpoints", no_argument, NULL, ARG_DEBUG},
 	{"debug-drop-requests", required_argument, NULL, ARG_DEBUG_DROP},
+	{"debug-cut-replies", required_argument, NULL, ARG_DEBUG_CUT},
 	{"rank", required_argument, NULL, ARG_RANK},
 	{"nccl-id", required_argument, NULL, ARG_NCCL_ID},
 	{"help", no_argument, NULL, 'h'},
@@ -86,7 +88,9 @@ static void usage(FILE *f)
 		"  --enable-debug-endpoints      /debug/kv, /debug/pause|resume|step (tests)\n"
 		"  --debug-drop-requests N       cut the connections of the first N token "
 		"requests\n"
-		"                                before any reply, /health answering (tests)\n");
+		"                                before any reply, /health answering (tests)\n"
+		"  --debug-cut-replies N         cut the first N non-stream token replies "
+		"mid-body (tests)\n");
 }
 
 static int parse_size(const char *s, uint64_t *ret)
@@ -200,6 +204,9 @@ static int parse_args(int argc, char **argv, struct engine_options *o)
 			break;
 		case ARG_DEBUG_DROP:
 			r = parse_u32_arg(optarg, 0, 1000000, &o->debug_drop);
+			break;
+		case ARG_DEBUG_CUT:
+			r = parse_u32_arg(optarg, 0, 1000000, &o->debug_cut);
 			break;
 		case ARG_RANK:
 			r = parse_u32_arg(optarg, 1, 7, &o->rank);

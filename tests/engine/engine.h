@@ -27,6 +27,7 @@ struct engine_options {
 	uint32_t max_num_seqs, block_size, max_batched_tokens;
 	bool debug_endpoints;
 	uint32_t debug_drop;		  /* --debug-drop-requests: token requests still to cut */
+	uint32_t debug_cut;		  /* --debug-cut-replies: non-stream replies still to cut */
 	ncclUniqueId tp_id;		  /* followers: the TP group's id (--nccl-id) */
 	struct model_config dummy_config; /* --load-format dummy without --model */
 };

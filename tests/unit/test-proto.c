@@ -521,6 +521,8 @@ static bool key_is_optional(enum proto_type type, const char *key)
 		{PROTO_TRAJ_DECISION, "ckpt"},
 		{PROTO_TRAJ_DECISION, "ckus"},
 		{PROTO_TRAJ_DECISION, "abrt"},
+		/* A metric's scale (issue 18: durations in seconds, kept in microseconds). */
+		{PROTO_METRIC, "scale"},
 	};
 
 	for (size_t i = 0; i < ARRAY_SIZE(optional); i++)

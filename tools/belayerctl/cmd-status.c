@@ -138,7 +138,10 @@ static int on_metric(const struct proto_msg *m, void *userdata)
 	json_object_object_add(o, "name", json_object_new_string(p->name));
 	json_object_object_add(o, "labels", labels);
 	json_object_object_add(o, "kind", json_object_new_string(metric_kind_to_string(p->kind)));
-	json_object_object_add(o, "value", json_u64(p->value));
+	/* a _seconds metric kept in microseconds: seconds, as Prometheus shows it */
+	json_object_object_add(o, "value",
+			       p->scale > 1 ? json_object_new_double((double)p->value / p->scale)
+					    : json_u64(p->value));
 	json_object_array_add(st->metrics, o);
 	return 0;
 }

@@ -43,6 +43,7 @@
 static struct sv sv;
 static char weights[PATH_MAX];
 static uint16_t port_a, port_b, port_gw;
+static const char *primary_args = ""; /* more arguments of the primary's command */
 
 /* ---- a small HTTP/1.1 client: one request per connection, chunked bodies decoded ---- */
 
@@ -334,10 +335,36 @@ struct req {
 	const char *hdr; /* NULL: none */
 	char body[4096];
 	bool stream, generate;
+	bool usage; /* stream_options.include_usage: a last {"choices": [], "usage"} event */
+	int nprompt, max_new;
 	pthread_t t;
 	struct resp r;
 	int rc;
 };
+
+/* The stream's usage event (the last before [DONE], no choices) counts the client's prompt
+ * and every token the client got, resumed or not. */
+static void usage_whole(const struct req *q)
+{
+	char *c = content(&q->r, true), *last = c, *line;
+	json_object *j, *ch, *u, *v;
+
+	for (line = c; (line = strchr(line, '\n')) && line[1]; line++)
+		last = line + 1;
+	j = json_tokener_parse(last);
+	assert_non_null(j);
+	if (!json_object_object_get_ex(j, "choices", &ch) || json_object_array_length(ch) != 0 ||
+	    !json_object_object_get_ex(j, "usage", &u))
+		fail_msg("the last event is not a usage event: %.300s", last);
+	assert_true(json_object_object_get_ex(u, "prompt_tokens", &v));
+	assert_int_equal(json_object_get_int(v), q->nprompt);
+	assert_true(json_object_object_get_ex(u, "completion_tokens", &v));
+	assert_int_equal(json_object_get_int(v), q->max_new);
+	assert_true(json_object_object_get_ex(u, "total_tokens", &v));
+	assert_int_equal(json_object_get_int(v), q->nprompt + q->max_new);
+	json_object_put(j);
+	free(c);
+}
 
 static void *req_run(void *arg)
 {
@@ -362,8 +389,8 @@ static void req_make(struct req *q, int i, int max_new)
 {
 	char p[2048];
 
-	prompt_of(p, sizeof(p), (unsigned)i + 1, 8 + (i * 13) % 40);
-	*q = (struct req){0};
+	*q = (struct req){.nprompt = 8 + (i * 13) % 40, .max_new = max_new};
+	prompt_of(p, sizeof(p), (unsigned)i + 1, q->nprompt);
 	switch (i % 5) {
 	case 0:
 	case 3:
@@ -378,11 +405,17 @@ static void req_make(struct req *q, int i, int max_new)
 	default:
 		q->path = "/v1/completions";
 		q->stream = i % 5 != 4;
+		/* vLLM's usage events: the last one alone (1), and usage in every event too (2) */
+		q->usage = q->stream;
 		snprintf(q->body, sizeof(q->body),
 			 "{\"prompt\":[%s],\"max_tokens\":%d,\"temperature\":0,"
-			 "\"stream\":%s,\"return_token_ids\":true%s}",
+			 "\"stream\":%s,\"return_token_ids\":true%s%s}",
 			 p, max_new, q->stream ? "true" : "false",
-			 i % 5 == 1 ? ",\"logprobs\":1" : "");
+			 i % 5 == 1 ? ",\"logprobs\":1" : "",
+			 i % 5 == 1   ? ",\"stream_options\":{\"include_usage\":true}"
+			 : i % 5 == 2 ? ",\"stream_options\":{\"include_usage\":true,"
+					"\"continuous_usage_stats\":true}"
+				      : "");
 		break;
 	}
 }
@@ -408,8 +441,8 @@ static void start(int tp, bool shadow, const char *const *more)
 	port_gw = sv_free_port();
 	snprintf(primary, sizeof(primary),
 		 "engine.t.primary=%s --model %s --port {port} --tp %d --kv-cache-bytes 16M "
-		 "--enable-debug-endpoints",
-		 ENGINE_PATH, weights, tp);
+		 "--enable-debug-endpoints %s",
+		 ENGINE_PATH, weights, tp, primary_args);
 	snprintf(shadowc, sizeof(shadowc),
 		 "engine.t.shadow=%s --model %s --port {port} --tp %d --load-format dummy --seed 1 "
 		 "--kv-cache-bytes 16M --enable-debug-endpoints",
@@ -499,6 +532,7 @@ static int engine_holds(uint16_t port)
 static int setup(void **state)
 {
 	(void)state;
+	primary_args = "";
 	sv_setup(&sv);
 	setenv("BELAYER_EMU_KERNELS", KERNELS_PATH, 1);
 	setenv("BELAYER_EMU_DEVICES", "4", 1);
@@ -587,6 +621,10 @@ static void greedy_identical(int tp, int n)
 			fail_msg("request %d (%s): responses differ\n  failure-free: %.600s\n  "
 				 "with kill:    %.600s",
 				 i, base[i].path, a, b);
+		if (failed[i].usage) {
+			usage_whole(&base[i]);
+			usage_whole(&failed[i]);
+		}
 		free(a);
 		free(b);
 		free(ta);
@@ -941,6 +979,26 @@ static void seeded_advance_exact(void **state)
 	free(b.r.body);
 }
 
+/* Sends body to path through the gateway with the primary paused, waits until the engine
+ * holds it, and steps the engine steps times: the client's connection. */
+static int held_request(const char *path, const char *body, int steps)
+{
+	uint64_t deadline = mono_ms() + READY_MS;
+	int fd;
+
+	engine_post(port_a, "/debug/pause");
+	fd = tcp_connect(port_gw);
+	assert_true(fd >= 0);
+	assert_int_equal(http_send(fd, "POST", path, body), 0);
+	while (engine_holds(port_a) != 1) {
+		assert_true(mono_ms() < deadline);
+		(void)poll(NULL, 0, 5);
+	}
+	for (int s = 0; s < steps; s++)
+		engine_post(port_a, "/debug/step");
+	return fd;
+}
+
 /* A client that goes away mid-stream cancels its engine request. */
 static void client_disconnect_cancels(void **state)
 {
@@ -953,17 +1011,7 @@ static void client_disconnect_cancels(void **state)
 	(void)state;
 	start(1, false, NULL);
 	wait_serving();
-	engine_post(port_a, "/debug/pause");
-	fd = tcp_connect(port_gw);
-	assert_true(fd >= 0);
-	assert_int_equal(http_send(fd, "POST", "/generate", body), 0);
-	deadline = mono_ms() + READY_MS;
-	while (engine_holds(port_a) != 1) {
-		assert_true(mono_ms() < deadline);
-		(void)poll(NULL, 0, 5);
-	}
-	for (int s = 0; s < 3; s++)
-		engine_post(port_a, "/debug/step");
+	fd = held_request("/generate", body, 3);
 	/* the client saw its stream start */
 	assert_true(recv(fd, buf, sizeof(buf), 0) > 0);
 	close(fd);
@@ -1391,6 +1439,87 @@ static void no_leak(void **state)
 	assert_true(rss1 - rss0 < 512);
 }
 
+/* The /metrics text of a supervisor with a gateway engine (its recovery and policy metrics
+ * included) passes `promtool check metrics`: Prometheus' own parser and naming rules (issue
+ * 18: the _microseconds names failed them). promtool comes with Debian's prometheus package
+ * (tools/dev setup installs it). */
+static void metrics_pass_promtool(void **state)
+{
+	static char mport[48], path[PATH_MAX], cmd[PATH_MAX + 64];
+	const char *more[] = {mport, NULL};
+	uint16_t port = sv_free_port();
+	struct resp r;
+	FILE *f;
+	int st;
+
+	(void)state;
+	if (system("command -v promtool >/dev/null 2>&1") != 0) {
+		print_message("promtool not installed (Debian package prometheus; tools/dev "
+			      "setup installs it)\n");
+		skip();
+	}
+	snprintf(mport, sizeof(mport), "metrics.http_port=%u", port);
+	start(1, false, more);
+	wait_serving();
+	assert_int_equal(http(port, "GET", "/metrics", NULL, &r), 0);
+	assert_int_equal(r.status, 200);
+	assert_non_null(strstr(r.body, "belayer_recovery_last_outcome{engine=\"t\"}"));
+	snprintf(path, sizeof(path), "%s/metrics.txt", sv.dir);
+	f = fopen(path, "we");
+	assert_non_null(f);
+	assert_int_equal(fwrite(r.body, 1, r.len, f), r.len);
+	assert_int_equal(fclose(f), 0);
+	free(r.body);
+	snprintf(cmd, sizeof(cmd), "promtool check metrics < '%s'", path);
+	st = system(cmd);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		fail_msg("promtool check metrics failed (status %d) on %s", st, path);
+}
+
+/* A passthrough reply (echo: not journaled) cut by the engine is not resumable once begun;
+ * it must not look complete either (issue 18, item 2: a cut stream ended with a clean chunked
+ * end, no error, curl exit 0). A body cut mid-way: the client's connection closes before the
+ * chunked reply's end. A stream cut by the engine's death: an SSE error event, no [DONE]. */
+static void passthrough_cut_is_not_whole(void **state)
+{
+	const char *body = "{\"prompt\":[1,2,3],\"max_tokens\":200,\"temperature\":0,"
+			   "\"stream\":true,\"echo\":false}";
+	const char *plain = "{\"prompt\":[1,2,3],\"max_tokens\":8,\"echo\":false}";
+	struct resp r = {0};
+	int fd, rc;
+
+	(void)state;
+	primary_args = "--debug-cut-replies 1";
+	start(1, true, NULL);
+	wait_serving();
+	wait_promotable();
+	rc = http(port_gw, "POST", "/v1/completions", plain, &r);
+	if (rc == 0)
+		fail_msg("a body cut mid-way looked whole: %d %s", r.status, r.body);
+	assert_int_equal(rc, -EBADMSG);
+	/* the next one is whole */
+	assert_int_equal(http(port_gw, "POST", "/v1/completions", plain, &r), 0);
+	assert_int_equal(r.status, 200);
+	free(content(&r, false));
+	free(r.body);
+
+	fd = held_request("/v1/completions", body, 5);
+	/* the stream reached the client before the kill */
+	assert_true(poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, HTTP_MS) == 1);
+	assert_int_equal(kill(primary_pid(0), SIGKILL), 0);
+	rc = http_recv(fd, HTTP_MS, &r);
+	close(fd);
+	assert_int_equal(rc, 0);
+	assert_int_equal(r.status, 200);
+	assert_non_null(strstr(r.body, "\"token_ids\""));
+	if (!strstr(r.body, "data: {\"error\":"))
+		fail_msg("the cut stream ended as if whole: %.400s", r.body);
+	assert_null(strstr(r.body, "[DONE]"));
+	free(r.body);
+	/* the recovered engine serves */
+	wait_serving();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1405,6 +1534,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(slow_client_gets_everything, setup, teardown),
 		cmocka_unit_test_setup_teardown(no_leak, setup, teardown),
 		cmocka_unit_test_setup_teardown(trajectory_tagged_requests, setup, teardown),
+		cmocka_unit_test_setup_teardown(passthrough_cut_is_not_whole, setup, teardown),
+		cmocka_unit_test_setup_teardown(metrics_pass_promtool, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

@@ -183,8 +183,8 @@ static void promotes_on_each_rank_kill(void **state)
 	engine_wait_serving(&sv, expected);
 	/* The port moved to the former shadow's. */
 	assert_int_equal(engine_metric(&sv, "belayer_engine_port", NULL), port_b);
-	assert_true(engine_metric(&sv, "belayer_recovery_last_phase_microseconds",
-				  "phase=\"remap\"") > 0);
+	assert_true(engine_metric(&sv, "belayer_recovery_last_phase_seconds", "phase=\"remap\"") >
+		    0);
 
 	engine_wait_promotable(&sv);
 	kill_primary_rank(1 - first);
