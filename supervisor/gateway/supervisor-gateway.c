@@ -26,6 +26,7 @@
 #include "supervisor-config.h"
 #include "supervisor-gateway-resume.h"
 #include "supervisor-gateway-sse.h"
+#include "supervisor-gateway-stats.h"
 #include "supervisor-gateway.h"
 #include "supervisor.h"
 #include "sv-policy.h"
@@ -97,6 +98,7 @@ struct gw_engine {
 	enum gw_seed seed;
 	struct gw_req *reqs;
 	uint32_t n_reqs, n_waiting;
+	struct gw_stats stats;
 };
 
 struct gateway {
