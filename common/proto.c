@@ -481,6 +481,7 @@ static const char *const ctl_action_names[_CTL_ACT_MAX] = {
 static const char *const metric_kind_names[_METRIC_KIND_MAX] = {
 	[METRIC_COUNTER] = "counter",
 	[METRIC_GAUGE] = "gauge",
+	[METRIC_HISTOGRAM] = "histogram",
 };
 
 static const char *const worker_state_names[_WORKER_STATE_MAX] = {

@@ -283,6 +283,8 @@ enum ctl_action {
 enum metric_kind {
 	METRIC_COUNTER = 0,
 	METRIC_GAUGE = 1,
+	/* one series of a histogram: NAME_bucket (an "le" label, cumulative), NAME_sum, NAME_count */
+	METRIC_HISTOGRAM = 2,
 	_METRIC_KIND_MAX,
 };
 

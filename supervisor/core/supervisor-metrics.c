@@ -8,7 +8,7 @@
 #include "supervisor-subsystem.h"
 #include "supervisor.h"
 
-#define MAX_METRICS 256
+#define MAX_METRICS 1024
 
 static const char *const reject_names[_REJECT_MAX] = {
 	[REJECT_MAX_CONNECTIONS] = "max_connections",
@@ -89,6 +89,30 @@ void metrics_add_us(struct metrics_collector *col, const char *name, enum metric
 	va_start(ap, labels_fmt);
 	metrics_vadd(col, name, kind, us, 1000000, help, labels_fmt, ap);
 	va_end(ap);
+}
+
+void metrics_add_histogram_us(struct metrics_collector *col, const char *name, const char *help,
+			      const char *labels, const uint64_t *bounds_us, const uint64_t *counts,
+			      size_t n, uint64_t sum_us, uint64_t count)
+{
+	char series[96], lbl[96];
+	uint64_t below = 0;
+
+	snprintf(series, sizeof(series), "%s_bucket", name);
+	for (size_t i = 0; i <= n; i++) {
+		below += i < n ? counts[i] : 0;
+		if (i < n)
+			snprintf(lbl, sizeof(lbl), "%s%sle=\"%" PRIu64 ".%06" PRIu64 "\"", labels,
+				 labels[0] ? "," : "", bounds_us[i] / 1000000,
+				 bounds_us[i] % 1000000);
+		else
+			snprintf(lbl, sizeof(lbl), "%s%sle=\"+Inf\"", labels, labels[0] ? "," : "");
+		metrics_add(col, series, METRIC_HISTOGRAM, i < n ? below : count, help, "%s", lbl);
+	}
+	snprintf(series, sizeof(series), "%s_sum", name);
+	metrics_add_us(col, series, METRIC_HISTOGRAM, sum_us, help, "%s", labels);
+	snprintf(series, sizeof(series), "%s_count", name);
+	metrics_add(col, series, METRIC_HISTOGRAM, count, help, "%s", labels);
 }
 
 static size_t collect(struct supervisor *s, struct proto_msg *out, size_t max)
@@ -217,17 +241,36 @@ static int scale_digits(uint32_t scale)
 	return d;
 }
 
+/* The family a series belongs to: its name, less _bucket/_sum/_count for a histogram's. */
+static size_t family_len(const struct proto_metric *m)
+{
+	static const char *const suffix[] = {"_bucket", "_sum", "_count"};
+	size_t n = strlen(m->name);
+
+	if (m->kind != METRIC_HISTOGRAM)
+		return n;
+	for (size_t i = 0; i < ARRAY_SIZE(suffix); i++) {
+		size_t k = strlen(suffix[i]);
+
+		if (n > k && strcmp(m->name + n - k, suffix[i]) == 0)
+			return n - k;
+	}
+	return n;
+}
+
 void metrics_write_prometheus(struct supervisor *s, FILE *f)
 {
 	static struct proto_msg all[MAX_METRICS];
 	size_t n = collect(s, all, MAX_METRICS);
 
 	for (size_t i = 0; i < n; i++) {
-		const struct proto_metric *m = &all[i].metric;
+		const struct proto_metric *m = &all[i].metric,
+					  *prev = i ? &all[i - 1].metric : NULL;
+		int fam = (int)family_len(m);
 
-		if (i == 0 || strcmp(all[i - 1].metric.name, m->name) != 0)
-			fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", m->name, m->help, m->name,
-				metric_kind_to_string(m->kind));
+		if (!prev || (int)family_len(prev) != fam || strncmp(prev->name, m->name, fam) != 0)
+			fprintf(f, "# HELP %.*s %s\n# TYPE %.*s %s\n", fam, m->name, m->help, fam,
+				m->name, metric_kind_to_string(m->kind));
 		fprintf(f, "%s%s%s%s ", m->name, m->labels[0] ? "{" : "", m->labels,
 			m->labels[0] ? "}" : "");
 		if (m->scale > 1)

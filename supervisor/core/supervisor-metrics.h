@@ -83,6 +83,13 @@ void metrics_add(struct metrics_collector *col, const char *name, enum metric_ki
 void metrics_add_us(struct metrics_collector *col, const char *name, enum metric_kind kind,
 		    uint64_t us, const char *help, const char *labels_fmt, ...) _printf_(6, 7);
 
+/* A histogram of durations in microseconds, exposed in seconds: n buckets with their upper
+ * bounds and (non-cumulative) counts, +Inf, _sum and _count; labels without braces ("" for
+ * none). */
+void metrics_add_histogram_us(struct metrics_collector *col, const char *name, const char *help,
+			      const char *labels, const uint64_t *bounds_us, const uint64_t *counts,
+			      size_t n, uint64_t sum_us, uint64_t count);
+
 /* Metric i (0, 1, ... until false) as a METRIC message, values as of now. */
 bool metrics_get(struct supervisor *s, size_t i, struct proto_msg *ret);
 /* Prometheus text exposition format 0.0.4 of every metric. */

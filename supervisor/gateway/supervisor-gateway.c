@@ -88,6 +88,10 @@ struct gw_req {
 	unsigned retries;  /* made since the last recovery the request followed */
 	char why[160];
 	struct gateway_traj_ticket traj; /* X-Belayer-Trajectory's entry; seq 0: untagged */
+	enum gw_path path;		 /* for the metrics */
+	uint16_t status;     /* the reply's status, or the failure's when a begun reply failed */
+	uint32_t n_attempts; /* started */
+	uint64_t start_us;
 };
 
 struct gw_engine {
@@ -162,6 +166,7 @@ static void req_free(struct gw_req *r)
 	struct gw_engine *ge = r->ge;
 
 	attempt_drop(r);
+	gw_stats_reply(&ge->stats, r->path, r->status, mono_us() - r->start_us);
 	if (r->traj.seq)
 		gateway_trajs_end(gw->s->gw_trajs, &r->traj, r->managed && r->call.finished,
 				  r->call.j.ngen, mono_us());
@@ -239,6 +244,7 @@ static void req_fail(struct gw_req *r, int code, const char *msg)
 		 r->method == EVHTTP_REQ_POST ? "POST" : "request", r->uri, code, msg);
 	attempt_drop(r);
 	client_release(r);
+	r->status = (uint16_t)code;
 	if (!r->reply_started) {
 		send_json_error(r->creq, code, error_type(code), msg);
 	} else if (!r->managed && !r->sse) {
@@ -284,6 +290,8 @@ static void on_client_close(struct evhttp_connection *conn, void *arg)
 
 	(void)conn;
 	r->client_gone = true;
+	r->status = 499;
+	r->ge->stats.client_disconnects++;
 	log_debug("gateway %s: client of %s went away, cancelling.", r->ge->cfg->name, r->uri);
 	attempt_drop(r);
 	if (r->reply_started)
@@ -360,7 +368,8 @@ static void reply_start(struct gw_req *r)
 		copy_headers(h, uh);
 		r->sse = ct && strncasecmp(ct, "text/event-stream", 17) == 0;
 	}
-	evhttp_send_reply_start(r->creq, r->a ? r->a->code : 200, "OK");
+	r->status = (uint16_t)(r->a ? r->a->code : 200);
+	evhttp_send_reply_start(r->creq, r->status, "OK");
 	r->reply_started = true;
 }
 
@@ -498,6 +507,7 @@ static void upstream_error_reply(struct gw_req *r, struct gw_attempt *a)
 
 	evhttp_add_header(h, "Content-Type", ct ? ct : "application/json");
 	client_release(r);
+	r->status = (uint16_t)a->code;
 	evhttp_send_reply(r->creq, a->code, "Error", a->body);
 	attempt_drop(r);
 	req_free(r);
@@ -582,6 +592,7 @@ static void on_up_done(struct evhttp_request *ureq, void *arg)
 		evhttp_add_header(evhttp_request_get_output_headers(r->creq), "Content-Type",
 				  "application/json");
 		client_release(r);
+		r->status = 200;
 		evhttp_send_reply(r->creq, 200, "OK", out);
 		evbuffer_free(out);
 		req_free(r);
@@ -606,6 +617,12 @@ static int attempt_start(struct gw_req *r)
 	a->r = r;
 	a->ge = ge;
 	r->a = a;
+	if (r->n_attempts++) {
+		if (r->managed && r->call.j.ngen)
+			ge->stats.resumed++;
+		else
+			ge->stats.resubmitted++;
+	}
 	a->sse = evbuffer_new();
 	a->body = evbuffer_new();
 	engine_upstream(ge->e, &u);
@@ -760,15 +777,20 @@ static void on_request(struct evhttp_request *creq, void *arg)
 	int k = -ENOTSUP;
 
 	if (ge->n_reqs >= ge->cfg->gateway_max_requests) {
+		ge->stats.rejected[GW_REJECT_REQUESTS]++;
+		gw_stats_reply(&ge->stats, gw_path_of(path), 503, 0);
 		send_json_error(creq, 503, error_type(503), "too many requests in the gateway");
 		return;
 	}
 	r = calloc(1, sizeof(*r));
 	if (!r) {
+		gw_stats_reply(&ge->stats, gw_path_of(path), 503, 0);
 		send_json_error(creq, 503, error_type(503), "out of memory");
 		return;
 	}
 	r->ge = ge;
+	r->path = gw_path_of(path);
+	r->start_us = mono_us();
 	r->creq = creq;
 	r->cconn = evhttp_request_get_connection(creq);
 	r->method = m;
@@ -957,4 +979,15 @@ void gateway_stop(struct supervisor *s)
 	 * the process is exiting */
 	free(gw);
 	gw = NULL;
+}
+
+const struct gw_stats *gateway_stats(size_t i, const char **ret_name, uint32_t *ret_in_flight,
+				     uint32_t *ret_waiting)
+{
+	if (!gw || i >= gw->n)
+		return NULL;
+	*ret_name = gw->ge[i].cfg->name;
+	*ret_in_flight = gw->ge[i].n_reqs;
+	*ret_waiting = gw->ge[i].n_waiting;
+	return &gw->ge[i].stats;
 }

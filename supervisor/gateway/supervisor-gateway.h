@@ -15,10 +15,18 @@
  */
 #pragma once
 
+#include <stddef.h>
+#include <stdint.h>
+
 struct event_base;
+struct gw_stats;
 struct supervisor;
 
 /* Starts the listeners of every engine with a gateway_listen. 0 or -errno (logged). */
 int gateway_start(struct supervisor *s, struct event_base *base);
 /* Fails every request in flight (503), closes the listeners and upstream connections. */
 void gateway_stop(struct supervisor *s);
+/* Gateway i's counters (NULL past the last), its engine's name, and its requests in the gateway
+ * and waiting for a recovery now. */
+const struct gw_stats *gateway_stats(size_t i, const char **ret_name, uint32_t *ret_in_flight,
+				     uint32_t *ret_waiting);

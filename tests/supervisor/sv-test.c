@@ -364,7 +364,7 @@ int ctl_collect(const struct sv *sv, enum ctl_cmd cmd, uint32_t pid, enum ctl_ac
 
 int count_regions(const struct sv *sv, pid_t pid, int state)
 {
-	static struct proto_msg m[256];
+	static struct proto_msg m[1024];
 	int n = ctl_collect(sv, CTL_REGIONS, (uint32_t)pid, CTL_ACT_NONE, -1, m, ARRAY_SIZE(m)),
 	    count = 0;
 
@@ -377,7 +377,7 @@ int count_regions(const struct sv *sv, pid_t pid, int state)
 
 uint64_t metric(const struct sv *sv, const char *name, const char *labels)
 {
-	static struct proto_msg m[256];
+	static struct proto_msg m[1024];
 	int n = ctl_collect(sv, CTL_STATUS, 0, CTL_ACT_NONE, -1, m, ARRAY_SIZE(m));
 
 	assert_true(n > 0);

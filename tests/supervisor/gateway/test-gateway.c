@@ -1443,36 +1443,133 @@ static void no_leak(void **state)
  * included) passes `promtool check metrics`: Prometheus' own parser and naming rules (issue
  * 18: the _microseconds names failed them). promtool comes with Debian's prometheus package
  * (tools/dev setup installs it). */
-static void metrics_pass_promtool(void **state)
+/* Writes text to the test's directory and runs `promtool check metrics` on it. */
+static void promtool_check(const struct resp *r)
 {
-	static char mport[48], path[PATH_MAX], cmd[PATH_MAX + 64];
-	const char *more[] = {mport, NULL};
-	uint16_t port = sv_free_port();
-	struct resp r;
+	static char path[PATH_MAX], cmd[PATH_MAX + 64];
 	FILE *f;
 	int st;
 
-	(void)state;
 	/* A skip under BELAYER_TEST_NO_SKIP=1 (CI) is a failure, as for every precondition. */
 	TEST_REQUIRE(
 		system("command -v promtool >/dev/null 2>&1") == 0,
 		"promtool not installed (Debian package prometheus; tools/dev setup installs it)");
-	snprintf(mport, sizeof(mport), "metrics.http_port=%u", port);
-	start(1, false, more);
-	wait_serving();
-	assert_int_equal(http(port, "GET", "/metrics", NULL, &r), 0);
-	assert_int_equal(r.status, 200);
-	assert_non_null(strstr(r.body, "belayer_recovery_last_outcome{engine=\"t\"}"));
 	snprintf(path, sizeof(path), "%s/metrics.txt", sv.dir);
 	f = fopen(path, "we");
 	assert_non_null(f);
-	assert_int_equal(fwrite(r.body, 1, r.len, f), r.len);
+	assert_int_equal(fwrite(r->body, 1, r->len, f), r->len);
 	assert_int_equal(fclose(f), 0);
-	free(r.body);
 	snprintf(cmd, sizeof(cmd), "promtool check metrics < '%s'", path);
 	st = system(cmd);
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
 		fail_msg("promtool check metrics failed (status %d) on %s", st, path);
+}
+
+/* Starts the supervisor (TP=1, with a shadow when shadow) with its /metrics on a free port;
+ * returns the port. */
+static uint16_t start_with_metrics(bool shadow)
+{
+	static char mport[48];
+	const char *more[] = {mport, NULL};
+	uint16_t port = sv_free_port();
+
+	snprintf(mport, sizeof(mport), "metrics.http_port=%u", port);
+	start(1, shadow, more);
+	return port;
+}
+
+static void metrics_pass_promtool(void **state)
+{
+	uint16_t port;
+	struct resp r;
+
+	(void)state;
+	port = start_with_metrics(false);
+	wait_serving();
+	assert_int_equal(http(port, "GET", "/metrics", NULL, &r), 0);
+	assert_int_equal(r.status, 200);
+	assert_non_null(strstr(r.body, "belayer_recovery_last_outcome{engine=\"t\"}"));
+	promtool_check(&r);
+	free(r.body);
+}
+
+static uint64_t gw_requests(const char *path, int code)
+{
+	char lbl[128];
+
+	snprintf(lbl, sizeof(lbl), "engine=\"t\",path=\"%s\",code=\"%d\"", path, code);
+	return metric(&sv, "belayer_gateway_requests_total", lbl);
+}
+
+/* The sum of belayer_gateway_requests_total's series in the /metrics text on port. */
+static uint64_t gw_requests_sum(uint16_t port)
+{
+	const char *name = "belayer_gateway_requests_total{engine=\"t\"";
+	uint64_t sum = 0;
+	struct resp r;
+
+	assert_int_equal(http(port, "GET", "/metrics", NULL, &r), 0);
+	assert_int_equal(r.status, 200);
+	for (char *l = r.body; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+		if (strncmp(l, name, strlen(name)) == 0)
+			sum += strtoull(strchr(l, ' ') + 1, NULL, 10);
+	free(r.body);
+	return sum;
+}
+
+/* The gateway's own metrics (issue 18, item 8: there were none) count what its clients got:
+ * requests by path and status, the duration histogram, the attempts made again after a
+ * kill; Prometheus' parser accepts them. */
+static void gateway_metrics_count(void **state)
+{
+	struct req q[5];
+	unsigned seed = (unsigned)time(NULL);
+	uint64_t gen = 0, comp = 0, again, before;
+	uint16_t port;
+	struct resp r;
+
+	(void)state;
+	port = start_with_metrics(true);
+	wait_serving();
+	wait_promotable();
+	/* wait_serving's probes of /health went through the gateway too */
+	before = metric(&sv, "belayer_gateway_request_duration_seconds_count", "engine=\"t\"");
+	assert_int_equal(before, gw_requests_sum(port));
+	run_set(q, 5, 30, true, 1, &seed);
+	for (int i = 0; i < 5; i++) {
+		*(q[i].generate ? &gen : &comp) += 1;
+		free(q[i].r.body);
+	}
+	assert_int_equal(http(port_gw, "POST", "/generate", "{\"input_ids\":[1,2", &r), 0);
+	assert_int_equal(r.status, 400);
+	free(r.body);
+	assert_int_equal(http(port_gw, "GET", "/v1/models", NULL, &r), 0);
+	assert_int_equal(r.status, 200);
+	free(r.body);
+	assert_int_equal(gw_requests("/generate", 200), gen);
+	assert_int_equal(gw_requests("/v1/completions", 200), comp);
+	assert_int_equal(gw_requests("/generate", 400), 1);
+	assert_int_equal(gw_requests("other", 200), 1);
+	assert_int_equal(
+		metric(&sv, "belayer_gateway_request_duration_seconds_count", "engine=\"t\""),
+		before + 7);
+	assert_int_equal(metric(&sv, "belayer_gateway_request_duration_seconds_bucket",
+				"engine=\"t\",le=\"+Inf\""),
+			 before + 7);
+	assert_int_equal(gw_requests_sum(port), before + 7);
+	assert_int_equal(metric(&sv, "belayer_gateway_requests_in_flight", "engine=\"t\""), 0);
+	/* every request killed in flight was sent again: resumed from its tokens so far, or
+	 * from its start (non-stream, or nothing generated yet) */
+	again = metric(&sv, "belayer_gateway_resumed_total", "engine=\"t\"") +
+		metric(&sv, "belayer_gateway_resubmitted_total", "engine=\"t\"");
+	if (again < 5)
+		fail_msg("%" PRIu64 " attempts made again for 5 requests killed in flight", again);
+	assert_int_equal(http(port, "GET", "/metrics", NULL, &r), 0);
+	assert_int_equal(r.status, 200);
+	assert_non_null(
+		strstr(r.body, "# TYPE belayer_gateway_request_duration_seconds histogram"));
+	promtool_check(&r);
+	free(r.body);
 }
 
 /* A passthrough reply (echo: not journaled) cut by the engine is not resumable once begun;
@@ -1535,6 +1632,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(trajectory_tagged_requests, setup, teardown),
 		cmocka_unit_test_setup_teardown(passthrough_cut_is_not_whole, setup, teardown),
 		cmocka_unit_test_setup_teardown(metrics_pass_promtool, setup, teardown),
+		cmocka_unit_test_setup_teardown(gateway_metrics_count, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
