@@ -72,6 +72,7 @@ struct engine {
 	bool paused;
 	uint64_t steps;
 	char *model_path;
+	int64_t started; /* the HTTP server's start: the model card's created */
 	/* the weight-update group with a trainer (update_weights_from_distributed) */
 	ncclComm_t update_comm;
 	CUdeviceptr staging;
