@@ -420,6 +420,11 @@ static void req_make(struct req *q, int i, int max_new)
 	}
 }
 
+/* What run_set sends (req_make unless a test says otherwise) and the fewest engine steps
+ * before its kill. */
+static void (*req_maker)(struct req *q, int i, int max_new) = req_make;
+static int kill_min_steps;
+
 /* ---- the supervisor and its engine ---- */
 
 static void start(int tp, bool shadow, const char *const *more)
@@ -533,6 +538,8 @@ static int setup(void **state)
 {
 	(void)state;
 	primary_args = "";
+	req_maker = req_make;
+	kill_min_steps = 0;
 	sv_setup(&sv);
 	setenv("BELAYER_EMU_KERNELS", KERNELS_PATH, 1);
 	setenv("BELAYER_EMU_DEVICES", "4", 1);
@@ -564,14 +571,15 @@ static int teardown(void **state)
 static void run_set(struct req *q, int n, int max_new, bool kill_it, int tp, unsigned *seed)
 {
 	for (int i = 0; i < n; i++)
-		req_make(&q[i], i, max_new);
+		req_maker(&q[i], i, max_new);
 	if (kill_it)
 		engine_post(port_a, "/debug/pause");
 	for (int i = 0; i < n; i++)
 		assert_int_equal(pthread_create(&q[i].t, NULL, req_run, &q[i]), 0);
 	if (kill_it) {
 		uint64_t deadline = mono_ms() + READY_MS;
-		int steps = (int)(rand_r(seed) % (unsigned)(max_new / 2)), rank, held;
+		int steps = kill_min_steps + (int)(rand_r(seed) % (unsigned)(max_new / 2)), rank,
+		    held;
 		pid_t pid;
 
 		while ((held = engine_holds(port_a)) != n) {
@@ -942,6 +950,200 @@ static void cold_restart_ignores_stale_probe(void **state)
 		free(base[i].r.body);
 }
 
+/* The prompt ids of ChatML (the stand-in's template) for a system and a user message: per
+ * message <|im_start|> ROLE \n CONTENT <|im_end|> \n, then <|im_start|> assistant\n. */
+static int chatml_len(const char *sys, const char *user)
+{
+	return (int)((4 + strlen("system") + strlen(sys)) + (4 + strlen("user") + strlen(user)) +
+		     1 + strlen("assistant\n"));
+}
+
+/* Request i of a set of text and chat requests (issue 18, item 9): chat streams with and
+ * without token ids, logprobs and usage asked for, and without any budget (the engine's
+ * default, what the context leaves); a non-stream chat; text-prompt completions. */
+static void chat_make(struct req *q, int i, int max_new)
+{
+	static const char sys[] = "You are a terse belay partner.";
+	char user[128];
+
+	*q = (struct req){.path = "/v1/chat/completions", .max_new = max_new};
+	snprintf(user, sizeof(user), "Request %d: is the rope \\u00e9 clipped? %.*s", i, i * 3,
+		 "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz");
+	/* the JSON escape \u00e9: six bytes here, two in the prompt (UTF-8) */
+	q->nprompt = chatml_len(sys, user) - 6 + 2;
+	switch (i % 6) {
+	case 0:
+		q->stream = q->usage = true;
+		snprintf(q->body, sizeof(q->body),
+			 "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},"
+			 "{\"role\":\"user\",\"content\":\"%s\"}],\"max_completion_tokens\":%d,"
+			 "\"temperature\":0,\"stream\":true,\"return_token_ids\":true,"
+			 "\"logprobs\":true,\"stream_options\":{\"include_usage\":true}}",
+			 sys, user, max_new);
+		break;
+	case 1:
+		q->stream = q->usage = true;
+		snprintf(q->body, sizeof(q->body),
+			 "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},"
+			 "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"%s\"}]}],"
+			 "\"max_tokens\":%d,\"temperature\":0,\"stream\":true,"
+			 "\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":"
+			 "true}}",
+			 sys, user, max_new);
+		break;
+	case 2:
+		snprintf(q->body, sizeof(q->body),
+			 "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},"
+			 "{\"role\":\"user\",\"content\":\"%s\"}],\"max_completion_tokens\":%d,"
+			 "\"temperature\":0,\"return_token_ids\":true,\"logprobs\":true}",
+			 sys, user, max_new);
+		break;
+	case 3:
+		q->path = "/v1/completions";
+		q->stream = q->usage = true;
+		q->nprompt = (int)strlen(user) - 6 + 2;
+		snprintf(q->body, sizeof(q->body),
+			 "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"stream\":true,"
+			 "\"return_token_ids\":true,\"stream_options\":{\"include_usage\":true}}",
+			 user, max_new);
+		break;
+	case 4:
+		q->path = "/v1/completions";
+		snprintf(q->body, sizeof(q->body),
+			 "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"logprobs\":0}",
+			 user, max_new);
+		break;
+	default:
+		/* no budget: the engine's default; the journal bound is far above it */
+		q->stream = true;
+		snprintf(q->body, sizeof(q->body),
+			 "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},"
+			 "{\"role\":\"user\",\"content\":\"%s\"}],\"temperature\":0,"
+			 "\"stream\":true}",
+			 sys, user);
+		break;
+	}
+}
+
+/* Every event of a chat or completion response carries one id, and chat's are chunks after a
+ * first role chunk; the text is never empty. */
+static void one_id(const struct req *q)
+{
+	char *copy = strdup(q->r.body), *save = NULL, *ev, id[128] = "";
+	bool chat = strstr(q->path, "chat") != NULL;
+	int n = 0, roles = 0;
+	size_t text = 0;
+
+	assert_non_null(copy);
+	for (ev = strtok_r(copy, "\n", &save); ev; ev = strtok_r(NULL, "\n", &save)) {
+		json_object *j, *v, *ch, *d;
+		const char *js = q->stream ? ev + 6 : ev;
+
+		if (q->stream && (strncmp(ev, "data: ", 6) != 0 || strcmp(js, "[DONE]") == 0))
+			continue;
+		j = json_tokener_parse(js);
+		assert_non_null(j);
+		assert_true(json_object_object_get_ex(j, "id", &v));
+		if (!*id)
+			snprintf(id, sizeof(id), "%s", json_object_get_string(v));
+		assert_string_equal(json_object_get_string(v), id);
+		assert_true(json_object_object_get_ex(j, "object", &v));
+		assert_string_equal(json_object_get_string(v), !chat	   ? "text_completion"
+							       : q->stream ? "chat.completion.chunk"
+									   : "chat.completion");
+		json_object_object_get_ex(j, "choices", &ch);
+		ch = json_object_array_get_idx(ch, 0);
+		if (ch && chat &&
+		    json_object_object_get_ex(ch, q->stream ? "delta" : "message", &d)) {
+			if (json_object_object_get_ex(d, "role", NULL)) {
+				assert_true(n == 0 || !q->stream);
+				roles++;
+			}
+			if (json_object_object_get_ex(d, "content", &v))
+				text += strlen(json_object_get_string(v));
+		} else if (ch && json_object_object_get_ex(ch, "text", &v)) {
+			text += strlen(json_object_get_string(v));
+		}
+		n++;
+		json_object_put(j);
+	}
+	assert_true(n > 0);
+	assert_true(text > 0);
+	if (chat)
+		assert_int_equal(roles, 1);
+	assert_true(strncmp(id, chat ? "chatcmpl-" : "cmpl-", chat ? 9 : 5) == 0);
+	free(copy);
+}
+
+/* Chat and text-prompt requests across a SIGKILL of the primary, at least one token in: each
+ * response equals its failure-free one (token ids, text, logprobs, finish, usage), with one id
+ * throughout (issue 18, item 9). */
+static void chat_and_text_resumed(void **state)
+{
+	struct req base[6], failed[6];
+	unsigned seed = (unsigned)time(NULL);
+	int n = 6, max_new = 40;
+
+	(void)state;
+	print_message("seed %u\n", seed);
+	req_maker = chat_make;
+	kill_min_steps = 1;
+	start(1, true, NULL);
+	wait_serving();
+	wait_promotable();
+	run_set(base, n, max_new, false, 1, &seed);
+	run_set(failed, n, max_new, true, 1, &seed);
+	for (int i = 0; i < n; i++) {
+		char *a = content(&base[i].r, base[i].stream);
+		char *b = content(&failed[i].r, failed[i].stream);
+
+		if (strcmp(a, b) != 0)
+			fail_msg("request %d (%s): responses differ\n  failure-free: %.2000s\n  "
+				 "with kill:    %.2000s",
+				 i, base[i].path, a, b);
+		one_id(&base[i]);
+		one_id(&failed[i]);
+		if (failed[i].usage) {
+			usage_whole(&base[i]);
+			usage_whole(&failed[i]);
+		}
+		free(a);
+		free(b);
+		free(base[i].r.body);
+		free(failed[i].r.body);
+	}
+	assert_int_equal(engine_metric("belayer_recovery_last_outcome"), 2); /* promoted */
+}
+
+/* GET /v1/models/{id} through the gateway (the SDK's models.retrieve): the card, 404 JSON for
+ * another id. */
+static void models_retrieve(void **state)
+{
+	struct resp r;
+	json_object *j, *v;
+
+	(void)state;
+	start(1, false, NULL);
+	wait_serving();
+	assert_int_equal(http(port_gw, "GET", "/v1/models/w.safetensors", NULL, &r), 0);
+	assert_int_equal(r.status, 200);
+	j = json_tokener_parse(r.body);
+	assert_non_null(j);
+	assert_true(json_object_object_get_ex(j, "id", &v));
+	assert_string_equal(json_object_get_string(v), "w.safetensors");
+	assert_true(json_object_object_get_ex(j, "object", &v));
+	assert_string_equal(json_object_get_string(v), "model");
+	json_object_put(j);
+	free(r.body);
+	assert_int_equal(http(port_gw, "GET", "/v1/models/other", NULL, &r), 0);
+	assert_int_equal(r.status, 404);
+	j = json_tokener_parse(r.body);
+	assert_non_null(j);
+	assert_true(json_object_object_get_ex(j, "error", &v));
+	json_object_put(j);
+	free(r.body);
+}
+
 /* A seeded sampled request resumed with gateway_seed=advance continues the engine stand-in's
  * generator exactly: the same tokens as without the failure. */
 static void seeded_advance_exact(void **state)
@@ -1067,15 +1269,18 @@ static void bad_input_and_passthrough(void **state)
 	assert_string_equal(a.body, b.body);
 	free(a.body);
 	free(b.body);
-	/* other paths, and a text prompt the gateway cannot journal */
+	/* other paths, and a batch of text prompts the gateway cannot journal */
 	assert_int_equal(http(port_gw, "GET", "/v1/models", NULL, &a), 0);
 	assert_int_equal(http(port_a, "GET", "/v1/models", NULL, &b), 0);
 	assert_int_equal(a.status, 200);
 	assert_string_equal(a.body, b.body);
 	free(a.body);
 	free(b.body);
-	assert_int_equal(http(port_gw, "POST", "/v1/completions", "{\"prompt\":\"hello\"}", &a), 0);
-	assert_int_equal(http(port_a, "POST", "/v1/completions", "{\"prompt\":\"hello\"}", &b), 0);
+	assert_int_equal(
+		http(port_gw, "POST", "/v1/completions", "{\"prompt\":[\"hello\",\"you\"]}", &a),
+		0);
+	assert_int_equal(
+		http(port_a, "POST", "/v1/completions", "{\"prompt\":[\"hello\",\"you\"]}", &b), 0);
 	assert_int_equal(a.status, b.status);
 	assert_string_equal(a.body, b.body);
 	free(a.body);
@@ -1482,7 +1687,7 @@ static void metrics_pass_promtool(void **state)
 static void passthrough_cut_is_not_whole(void **state)
 {
 	const char *body = "{\"prompt\":[1,2,3],\"max_tokens\":200,\"temperature\":0,"
-			   "\"stream\":true,\"echo\":false}";
+			   "\"stream\":true,\"echo\":false,\"return_token_ids\":true}";
 	const char *plain = "{\"prompt\":[1,2,3],\"max_tokens\":8,\"echo\":false}";
 	struct resp r = {0};
 	int fd, rc;
@@ -1525,6 +1730,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(bad_input_and_passthrough, setup, teardown),
 		cmocka_unit_test_setup_teardown(greedy_identical_tp1, setup, teardown),
 		cmocka_unit_test_setup_teardown(greedy_identical_tp2, setup, teardown),
+		cmocka_unit_test_setup_teardown(chat_and_text_resumed, setup, teardown),
+		cmocka_unit_test_setup_teardown(models_retrieve, setup, teardown),
 		cmocka_unit_test_setup_teardown(cold_restart_resumes_and_waits, setup, teardown),
 		cmocka_unit_test_setup_teardown(cold_restart_retries_live_engine, setup, teardown),
 		cmocka_unit_test_setup_teardown(cold_restart_ignores_stale_probe, setup, teardown),
