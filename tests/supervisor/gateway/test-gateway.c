@@ -1144,6 +1144,81 @@ static void models_retrieve(void **state)
 	free(r.body);
 }
 
+struct sdk_client {
+	pthread_t t;
+	char *out; /* what the client got (stdout) */
+	int rc;
+};
+
+static void *sdk_client_run(void *arg)
+{
+	struct sdk_client *c = arg;
+	char port[16];
+	const char *argv[] = {"/usr/bin/env", "node",	       JS_DIR "/sdk-client.mjs",
+			      port,	      "w.safetensors", NULL};
+
+	snprintf(port, sizeof(port), "%u", port_gw);
+	c->rc = run_tool(&sv, argv, &c->out);
+	return NULL;
+}
+
+/* The official OpenAI Node SDK (tests/js/sdk-client.mjs, openai 6.x pinned by its
+ * package-lock.json) through the gateway, at TP=2 with a random rank SIGKILLed while its five
+ * requests are held (completions streams of a text and a token-id prompt with
+ * stream_options.include_usage, chat streams through the SDK's runner and chunk by chunk, a
+ * non-stream chat; models.retrieve before them): no SDK exception, every response valid (the
+ * client checks one id, the role chunk first, usage, text), and what the client got equals a
+ * failure-free run's (issue 18, item 9). */
+static void sdk_across_kill(void **state)
+{
+	struct sdk_client base = {0}, failed = {0};
+	unsigned seed = (unsigned)time(NULL);
+	uint64_t deadline;
+	int steps, rank, held;
+	pid_t pid;
+
+	(void)state;
+	TEST_REQUIRE(system("command -v node >/dev/null 2>&1") == 0,
+		     "node not installed (Debian package nodejs; tools/dev setup installs it)");
+	TEST_REQUIRE(access(JS_DIR "/node_modules/openai/package.json", R_OK) == 0,
+		     "the OpenAI SDK is not installed in tests/js (tools/dev setup runs npm ci)");
+	print_message("seed %u\n", seed);
+	start(2, true, NULL);
+	wait_serving();
+	wait_promotable();
+	sdk_client_run(&base);
+	if (base.rc != 0)
+		fail_msg("the SDK client failed without a failure (status %d): %s", base.rc,
+			 base.out);
+	engine_post(port_a, "/debug/pause");
+	assert_int_equal(pthread_create(&failed.t, NULL, sdk_client_run, &failed), 0);
+	deadline = mono_ms() + READY_MS;
+	while ((held = engine_holds(port_a)) != 5) {
+		if (mono_ms() > deadline)
+			fail_msg("the engine holds %d of the SDK's 5 requests", held);
+		(void)poll(NULL, 0, 5);
+	}
+	steps = 1 + (int)(rand_r(&seed) % 20);
+	for (int s = 0; s < steps; s++)
+		engine_post(port_a, "/debug/step");
+	rank = (int)(rand_r(&seed) % 2);
+	pid = primary_pid(rank);
+	print_message("kill point: after %d steps, rank %d of 2 (pid %d)\n", steps, rank, pid);
+	assert_true(pid > 0);
+	assert_int_equal(kill(pid, SIGKILL), 0);
+	assert_int_equal(pthread_join(failed.t, NULL), 0);
+	if (failed.rc != 0)
+		fail_msg("the SDK client failed across the kill (status %d): %s", failed.rc,
+			 failed.out);
+	if (strcmp(base.out, failed.out) != 0)
+		fail_msg("the SDK's responses differ\n  failure-free: %.3000s\n  with kill:    "
+			 "%.3000s",
+			 base.out, failed.out);
+	assert_int_equal(engine_metric("belayer_recovery_last_outcome"), 2); /* promoted */
+	free(base.out);
+	free(failed.out);
+}
+
 /* A seeded sampled request resumed with gateway_seed=advance continues the engine stand-in's
  * generator exactly: the same tokens as without the failure. */
 static void seeded_advance_exact(void **state)
@@ -1732,6 +1807,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(greedy_identical_tp2, setup, teardown),
 		cmocka_unit_test_setup_teardown(chat_and_text_resumed, setup, teardown),
 		cmocka_unit_test_setup_teardown(models_retrieve, setup, teardown),
+		cmocka_unit_test_setup_teardown(sdk_across_kill, setup, teardown),
 		cmocka_unit_test_setup_teardown(cold_restart_resumes_and_waits, setup, teardown),
 		cmocka_unit_test_setup_teardown(cold_restart_retries_live_engine, setup, teardown),
 		cmocka_unit_test_setup_teardown(cold_restart_ignores_stale_probe, setup, teardown),
