@@ -58,6 +58,15 @@ static bool truthy(json_object *v)
 	return v && json_object_get_boolean(v);
 }
 
+/* The client's seed, when it is an integer. */
+static void take_seed(struct gw_call *c, json_object *v)
+{
+	if (v && json_object_is_type(v, json_type_int)) {
+		c->seeded = true;
+		c->seed = json_object_get_int64(v);
+	}
+}
+
 /* A chat request the gateway can resume: one choice, no tools, no structured output (a
  * continuation would restart the engine's tool parser or grammar), no echo. The engine
  * validates the rest. */
@@ -108,11 +117,7 @@ static int parse_chat(struct gw_call *c, json_object *o)
 				  ? (int)MIN(MAX(json_object_get_int64(v), 0), 1000)
 				  : 0;
 	c->want_ids = truthy(get(o, "return_token_ids"));
-	v = get(o, "seed");
-	if (v && json_object_is_type(v, json_type_int)) {
-		c->seeded = true;
-		c->seed = json_object_get_int64(v);
-	}
+	take_seed(c, get(o, "seed"));
 	return 0;
 }
 
@@ -212,10 +217,7 @@ int gw_call_parse(struct gw_call *c, enum gw_api api, const char *body, size_t l
 		c->want_ids = truthy(get(o, "return_token_ids"));
 		v = get(o, "seed");
 	}
-	if (v && json_object_is_type(v, json_type_int)) {
-		c->seeded = true;
-		c->seed = json_object_get_int64(v);
-	}
+	take_seed(c, v);
 	return 0;
 }
 
@@ -555,14 +557,16 @@ static int journal_choice(struct gw_call *c, json_object *ids, json_object *lps)
 	return r < 0 ? -EBADMSG : 0;
 }
 
-static int rewrite_completion(struct gw_call *c, json_object *o)
+/* An OpenAI response's one choice in *ret; NULL for vLLM's usage event (choices [], usage:
+ * tokens and finish came before it), which is rewritten here. */
+static int one_choice(struct gw_call *c, json_object *o, json_object **ret)
 {
-	json_object *ch = get(o, "choices"), *lp;
+	json_object *ch = get(o, "choices");
 
+	*ret = NULL;
 	if (!ch || !json_object_is_type(ch, json_type_array))
 		return -EBADMSG;
 	if (json_object_array_length(ch) == 0) {
-		/* vLLM's usage event (choices [], usage): tokens and finish came before it */
 		if (!c->stream || !json_object_is_type(get(o, "usage"), json_type_object))
 			return -EBADMSG;
 		keep_id(c, o);
@@ -571,9 +575,17 @@ static int rewrite_completion(struct gw_call *c, json_object *o)
 	}
 	if (json_object_array_length(ch) != 1)
 		return -EBADMSG;
-	ch = json_object_array_get_idx(ch, 0);
-	if (!json_object_is_type(ch, json_type_object))
-		return -EBADMSG;
+	*ret = json_object_array_get_idx(ch, 0);
+	return json_object_is_type(*ret, json_type_object) ? 0 : -EBADMSG;
+}
+
+static int rewrite_completion(struct gw_call *c, json_object *o)
+{
+	json_object *ch, *lp;
+	int r = one_choice(c, o, &ch);
+
+	if (r < 0 || !ch)
+		return r;
 	learn_prompt(c, get(ch, "prompt_token_ids"));
 	lp = get(ch, "logprobs");
 	if (journal_choice(c, get(ch, "token_ids"), get(lp, "token_logprobs")) < 0)
@@ -609,25 +621,15 @@ static void nulled(json_object *o, const char *key)
  * journaled, the ids the client did not ask for null. */
 static int rewrite_chat(struct gw_call *c, json_object *o)
 {
-	json_object *ch = get(o, "choices"), *d;
+	json_object *ch, *d;
+	int r;
 
 	learn_prompt(c, get(o, "prompt_token_ids"));
 	if (!c->want_ids)
 		nulled(o, "prompt_token_ids");
-	if (!ch || !json_object_is_type(ch, json_type_array))
-		return -EBADMSG;
-	if (json_object_array_length(ch) == 0) {
-		if (!c->stream || !json_object_is_type(get(o, "usage"), json_type_object))
-			return -EBADMSG;
-		keep_id(c, o);
-		rewrite_usage(c, o);
-		return 0;
-	}
-	if (json_object_array_length(ch) != 1)
-		return -EBADMSG;
-	ch = json_object_array_get_idx(ch, 0);
-	if (!json_object_is_type(ch, json_type_object))
-		return -EBADMSG;
+	r = one_choice(c, o, &ch);
+	if (r < 0 || !ch)
+		return r;
 	d = get(ch, c->stream ? "delta" : "message");
 	if (!d || !json_object_is_type(d, json_type_object))
 		return -EBADMSG;

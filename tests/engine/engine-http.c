@@ -881,6 +881,23 @@ static bool oai_params(struct engine *e, struct evhttp_request *hreq, json_objec
 	return true;
 }
 
+/* An OpenAI request's body, its known fields and shared parameters checked; NULL after an
+ * error reply. */
+static json_object *oai_body(struct engine *e, struct evhttp_request *hreq, const char *const *top,
+			     struct oai_params *p)
+{
+	json_object *o;
+
+	if (debug_drop(e, hreq))
+		return NULL;
+	o = body_json(hreq);
+	if (o && (!known_fields(hreq, o, "the request", top) || !oai_params(e, hreq, o, p))) {
+		json_object_put(o);
+		return NULL;
+	}
+	return o;
+}
+
 /* A handler's prompt buffer (max_pos ids), NULL after a 500. */
 static uint32_t *prompt_buf(struct engine *e, struct evhttp_request *hreq)
 {
@@ -910,13 +927,10 @@ static void on_completions(struct evhttp_request *hreq, void *arg)
 	uint32_t *tok = NULL;
 	size_t n;
 
-	if (debug_drop(e, hreq))
-		return;
-	o = body_json(hreq);
+	o = oai_body(e, hreq, top, &p);
 	if (!o)
 		return;
-	if (!known_fields(hreq, o, "the request", top) || !oai_params(e, hreq, o, &p) ||
-	    !get_int(hreq, o, "logprobs", 0, 20, &logprobs) || !get_bool(hreq, o, "echo", &echo))
+	if (!get_int(hreq, o, "logprobs", 0, 20, &logprobs) || !get_bool(hreq, o, "echo", &echo))
 		goto out;
 	if (echo) {
 		send_error(hreq, 400, "\"echo\" is not supported by this engine");
@@ -974,13 +988,10 @@ static void on_chat(struct evhttp_request *hreq, void *arg)
 	size_t n = 0;
 	int r;
 
-	if (debug_drop(e, hreq))
-		return;
-	o = body_json(hreq);
+	o = oai_body(e, hreq, top, &p);
 	if (!o)
 		return;
-	if (!known_fields(hreq, o, "the request", top) || !oai_params(e, hreq, o, &p) ||
-	    !get_bool(hreq, o, "logprobs", &logprobs) ||
+	if (!get_bool(hreq, o, "logprobs", &logprobs) ||
 	    !get_int(hreq, o, "top_logprobs", 0, 20, &top_logprobs) ||
 	    !get_bool(hreq, o, "add_generation_prompt", &gen_prompt))
 		goto out;

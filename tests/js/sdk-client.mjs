@@ -48,20 +48,27 @@ function usageOf(chunks, what) {
 	return { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens };
 }
 
-async function completionStream(name, prompt) {
-	const stream = await client.completions.create({
-		model,
-		prompt,
-		max_tokens: MAX,
-		temperature: 0,
-		stream: true,
-		stream_options: { include_usage: true },
-		return_token_ids: true,
-	});
+// Every chunk of a stream, checked for one id; and those with a choice.
+async function collect(stream, name) {
 	const chunks = [];
 	for await (const c of stream) chunks.push(c);
 	sameId(chunks, name);
-	const body = chunks.filter((c) => c.choices.length);
+	return [chunks, chunks.filter((c) => c.choices.length)];
+}
+
+async function completionStream(name, prompt) {
+	const [chunks, body] = await collect(
+		await client.completions.create({
+			model,
+			prompt,
+			max_tokens: MAX,
+			temperature: 0,
+			stream: true,
+			stream_options: { include_usage: true },
+			return_token_ids: true,
+		}),
+		name,
+	);
 	const text = body.map((c) => c.choices[0].text).join('');
 	check(text.length > 0, `${name}: text`);
 	return {
@@ -74,19 +81,18 @@ async function completionStream(name, prompt) {
 }
 
 async function chatStream(name) {
-	const stream = await client.chat.completions.create({
-		model,
-		messages,
-		max_completion_tokens: MAX,
-		temperature: 0,
-		stream: true,
-		stream_options: { include_usage: true },
-		return_token_ids: true,
-	});
-	const chunks = [];
-	for await (const c of stream) chunks.push(c);
-	sameId(chunks, name);
-	const body = chunks.filter((c) => c.choices.length);
+	const [chunks, body] = await collect(
+		await client.chat.completions.create({
+			model,
+			messages,
+			max_completion_tokens: MAX,
+			temperature: 0,
+			stream: true,
+			stream_options: { include_usage: true },
+			return_token_ids: true,
+		}),
+		name,
+	);
 	check(body[0].choices[0].delta.role === 'assistant', `${name}: the role chunk first`);
 	check(body.filter((c) => c.choices[0].delta.role).length === 1, `${name}: one role chunk`);
 	check(Array.isArray(body[0].prompt_token_ids), `${name}: prompt_token_ids first`);

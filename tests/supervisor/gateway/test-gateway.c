@@ -603,11 +603,63 @@ static void run_set(struct req *q, int n, int max_new, bool kill_it, int tp, uns
 	}
 }
 
-static void greedy_identical(int tp, int n)
+/* Every event of a chat or completion response carries one id, and chat's are chunks after a
+ * first role chunk; the text is never empty. */
+static void one_id(const struct req *q)
+{
+	char *copy = strdup(q->r.body), *save = NULL, *ev, id[128] = "";
+	bool chat = strstr(q->path, "chat") != NULL;
+	int n = 0, roles = 0;
+	size_t text = 0;
+
+	assert_non_null(copy);
+	for (ev = strtok_r(copy, "\n", &save); ev; ev = strtok_r(NULL, "\n", &save)) {
+		json_object *j, *v, *ch, *d;
+		const char *js = q->stream ? ev + 6 : ev;
+
+		if (q->stream && (strncmp(ev, "data: ", 6) != 0 || strcmp(js, "[DONE]") == 0))
+			continue;
+		j = json_tokener_parse(js);
+		assert_non_null(j);
+		assert_true(json_object_object_get_ex(j, "id", &v));
+		if (!*id)
+			snprintf(id, sizeof(id), "%s", json_object_get_string(v));
+		assert_string_equal(json_object_get_string(v), id);
+		assert_true(json_object_object_get_ex(j, "object", &v));
+		assert_string_equal(json_object_get_string(v), !chat	   ? "text_completion"
+							       : q->stream ? "chat.completion.chunk"
+									   : "chat.completion");
+		json_object_object_get_ex(j, "choices", &ch);
+		ch = json_object_array_get_idx(ch, 0);
+		if (ch && chat &&
+		    json_object_object_get_ex(ch, q->stream ? "delta" : "message", &d)) {
+			if (json_object_object_get_ex(d, "role", NULL)) {
+				assert_true(n == 0 || !q->stream);
+				roles++;
+			}
+			if (json_object_object_get_ex(d, "content", &v))
+				text += strlen(json_object_get_string(v));
+		} else if (ch && json_object_object_get_ex(ch, "text", &v)) {
+			text += strlen(json_object_get_string(v));
+		}
+		n++;
+		json_object_put(j);
+	}
+	assert_true(n > 0);
+	assert_true(text > 0);
+	if (chat)
+		assert_int_equal(roles, 1);
+	assert_true(strncmp(id, chat ? "chatcmpl-" : "cmpl-", chat ? 9 : 5) == 0);
+	free(copy);
+}
+
+/* n requests of req_maker, max_new tokens each, in flight at a kill (at TP tp): each response
+ * equals its failure-free one (token ids, then everything the client sees), an OpenAI one
+ * carries one id, a usage event counts the whole response. */
+static void kill_identical(int tp, int n, int max_new)
 {
 	struct req base[MAX_REQS], failed[MAX_REQS];
 	unsigned seed = (unsigned)time(NULL);
-	int max_new = 60;
 
 	print_message("seed %u\n", seed);
 	start(tp, true, NULL);
@@ -626,9 +678,13 @@ static void greedy_identical(int tp, int n)
 				 "   %s",
 				 i, base[i].path, ta, tb);
 		if (strcmp(a, b) != 0)
-			fail_msg("request %d (%s): responses differ\n  failure-free: %.600s\n  "
-				 "with kill:    %.600s",
+			fail_msg("request %d (%s): responses differ\n  failure-free: %.2000s\n  "
+				 "with kill:    %.2000s",
 				 i, base[i].path, a, b);
+		if (!base[i].generate) {
+			one_id(&base[i]);
+			one_id(&failed[i]);
+		}
 		if (failed[i].usage) {
 			usage_whole(&base[i]);
 			usage_whole(&failed[i]);
@@ -646,13 +702,13 @@ static void greedy_identical(int tp, int n)
 static void greedy_identical_tp1(void **state)
 {
 	(void)state;
-	greedy_identical(1, 10);
+	kill_identical(1, 10, 60);
 }
 
 static void greedy_identical_tp2(void **state)
 {
 	(void)state;
-	greedy_identical(2, 6);
+	kill_identical(2, 6, 60);
 }
 
 /* The failure-free runs of n requests into base, then the same n in flight into failed,
@@ -1025,94 +1081,15 @@ static void chat_make(struct req *q, int i, int max_new)
 	}
 }
 
-/* Every event of a chat or completion response carries one id, and chat's are chunks after a
- * first role chunk; the text is never empty. */
-static void one_id(const struct req *q)
-{
-	char *copy = strdup(q->r.body), *save = NULL, *ev, id[128] = "";
-	bool chat = strstr(q->path, "chat") != NULL;
-	int n = 0, roles = 0;
-	size_t text = 0;
-
-	assert_non_null(copy);
-	for (ev = strtok_r(copy, "\n", &save); ev; ev = strtok_r(NULL, "\n", &save)) {
-		json_object *j, *v, *ch, *d;
-		const char *js = q->stream ? ev + 6 : ev;
-
-		if (q->stream && (strncmp(ev, "data: ", 6) != 0 || strcmp(js, "[DONE]") == 0))
-			continue;
-		j = json_tokener_parse(js);
-		assert_non_null(j);
-		assert_true(json_object_object_get_ex(j, "id", &v));
-		if (!*id)
-			snprintf(id, sizeof(id), "%s", json_object_get_string(v));
-		assert_string_equal(json_object_get_string(v), id);
-		assert_true(json_object_object_get_ex(j, "object", &v));
-		assert_string_equal(json_object_get_string(v), !chat	   ? "text_completion"
-							       : q->stream ? "chat.completion.chunk"
-									   : "chat.completion");
-		json_object_object_get_ex(j, "choices", &ch);
-		ch = json_object_array_get_idx(ch, 0);
-		if (ch && chat &&
-		    json_object_object_get_ex(ch, q->stream ? "delta" : "message", &d)) {
-			if (json_object_object_get_ex(d, "role", NULL)) {
-				assert_true(n == 0 || !q->stream);
-				roles++;
-			}
-			if (json_object_object_get_ex(d, "content", &v))
-				text += strlen(json_object_get_string(v));
-		} else if (ch && json_object_object_get_ex(ch, "text", &v)) {
-			text += strlen(json_object_get_string(v));
-		}
-		n++;
-		json_object_put(j);
-	}
-	assert_true(n > 0);
-	assert_true(text > 0);
-	if (chat)
-		assert_int_equal(roles, 1);
-	assert_true(strncmp(id, chat ? "chatcmpl-" : "cmpl-", chat ? 9 : 5) == 0);
-	free(copy);
-}
-
 /* Chat and text-prompt requests across a SIGKILL of the primary, at least one token in: each
  * response equals its failure-free one (token ids, text, logprobs, finish, usage), with one id
  * throughout (issue 18, item 9). */
 static void chat_and_text_resumed(void **state)
 {
-	struct req base[6], failed[6];
-	unsigned seed = (unsigned)time(NULL);
-	int n = 6, max_new = 40;
-
 	(void)state;
-	print_message("seed %u\n", seed);
 	req_maker = chat_make;
 	kill_min_steps = 1;
-	start(1, true, NULL);
-	wait_serving();
-	wait_promotable();
-	run_set(base, n, max_new, false, 1, &seed);
-	run_set(failed, n, max_new, true, 1, &seed);
-	for (int i = 0; i < n; i++) {
-		char *a = content(&base[i].r, base[i].stream);
-		char *b = content(&failed[i].r, failed[i].stream);
-
-		if (strcmp(a, b) != 0)
-			fail_msg("request %d (%s): responses differ\n  failure-free: %.2000s\n  "
-				 "with kill:    %.2000s",
-				 i, base[i].path, a, b);
-		one_id(&base[i]);
-		one_id(&failed[i]);
-		if (failed[i].usage) {
-			usage_whole(&base[i]);
-			usage_whole(&failed[i]);
-		}
-		free(a);
-		free(b);
-		free(base[i].r.body);
-		free(failed[i].r.body);
-	}
-	assert_int_equal(engine_metric("belayer_recovery_last_outcome"), 2); /* promoted */
+	kill_identical(1, 6, 40);
 }
 
 /* GET /v1/models/{id} through the gateway (the SDK's models.retrieve): the card, 404 JSON for
