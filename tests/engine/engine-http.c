@@ -876,6 +876,10 @@ static bool oai_params(struct engine *e, struct evhttp_request *hreq, json_objec
 	    !get_bool(hreq, o, "skip_special_tokens", &p->skip_special) ||
 	    !get_str(hreq, o, "user", false) || !stream_options(hreq, o, p->stream, &p->usage))
 		return false;
+	/* --debug-no-token-ids: a vLLM older than return_token_ids ignores it, as any field it
+	 * does not know */
+	if (e->o.debug_no_ids)
+		p->tids = false;
 	/* json_object_object_get: NULL for an absent or null member */
 	p->seeded = json_object_object_get(o, "seed") != NULL;
 	return true;

@@ -1253,6 +1253,41 @@ static int held_request(const char *path, const char *body, int steps)
 	return fd;
 }
 
+/* An engine that returns no token ids (--debug-no-token-ids: a vLLM older than
+ * return_token_ids ignores the field): a chat stream whose connection fails before anything
+ * reached the client is sent again whole (--debug-drop-requests 1: retried against the live
+ * engine) and answers; one that fails once its first chunks reached the client cannot be
+ * resumed and ends with an error event, never a wrong continuation. */
+static void chat_without_ids_unresumed(void **state)
+{
+	const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+			   "\"max_tokens\":40,\"temperature\":0,\"stream\":true}";
+	struct resp r = {0};
+	char *c;
+	int fd;
+
+	(void)state;
+	primary_args = "--debug-no-token-ids --debug-drop-requests 1";
+	start(1, true, NULL);
+	wait_serving();
+	wait_promotable();
+	assert_int_equal(http(port_gw, "POST", "/v1/chat/completions", body, &r), 0);
+	c = content(&r, true);
+	assert_non_null(strstr(c, "\"role\":\"assistant\""));
+	assert_null(strstr(c, "\"token_ids\":["));
+	free(c);
+	free(r.body);
+	fd = held_request("/v1/chat/completions", body, 5);
+	assert_true(poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, HTTP_MS) == 1);
+	assert_int_equal(kill(primary_pid(0), SIGKILL), 0);
+	assert_int_equal(http_recv(fd, HTTP_MS, &r), 0);
+	close(fd);
+	assert_int_equal(r.status, 200);
+	if (!strstr(r.body, "data: {\"error\":") || !strstr(r.body, "cannot be resumed"))
+		fail_msg("a chat stream without token ids looked resumed: %.600s", r.body);
+	free(r.body);
+}
+
 /* A client that goes away mid-stream cancels its engine request. */
 static void client_disconnect_cancels(void **state)
 {
@@ -1784,6 +1819,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(greedy_identical_tp2, setup, teardown),
 		cmocka_unit_test_setup_teardown(chat_and_text_resumed, setup, teardown),
 		cmocka_unit_test_setup_teardown(models_retrieve, setup, teardown),
+		cmocka_unit_test_setup_teardown(chat_without_ids_unresumed, setup, teardown),
 		cmocka_unit_test_setup_teardown(sdk_across_kill, setup, teardown),
 		cmocka_unit_test_setup_teardown(cold_restart_resumes_and_waits, setup, teardown),
 		cmocka_unit_test_setup_teardown(cold_restart_retries_live_engine, setup, teardown),
