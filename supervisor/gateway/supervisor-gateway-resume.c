@@ -201,6 +201,9 @@ int gw_call_parse(struct gw_call *c, enum gw_api api, const char *body, size_t l
 	c->stream = truthy(get(o, "stream"));
 	if (api == GW_GENERATE) {
 		sp = get(o, "sampling_params");
+		/* not an object: the engine's to refuse (a resumed body could not set its fields) */
+		if (sp && !json_object_is_type(sp, json_type_object))
+			return -ENOTSUP;
 		v = get(sp, "max_new_tokens");
 		c->max_new = v ? (uint64_t)json_object_get_int64(v) : 128; /* SGLang's default */
 		c->want_lp = truthy(get(o, "return_logprob"));
