@@ -1197,40 +1197,55 @@ static void sdk_across_kill(void **state)
 }
 
 /* A seeded sampled request resumed with gateway_seed=advance continues the engine stand-in's
- * generator exactly: the same tokens as without the failure. */
+ * generator exactly: the same tokens as without the failure, a chat stream's too. */
 static void seeded_advance_exact(void **state)
 {
 	const char *more[] = {"engine.t.gateway_seed=advance", NULL};
-	const char *body = "{\"input_ids\":[5,6,7,8],\"sampling_params\":{\"max_new_tokens\":50,"
-			   "\"temperature\":0.9,\"seed\":1234},\"stream\":true}";
-	struct req a = {.path = "/generate", .stream = true, .generate = true};
-	struct req b = a;
-	char *ta, *tb;
+	/* SGLang's /generate, and a chat stream (resumed through /v1/completions) */
+	const char *bodies[] = {
+		"{\"input_ids\":[5,6,7,8],\"sampling_params\":{\"max_new_tokens\":50,"
+		"\"temperature\":0.9,\"seed\":1234},\"stream\":true}",
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"Slack!\"}],\"max_tokens\":50,"
+		"\"temperature\":0.9,\"seed\":1234,\"stream\":true,\"return_token_ids\":true}"};
+	struct req a[2], b[2];
 
 	(void)state;
-	snprintf(a.body, sizeof(a.body), "%s", body);
-	snprintf(b.body, sizeof(b.body), "%s", body);
+	for (int i = 0; i < 2; i++) {
+		a[i] = (struct req){.path = i ? "/v1/chat/completions" : "/generate",
+				    .stream = true,
+				    .generate = !i};
+		snprintf(a[i].body, sizeof(a[i].body), "%s", bodies[i]);
+		b[i] = a[i];
+	}
 	start(1, true, more);
 	wait_serving();
 	wait_promotable();
-	req_run(&a);
-	assert_int_equal(a.rc, 0);
+	for (int i = 0; i < 2; i++) {
+		req_run(&a[i]);
+		assert_int_equal(a[i].rc, 0);
+	}
 	engine_post(port_a, "/debug/pause");
-	assert_int_equal(pthread_create(&b.t, NULL, req_run, &b), 0);
-	while (engine_holds(port_a) != 1)
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(pthread_create(&b[i].t, NULL, req_run, &b[i]), 0);
+	while (engine_holds(port_a) != 2)
 		(void)poll(NULL, 0, 5);
 	for (int s = 0; s < 17; s++)
 		engine_post(port_a, "/debug/step");
 	assert_int_equal(kill(primary_pid(0), SIGKILL), 0);
-	assert_int_equal(pthread_join(b.t, NULL), 0);
-	assert_int_equal(b.rc, 0);
-	ta = tokens_of(&a.r, true, true);
-	tb = tokens_of(&b.r, true, true);
-	assert_string_equal(ta, tb);
-	free(ta);
-	free(tb);
-	free(a.r.body);
-	free(b.r.body);
+	for (int i = 0; i < 2; i++) {
+		char *ta, *tb;
+
+		assert_int_equal(pthread_join(b[i].t, NULL), 0);
+		assert_int_equal(b[i].rc, 0);
+		ta = tokens_of(&a[i].r, true, a[i].generate);
+		tb = tokens_of(&b[i].r, true, b[i].generate);
+		assert_true(strlen(ta) > 0);
+		assert_string_equal(ta, tb);
+		free(ta);
+		free(tb);
+		free(a[i].r.body);
+		free(b[i].r.body);
+	}
 }
 
 /* Sends body to path through the gateway with the primary paused, waits until the engine
