@@ -28,7 +28,7 @@ t-env       tests/supervisor/env      -              core env+
 t-recovery  tests/supervisor/recovery -              core recovery+ t-sv+
 t-gateway   tests/supervisor/gateway  -              core gateway+ t-sv+
 t-policy    tests/supervisor/policy   -              core policy+ env+ t-sv+ t-env+
-t-fuzz      tests/fuzz                -              core recovery+ policy+ env+
+t-fuzz      tests/fuzz                -              core recovery+ policy+ env+ gateway+
 bench       tools/bench               -              env+ t-env+
 shim        shim                      belayer.h      -
 t-shim      tests/shim                -              shim+

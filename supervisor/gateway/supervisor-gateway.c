@@ -397,6 +397,10 @@ static void attempt_failed(struct gw_req *r, const char *why)
 		req_fail(r, 502, why);
 		return;
 	}
+	if (r->managed && !gw_call_resumable(&r->call)) {
+		req_fail(r, 502, "the engine failed and the request cannot be resumed");
+		return;
+	}
 	if (r->managed && r->call.j.max && r->call.j.nprompt + r->call.j.ngen >= r->call.j.max) {
 		req_fail(r, 502, "the engine failed and the request is too long to resume");
 		return;
@@ -662,7 +666,8 @@ static int attempt_start(struct gw_req *r)
 	}
 	r->state = REQ_UPSTREAM;
 	gateway_trajs_attempt(gw->s->gw_trajs, &r->traj);
-	if (evhttp_make_request(a->conn, a->ureq, r->method, r->uri) < 0) {
+	if (evhttp_make_request(a->conn, a->ureq, r->method,
+				r->managed ? gw_call_upstream_uri(&r->call, r->uri) : r->uri) < 0) {
 		/* evhttp freed the request */
 		a->ureq = NULL;
 		attempt_failed(r, "the engine could not be reached");
@@ -796,13 +801,17 @@ static void on_request(struct evhttp_request *creq, void *arg)
 	r->method = m;
 	r->uri = strdup(evhttp_request_get_uri(creq));
 	if (m == EVHTTP_REQ_POST && path &&
-	    (strcmp(path, "/generate") == 0 || strcmp(path, "/v1/completions") == 0)) {
+	    (strcmp(path, "/generate") == 0 || strcmp(path, "/v1/completions") == 0 ||
+	     strcmp(path, "/v1/chat/completions") == 0)) {
 		size_t n = evbuffer_get_length(in);
 		const char *body = (const char *)evbuffer_pullup(in, (ssize_t)n);
 
-		k = gw_call_parse(
-			&r->call, strcmp(path, "/generate") == 0 ? GW_GENERATE : GW_COMPLETIONS,
-			body ? body : "", n, ge->cfg->gateway_journal_tokens, err, sizeof(err));
+		k = gw_call_parse(&r->call,
+				  strcmp(path, "/generate") == 0	 ? GW_GENERATE
+				  : strcmp(path, "/v1/completions") == 0 ? GW_COMPLETIONS
+									 : GW_CHAT,
+				  body ? body : "", n, ge->cfg->gateway_journal_tokens, err,
+				  sizeof(err));
 	}
 	/* linked first: req_fail() and req_free() unlink */
 	r->next = ge->reqs;

@@ -3,7 +3,8 @@
  * The gateway (DESIGN §1.3): one HTTP listener per [engine.NAME] with gateway_listen, in the
  * supervisor's event loop (libevent evhttp server, evhttp client connections upstream; nothing
  * blocks). Token-in/token-out requests (SGLang POST /generate with input_ids, OpenAI POST
- * /v1/completions with a token-id prompt) are journaled token by token; when the engine's
+ * /v1/completions with a token-id prompt), and text and chat requests whose engine returns token
+ * ids (vLLM's return_token_ids), are journaled token by token; when the engine's
  * worker group fails and is replaced (promotion or cold restart), every in-flight request is
  * resubmitted to the recovered worker with prompt = original + generated so far and the
  * remaining budget, and the continuation is spliced into the client's stream. Requests that

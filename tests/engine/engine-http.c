@@ -26,6 +26,7 @@
 #include "engine.h"
 #include "engine-http.h"
 #include "engine-kernels.h"
+#include "engine-text.h"
 #include "log.h"
 #include "util.h"
 
@@ -34,6 +35,7 @@
 enum api {
 	API_GENERATE,
 	API_COMPLETIONS,
+	API_CHAT, /* OpenAI/vLLM /v1/chat/completions */
 };
 
 /* One HTTP request being served by a struct request. */
@@ -51,6 +53,7 @@ struct job {
 	/* stream_options, as vLLM: include_usage adds a last event {"choices": [], "usage"}
 	 * before [DONE]; continuous_usage_stats adds usage (so far) to every event too */
 	bool usage, continuous_usage;
+	bool skip_special; /* vLLM's skip_special_tokens (true): special ids decode to "" */
 	time_t created;
 };
 
@@ -228,28 +231,14 @@ const char *get_str(struct evhttp_request *hreq, json_object *o, const char *key
 	return json_object_get_string(f);
 }
 
-/* The prompt: a non-empty array of token ids within the vocabulary. */
-static struct request *new_request(struct engine *e, struct evhttp_request *hreq, json_object *ids,
-				   const char *key, int64_t max_new, double temperature,
-				   int64_t seed, bool seeded)
+/* A validated prompt of n ids (within the vocabulary) and its budget as a request. */
+static struct request *new_request(struct engine *e, struct evhttp_request *hreq,
+				   const uint32_t *tok, size_t n, int64_t max_new,
+				   double temperature, int64_t seed, bool seeded)
 {
 	const struct model_config *c = &e->m.c;
 	struct request *req;
-	size_t n;
 
-	if (!ids) {
-		send_error(hreq, 400, "Missing field \"%s\" (a list of token ids)", key);
-		return NULL;
-	}
-	if (!json_object_is_type(ids, json_type_array)) {
-		send_error(hreq, 400, "\"%s\" must be a list of token ids", key);
-		return NULL;
-	}
-	n = json_object_array_length(ids);
-	if (n == 0) {
-		send_error(hreq, 400, "\"%s\" must not be empty", key);
-		return NULL;
-	}
 	if (n + (uint64_t)max_new > c->max_pos) {
 		send_error(hreq, 400,
 			   "This model's maximum context length is %u tokens. However, you "
@@ -271,23 +260,81 @@ static struct request *new_request(struct engine *e, struct evhttp_request *hreq
 		send_error(hreq, 500, "Out of memory");
 		return NULL;
 	}
-	for (size_t i = 0; i < n; i++) {
-		json_object *t = json_object_array_get_idx(ids, i);
-		int64_t v = json_object_get_int64(t);
-
-		if (!json_object_is_type(t, json_type_int) || v < 0 || v >= c->vocab) {
-			request_free(req);
-			send_error(hreq, 400, "\"%s\"[%zu] is not a token id in [0, %u)", key, i,
-				   c->vocab);
-			return NULL;
-		}
-		req->tok[i] = (uint32_t)v;
-	}
+	memcpy(req->tok, tok, n * sizeof(*tok));
 	req->nprompt = req->ntok = (uint32_t)n;
 	req->max_new = (uint32_t)max_new;
 	req->temperature = (float)temperature;
 	req->rng = seeded ? (uint64_t)seed : mix64((uint64_t)time(NULL) ^ (e->next_id << 20));
 	return req;
+}
+
+/* A prompt of token ids (a non-empty list within the vocabulary) into tok (max_pos ids at
+ * most): its length, or 0 after a 400. */
+static size_t prompt_ids(struct engine *e, struct evhttp_request *hreq, json_object *ids,
+			 const char *key, uint32_t *tok)
+{
+	const struct model_config *c = &e->m.c;
+	size_t n;
+
+	if (!ids) {
+		send_error(hreq, 400, "Missing field \"%s\" (a list of token ids)", key);
+		return 0;
+	}
+	if (!json_object_is_type(ids, json_type_array)) {
+		send_error(hreq, 400, "\"%s\" must be a list of token ids", key);
+		return 0;
+	}
+	n = json_object_array_length(ids);
+	if (n == 0) {
+		send_error(hreq, 400, "\"%s\" must not be empty", key);
+		return 0;
+	}
+	if (n > c->max_pos) {
+		send_error(hreq, 400,
+			   "This model's maximum context length is %u tokens. However, your "
+			   "prompt has %zu tokens.",
+			   c->max_pos, n);
+		return 0;
+	}
+	for (size_t i = 0; i < n; i++) {
+		json_object *t = json_object_array_get_idx(ids, i);
+		int64_t v = json_object_get_int64(t);
+
+		if (!json_object_is_type(t, json_type_int) || v < 0 || v >= c->vocab) {
+			send_error(hreq, 400, "\"%s\"[%zu] is not a token id in [0, %u)", key, i,
+				   c->vocab);
+			return 0;
+		}
+		tok[i] = (uint32_t)v;
+	}
+	return n;
+}
+
+/* The ids of a token-id prompt, or of a text prompt through the tokenizer: 0 after a 400. */
+static size_t prompt_any(struct engine *e, struct evhttp_request *hreq, json_object *p,
+			 const char *key, uint32_t *tok)
+{
+	size_t n = 0;
+
+	if (!p || !json_object_is_type(p, json_type_string))
+		return prompt_ids(e, hreq, p, key, tok);
+	if (e->m.c.vocab < TEXT_VOCAB_MIN) {
+		send_error(hreq, 400,
+			   "This model has no tokenizer (vocab_size < %u): send token ids",
+			   TEXT_VOCAB_MIN);
+		return 0;
+	}
+	if (text_encode(json_object_get_string(p), (size_t)json_object_get_string_len(p), tok,
+			e->m.c.max_pos, &n) < 0) {
+		send_error(hreq, 400,
+			   "This model's maximum context length is %u tokens. However, "
+			   "your prompt is longer.",
+			   e->m.c.max_pos);
+		return 0;
+	}
+	if (n == 0)
+		send_error(hreq, 400, "\"%s\" must not be empty", key);
+	return n;
 }
 
 /* ---- responses ---- */
@@ -356,14 +403,28 @@ static json_object *usage_info(uint32_t prompt, uint32_t completion)
 static json_object *completion_head(struct engine *e, struct request *req, const struct job *j)
 {
 	json_object *o = json_object_new_object();
+	bool chat = j->api == API_CHAT;
 	char id[32];
 
-	snprintf(id, sizeof(id), "cmpl-%" PRIu64, req->id);
+	snprintf(id, sizeof(id), "%s-%" PRIu64, chat ? "chatcmpl" : "cmpl", req->id);
 	json_object_object_add(o, "id", json_object_new_string(id));
-	json_object_object_add(o, "object", json_object_new_string("text_completion"));
+	json_object_object_add(o, "object",
+			       json_object_new_string(!chat	  ? "text_completion"
+						      : j->stream ? "chat.completion.chunk"
+								  : "chat.completion"));
 	json_object_object_add(o, "created", json_object_new_int64(j->created));
 	json_object_object_add(o, "model", json_object_new_string(e->o.served_name));
 	return o;
+}
+
+/* The text of generated tokens [from, to). */
+static json_object *gen_text(struct request *req, uint32_t from, uint32_t to, const struct job *j)
+{
+	char *t = text_decode(req->tok + req->nprompt + from, to - from, j->skip_special);
+	json_object *s = json_object_new_string(t ? t : "");
+
+	free(t);
+	return s;
 }
 
 static json_object *completion_body(struct engine *e, struct request *req, uint32_t from,
@@ -373,21 +434,23 @@ static json_object *completion_body(struct engine *e, struct request *req, uint3
 	json_object *choices = json_object_new_array();
 
 	json_object_object_add(ch, "index", json_object_new_int(0));
-	json_object_object_add(ch, "text", json_object_new_string(""));
-	/* vLLM's return_token_ids: the generated ids; always present here (text is empty) */
-	json_object_object_add(ch, "token_ids",
-			       ids_array(req->tok + req->nprompt + from, to - from));
-	if (j->return_token_ids && (from == 0 || !j->stream))
-		json_object_object_add(ch, "prompt_token_ids", ids_array(req->tok, req->nprompt));
+	json_object_object_add(ch, "text", gen_text(req, from, to, j));
+	/* vLLM's return_token_ids: the generated ids, and the prompt's in the first event */
+	if (j->return_token_ids) {
+		json_object_object_add(ch, "token_ids",
+				       ids_array(req->tok + req->nprompt + from, to - from));
+		if (from == 0 || !j->stream)
+			json_object_object_add(ch, "prompt_token_ids",
+					       ids_array(req->tok, req->nprompt));
+	}
 	if (j->logprobs) {
 		json_object *lp = json_object_new_object(), *toks = json_object_new_array();
 		json_object *vals = json_object_new_array();
 
 		for (uint32_t i = from; i < to; i++) {
-			char t[32];
+			char t[TEXT_PIECE_MAX];
 
-			/* vLLM's spelling of a token without a tokenizer */
-			snprintf(t, sizeof(t), "token_id:%" PRIu32, req->tok[req->nprompt + i]);
+			(void)text_piece(req->tok[req->nprompt + i], false, t);
 			json_object_array_add(toks, json_object_new_string(t));
 			json_object_array_add(vals, json_object_new_double(req->logprob[i]));
 		}
@@ -405,6 +468,97 @@ static json_object *completion_body(struct engine *e, struct request *req, uint3
 	json_object_object_add(o, "choices", choices);
 	if ((final && !j->stream) || (j->stream && j->continuous_usage))
 		json_object_object_add(o, "usage", usage_info(req->nprompt, to));
+	return o;
+}
+
+/* Chat's logprobs (vLLM's _create_chat_logprobs): {"content": [{token, logprob, bytes,
+ * top_logprobs}]}, top_logprobs empty (only top_logprobs 0 is served). */
+static json_object *chat_logprobs(struct request *req, uint32_t from, uint32_t to)
+{
+	json_object *lp = json_object_new_object(), *content = json_object_new_array();
+
+	for (uint32_t i = from; i < to; i++) {
+		json_object *c = json_object_new_object(), *bytes = json_object_new_array();
+		char t[TEXT_PIECE_MAX];
+		size_t n = text_piece(req->tok[req->nprompt + i], false, t);
+
+		for (size_t k = 0; k < n; k++)
+			json_object_array_add(bytes, json_object_new_int((uint8_t)t[k]));
+		json_object_object_add(c, "token", json_object_new_string(t));
+		json_object_object_add(c, "logprob", json_object_new_double(req->logprob[i]));
+		json_object_object_add(c, "bytes", bytes);
+		json_object_object_add(c, "top_logprobs", json_object_new_array());
+		json_object_array_add(content, c);
+	}
+	json_object_object_add(lp, "content", content);
+	return lp;
+}
+
+/* vLLM's chat stream: a first chunk with delta {"role": "assistant", "content": ""} (and
+ * prompt_token_ids), then per step a chunk with delta {"content"} and the step's token_ids;
+ * the last one with finish_reason and stop_reason. Fields vLLM sets explicitly are present as
+ * null (its model_dump_json(exclude_unset=True)). */
+static json_object *chat_chunk(struct engine *e, struct request *req, uint32_t from, uint32_t to,
+			       bool final, bool role, const struct job *j)
+{
+	json_object *o = completion_head(e, req, j), *ch = json_object_new_object();
+	json_object *choices = json_object_new_array(), *delta = json_object_new_object();
+
+	json_object_object_add(ch, "index", json_object_new_int(0));
+	if (role) {
+		json_object_object_add(delta, "role", json_object_new_string("assistant"));
+		json_object_object_add(delta, "content", json_object_new_string(""));
+	} else {
+		json_object_object_add(delta, "content", gen_text(req, from, to, j));
+	}
+	json_object_object_add(ch, "delta", delta);
+	json_object_object_add(ch, "logprobs",
+			       j->logprobs && !role ? chat_logprobs(req, from, to) : NULL);
+	json_object_object_add(ch, "finish_reason",
+			       final ? json_object_new_string("length") : NULL);
+	if (final)
+		json_object_object_add(ch, "stop_reason", NULL);
+	if (!role)
+		json_object_object_add(
+			ch, "token_ids",
+			j->return_token_ids ? ids_array(req->tok + req->nprompt + from, to - from)
+					    : NULL);
+	json_object_array_add(choices, ch);
+	json_object_object_add(o, "choices", choices);
+	if (j->continuous_usage)
+		json_object_object_add(o, "usage", usage_info(req->nprompt, role ? 0 : to));
+	if (role)
+		json_object_object_add(o, "prompt_token_ids",
+				       j->return_token_ids ? ids_array(req->tok, req->nprompt)
+							   : NULL);
+	return o;
+}
+
+/* vLLM's ChatCompletionResponse. */
+static json_object *chat_body(struct engine *e, struct request *req, const struct job *j)
+{
+	json_object *o = completion_head(e, req, j), *ch = json_object_new_object();
+	json_object *choices = json_object_new_array(), *msg = json_object_new_object();
+	uint32_t gen = req->ntok - req->nprompt;
+
+	json_object_object_add(msg, "role", json_object_new_string("assistant"));
+	json_object_object_add(msg, "content", gen_text(req, 0, gen, j));
+	json_object_object_add(msg, "refusal", NULL);
+	json_object_object_add(ch, "index", json_object_new_int(0));
+	json_object_object_add(ch, "message", msg);
+	json_object_object_add(ch, "logprobs", j->logprobs ? chat_logprobs(req, 0, gen) : NULL);
+	json_object_object_add(ch, "finish_reason", json_object_new_string("length"));
+	json_object_object_add(ch, "stop_reason", NULL);
+	json_object_object_add(ch, "token_ids",
+			       j->return_token_ids ? ids_array(req->tok + req->nprompt, gen)
+						   : NULL);
+	json_object_array_add(choices, ch);
+	json_object_object_add(o, "choices", choices);
+	json_object_object_add(o, "system_fingerprint", NULL);
+	json_object_object_add(o, "usage", usage_info(req->nprompt, gen));
+	json_object_object_add(o, "prompt_logprobs", NULL);
+	json_object_object_add(o, "prompt_token_ids",
+			       j->return_token_ids ? ids_array(req->tok, req->nprompt) : NULL);
 	return o;
 }
 
@@ -508,8 +662,11 @@ static void emit(struct request *req)
 		/* the reply below hands the request back to evhttp: no close callback after it */
 		evhttp_connection_set_closecb(evhttp_request_get_connection(j->hreq), NULL, NULL);
 	if (j->stream) {
-		o = j->api == API_GENERATE
-			    ? generate_body(req, req->emitted, gen, req->finished, j)
+		if (j->api == API_CHAT && req->emitted == 0)
+			sse_send(j->hreq, chat_chunk(j->e, req, 0, 0, false, true, j));
+		o = j->api == API_GENERATE ? generate_body(req, req->emitted, gen, req->finished, j)
+		    : j->api == API_CHAT
+			    ? chat_chunk(j->e, req, req->emitted, gen, req->finished, false, j)
 			    : completion_body(j->e, req, req->emitted, gen, req->finished, j);
 		sse_send(j->hreq, o);
 		if (req->finished && j->usage)
@@ -520,6 +677,7 @@ static void emit(struct request *req)
 		}
 	} else if (req->finished) {
 		o = j->api == API_GENERATE ? generate_body(req, 0, gen, true, j)
+		    : j->api == API_CHAT   ? chat_body(j->e, req, j)
 					   : completion_body(j->e, req, 0, gen, true, j);
 		if (j->e->o.debug_cut) {
 			j->e->o.debug_cut--;
@@ -533,7 +691,8 @@ static void emit(struct request *req)
 }
 
 static void start(struct engine *e, struct evhttp_request *hreq, struct request *req, enum api api,
-		  bool stream, bool logprobs, bool return_token_ids, unsigned usage)
+		  bool stream, bool logprobs, bool return_token_ids, unsigned usage,
+		  bool skip_special)
 {
 	struct job *j = calloc(1, sizeof(*j));
 
@@ -550,6 +709,7 @@ static void start(struct engine *e, struct evhttp_request *hreq, struct request 
 			  .return_token_ids = return_token_ids,
 			  .usage = usage & USAGE_LAST,
 			  .continuous_usage = usage & USAGE_CONTINUOUS,
+			  .skip_special = skip_special,
 			  .created = time(NULL)};
 	req->user = j;
 	req->emit = emit;
@@ -594,12 +754,20 @@ static void on_generate(struct evhttp_request *hreq, void *arg)
 	double temperature = 1.0;
 	bool stream = false, logprob = false, seeded = false;
 	struct request *req;
+	uint32_t *tok;
+	size_t n;
 
 	if (debug_drop(e, hreq))
 		return;
 	o = body_json(hreq);
 	if (!o)
 		return;
+	tok = calloc(e->m.c.max_pos, sizeof(*tok));
+	if (!tok) {
+		send_error(hreq, 500, "Out of memory");
+		json_object_put(o);
+		return;
+	}
 	if (!known_fields(hreq, o, "the request", top))
 		goto out;
 	if (json_object_object_get_ex(o, "sampling_params", &sp) &&
@@ -619,10 +787,12 @@ static void on_generate(struct evhttp_request *hreq, void *arg)
 	    !get_bool(hreq, o, "return_logprob", &logprob) || !get_str(hreq, o, "rid", false))
 		goto out;
 	(void)json_object_object_get_ex(o, "input_ids", &ids);
-	req = new_request(e, hreq, ids, "input_ids", max_new, temperature, seed, seeded);
+	n = prompt_ids(e, hreq, ids, "input_ids", tok);
+	req = n ? new_request(e, hreq, tok, n, max_new, temperature, seed, seeded) : NULL;
 	if (req)
-		start(e, hreq, req, API_GENERATE, stream, logprob, false, 0);
+		start(e, hreq, req, API_GENERATE, stream, logprob, false, 0, true);
 out:
+	free(tok);
 	json_object_put(o);
 }
 
@@ -654,56 +824,223 @@ static bool stream_options(struct evhttp_request *hreq, json_object *o, bool str
 	return true;
 }
 
-static void on_completions(struct evhttp_request *hreq, void *arg)
+/* max_tokens as vLLM reads it (get_max_tokens): absent, its default; null, what the context
+ * leaves after the prompt. 0 after a 400. */
+static int64_t max_tokens_of(struct engine *e, struct evhttp_request *hreq, json_object *o,
+			     const char *key, int64_t dflt, size_t nprompt)
 {
-	static const char *const top[] = {"model", "prompt", "max_tokens", "temperature",
-					  "seed",  "stream", "logprobs",   "return_token_ids",
-					  "n",	   "top_p",  "user",	   "stream_options",
-					  "echo",  NULL};
-	struct engine *e = arg;
-	json_object *o, *ids = NULL;
-	int64_t max_tokens = 16, seed = 0, logprobs = -1, n = 1;
-	double temperature = 1.0, top_p = 1.0;
-	bool stream = false, tids = false, echo = false;
-	unsigned usage = 0;
-	const char *model;
-	struct request *req;
+	int64_t v = dflt;
+	json_object *f;
 
-	if (debug_drop(e, hreq))
-		return;
-	o = body_json(hreq);
-	if (!o)
-		return;
-	if (!known_fields(hreq, o, "the request", top))
-		goto out;
+	if (json_object_object_get_ex(o, key, &f) && json_object_is_type(f, json_type_null))
+		v = 0;
+	if (!get_int(hreq, o, key, 1, e->m.c.max_pos, &v))
+		return 0;
+	if (v == 0 && nprompt >= e->m.c.max_pos) {
+		send_error(hreq, 400,
+			   "This model's maximum context length is %u tokens. However, your "
+			   "prompt has %zu tokens.",
+			   e->m.c.max_pos, nprompt);
+		return 0;
+	}
+	return v ? v : (int64_t)(e->m.c.max_pos - nprompt);
+}
+
+/* The fields /v1/completions and /v1/chat/completions share. */
+struct oai_params {
+	int64_t seed, n;
+	double temperature, top_p;
+	bool stream, tids, skip_special, seeded;
+	unsigned usage;
+};
+
+static bool oai_params(struct engine *e, struct evhttp_request *hreq, json_object *o,
+		       struct oai_params *p)
+{
+	const char *model;
+
+	*p = (struct oai_params){.n = 1, .temperature = 1.0, .top_p = 1.0, .skip_special = true};
 	model = get_str(hreq, o, "model", false);
 	if (!model)
-		goto out;
+		return false;
 	if (*model && strcmp(model, e->o.served_name) != 0) {
 		send_error(hreq, 404, "The model `%s` does not exist.", model);
-		goto out;
+		return false;
 	}
-	if (!get_int(hreq, o, "max_tokens", 1, e->m.c.max_pos, &max_tokens) ||
-	    !get_num(hreq, o, "temperature", 0.0, 100.0, &temperature) ||
-	    !get_int(hreq, o, "seed", INT64_MIN, INT64_MAX, &seed) ||
-	    !get_int(hreq, o, "logprobs", 0, 20, &logprobs) || !get_int(hreq, o, "n", 1, 1, &n) ||
-	    !get_num(hreq, o, "top_p", 1.0, 1.0, &top_p) || !get_bool(hreq, o, "stream", &stream) ||
-	    !get_bool(hreq, o, "return_token_ids", &tids) || !get_str(hreq, o, "user", false))
-		goto out;
-	if (!get_bool(hreq, o, "echo", &echo))
+	if (!get_num(hreq, o, "temperature", 0.0, 100.0, &p->temperature) ||
+	    !get_int(hreq, o, "seed", INT64_MIN, INT64_MAX, &p->seed) ||
+	    !get_int(hreq, o, "n", 1, 1, &p->n) ||
+	    !get_num(hreq, o, "top_p", 1.0, 1.0, &p->top_p) ||
+	    !get_bool(hreq, o, "stream", &p->stream) ||
+	    !get_bool(hreq, o, "return_token_ids", &p->tids) ||
+	    !get_bool(hreq, o, "skip_special_tokens", &p->skip_special) ||
+	    !get_str(hreq, o, "user", false) || !stream_options(hreq, o, p->stream, &p->usage))
+		return false;
+	/* --debug-no-token-ids: a vLLM older than return_token_ids ignores it, as any field it
+	 * does not know */
+	if (e->o.debug_no_ids)
+		p->tids = false;
+	/* json_object_object_get: NULL for an absent or null member */
+	p->seeded = json_object_object_get(o, "seed") != NULL;
+	return true;
+}
+
+/* An OpenAI request's body, its known fields and shared parameters checked; NULL after an
+ * error reply. */
+static json_object *oai_body(struct engine *e, struct evhttp_request *hreq, const char *const *top,
+			     struct oai_params *p)
+{
+	json_object *o;
+
+	if (debug_drop(e, hreq))
+		return NULL;
+	o = body_json(hreq);
+	if (o && (!known_fields(hreq, o, "the request", top) || !oai_params(e, hreq, o, p))) {
+		json_object_put(o);
+		return NULL;
+	}
+	return o;
+}
+
+/* A handler's prompt buffer (max_pos ids), NULL after a 500. */
+static uint32_t *prompt_buf(struct engine *e, struct evhttp_request *hreq)
+{
+	uint32_t *tok = calloc(e->m.c.max_pos, sizeof(*tok));
+
+	if (!tok)
+		send_error(hreq, 500, "Out of memory");
+	return tok;
+}
+
+static void on_completions(struct evhttp_request *hreq, void *arg)
+{
+	static const char *const top[] = {"model",	"prompt",
+					  "max_tokens", "temperature",
+					  "seed",	"stream",
+					  "logprobs",	"return_token_ids",
+					  "n",		"top_p",
+					  "user",	"stream_options",
+					  "echo",	"skip_special_tokens",
+					  NULL};
+	struct engine *e = arg;
+	json_object *o, *ids = NULL;
+	int64_t max_tokens, logprobs = -1;
+	bool echo = false;
+	struct oai_params p;
+	struct request *req;
+	uint32_t *tok = NULL;
+	size_t n;
+
+	o = oai_body(e, hreq, top, &p);
+	if (!o)
+		return;
+	if (!get_int(hreq, o, "logprobs", 0, 20, &logprobs) || !get_bool(hreq, o, "echo", &echo))
 		goto out;
 	if (echo) {
 		send_error(hreq, 400, "\"echo\" is not supported by this engine");
 		goto out;
 	}
-	if (!stream_options(hreq, o, stream, &usage))
+	tok = prompt_buf(e, hreq);
+	if (!tok)
 		goto out;
 	(void)json_object_object_get_ex(o, "prompt", &ids);
-	req = new_request(e, hreq, ids, "prompt", max_tokens, temperature, seed,
-			  json_object_object_get_ex(o, "seed", NULL));
+	n = prompt_any(e, hreq, ids, "prompt", tok);
+	if (!n)
+		goto out;
+	max_tokens = max_tokens_of(e, hreq, o, "max_tokens", 16, n);
+	if (!max_tokens)
+		goto out;
+	req = new_request(e, hreq, tok, n, max_tokens, p.temperature, p.seed, p.seeded);
 	if (req)
-		start(e, hreq, req, API_COMPLETIONS, stream, logprobs >= 0, tids, usage);
+		start(e, hreq, req, API_COMPLETIONS, p.stream, logprobs >= 0, p.tids, p.usage,
+		      p.skip_special);
 out:
+	free(tok);
+	json_object_put(o);
+}
+
+/* vLLM's /v1/chat/completions: messages through the chat template (engine-text.h), the
+ * sampling fields of /v1/completions, max_completion_tokens over the deprecated max_tokens
+ * (neither: what the context leaves), logprobs true with top_logprobs 0. */
+static void on_chat(struct evhttp_request *hreq, void *arg)
+{
+	static const char *const top[] = {"messages",
+					  "model",
+					  "max_tokens",
+					  "max_completion_tokens",
+					  "temperature",
+					  "seed",
+					  "stream",
+					  "stream_options",
+					  "logprobs",
+					  "top_logprobs",
+					  "return_token_ids",
+					  "n",
+					  "top_p",
+					  "user",
+					  "skip_special_tokens",
+					  "add_generation_prompt",
+					  NULL};
+	struct engine *e = arg;
+	json_object *o, *msgs = NULL, *mct;
+	int64_t max_tokens, top_logprobs = 0;
+	bool logprobs = false, gen_prompt = true;
+	struct oai_params p;
+	struct request *req;
+	uint32_t *tok = NULL;
+	char err[256];
+	size_t n = 0;
+	int r;
+
+	o = oai_body(e, hreq, top, &p);
+	if (!o)
+		return;
+	if (!get_bool(hreq, o, "logprobs", &logprobs) ||
+	    !get_int(hreq, o, "top_logprobs", 0, 20, &top_logprobs) ||
+	    !get_bool(hreq, o, "add_generation_prompt", &gen_prompt))
+		goto out;
+	if (top_logprobs > 0) {
+		send_error(hreq, 400, "\"top_logprobs\" > 0 is not supported by this engine");
+		goto out;
+	}
+	if (e->m.c.vocab < TEXT_VOCAB_MIN) {
+		send_error(hreq, 400, "This model has no tokenizer (vocab_size < %u)",
+			   TEXT_VOCAB_MIN);
+		goto out;
+	}
+	tok = prompt_buf(e, hreq);
+	if (!tok)
+		goto out;
+	if (!json_object_object_get_ex(o, "messages", &msgs)) {
+		send_error(hreq, 400, "Missing field \"messages\"");
+		goto out;
+	}
+	r = text_chat_prompt(msgs, gen_prompt, tok, e->m.c.max_pos, &n, err, sizeof(err));
+	if (r == -E2BIG) {
+		send_error(hreq, 400,
+			   "This model's maximum context length is %u tokens. However, your "
+			   "messages are longer.",
+			   e->m.c.max_pos);
+		goto out;
+	}
+	if (r < 0) {
+		send_error(hreq, 400, "%s", err);
+		goto out;
+	}
+	/* vLLM: max_completion_tokens or max_tokens */
+	mct = json_object_object_get(o, "max_completion_tokens");
+	max_tokens = max_tokens_of(e, hreq, o,
+				   mct && !json_object_is_type(mct, json_type_null)
+					   ? "max_completion_tokens"
+					   : "max_tokens",
+				   0, n);
+	if (!max_tokens)
+		goto out;
+	req = new_request(e, hreq, tok, n, max_tokens, p.temperature, p.seed, p.seeded);
+	if (req)
+		start(e, hreq, req, API_CHAT, p.stream, logprobs, p.tids, p.usage, p.skip_special);
+out:
+	free(tok);
 	json_object_put(o);
 }
 
@@ -713,25 +1050,57 @@ static void on_health(struct evhttp_request *hreq, void *arg)
 	evhttp_send_reply(hreq, 200, "OK", NULL);
 }
 
-static void on_models(struct evhttp_request *hreq, void *arg)
+/* vLLM's ModelCard. */
+static json_object *model_card(struct engine *e)
 {
-	struct engine *e = arg;
-	json_object *o = json_object_new_object(), *data = json_object_new_array();
 	json_object *m = json_object_new_object();
 
 	json_object_object_add(m, "id", json_object_new_string(e->o.served_name));
 	json_object_object_add(m, "object", json_object_new_string("model"));
+	json_object_object_add(m, "created", json_object_new_int64(e->started));
 	json_object_object_add(m, "owned_by", json_object_new_string("belayer"));
+	json_object_object_add(m, "root", json_object_new_string(e->o.served_name));
+	json_object_object_add(m, "parent", NULL);
 	json_object_object_add(m, "max_model_len", json_object_new_int64(e->m.c.max_pos));
-	json_object_array_add(data, m);
+	return m;
+}
+
+static void on_models(struct evhttp_request *hreq, void *arg)
+{
+	struct engine *e = arg;
+	json_object *o = json_object_new_object(), *data = json_object_new_array();
+
+	json_object_array_add(data, model_card(e));
 	json_object_object_add(o, "object", json_object_new_string("list"));
 	json_object_object_add(o, "data", data);
 	send_json(hreq, 200, o);
 }
 
+/* GET /v1/models/{id} (the OpenAI SDK's models.retrieve): the card, or 404 for another id. */
+static void on_model(struct evhttp_request *hreq, struct engine *e, const char *path)
+{
+	char *id = evhttp_uridecode(path + strlen("/v1/models/"), 0, NULL);
+
+	if (evhttp_request_get_command(hreq) != EVHTTP_REQ_GET)
+		send_error(hreq, 405, "Method not allowed: use GET");
+	else if (!id)
+		send_error(hreq, 500, "Out of memory");
+	else if (strcmp(id, e->o.served_name) != 0)
+		send_error(hreq, 404, "The model `%.200s` does not exist.", id);
+	else
+		send_json(hreq, 200, model_card(e));
+	free(id);
+}
+
 static void on_other(struct evhttp_request *hreq, void *arg)
 {
-	(void)arg;
+	const struct evhttp_uri *u = evhttp_request_get_evhttp_uri(hreq);
+	const char *path = u ? evhttp_uri_get_path(u) : NULL;
+
+	if (path && strncmp(path, "/v1/models/", strlen("/v1/models/")) == 0) {
+		on_model(hreq, arg, path);
+		return;
+	}
 	send_error(hreq, 404, "Not found: %s", evhttp_request_get_uri(hreq));
 }
 
@@ -744,6 +1113,7 @@ int http_start(struct engine *e)
 	} routes[] = {
 		{"/generate", on_generate, false},
 		{"/v1/completions", on_completions, false},
+		{"/v1/chat/completions", on_chat, false},
 		{"/health", on_health, false},
 		{"/v1/models", on_models, false},
 		{"/get_model_info", http_on_model_info, false},
@@ -757,6 +1127,7 @@ int http_start(struct engine *e)
 	};
 	struct evhttp_bound_socket *s;
 
+	e->started = time(NULL);
 	e->http = evhttp_new(e->base);
 	if (!e->http)
 		return -ENOMEM;

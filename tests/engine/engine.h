@@ -28,6 +28,7 @@ struct engine_options {
 	bool debug_endpoints;
 	uint32_t debug_drop;		  /* --debug-drop-requests: token requests still to cut */
 	uint32_t debug_cut;		  /* --debug-cut-replies: non-stream replies still to cut */
+	bool debug_no_ids;		  /* --debug-no-token-ids: return_token_ids ignored */
 	ncclUniqueId tp_id;		  /* followers: the TP group's id (--nccl-id) */
 	struct model_config dummy_config; /* --load-format dummy without --model */
 };
@@ -72,6 +73,7 @@ struct engine {
 	bool paused;
 	uint64_t steps;
 	char *model_path;
+	int64_t started; /* the HTTP server's start: the model card's created */
 	/* the weight-update group with a trainer (update_weights_from_distributed) */
 	ncclComm_t update_comm;
 	CUdeviceptr staging;

@@ -620,7 +620,28 @@ static void bad_requests_rejected(void **state)
 		 "{\"input_ids\": [1], \"sampling_params\": {\"max_new_tokens\": 300}}",
 		 400}, /* 1 + 300 > the 256-token context */
 		{"/generate", "{\"input_ids\": [1], \"stream\": 1}", 400},
-		{"/v1/completions", "{\"prompt\": \"text prompts need a tokenizer\"}", 400},
+		{"/v1/completions", "{\"prompt\": [\"a batch\", \"of texts\"]}", 400},
+		{"/v1/completions", "{\"prompt\": \"\"}", 400},
+		{"/v1/chat/completions", "{}", 400},
+		{"/v1/chat/completions", "{\"messages\": []}", 400},
+		{"/v1/chat/completions",
+		 "{\"messages\": [{\"role\": \"king\", \"content\": \"x\"}]}", 400},
+		{"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}",
+		 400},
+		{"/v1/chat/completions",
+		 "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
+		 400},
+		{"/v1/chat/completions",
+		 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"bogus\": 1}]}", 400},
+		{"/v1/chat/completions",
+		 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
+		 400},
+		{"/v1/chat/completions",
+		 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 300}",
+		 400},
+		{"/v1/chat/completions",
+		 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"model\": \"o\"}",
+		 404},
 		{"/v1/completions", "{\"prompt\": [1], \"n\": 2}", 400},
 		{"/v1/completions", "{\"prompt\": [1], \"max_tokens\": 0}", 400},
 		{"/v1/completions", "{\"prompt\": [1], \"model\": \"other\"}", 404},
@@ -658,6 +679,12 @@ static void bad_requests_rejected(void **state)
 		assert_int_equal(r.status, 200);
 		assert_non_null(strstr(r.body, "\"max_model_len\":256"));
 		http_response_free(&r);
+		assert_int_equal(
+			client_request(e.port, "GET", "/v1/models/other", NULL, REQ_TIMEOUT_MS, &r),
+			0);
+		assert_int_equal(r.status, 404);
+		assert_non_null(strstr(r.body, "does not exist"));
+		http_response_free(&r);
 	}
 	/* a client that goes away mid-stream does not disturb the others */
 	{
@@ -672,6 +699,137 @@ static void bad_requests_rejected(void **state)
 	}
 	greedy(e.port, prompt_a, ARRAY_SIZE(prompt_a), &b);
 	assert_same(&a, &b);
+	engine_stop(&e);
+}
+
+/* Chat deltas, token ids and logprobs of a chat stream. */
+struct chat_out {
+	char text[4096];
+	struct output ids;
+	int chunks, roles;
+	bool prompt_ids, usage;
+};
+
+static int collect_chat(const char *data, void *ud)
+{
+	struct chat_out *c = ud;
+	json_object *o, *ch, *d, *v;
+
+	if (strcmp(data, "[DONE]") == 0) {
+		c->ids.done = true;
+		return 0;
+	}
+	o = json_tokener_parse(data);
+	assert_non_null(o);
+	assert_string_equal(json_object_get_string(get_path(o, "object", NULL)),
+			    "chat.completion.chunk");
+	c->prompt_ids |= json_object_object_get_ex(o, "prompt_token_ids", &v) && v;
+	c->usage |= json_object_object_get_ex(o, "usage", &v) && v;
+	ch = json_object_array_get_idx(get_path(o, "choices", NULL), 0);
+	if (ch) {
+		d = get_path(ch, "delta", NULL);
+		if (json_object_object_get_ex(d, "role", &v)) {
+			assert_int_equal(c->chunks, 0); /* the first chunk, once */
+			assert_string_equal(json_object_get_string(v), "assistant");
+			c->roles++;
+		}
+		if (json_object_object_get_ex(d, "content", &v))
+			strncat(c->text, json_object_get_string(v),
+				sizeof(c->text) - strlen(c->text) - 1);
+		if (json_object_object_get_ex(ch, "token_ids", &v) && v)
+			append_ids(&c->ids, v);
+	}
+	c->chunks++;
+	json_object_put(o);
+	return 0;
+}
+
+/* /v1/chat/completions and text prompts as vLLM serves them: the chat template's prompt ids,
+ * a token-id /v1/completions of them gives the same tokens and text, a stream's deltas make the
+ * non-stream content, the role chunk first and once, usage last; /v1/models/{id}. */
+static void chat_and_text_like_vllm(void **state)
+{
+	/* ChatML: <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n */
+	static const uint32_t want_prompt[] = {256, 'u', 's',  'e', 'r', '\n', 'H',
+					       'i', 257, '\n', 256, 'a', 's',  's',
+					       'i', 's', 't',  'a', 'n', 't',  '\n'};
+	static const char chat[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+				   "\"max_completion_tokens\":24,\"temperature\":0,"
+				   "\"return_token_ids\":true";
+	char body[1024], ids[512];
+	struct output want;
+	struct chat_out got = {};
+	struct http_response r = {};
+	struct engine e;
+	json_object *o, *cmpl, *v;
+	const char *content;
+
+	(void)state;
+	engine_start(&e, w1, NULL, NULL);
+	snprintf(body, sizeof(body), "%s}", chat);
+	o = post(e.port, "/v1/chat/completions", body, 200);
+	assert_string_equal(json_object_get_string(get_path(o, "object", NULL)), "chat.completion");
+	v = get_path(o, "prompt_token_ids", NULL);
+	assert_int_equal(json_object_array_length(v), ARRAY_SIZE(want_prompt));
+	for (size_t i = 0; i < ARRAY_SIZE(want_prompt); i++)
+		assert_int_equal(json_object_get_int(json_object_array_get_idx(v, i)),
+				 want_prompt[i]);
+	v = json_object_array_get_idx(get_path(o, "choices", NULL), 0);
+	content = json_object_get_string(get_path(get_path(v, "message", NULL), "content", NULL));
+	assert_true(strlen(content) > 0);
+	assert_string_equal(json_object_get_string(get_path(v, "finish_reason", NULL)), "length");
+	assert_int_equal(json_object_array_length(get_path(v, "token_ids", NULL)), 24);
+	assert_int_equal(json_object_get_int(get_path(o, "usage", "prompt_tokens")),
+			 ARRAY_SIZE(want_prompt));
+	/* the same prompt ids through /v1/completions: same tokens, same text */
+	generate(e.port, 1, want_prompt, ARRAY_SIZE(want_prompt), 24, 0.0, 0, false, &want);
+	for (size_t i = 0; i < 24; i++)
+		assert_int_equal(json_object_get_int(json_object_array_get_idx(
+					 get_path(v, "token_ids", NULL), i)),
+				 want.tok[i]);
+	ids_json(ids, sizeof(ids), want_prompt, ARRAY_SIZE(want_prompt));
+	snprintf(body, sizeof(body), "{\"prompt\":%s,\"max_tokens\":24,\"temperature\":0}", ids);
+	cmpl = post(e.port, "/v1/completions", body, 200);
+	assert_string_equal(json_object_get_string(get_path(
+				    json_object_array_get_idx(get_path(cmpl, "choices", NULL), 0),
+				    "text", NULL)),
+			    content);
+	json_object_put(cmpl);
+	/* a text prompt is its bytes */
+	cmpl = post(e.port, "/v1/completions",
+		    "{\"prompt\":\"Hi\",\"max_tokens\":2,\"temperature\":0,"
+		    "\"return_token_ids\":true}",
+		    200);
+	v = get_path(json_object_array_get_idx(get_path(cmpl, "choices", NULL), 0),
+		     "prompt_token_ids", NULL);
+	assert_int_equal(json_object_array_length(v), 2);
+	assert_int_equal(json_object_get_int(json_object_array_get_idx(v, 1)), 'i');
+	json_object_put(cmpl);
+	/* the stream: role chunk first, deltas make the content, usage last */
+	snprintf(body, sizeof(body),
+		 "%s,\"stream\":true,\"logprobs\":true,"
+		 "\"stream_options\":{\"include_usage\":true}}",
+		 chat);
+	assert_int_equal(
+		client_request(e.port, "POST", "/v1/chat/completions", body, REQ_TIMEOUT_MS, &r),
+		0);
+	assert_int_equal(r.status, 200);
+	assert_true(sse_foreach(r.body, collect_chat, &got) > 0);
+	http_response_free(&r);
+	assert_true(got.ids.done);
+	assert_int_equal(got.roles, 1);
+	assert_true(got.prompt_ids);
+	assert_true(got.usage);
+	assert_string_equal(got.text, content);
+	assert_int_equal(got.ids.n, 24);
+	assert_memory_equal(got.ids.tok, want.tok, 24 * sizeof(uint32_t));
+	json_object_put(o);
+	/* the SDK's models.retrieve */
+	snprintf(body, sizeof(body), "/v1/models/%s", "w1.safetensors");
+	o = get_json(e.port, body);
+	assert_string_equal(json_object_get_string(get_path(o, "id", NULL)), "w1.safetensors");
+	assert_string_equal(json_object_get_string(get_path(o, "object", NULL)), "model");
+	json_object_put(o);
 	engine_stop(&e);
 }
 
@@ -1069,6 +1227,7 @@ int main(void)
 		cmocka_unit_test_teardown(weights_update_from_disk, kill_leftovers),
 		cmocka_unit_test_teardown(weights_update_from_trainer, kill_leftovers),
 		cmocka_unit_test_teardown(bad_requests_rejected, kill_leftovers),
+		cmocka_unit_test_teardown(chat_and_text_like_vllm, kill_leftovers),
 		cmocka_unit_test_teardown(concurrent_streaming_clients, kill_leftovers),
 		cmocka_unit_test_teardown(tp_ranks_follow_rank0, kill_leftovers),
 		cmocka_unit_test_teardown(runs_under_the_shim, kill_leftovers),

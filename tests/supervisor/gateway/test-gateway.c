@@ -420,6 +420,11 @@ static void req_make(struct req *q, int i, int max_new)
 	}
 }
 
+/* What run_set sends (req_make unless a test says otherwise) and the fewest engine steps
+ * before its kill. */
+static void (*req_maker)(struct req *q, int i, int max_new) = req_make;
+static int kill_min_steps;
+
 /* ---- the supervisor and its engine ---- */
 
 static void start(int tp, bool shadow, const char *const *more)
@@ -533,6 +538,8 @@ static int setup(void **state)
 {
 	(void)state;
 	primary_args = "";
+	req_maker = req_make;
+	kill_min_steps = 0;
 	sv_setup(&sv);
 	setenv("BELAYER_EMU_KERNELS", KERNELS_PATH, 1);
 	setenv("BELAYER_EMU_DEVICES", "4", 1);
@@ -564,14 +571,15 @@ static int teardown(void **state)
 static void run_set(struct req *q, int n, int max_new, bool kill_it, int tp, unsigned *seed)
 {
 	for (int i = 0; i < n; i++)
-		req_make(&q[i], i, max_new);
+		req_maker(&q[i], i, max_new);
 	if (kill_it)
 		engine_post(port_a, "/debug/pause");
 	for (int i = 0; i < n; i++)
 		assert_int_equal(pthread_create(&q[i].t, NULL, req_run, &q[i]), 0);
 	if (kill_it) {
 		uint64_t deadline = mono_ms() + READY_MS;
-		int steps = (int)(rand_r(seed) % (unsigned)(max_new / 2)), rank, held;
+		int steps = kill_min_steps + (int)(rand_r(seed) % (unsigned)(max_new / 2)), rank,
+		    held;
 		pid_t pid;
 
 		while ((held = engine_holds(port_a)) != n) {
@@ -595,11 +603,63 @@ static void run_set(struct req *q, int n, int max_new, bool kill_it, int tp, uns
 	}
 }
 
-static void greedy_identical(int tp, int n)
+/* Every event of a chat or completion response carries one id, and chat's are chunks after a
+ * first role chunk; the text is never empty. */
+static void one_id(const struct req *q)
+{
+	char *copy = strdup(q->r.body), *save = NULL, *ev, id[128] = "";
+	bool chat = strstr(q->path, "chat") != NULL;
+	int n = 0, roles = 0;
+	size_t text = 0;
+
+	assert_non_null(copy);
+	for (ev = strtok_r(copy, "\n", &save); ev; ev = strtok_r(NULL, "\n", &save)) {
+		json_object *j, *v, *ch, *d;
+		const char *js = q->stream ? ev + 6 : ev;
+
+		if (q->stream && (strncmp(ev, "data: ", 6) != 0 || strcmp(js, "[DONE]") == 0))
+			continue;
+		j = json_tokener_parse(js);
+		assert_non_null(j);
+		assert_true(json_object_object_get_ex(j, "id", &v));
+		if (!*id)
+			snprintf(id, sizeof(id), "%s", json_object_get_string(v));
+		assert_string_equal(json_object_get_string(v), id);
+		assert_true(json_object_object_get_ex(j, "object", &v));
+		assert_string_equal(json_object_get_string(v), !chat	   ? "text_completion"
+							       : q->stream ? "chat.completion.chunk"
+									   : "chat.completion");
+		json_object_object_get_ex(j, "choices", &ch);
+		ch = json_object_array_get_idx(ch, 0);
+		if (ch && chat &&
+		    json_object_object_get_ex(ch, q->stream ? "delta" : "message", &d)) {
+			if (json_object_object_get_ex(d, "role", NULL)) {
+				assert_true(n == 0 || !q->stream);
+				roles++;
+			}
+			if (json_object_object_get_ex(d, "content", &v))
+				text += strlen(json_object_get_string(v));
+		} else if (ch && json_object_object_get_ex(ch, "text", &v)) {
+			text += strlen(json_object_get_string(v));
+		}
+		n++;
+		json_object_put(j);
+	}
+	assert_true(n > 0);
+	assert_true(text > 0);
+	if (chat)
+		assert_int_equal(roles, 1);
+	assert_true(strncmp(id, chat ? "chatcmpl-" : "cmpl-", chat ? 9 : 5) == 0);
+	free(copy);
+}
+
+/* n requests of req_maker, max_new tokens each, in flight at a kill (at TP tp): each response
+ * equals its failure-free one (token ids, then everything the client sees), an OpenAI one
+ * carries one id, a usage event counts the whole response. */
+static void kill_identical(int tp, int n, int max_new)
 {
 	struct req base[MAX_REQS], failed[MAX_REQS];
 	unsigned seed = (unsigned)time(NULL);
-	int max_new = 60;
 
 	print_message("seed %u\n", seed);
 	start(tp, true, NULL);
@@ -618,9 +678,13 @@ static void greedy_identical(int tp, int n)
 				 "   %s",
 				 i, base[i].path, ta, tb);
 		if (strcmp(a, b) != 0)
-			fail_msg("request %d (%s): responses differ\n  failure-free: %.600s\n  "
-				 "with kill:    %.600s",
+			fail_msg("request %d (%s): responses differ\n  failure-free: %.2000s\n  "
+				 "with kill:    %.2000s",
 				 i, base[i].path, a, b);
+		if (!base[i].generate) {
+			one_id(&base[i]);
+			one_id(&failed[i]);
+		}
 		if (failed[i].usage) {
 			usage_whole(&base[i]);
 			usage_whole(&failed[i]);
@@ -638,13 +702,13 @@ static void greedy_identical(int tp, int n)
 static void greedy_identical_tp1(void **state)
 {
 	(void)state;
-	greedy_identical(1, 10);
+	kill_identical(1, 10, 60);
 }
 
 static void greedy_identical_tp2(void **state)
 {
 	(void)state;
-	greedy_identical(2, 6);
+	kill_identical(2, 6, 60);
 }
 
 /* The failure-free runs of n requests into base, then the same n in flight into failed,
@@ -942,41 +1006,246 @@ static void cold_restart_ignores_stale_probe(void **state)
 		free(base[i].r.body);
 }
 
+/* The prompt ids of ChatML (the stand-in's template) for a system and a user message: per
+ * message <|im_start|> ROLE \n CONTENT <|im_end|> \n, then <|im_start|> assistant\n. */
+static int chatml_len(const char *sys, const char *user)
+{
+	return (int)((4 + strlen("system") + strlen(sys)) + (4 + strlen("user") + strlen(user)) +
+		     1 + strlen("assistant\n"));
+}
+
+/* Request i of a set of text and chat requests (issue 18, item 9): chat streams with and
+ * without token ids, logprobs and usage asked for, and without any budget (the engine's
+ * default, what the context leaves); a non-stream chat; text-prompt completions. */
+static void chat_make(struct req *q, int i, int max_new)
+{
+	static const char sys[] = "You are a terse belay partner.";
+	char user[128];
+
+	*q = (struct req){.path = "/v1/chat/completions", .max_new = max_new};
+	snprintf(user, sizeof(user), "Request %d: is the rope \\u00e9 clipped? %.*s", i, i * 3,
+		 "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz");
+	/* the JSON escape \u00e9: six bytes here, two in the prompt (UTF-8) */
+	q->nprompt = chatml_len(sys, user) - 6 + 2;
+	switch (i % 6) {
+	case 0:
+		q->stream = q->usage = true;
+		snprintf(q->body, sizeof(q->body),
+			 "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},"
+			 "{\"role\":\"user\",\"content\":\"%s\"}],\"max_completion_tokens\":%d,"
+			 "\"temperature\":0,\"stream\":true,\"return_token_ids\":true,"
+			 "\"logprobs\":true,\"stream_options\":{\"include_usage\":true}}",
+			 sys, user, max_new);
+		break;
+	case 1:
+		q->stream = q->usage = true;
+		snprintf(q->body, sizeof(q->body),
+			 "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},"
+			 "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"%s\"}]}],"
+			 "\"max_tokens\":%d,\"temperature\":0,\"stream\":true,"
+			 "\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":"
+			 "true}}",
+			 sys, user, max_new);
+		break;
+	case 2:
+		snprintf(q->body, sizeof(q->body),
+			 "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},"
+			 "{\"role\":\"user\",\"content\":\"%s\"}],\"max_completion_tokens\":%d,"
+			 "\"temperature\":0,\"return_token_ids\":true,\"logprobs\":true}",
+			 sys, user, max_new);
+		break;
+	case 3:
+		q->path = "/v1/completions";
+		q->stream = q->usage = true;
+		q->nprompt = (int)strlen(user) - 6 + 2;
+		snprintf(q->body, sizeof(q->body),
+			 "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"stream\":true,"
+			 "\"return_token_ids\":true,\"stream_options\":{\"include_usage\":true}}",
+			 user, max_new);
+		break;
+	case 4:
+		q->path = "/v1/completions";
+		snprintf(q->body, sizeof(q->body),
+			 "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"logprobs\":0}",
+			 user, max_new);
+		break;
+	default:
+		/* no budget: the engine's default; the journal bound is far above it */
+		q->stream = true;
+		snprintf(q->body, sizeof(q->body),
+			 "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},"
+			 "{\"role\":\"user\",\"content\":\"%s\"}],\"temperature\":0,"
+			 "\"stream\":true}",
+			 sys, user);
+		break;
+	}
+}
+
+/* Chat and text-prompt requests across a SIGKILL of the primary, at least one token in: each
+ * response equals its failure-free one (token ids, text, logprobs, finish, usage), with one id
+ * throughout (issue 18, item 9). */
+static void chat_and_text_resumed(void **state)
+{
+	(void)state;
+	req_maker = chat_make;
+	kill_min_steps = 1;
+	kill_identical(1, 6, 40);
+}
+
+/* GET /v1/models/{id} through the gateway (the SDK's models.retrieve): the card, 404 JSON for
+ * another id. */
+static void models_retrieve(void **state)
+{
+	struct resp r;
+	json_object *j, *v;
+
+	(void)state;
+	start(1, false, NULL);
+	wait_serving();
+	assert_int_equal(http(port_gw, "GET", "/v1/models/w.safetensors", NULL, &r), 0);
+	assert_int_equal(r.status, 200);
+	j = json_tokener_parse(r.body);
+	assert_non_null(j);
+	assert_true(json_object_object_get_ex(j, "id", &v));
+	assert_string_equal(json_object_get_string(v), "w.safetensors");
+	assert_true(json_object_object_get_ex(j, "object", &v));
+	assert_string_equal(json_object_get_string(v), "model");
+	json_object_put(j);
+	free(r.body);
+	assert_int_equal(http(port_gw, "GET", "/v1/models/other", NULL, &r), 0);
+	assert_int_equal(r.status, 404);
+	j = json_tokener_parse(r.body);
+	assert_non_null(j);
+	assert_true(json_object_object_get_ex(j, "error", &v));
+	json_object_put(j);
+	free(r.body);
+}
+
+struct sdk_client {
+	pthread_t t;
+	char *out; /* what the client got (stdout) */
+	int rc;
+};
+
+static void *sdk_client_run(void *arg)
+{
+	struct sdk_client *c = arg;
+	char port[16];
+	const char *argv[] = {"/usr/bin/env", "node",	       JS_DIR "/sdk-client.mjs",
+			      port,	      "w.safetensors", NULL};
+
+	snprintf(port, sizeof(port), "%u", port_gw);
+	c->rc = run_tool(&sv, argv, &c->out);
+	return NULL;
+}
+
+/* The official OpenAI Node SDK (tests/js/sdk-client.mjs, openai 6.x pinned by its
+ * package-lock.json) through the gateway, at TP=2 with a random rank SIGKILLed while its five
+ * requests are held (completions streams of a text and a token-id prompt with
+ * stream_options.include_usage, chat streams through the SDK's runner and chunk by chunk, a
+ * non-stream chat; models.retrieve before them): no SDK exception, every response valid (the
+ * client checks one id, the role chunk first, usage, text), and what the client got equals a
+ * failure-free run's (issue 18, item 9). */
+static void sdk_across_kill(void **state)
+{
+	struct sdk_client base = {0}, failed = {0};
+	unsigned seed = (unsigned)time(NULL);
+	uint64_t deadline;
+	int steps, rank, held;
+	pid_t pid;
+
+	(void)state;
+	TEST_REQUIRE(system("command -v node >/dev/null 2>&1") == 0,
+		     "node not installed (Debian package nodejs; tools/dev setup installs it)");
+	TEST_REQUIRE(access(JS_DIR "/node_modules/openai/package.json", R_OK) == 0,
+		     "the OpenAI SDK is not installed in tests/js (tools/dev setup runs npm ci)");
+	print_message("seed %u\n", seed);
+	start(2, true, NULL);
+	wait_serving();
+	wait_promotable();
+	sdk_client_run(&base);
+	if (base.rc != 0)
+		fail_msg("the SDK client failed without a failure (status %d): %s", base.rc,
+			 base.out);
+	engine_post(port_a, "/debug/pause");
+	assert_int_equal(pthread_create(&failed.t, NULL, sdk_client_run, &failed), 0);
+	deadline = mono_ms() + READY_MS;
+	while ((held = engine_holds(port_a)) != 5) {
+		if (mono_ms() > deadline)
+			fail_msg("the engine holds %d of the SDK's 5 requests", held);
+		(void)poll(NULL, 0, 5);
+	}
+	steps = 1 + (int)(rand_r(&seed) % 20);
+	for (int s = 0; s < steps; s++)
+		engine_post(port_a, "/debug/step");
+	rank = (int)(rand_r(&seed) % 2);
+	pid = primary_pid(rank);
+	print_message("kill point: after %d steps, rank %d of 2 (pid %d)\n", steps, rank, pid);
+	assert_true(pid > 0);
+	assert_int_equal(kill(pid, SIGKILL), 0);
+	assert_int_equal(pthread_join(failed.t, NULL), 0);
+	if (failed.rc != 0)
+		fail_msg("the SDK client failed across the kill (status %d): %s", failed.rc,
+			 failed.out);
+	if (strcmp(base.out, failed.out) != 0)
+		fail_msg("the SDK's responses differ\n  failure-free: %.3000s\n  with kill:    "
+			 "%.3000s",
+			 base.out, failed.out);
+	assert_int_equal(engine_metric("belayer_recovery_last_outcome"), 2); /* promoted */
+	free(base.out);
+	free(failed.out);
+}
+
 /* A seeded sampled request resumed with gateway_seed=advance continues the engine stand-in's
- * generator exactly: the same tokens as without the failure. */
+ * generator exactly: the same tokens as without the failure, a chat stream's too. */
 static void seeded_advance_exact(void **state)
 {
 	const char *more[] = {"engine.t.gateway_seed=advance", NULL};
-	const char *body = "{\"input_ids\":[5,6,7,8],\"sampling_params\":{\"max_new_tokens\":50,"
-			   "\"temperature\":0.9,\"seed\":1234},\"stream\":true}";
-	struct req a = {.path = "/generate", .stream = true, .generate = true};
-	struct req b = a;
-	char *ta, *tb;
+	/* SGLang's /generate, and a chat stream (resumed through /v1/completions) */
+	const char *bodies[] = {
+		"{\"input_ids\":[5,6,7,8],\"sampling_params\":{\"max_new_tokens\":50,"
+		"\"temperature\":0.9,\"seed\":1234},\"stream\":true}",
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"Slack!\"}],\"max_tokens\":50,"
+		"\"temperature\":0.9,\"seed\":1234,\"stream\":true,\"return_token_ids\":true}"};
+	struct req a[2], b[2];
 
 	(void)state;
-	snprintf(a.body, sizeof(a.body), "%s", body);
-	snprintf(b.body, sizeof(b.body), "%s", body);
+	for (int i = 0; i < 2; i++) {
+		a[i] = (struct req){.path = i ? "/v1/chat/completions" : "/generate",
+				    .stream = true,
+				    .generate = !i};
+		snprintf(a[i].body, sizeof(a[i].body), "%s", bodies[i]);
+		b[i] = a[i];
+	}
 	start(1, true, more);
 	wait_serving();
 	wait_promotable();
-	req_run(&a);
-	assert_int_equal(a.rc, 0);
+	for (int i = 0; i < 2; i++) {
+		req_run(&a[i]);
+		assert_int_equal(a[i].rc, 0);
+	}
 	engine_post(port_a, "/debug/pause");
-	assert_int_equal(pthread_create(&b.t, NULL, req_run, &b), 0);
-	while (engine_holds(port_a) != 1)
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(pthread_create(&b[i].t, NULL, req_run, &b[i]), 0);
+	while (engine_holds(port_a) != 2)
 		(void)poll(NULL, 0, 5);
 	for (int s = 0; s < 17; s++)
 		engine_post(port_a, "/debug/step");
 	assert_int_equal(kill(primary_pid(0), SIGKILL), 0);
-	assert_int_equal(pthread_join(b.t, NULL), 0);
-	assert_int_equal(b.rc, 0);
-	ta = tokens_of(&a.r, true, true);
-	tb = tokens_of(&b.r, true, true);
-	assert_string_equal(ta, tb);
-	free(ta);
-	free(tb);
-	free(a.r.body);
-	free(b.r.body);
+	for (int i = 0; i < 2; i++) {
+		char *ta, *tb;
+
+		assert_int_equal(pthread_join(b[i].t, NULL), 0);
+		assert_int_equal(b[i].rc, 0);
+		ta = tokens_of(&a[i].r, true, a[i].generate);
+		tb = tokens_of(&b[i].r, true, b[i].generate);
+		assert_true(strlen(ta) > 0);
+		assert_string_equal(ta, tb);
+		free(ta);
+		free(tb);
+		free(a[i].r.body);
+		free(b[i].r.body);
+	}
 }
 
 /* Sends body to path through the gateway with the primary paused, waits until the engine
@@ -997,6 +1266,41 @@ static int held_request(const char *path, const char *body, int steps)
 	for (int s = 0; s < steps; s++)
 		engine_post(port_a, "/debug/step");
 	return fd;
+}
+
+/* An engine that returns no token ids (--debug-no-token-ids: a vLLM older than
+ * return_token_ids ignores the field): a chat stream whose connection fails before anything
+ * reached the client is sent again whole (--debug-drop-requests 1: retried against the live
+ * engine) and answers; one that fails once its first chunks reached the client cannot be
+ * resumed and ends with an error event, never a wrong continuation. */
+static void chat_without_ids_unresumed(void **state)
+{
+	const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+			   "\"max_tokens\":40,\"temperature\":0,\"stream\":true}";
+	struct resp r = {0};
+	char *c;
+	int fd;
+
+	(void)state;
+	primary_args = "--debug-no-token-ids --debug-drop-requests 1";
+	start(1, true, NULL);
+	wait_serving();
+	wait_promotable();
+	assert_int_equal(http(port_gw, "POST", "/v1/chat/completions", body, &r), 0);
+	c = content(&r, true);
+	assert_non_null(strstr(c, "\"role\":\"assistant\""));
+	assert_null(strstr(c, "\"token_ids\":["));
+	free(c);
+	free(r.body);
+	fd = held_request("/v1/chat/completions", body, 5);
+	assert_true(poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, HTTP_MS) == 1);
+	assert_int_equal(kill(primary_pid(0), SIGKILL), 0);
+	assert_int_equal(http_recv(fd, HTTP_MS, &r), 0);
+	close(fd);
+	assert_int_equal(r.status, 200);
+	if (!strstr(r.body, "data: {\"error\":") || !strstr(r.body, "cannot be resumed"))
+		fail_msg("a chat stream without token ids looked resumed: %.600s", r.body);
+	free(r.body);
 }
 
 /* A client that goes away mid-stream cancels its engine request. */
@@ -1067,15 +1371,18 @@ static void bad_input_and_passthrough(void **state)
 	assert_string_equal(a.body, b.body);
 	free(a.body);
 	free(b.body);
-	/* other paths, and a text prompt the gateway cannot journal */
+	/* other paths, and a batch of text prompts the gateway cannot journal */
 	assert_int_equal(http(port_gw, "GET", "/v1/models", NULL, &a), 0);
 	assert_int_equal(http(port_a, "GET", "/v1/models", NULL, &b), 0);
 	assert_int_equal(a.status, 200);
 	assert_string_equal(a.body, b.body);
 	free(a.body);
 	free(b.body);
-	assert_int_equal(http(port_gw, "POST", "/v1/completions", "{\"prompt\":\"hello\"}", &a), 0);
-	assert_int_equal(http(port_a, "POST", "/v1/completions", "{\"prompt\":\"hello\"}", &b), 0);
+	assert_int_equal(
+		http(port_gw, "POST", "/v1/completions", "{\"prompt\":[\"hello\",\"you\"]}", &a),
+		0);
+	assert_int_equal(
+		http(port_a, "POST", "/v1/completions", "{\"prompt\":[\"hello\",\"you\"]}", &b), 0);
 	assert_int_equal(a.status, b.status);
 	assert_string_equal(a.body, b.body);
 	free(a.body);
@@ -1579,7 +1886,7 @@ static void gateway_metrics_count(void **state)
 static void passthrough_cut_is_not_whole(void **state)
 {
 	const char *body = "{\"prompt\":[1,2,3],\"max_tokens\":200,\"temperature\":0,"
-			   "\"stream\":true,\"echo\":false}";
+			   "\"stream\":true,\"echo\":false,\"return_token_ids\":true}";
 	const char *plain = "{\"prompt\":[1,2,3],\"max_tokens\":8,\"echo\":false}";
 	struct resp r = {0};
 	int fd, rc;
@@ -1622,6 +1929,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(bad_input_and_passthrough, setup, teardown),
 		cmocka_unit_test_setup_teardown(greedy_identical_tp1, setup, teardown),
 		cmocka_unit_test_setup_teardown(greedy_identical_tp2, setup, teardown),
+		cmocka_unit_test_setup_teardown(chat_and_text_resumed, setup, teardown),
+		cmocka_unit_test_setup_teardown(models_retrieve, setup, teardown),
+		cmocka_unit_test_setup_teardown(chat_without_ids_unresumed, setup, teardown),
+		cmocka_unit_test_setup_teardown(sdk_across_kill, setup, teardown),
 		cmocka_unit_test_setup_teardown(cold_restart_resumes_and_waits, setup, teardown),
 		cmocka_unit_test_setup_teardown(cold_restart_retries_live_engine, setup, teardown),
 		cmocka_unit_test_setup_teardown(cold_restart_ignores_stale_probe, setup, teardown),
