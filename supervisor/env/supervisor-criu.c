@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <criu/criu.h>
@@ -41,6 +43,36 @@ static int opts_new(const char *binary, criu_opts **ret)
 		return r;
 	}
 	*ret = o;
+	return 0;
+}
+
+int sv_criu_config_init(const char *dir)
+{
+	static const char text[] = "# Written by belayer-supervisor: see supervisor-criu.h.\n"
+				   "network-lock skip\n";
+	static char ours[PATH_MAX]; /* what this process set last */
+	const char *theirs = getenv("CRIU_CONFIG_FILE");
+	char path[PATH_MAX], tmp[PATH_MAX + 8];
+	_cleanup_close_ int fd = -1;
+
+	if (theirs && strcmp(theirs, ours) != 0) {
+		log_info("CRIU_CONFIG_FILE is set (%s): environments' checkpoints need "
+			 "\"network-lock skip\" in it, or iptables on the host.",
+			 theirs);
+		return 0;
+	}
+	if (snprintf(path, sizeof(path), "%s/criu.conf", dir) >= (int)sizeof(path))
+		return -ENAMETOOLONG;
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+		return log_error_errno(-errno, "Failed to create %s: %m", dir);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+	if (fd < 0 || write(fd, text, sizeof(text) - 1) != (ssize_t)sizeof(text) - 1 ||
+	    rename(tmp, path) < 0)
+		return log_error_errno(-errno, "Failed to write %s: %m", path);
+	if (setenv("CRIU_CONFIG_FILE", path, 1) < 0)
+		return -errno;
+	snprintf(ours, sizeof(ours), "%s", path);
 	return 0;
 }
 

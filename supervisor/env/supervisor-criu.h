@@ -6,9 +6,9 @@
  * Environments are dumped and restored the way DESIGN §6 verified: the environment's own
  * pid/mount/uts/ipc namespaces, its root an overlay mount, host /usr and /etc bind-mounted
  * read-only into it and declared external (dump: mnt[/usr]:usr, restore: mnt[usr]:/usr).
- * It shares the host's network namespace: listening sockets and loopback servers are dumped;
- * established TCP connections are not (no --tcp-established), so a checkpoint is taken
- * between requests.
+ * It has a network namespace of its own with loopback only (issue 19): CRIU dumps and
+ * recreates it, listening sockets and loopback servers included; established TCP connections
+ * are not dumped (no --tcp-established), so a checkpoint is taken between requests.
  */
 #pragma once
 
@@ -19,6 +19,17 @@
 
 /* CRIU's own ghost-file limit when none is given (criu --ghost-limit): 1 MiB. */
 #define SV_CRIU_GHOST_LIMIT_CRIU (1u << 20)
+
+/* CRIU "locks" a dumped network namespace with iptables or nftables tools the host may not
+ * have (Debian installs neither by default; CRIU then fails every dump). An environment's
+ * namespace has loopback only: both ends of every connection are in the frozen environment
+ * and nothing outside can reach it, so there is nothing to lock. libcriu of Debian 12 cannot
+ * say "skip" (its setter refuses the value), and CRIU reads options from the file that
+ * CRIU_CONFIG_FILE names in its RPC mode too: this writes dir/criu.conf ("network-lock skip")
+ * and points CRIU_CONFIG_FILE at it. setenv(): call it before any thread starts. An
+ * operator's CRIU_CONFIG_FILE is left as it is (it must then skip network locking itself, or
+ * the host have iptables): logged. 0 or -errno. */
+int sv_criu_config_init(const char *dir);
 
 /* The CRIU binary: configured (non-empty), else $BELAYER_CRIU, else /usr/local/sbin/criu,
  * else "criu" on PATH. Returns a static or the given string; NULL when none is executable. */

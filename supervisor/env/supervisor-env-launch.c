@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Starts an environment's init the way DESIGN §6 verified CRIU can checkpoint it: clone3 into
- * its cgroup with new pid/mount/uts/ipc namespaces; inside, the overlay becomes the root
+ * its cgroup with new pid/mount/uts/ipc/network namespaces (loopback only); inside, the overlay becomes the root
  * (pivot_root), host /usr and /etc are bind-mounted read-only (CRIU's externals), /dev is a
  * tmpfs of its own and /proc its pid namespace's; a new session; stdio on /dev/null and no
- * other fd (CRIU refuses an fd that points outside the environment).
+ * other fd (CRIU refuses an fd that points outside the environment); last, the sandbox of
+ * supervisor-env-sandbox.h (capabilities, no_new_privs, seccomp).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +23,7 @@
 
 #include "log.h"
 #include "util.h"
+#include "supervisor-env-sandbox.h"
 #include "supervisor-env.h"
 
 #ifndef CLOSE_RANGE_CLOEXEC
@@ -112,7 +114,8 @@ static int make_dev(const char *root)
 	return mkdir(path, 01777) < 0 ? -1 : 0;
 }
 
-static _Noreturn void child_main(const struct sv_env *e, int pipe_fd)
+static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog *filter,
+				 int pipe_fd)
 {
 	char *const envp[] = {"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root",
 			      "LANG=C.UTF-8", NULL};
@@ -123,6 +126,8 @@ static _Noreturn void child_main(const struct sv_env *e, int pipe_fd)
 
 	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
 		child_fail(pipe_fd, 1);
+	if (env_sandbox_loopback_up() < 0)
+		child_fail(pipe_fd, 12);
 	if (mkdir_in(e->root, "usr", 0755) < 0 || mkdir_in(e->root, "etc", 0755) < 0 ||
 	    mkdir_in(e->root, "dev", 0755) < 0 || mkdir_in(e->root, "proc", 0555) < 0)
 		child_fail(pipe_fd, 2);
@@ -154,6 +159,8 @@ static _Noreturn void child_main(const struct sv_env *e, int pipe_fd)
 		sigemptyset(&all);
 		(void)sigprocmask(SIG_SETMASK, &all, NULL);
 	}
+	if (env_sandbox_enter(filter) < 0)
+		child_fail(pipe_fd, 13);
 	execve("/bin/sh", argv, envp);
 	child_fail(pipe_fd, 11);
 }
@@ -162,14 +169,17 @@ int env_launch(struct sv_env *e)
 {
 	_cleanup_close_ int cg = -1, rd = -1;
 	struct clone_args args = {
-		.flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC |
+		.flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET |
 			 CLONE_INTO_CGROUP,
 		.exit_signal = SIGCHLD,
 	};
+	const struct sock_fprog *filter = env_sandbox_filter();
 	int p[2], msg[2];
 	ssize_t n;
 	pid_t pid;
 
+	if (!filter)
+		return -errno;
 	cg = open(e->cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (cg < 0)
 		return log_debug_errno(-errno, "Failed to open cgroup %s: %m", e->cgroup);
@@ -179,7 +189,7 @@ int env_launch(struct sv_env *e)
 	pid = (pid_t)syscall(SYS_clone3, &args, sizeof(args));
 	if (pid == 0) {
 		(void)close(p[0]);
-		child_main(e, p[1]);
+		child_main(e, filter, p[1]);
 	}
 	(void)close(p[1]);
 	rd = p[0];

@@ -119,7 +119,7 @@ static int ask(const struct pol_traj *t, const char *req, char *ans, size_t cap)
 
 	snprintf(port, sizeof(port), "%u", (unsigned)t->srv_port);
 	snprintf(what, sizeof(what), "%s: the environment's server (%s)", t->id, req);
-	while ((r = fixture_ask(port, req, ans, cap, SLOW_MS)) == -ETIMEDOUT) {
+	while ((r = fixture_ask_in(t->cgroup, port, req, ans, cap, SLOW_MS)) == -ETIMEDOUT) {
 		r = still_waiting(t0, what);
 		if (r < 0)
 			return r;

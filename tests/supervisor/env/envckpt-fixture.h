@@ -36,6 +36,10 @@ int fixture_content_hash(const char *dir, const char *const *skip, uint64_t *ret
  * string: envckpt-server's argument) and reads its one-line answer until the server closes
  * the connection (bounded by timeout_ms; connects again until the server listens). */
 int fixture_ask(const char *addr, const char *req, char *ans, size_t cap, int timeout_ms);
+/* The same, a TCP port in the network namespace of the environment whose cgroup is cgroup
+ * (environments have their own: issue 19). */
+int fixture_ask_in(const char *cgroup, const char *addr, const char *req, char *ans, size_t cap,
+		   int timeout_ms);
 /* Waits (bounded) until path exists. */
 int fixture_wait_file(const char *path, int timeout_ms);
 /* A free loopback TCP port. */

@@ -62,7 +62,8 @@ static void start_env(struct envckpt_fx *f, const char *id, unsigned keep)
 	snprintf(cmd, sizeof(cmd), env_script, (unsigned)port);
 	envckpt_fx_create(f, id, cmd, keep);
 	assert_int_equal(fixture_ask(f->sock, "get", ans, sizeof(ans), WAIT_MS), 0);
-	assert_int_equal(fixture_ask(f->tcp, "get", ans, sizeof(ans), WAIT_MS), 0);
+	assert_int_equal(fixture_ask_in(f->env->cgroup, f->tcp, "get", ans, sizeof(ans), WAIT_MS),
+			 0);
 }
 
 static uint64_t tree(struct envckpt_fx *f)
@@ -205,8 +206,9 @@ static void test_restore_identical(void **state)
 	assert_int_equal(
 		fixture_ask(f->sock, "set before-ckpt", ans_before, sizeof(ans_before), WAIT_MS),
 		0);
-	assert_int_equal(
-		fixture_ask(f->tcp, "set tcp-before", tcp_before, sizeof(tcp_before), WAIT_MS), 0);
+	assert_int_equal(fixture_ask_in(f->env->cgroup, f->tcp, "set tcp-before", tcp_before,
+					sizeof(tcp_before), WAIT_MS),
+			 0);
 	env_exec(f, "echo hello >/work/a.txt; ln /work/a.txt /work/a.hard; mkfifo /work/fifo");
 	h_before = tree(f);
 	procs_before = snapshot(f);
@@ -219,8 +221,11 @@ static void test_restore_identical(void **state)
 	/* After the checkpoint the environment moves on: files, server state. */
 	env_exec(f, "echo changed >/work/a.txt; rm -rf /work/proj; echo new >/work/b.txt");
 	assert_int_equal(fixture_ask(f->sock, "set after-ckpt", ans, sizeof(ans), WAIT_MS), 0);
-	assert_int_equal(fixture_ask(f->tcp, "set tcp-after", ans, sizeof(ans), WAIT_MS), 0);
-	assert_int_equal(fixture_ask(f->tcp, "get", ans, sizeof(ans), WAIT_MS), 0);
+	assert_int_equal(
+		fixture_ask_in(f->env->cgroup, f->tcp, "set tcp-after", ans, sizeof(ans), WAIT_MS),
+		0);
+	assert_int_equal(fixture_ask_in(f->env->cgroup, f->tcp, "get", ans, sizeof(ans), WAIT_MS),
+			 0);
 	assert_true(strncmp(ans, "tcp-after ", 10) == 0);
 	assert_true(tree(f) != h_before);
 
@@ -239,7 +244,8 @@ static void test_restore_identical(void **state)
 	 * the unix one, and the TCP one on loopback (its listening socket restored). */
 	assert_int_equal(fixture_ask(f->sock, "get", ans, sizeof(ans), WAIT_MS), 0);
 	same_state(ans_before, ans, "before-ckpt");
-	assert_int_equal(fixture_ask(f->tcp, "get", ans, sizeof(ans), WAIT_MS), 0);
+	assert_int_equal(fixture_ask_in(f->env->cgroup, f->tcp, "get", ans, sizeof(ans), WAIT_MS),
+			 0);
 	same_state(tcp_before, ans, "tcp-before");
 	env_manifest_finish(&m);
 	env_manifest_finish(&back);
