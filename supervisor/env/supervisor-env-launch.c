@@ -44,10 +44,18 @@ int env_write_file(const char *path, const char *text)
 
 int env_mount_overlay(const struct sv_env *e)
 {
-	char opts[3 * PATH_MAX + 64];
+	_cleanup_close_ int lower = open(e->base, O_PATH | O_DIRECTORY | O_CLOEXEC),
+			    upper = open(e->upper, O_PATH | O_DIRECTORY | O_CLOEXEC),
+			    work = open(e->work, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	char opts[128];
 
-	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", e->base, e->upper,
-		 e->work);
+	if (lower < 0 || upper < 0 || work < 0)
+		return log_debug_errno(-errno, "Failed to open the layers of %s: %m", e->id);
+	/* Through our fds: the options an environment reads in its /proc/self/mountinfo name no
+	 * host path of the supervisor's (its state directory, the base). */
+	snprintf(opts, sizeof(opts),
+		 "lowerdir=/proc/self/fd/%d,upperdir=/proc/self/fd/%d,workdir=/proc/self/fd/%d",
+		 lower, upper, work);
 	if (mount("overlay", e->root, "overlay", 0, opts) < 0)
 		return log_debug_errno(-errno, "Failed to mount the overlay of %s: %m", e->id);
 	/* Private: the environment's mount events stay in its namespace and ours in ours. */
@@ -114,6 +122,41 @@ static int make_dev(const char *root)
 	return mkdir(path, 01777) < 0 ? -1 : 0;
 }
 
+/* /proc as Docker leaves it to a container: what reaches the host's kernel state read-only
+ * (a root without CAP_SYS_ADMIN may still write /proc/sys/kernel/core_pattern, a command the
+ * host's kernel runs), what leaks it masked (a file by /dev/null, a directory by an empty
+ * read-only tmpfs). Paths this kernel lacks are skipped. */
+static int mask_proc(const char *root)
+{
+	static const char *const read_only[] = {"bus", "fs", "irq", "sys", "sysrq-trigger"};
+	static const char *const masked[] = {"asound",	    "acpi",	     "kcore",
+					     "keys",	    "latency_stats", "timer_list",
+					     "timer_stats", "sched_debug",   "scsi"};
+	char path[PATH_MAX], null[PATH_MAX];
+	struct stat st;
+
+	snprintf(null, sizeof(null), "%s/dev/null", root);
+	for (size_t i = 0; i < ARRAY_SIZE(read_only); i++) {
+		snprintf(path, sizeof(path), "%s/proc/%s", root, read_only[i]);
+		if (stat(path, &st) < 0)
+			continue;
+		if (mount(path, path, NULL, MS_BIND | MS_REC, NULL) < 0 ||
+		    mount(NULL, path, NULL,
+			  MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+			  NULL) < 0)
+			return -1;
+	}
+	for (size_t i = 0; i < ARRAY_SIZE(masked); i++) {
+		snprintf(path, sizeof(path), "%s/proc/%s", root, masked[i]);
+		if (stat(path, &st) < 0)
+			continue;
+		if (S_ISDIR(st.st_mode) ? mount("tmpfs", path, "tmpfs", MS_RDONLY, "size=0")
+					: mount(null, path, NULL, MS_BIND, NULL))
+			return -1;
+	}
+	return 0;
+}
+
 static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog *filter,
 				 int pipe_fd)
 {
@@ -138,6 +181,8 @@ static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog
 	snprintf(path, sizeof(path), "%s/proc", e->root);
 	if (mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
 		child_fail(pipe_fd, 5);
+	if (mask_proc(e->root) < 0)
+		child_fail(pipe_fd, 14);
 	if (chdir(e->root) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
 	    umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)
 		child_fail(pipe_fd, 6);
@@ -170,7 +215,7 @@ int env_launch(struct sv_env *e)
 	_cleanup_close_ int cg = -1, rd = -1;
 	struct clone_args args = {
 		.flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET |
-			 CLONE_INTO_CGROUP,
+			 CLONE_NEWCGROUP | CLONE_INTO_CGROUP,
 		.exit_signal = SIGCHLD,
 	};
 	const struct sock_fprog *filter = env_sandbox_filter();
