@@ -23,6 +23,7 @@
 
 #include "log.h"
 #include "util.h"
+#include "supervisor-env-limits.h"
 #include "supervisor-env-sandbox.h"
 #include "supervisor-env.h"
 
@@ -157,7 +158,7 @@ static int mask_proc(const char *root)
 	return 0;
 }
 
-static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog *filter,
+static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog *filter, int go_fd,
 				 int pipe_fd)
 {
 	char *const envp[] = {"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root",
@@ -167,6 +168,15 @@ static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog
 	char path[PATH_MAX];
 	int null;
 
+	char go;
+
+	/* The parent moves us into the v1 cgroups of the limits first; the cgroup namespace is
+	 * made after, so that every hierarchy's root is the environment's own cgroup. */
+	if (read(go_fd, &go, 1) != 1)
+		child_fail(pipe_fd, 15);
+	(void)close(go_fd);
+	if (unshare(CLONE_NEWCGROUP) < 0)
+		child_fail(pipe_fd, 16);
 	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
 		child_fail(pipe_fd, 1);
 	if (env_sandbox_loopback_up() < 0)
@@ -212,14 +222,14 @@ static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog
 
 int env_launch(struct sv_env *e)
 {
-	_cleanup_close_ int cg = -1, rd = -1;
+	_cleanup_close_ int cg = -1, rd = -1, go = -1;
 	struct clone_args args = {
 		.flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET |
-			 CLONE_NEWCGROUP | CLONE_INTO_CGROUP,
+			 CLONE_INTO_CGROUP,
 		.exit_signal = SIGCHLD,
 	};
 	const struct sock_fprog *filter = env_sandbox_filter();
-	int p[2], msg[2];
+	int p[2], g[2], msg[2], r;
 	ssize_t n;
 	pid_t pid;
 
@@ -231,15 +241,31 @@ int env_launch(struct sv_env *e)
 	args.cgroup = (uint64_t)cg;
 	if (pipe2(p, O_CLOEXEC) < 0)
 		return -errno;
+	if (pipe2(g, O_CLOEXEC) < 0) {
+		r = -errno;
+		(void)close(p[0]);
+		(void)close(p[1]);
+		return r;
+	}
 	pid = (pid_t)syscall(SYS_clone3, &args, sizeof(args));
 	if (pid == 0) {
 		(void)close(p[0]);
-		child_main(e, filter, p[1]);
+		(void)close(g[1]);
+		child_main(e, filter, g[0], p[1]);
 	}
 	(void)close(p[1]);
+	(void)close(g[0]);
 	rd = p[0];
+	go = g[1];
 	if (pid < 0)
 		return log_debug_errno(-errno, "clone3 for environment %s failed: %m", e->id);
+	r = env_limits_join(e, pid);
+	if (r < 0 || write(go, "g", 1) != 1) {
+		r = r < 0 ? r : -errno;
+		(void)kill(pid, SIGKILL);
+		(void)waitpid(pid, NULL, 0);
+		return r;
+	}
 	do
 		n = read(rd, msg, sizeof(msg));
 	while (n < 0 && errno == EINTR);

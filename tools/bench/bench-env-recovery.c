@@ -171,16 +171,18 @@ static int make_base(const char *base, const char *server)
  * could not be restored). */
 static int env_run(struct sv_env *e, const char *action)
 {
-	char cmd[8192], procs[PATH_MAX + 16];
+	char cmd[8192], procs[PATH_MAX + 16], join[2048];
 	int r;
 
 	r = bench_cgroup_file(procs, sizeof(procs), e->cgroup, "cgroup.procs");
-	if (r < 0)
-		return log_error_errno(r, "%s: no cgroup to run in (\"%s\"): %m", e->id, e->cgroup);
+	if (r >= 0)
+		r = fixture_join_prefix(e->pid, join, sizeof(join));
+	if (r < 0 || !strstr(join, procs))
+		return log_error_errno(r < 0 ? r : -ESRCH, "%s: no cgroup to run in (\"%s\"): %m",
+				       e->id, e->cgroup);
 	snprintf(cmd, sizeof(cmd),
-		 "echo $$ >%s && exec nsenter -t %d -a -r -w sh -ec \"%s%s\" "
-		 "</dev/null >/dev/null 2>&1",
-		 procs, (int)e->pid, GIT_ENV, action);
+		 "%sexec nsenter -t %d -a -r -w sh -ec \"%s%s\" </dev/null >/dev/null 2>&1", join,
+		 (int)e->pid, GIT_ENV, action);
 	return system(cmd) == 0 ? 0 : -EIO;
 }
 

@@ -29,18 +29,83 @@ bool fixture_env_preconditions(void)
 	       sv_criu_version(criu) >= 40200;
 }
 
+/* The mount point of the cgroup hierarchy named by a /proc/PID/cgroup line's controller list
+ * ("" for v2; "cpu,cpuacct"; "name=systemd"): from /proc/self/mountinfo. */
+static int hierarchy_mount(const char *ctls, char *ret, size_t cap)
+{
+	char line[4096], first[64], mp[PATH_MAX];
+	_cleanup_fclose_ FILE *f = fopen("/proc/self/mountinfo", "re");
+
+	if (!f)
+		return -errno;
+	snprintf(first, sizeof(first), "%.*s", (int)strcspn(ctls, ","), ctls);
+	while (fgets(line, sizeof(line), f)) {
+		char *dash = strstr(line, " - "), *super = dash ? strrchr(dash, ' ') : NULL;
+		bool v2 = dash && strncmp(dash + 3, "cgroup2 ", 8) == 0;
+		bool v1 = dash && strncmp(dash + 3, "cgroup ", 7) == 0;
+
+		if (!super || (first[0] ? !v1 : !v2))
+			continue;
+		if (first[0]) {
+			/* the super options: "rw,cpu,cpuacct\n" */
+			char *o = super + 1, *hit = strstr(o, first);
+			size_t n = strlen(first);
+
+			if (!hit || (hit != o && hit[-1] != ',') ||
+			    (hit[n] != ',' && hit[n] != '\n' && hit[n] != 0))
+				continue;
+		}
+		if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) == 1) {
+			snprintf(ret, cap, "%s", mp);
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
+
+int fixture_join_prefix(pid_t pid, char *buf, size_t cap)
+{
+	char path[64], line[PATH_MAX], mnt[PATH_MAX];
+	_cleanup_fclose_ FILE *f = NULL;
+	size_t len = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	buf[0] = 0;
+	while (fgets(line, sizeof(line), f)) {
+		/* N:CONTROLLERS:PATH; "/" is every process's unless it was moved */
+		char *c = strchr(line, ':'), *p = c ? strchr(c + 1, ':') : NULL;
+		int n;
+
+		if (!p)
+			continue;
+		*p++ = 0;
+		p[strcspn(p, "\n")] = 0;
+		if (strcmp(p, "/") == 0 || hierarchy_mount(c + 1, mnt, sizeof(mnt)) < 0)
+			continue;
+		n = snprintf(buf + len, cap - len, "echo $$ >%s%s/cgroup.procs && ", mnt, p);
+		if (n < 0 || (size_t)n >= cap - len)
+			return -ENAMETOOLONG;
+		len += (size_t)n;
+	}
+	return 0;
+}
+
 int fixture_env_exec(const char *cgroup, pid_t pid, const char *fmt, ...)
 {
-	char inner[2048], cmd[2400];
+	char inner[2048], join[2048], cmd[4200];
 	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(inner, sizeof(inner), fmt, ap);
 	va_end(ap);
+	if (fixture_join_prefix(pid, join, sizeof(join)) < 0)
+		snprintf(join, sizeof(join), "echo $$ >%s/cgroup.procs && ", cgroup);
 	snprintf(cmd, sizeof(cmd),
-		 "echo $$ >%s/cgroup.procs && exec nsenter -t %d -a -r -w sh -c '%s' "
-		 "</dev/null >/dev/null 2>&1",
-		 cgroup, (int)pid, inner);
+		 "%sexec nsenter -t %d -a -r -w sh -c '%s' </dev/null >/dev/null 2>&1", join,
+		 (int)pid, inner);
 	return system(cmd);
 }
 

@@ -349,6 +349,72 @@ static void kernel(void)
 	    "join a namespace");
 }
 
+/* A fork bomb of at most 1000 processes, each blocked on a pipe until the probe closes it:
+ * contained if the environment's pids limit stops it first. */
+static void fork_bomb(void)
+{
+	int p[2], n = 0, e = 0;
+	pid_t pid;
+
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return;
+	for (; n < 1000; n++) {
+		pid = fork();
+		if (pid == 0) {
+			char c;
+
+			close(p[1]);
+			(void)!read(p[0], &c, 1);
+			_exit(0);
+		}
+		if (pid < 0) {
+			e = errno;
+			break;
+		}
+	}
+	close(p[0]);
+	close(p[1]);
+	while (wait(NULL) > 0)
+		;
+	verdict("fork_bomb", n >= 1000, e, "%d of 1000 processes started", n);
+}
+
+/* A memory hog in a child: 1 GiB touched 16 MiB at a time, its progress through a pipe.
+ * Contained if the environment's memory limit kills it (or refuses it) first. */
+static void memory_hog(void)
+{
+	const size_t step = 16u << 20, total = 1u << 30;
+	int p[2], st = 0;
+	size_t got = 0, mib;
+	pid_t pid;
+
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return;
+	pid = fork();
+	if (pid == 0) {
+		close(p[0]);
+		for (size_t done = 0; done < total; done += step) {
+			char *m = malloc(step);
+
+			if (!m)
+				_exit(2);
+			memset(m, 1, step);
+			mib = (done + step) >> 20;
+			(void)!write(p[1], &mib, sizeof(mib));
+		}
+		_exit(0);
+	}
+	close(p[1]);
+	while (read(p[0], &mib, sizeof(mib)) == sizeof(mib))
+		got = mib;
+	close(p[0]);
+	(void)waitpid(pid, &st, 0);
+	verdict("memory_hog", WIFEXITED(st) && WEXITSTATUS(st) == 0, 0,
+		"%zu of 1024 MiB touched, %s %d", got,
+		WIFSIGNALED(st) ? "killed by signal" : "exit status",
+		WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -359,6 +425,8 @@ int main(int argc, char **argv)
 	network(argc, argv);
 	supervisor_and_others(argc, argv);
 	kernel();
+	fork_bomb();
+	memory_hog();
 	printf("done %d escaped\n", escaped_n);
 	return escaped_n ? 1 : 0;
 }

@@ -3,7 +3,8 @@
 # A hostile agent inside an environment (issue 19): sandbox-probe runs as the environment's own
 # command and tries, one probe each, every way out that got through before (privileges, host
 # files, mounts, devices, /proc, the host's network and the supervisor, other environments,
-# the kernel). Every probe must be contained: at creation and again after a checkpoint and a
+# the kernel, a fork bomb and a memory hog against [env] pids_max and memory_max). Every probe
+# must be contained: at creation and again after a checkpoint and a
 # restore (the same processes, now CRIU's). A second environment is the victim.
 # Usage: test-sandbox.sh SUPERVISOR BELAYERCTL PROBE
 set -euo pipefail
@@ -58,6 +59,8 @@ interval = 0
 http_port = $metrics_port
 [env]
 cgroup = $cg
+pids_max = 200
+memory_max = 128M
 CONF
 supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
@@ -92,7 +95,7 @@ check_probes() {
 	cat "$out"
 	grep -q '^done 0 escaped$' "$out" || fail "probes got out $2: $(grep ESCAPED "$out")"
 	n=$(grep -c ' contained ' "$out")
-	[[ $n -ge 45 ]] || fail "only $n probes ran $2"
+	[[ $n -ge 53 ]] || fail "only $n probes ran $2"
 }
 check_probes 1 "at creation"
 
