@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,8 +93,10 @@ int sv_criu_version(const char *binary)
 /* libcriu returns its own negative codes (-EBADE and friends) for its failures; they are
  * passed on as they are: every one is negative and distinct from success. */
 int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
-		 bool leave_running, uint32_t ghost_limit)
+		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino)
 {
+	char net[64];
+
 	criu_opts *o;
 	int r;
 
@@ -114,6 +117,10 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 		r = criu_local_add_external(o, "mnt[/usr]:usr");
 	if (r >= 0)
 		r = criu_local_add_external(o, "mnt[/etc]:etc");
+	if (r >= 0 && netns_ino) {
+		snprintf(net, sizeof(net), "net[%" PRIu64 "]:" SV_CRIU_NETNS_KEY, netns_ino);
+		r = criu_local_add_external(o, net);
+	}
 	if (r >= 0)
 		r = criu_local_dump(o);
 	criu_local_free_opts(o);
@@ -123,10 +130,11 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 	return 0;
 }
 
-int sv_criu_restore(const char *binary, int images_fd, const char *root, pid_t *ret_pid)
+int sv_criu_restore(const char *binary, int images_fd, const char *root, int netns_fd,
+		    pid_t *ret_pid)
 {
 	criu_opts *o;
-	int r;
+	int r, inherit = -1;
 
 	r = opts_new(binary, &o);
 	if (r < 0)
@@ -141,8 +149,16 @@ int sv_criu_restore(const char *binary, int images_fd, const char *root, pid_t *
 		r = criu_local_add_external(o, "mnt[usr]:/usr");
 	if (r >= 0)
 		r = criu_local_add_external(o, "mnt[etc]:/etc");
+	/* CRIU (libcriu's child) inherits it across its exec: a copy without O_CLOEXEC for the
+	 * call's length (another child started meanwhile gets it too, a harmless namespace fd) */
+	if (r >= 0 && netns_fd >= 0) {
+		inherit = fcntl(netns_fd, F_DUPFD, 3);
+		r = inherit < 0 ? -errno : criu_local_add_inherit_fd(o, inherit, SV_CRIU_NETNS_KEY);
+	}
 	if (r >= 0)
 		r = criu_local_restore_child(o);
+	if (inherit >= 0)
+		(void)close(inherit);
 	criu_local_free_opts(o);
 	if (r <= 0)
 		return log_debug_errno(r < 0 ? r : -ECHILD,

@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -184,6 +185,43 @@ int env_sandbox_loopback_up(void)
 	}
 	(void)close(fd);
 	return r;
+}
+
+int env_sandbox_netns_new(void)
+{
+	_cleanup_close_ int self = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+	int ns, r;
+
+	if (self < 0)
+		return -errno;
+	if (unshare(CLONE_NEWNET) < 0)
+		return -errno;
+	ns = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+	r = ns < 0 ? -errno : env_sandbox_loopback_up() < 0 ? -errno : 0;
+	if (setns(self, CLONE_NEWNET) < 0) {
+		/* this thread would serve everything after in a namespace of nothing */
+		log_error_errno(-errno,
+				"Failed to return to the supervisor's network namespace: %m");
+		abort();
+	}
+	if (r < 0) {
+		if (ns >= 0)
+			(void)close(ns);
+		return r;
+	}
+	return ns;
+}
+
+uint64_t env_sandbox_netns_of(pid_t pid)
+{
+	char path[64];
+	struct stat theirs, ours;
+
+	snprintf(path, sizeof(path), "/proc/%d/ns/net", (int)pid);
+	if (stat(path, &theirs) < 0 || stat("/proc/self/ns/net", &ours) < 0 ||
+	    (theirs.st_ino == ours.st_ino && theirs.st_dev == ours.st_dev))
+		return 0;
+	return (uint64_t)theirs.st_ino;
 }
 
 int env_sandbox_enter(const struct sock_fprog *prog)

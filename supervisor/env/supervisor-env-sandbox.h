@@ -14,6 +14,7 @@
 
 #include <linux/filter.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* The capabilities an environment keeps (a bit per CAP_*): Docker's default set less
  * CAP_MKNOD (no device node may be created, whatever the devices controller says) and
@@ -22,6 +23,13 @@ uint64_t env_sandbox_caps(void);
 
 /* The compiled seccomp filter, built at the first call. NULL with errno set on failure. */
 const struct sock_fprog *env_sandbox_filter(void);
+
+/* A new network namespace with loopback up (what a restore gives an environment whose own
+ * was external to its dump): an fd of it, or -errno. Moves only the calling thread, and
+ * back. */
+int env_sandbox_netns_new(void);
+/* The inode of pid's network namespace when it is not ours (0: ours, or unknown). */
+uint64_t env_sandbox_netns_of(pid_t pid);
 
 /* In the child, in its new network namespace: brings loopback up. 0 or -1 with errno. */
 int env_sandbox_loopback_up(void);
