@@ -156,6 +156,7 @@ int main(int argc, char **argv)
 		log_set_level(level);
 
 	subsystems_init(&s, subsystems);
+	env_process_setup(&s);
 	raise_nofile(&s.config);
 	s.uid = getuid();
 	s.start_ms = now_ms();

@@ -183,6 +183,17 @@ static const struct key keys[] = {
 	     "files are) a checkpoint copies into its CRIU images; a bigger one fails the "
 	     "checkpoint, and its error names the file (CRIU's own default is 1M; at most 4G-1)."),
 
+	U32("env", "pids_max", env_pids_max, 0, 4194304, "4096",
+	    "Tasks (processes and threads) an environment may have at once; a fork bomb gets "
+	    "EAGAIN (0: no limit). cgroup v2's pids controller where the environment's cgroup has "
+	    "it, else v1's."),
+	SIZE("env", "memory_max", env_memory_max, 0, UINT64_MAX, "4G",
+	     "Memory an environment may use, swap included; past it the kernel reclaims, then "
+	     "kills inside the environment (0: no limit). v2's memory controller, else v1's."),
+	U32("env", "cpu_max", env_cpu_max, 0, 1024000, "0",
+	    "CPU an environment may use, in thousandths of a CPU (1500: one and a half; 0: no "
+	    "limit). v2's cpu.max, else v1's CFS quota."),
+
 	TYPED("nccl", "hang_timeout", KEY_MS, nccl_hang_timeout_ms, "10s",
 	      "A communicator with a collective in flight and no progress for this long, while "
 	      "a rank that has not caught up is stopped (SIGSTOP, a debugger) or blocked in "

@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <criu/criu.h>
@@ -44,6 +47,36 @@ static int opts_new(const char *binary, criu_opts **ret)
 	return 0;
 }
 
+int sv_criu_config_init(const char *dir)
+{
+	static const char text[] = "# Written by belayer-supervisor: see supervisor-criu.h.\n"
+				   "network-lock skip\n";
+	static char ours[PATH_MAX]; /* what this process set last */
+	const char *theirs = getenv("CRIU_CONFIG_FILE");
+	char path[PATH_MAX], tmp[PATH_MAX + 8];
+	_cleanup_close_ int fd = -1;
+
+	if (theirs && strcmp(theirs, ours) != 0) {
+		log_info("CRIU_CONFIG_FILE is set (%s): environments' checkpoints need "
+			 "\"network-lock skip\" in it, or iptables on the host.",
+			 theirs);
+		return 0;
+	}
+	if (snprintf(path, sizeof(path), "%s/criu.conf", dir) >= (int)sizeof(path))
+		return -ENAMETOOLONG;
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+		return log_error_errno(-errno, "Failed to create %s: %m", dir);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+	if (fd < 0 || write(fd, text, sizeof(text) - 1) != (ssize_t)sizeof(text) - 1 ||
+	    rename(tmp, path) < 0)
+		return log_error_errno(-errno, "Failed to write %s: %m", path);
+	if (setenv("CRIU_CONFIG_FILE", path, 1) < 0)
+		return -errno;
+	snprintf(ours, sizeof(ours), "%s", path);
+	return 0;
+}
+
 int sv_criu_version(const char *binary)
 {
 	criu_opts *o;
@@ -60,8 +93,10 @@ int sv_criu_version(const char *binary)
 /* libcriu returns its own negative codes (-EBADE and friends) for its failures; they are
  * passed on as they are: every one is negative and distinct from success. */
 int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
-		 bool leave_running, uint32_t ghost_limit)
+		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino)
 {
+	char net[64];
+
 	criu_opts *o;
 	int r;
 
@@ -82,6 +117,10 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 		r = criu_local_add_external(o, "mnt[/usr]:usr");
 	if (r >= 0)
 		r = criu_local_add_external(o, "mnt[/etc]:etc");
+	if (r >= 0 && netns_ino) {
+		snprintf(net, sizeof(net), "net[%" PRIu64 "]:" SV_CRIU_NETNS_KEY, netns_ino);
+		r = criu_local_add_external(o, net);
+	}
 	if (r >= 0)
 		r = criu_local_dump(o);
 	criu_local_free_opts(o);
@@ -91,10 +130,11 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 	return 0;
 }
 
-int sv_criu_restore(const char *binary, int images_fd, const char *root, pid_t *ret_pid)
+int sv_criu_restore(const char *binary, int images_fd, const char *root, int netns_fd,
+		    pid_t *ret_pid)
 {
 	criu_opts *o;
-	int r;
+	int r, inherit = -1;
 
 	r = opts_new(binary, &o);
 	if (r < 0)
@@ -109,8 +149,16 @@ int sv_criu_restore(const char *binary, int images_fd, const char *root, pid_t *
 		r = criu_local_add_external(o, "mnt[usr]:/usr");
 	if (r >= 0)
 		r = criu_local_add_external(o, "mnt[etc]:/etc");
+	/* CRIU (libcriu's child) inherits it across its exec: a copy without O_CLOEXEC for the
+	 * call's length (another child started meanwhile gets it too, a harmless namespace fd) */
+	if (r >= 0 && netns_fd >= 0) {
+		inherit = fcntl(netns_fd, F_DUPFD, 3);
+		r = inherit < 0 ? -errno : criu_local_add_inherit_fd(o, inherit, SV_CRIU_NETNS_KEY);
+	}
 	if (r >= 0)
 		r = criu_local_restore_child(o);
+	if (inherit >= 0)
+		(void)close(inherit);
 	criu_local_free_opts(o);
 	if (r <= 0)
 		return log_debug_errno(r < 0 ? r : -ECHILD,

@@ -6,9 +6,12 @@
  * Environments are dumped and restored the way DESIGN §6 verified: the environment's own
  * pid/mount/uts/ipc namespaces, its root an overlay mount, host /usr and /etc bind-mounted
  * read-only into it and declared external (dump: mnt[/usr]:usr, restore: mnt[usr]:/usr).
- * It shares the host's network namespace: listening sockets and loopback servers are dumped;
- * established TCP connections are not (no --tcp-established), so a checkpoint is taken
- * between requests.
+ * It has a network namespace of its own with loopback only (issue 19), which holds nothing
+ * worth dumping: it is declared external (dump: net[INODE]:belayer-net, so CRIU runs no ip
+ * or iptables tools), and a restore is given a fresh one (inherit-fd belayer-net). Listening
+ * sockets and loopback servers are the processes' and come back in it; established TCP
+ * connections are not dumped (no --tcp-established), so a checkpoint is taken between
+ * requests.
  */
 #pragma once
 
@@ -20,9 +23,23 @@
 /* CRIU's own ghost-file limit when none is given (criu --ghost-limit): 1 MiB. */
 #define SV_CRIU_GHOST_LIMIT_CRIU (1u << 20)
 
+/* CRIU "locks" a dumped network namespace with iptables or nftables tools the host may not
+ * have (Debian installs neither by default; CRIU then fails every dump). An environment's
+ * namespace has loopback only: both ends of every connection are in the frozen environment
+ * and nothing outside can reach it, so there is nothing to lock. libcriu of Debian 12 cannot
+ * say "skip" (its setter refuses the value), and CRIU reads options from the file that
+ * CRIU_CONFIG_FILE names in its RPC mode too: this writes dir/criu.conf ("network-lock skip")
+ * and points CRIU_CONFIG_FILE at it. setenv(): call it before any thread starts. An
+ * operator's CRIU_CONFIG_FILE is left as it is (it must then skip network locking itself, or
+ * the host have iptables): logged. 0 or -errno. */
+int sv_criu_config_init(const char *dir);
+
 /* The CRIU binary: configured (non-empty), else $BELAYER_CRIU, else /usr/local/sbin/criu,
  * else "criu" on PATH. Returns a static or the given string; NULL when none is executable. */
 const char *sv_criu_binary(const char *configured);
+/* The key of an environment's external network namespace in CRIU's images. */
+#define SV_CRIU_NETNS_KEY "belayer-net"
+
 /* The binary's version as libcriu reports it (40101 for 4.1.1), or -errno. */
 int sv_criu_version(const char *binary);
 
@@ -33,10 +50,12 @@ int sv_criu_version(const char *binary);
  * file CRIU copies into the images, in bytes (0: CRIU's 1 MiB). The log is "dump.log" in
  * images_fd (sv_criu_log_error() reads why it failed). */
 int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
-		 bool leave_running, uint32_t ghost_limit);
+		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino);
 /* Restores the tree in images_fd with root as the environment's root (the overlay mount);
- * the restored tree's root process becomes the caller's child. *ret_pid: its pid. */
-int sv_criu_restore(const char *binary, int images_fd, const char *root, pid_t *ret_pid);
+ * the restored tree's root process becomes the caller's child. *ret_pid: its pid. netns_fd
+ * (-1: none): the network namespace the tree gets, for a dump whose netns_ino was given. */
+int sv_criu_restore(const char *binary, int images_fd, const char *root, int netns_fd,
+		    pid_t *ret_pid);
 /* Why CRIU failed, in its own words: the text of the first "Error (file:line): TEXT" line of
  * log ("dump.log", "restore.log") in images_fd, skipping the ones CRIU logs as errors and
  * carries on from. -ENOENT: no log, or no such line. */

@@ -38,6 +38,7 @@
 #include "util.h"
 #include "supervisor-criu.h"
 #include "supervisor-env-fs.h"
+#include "supervisor-env-sandbox.h"
 #include "supervisor-env.h"
 
 #define FREEZE_WAIT_MS 5000
@@ -346,6 +347,18 @@ static int load_checkpoint(const struct sv_env *e, int ckfd, const char *id, str
 	return 0;
 }
 
+/* In a checkpoint's CRIU directory: its tree's network namespace was external (ours). */
+#define NETNS_MARK "belayer-netns"
+
+static int mark_netns(int criufd)
+{
+	int fd = openat(criufd, NETNS_MARK, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+
+	if (fd < 0)
+		return -1;
+	return close(fd);
+}
+
 /* CRIU failed: its own reason into e->error (a deleted-but-open file over the ghost limit
  * names the limit and the key that sets it). */
 static void criu_error(struct sv_env *e, int criufd, const char *log, int r)
@@ -370,7 +383,7 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	_cleanup_close_ int ckfd = -1, tmpfd = -1, datafd = -1, criufd = -1, upperfd = -1;
 	struct env_fs_stats st = {0};
 	char tmpname[ENV_ID_MAX + 8];
-	uint64_t t_freeze, t_fs, t_dump, t_thaw, t_commit;
+	uint64_t t_freeze, t_fs, t_dump, t_thaw, t_commit, netns;
 	bool frozen = false;
 	int r, nproc;
 
@@ -460,9 +473,17 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 		r = -ECANCELED;
 		goto out;
 	}
+	/* An environment's own network namespace (loopback only) is external to the dump; the
+	 * marker tells a restore to give it a fresh one. An adopted one's is its runtime's: CRIU
+	 * dumps whatever it holds. */
+	netns = e->adopted ? 0 : env_sandbox_netns_of(e->pid);
+	if (netns && mark_netns(criufd) < 0) {
+		r = -errno;
+		goto out;
+	}
 	if (p->dumping)
 		atomic_store_explicit(p->dumping, true, memory_order_relaxed);
-	r = sv_criu_dump(e->criu, e->pid, e->cgroup, criufd, true, e->ghost_limit);
+	r = sv_criu_dump(e->criu, e->pid, e->cgroup, criufd, true, e->ghost_limit, netns);
 	if (p->dumping)
 		atomic_store_explicit(p->dumping, false, memory_order_relaxed);
 	t_dump = mono_us();
@@ -608,7 +629,7 @@ out:
 static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 		      struct env_manifest *ret)
 {
-	_cleanup_close_ int upperfd = -1, workfd = -1, criufd = -1;
+	_cleanup_close_ int upperfd = -1, workfd = -1, criufd = -1, netfd = -1;
 	struct env_manifest m = {0};
 	char criu_dir[ENV_ID_MAX + 8];
 	uint64_t t[6] = {0};
@@ -672,7 +693,14 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 	if (r < 0)
 		goto out;
 	t[4] = mono_us();
-	r = sv_criu_restore(e->criu, criufd, e->root, &pid);
+	if (faccessat(criufd, NETNS_MARK, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
+		netfd = env_sandbox_netns_new();
+		if (netfd < 0) {
+			r = log_debug_errno(netfd, "No network namespace for %s: %m", e->id);
+			goto out;
+		}
+	}
+	r = sv_criu_restore(e->criu, criufd, e->root, netfd, &pid);
 	if (r < 0) {
 		criu_error(e, criufd, "restore.log", r);
 		goto out;

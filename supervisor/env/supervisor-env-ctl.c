@@ -601,6 +601,9 @@ struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct en
 		.criu = j->criu,
 		.keep = s->config.env_keep,
 		.ghost_limit = (uint32_t)s->config.env_ghost_limit,
+		.limits = {.pids = s->config.env_pids_max,
+			   .memory = s->config.env_memory_max,
+			   .cpu_millis = s->config.env_cpu_max},
 	};
 	sl->busy = true;
 	return j;

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Starts an environment's init the way DESIGN §6 verified CRIU can checkpoint it: clone3 into
- * its cgroup with new pid/mount/uts/ipc namespaces; inside, the overlay becomes the root
+ * its cgroup with new pid/mount/uts/ipc/network namespaces (loopback only); inside, the overlay becomes the root
  * (pivot_root), host /usr and /etc are bind-mounted read-only (CRIU's externals), /dev is a
  * tmpfs of its own and /proc its pid namespace's; a new session; stdio on /dev/null and no
- * other fd (CRIU refuses an fd that points outside the environment).
+ * other fd (CRIU refuses an fd that points outside the environment); last, the sandbox of
+ * supervisor-env-sandbox.h (capabilities, no_new_privs, seccomp).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +23,8 @@
 
 #include "log.h"
 #include "util.h"
+#include "supervisor-env-limits.h"
+#include "supervisor-env-sandbox.h"
 #include "supervisor-env.h"
 
 #ifndef CLOSE_RANGE_CLOEXEC
@@ -42,10 +45,18 @@ int env_write_file(const char *path, const char *text)
 
 int env_mount_overlay(const struct sv_env *e)
 {
-	char opts[3 * PATH_MAX + 64];
+	_cleanup_close_ int lower = open(e->base, O_PATH | O_DIRECTORY | O_CLOEXEC),
+			    upper = open(e->upper, O_PATH | O_DIRECTORY | O_CLOEXEC),
+			    work = open(e->work, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	char opts[128];
 
-	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", e->base, e->upper,
-		 e->work);
+	if (lower < 0 || upper < 0 || work < 0)
+		return log_debug_errno(-errno, "Failed to open the layers of %s: %m", e->id);
+	/* Through our fds: the options an environment reads in its /proc/self/mountinfo name no
+	 * host path of the supervisor's (its state directory, the base). */
+	snprintf(opts, sizeof(opts),
+		 "lowerdir=/proc/self/fd/%d,upperdir=/proc/self/fd/%d,workdir=/proc/self/fd/%d",
+		 lower, upper, work);
 	if (mount("overlay", e->root, "overlay", 0, opts) < 0)
 		return log_debug_errno(-errno, "Failed to mount the overlay of %s: %m", e->id);
 	/* Private: the environment's mount events stay in its namespace and ours in ours. */
@@ -112,7 +123,43 @@ static int make_dev(const char *root)
 	return mkdir(path, 01777) < 0 ? -1 : 0;
 }
 
-static _Noreturn void child_main(const struct sv_env *e, int pipe_fd)
+/* /proc as Docker leaves it to a container: what reaches the host's kernel state read-only
+ * (a root without CAP_SYS_ADMIN may still write /proc/sys/kernel/core_pattern, a command the
+ * host's kernel runs), what leaks it masked (a file by /dev/null, a directory by an empty
+ * read-only tmpfs). Paths this kernel lacks are skipped. */
+static int mask_proc(const char *root)
+{
+	static const char *const read_only[] = {"bus", "fs", "irq", "sys", "sysrq-trigger"};
+	static const char *const masked[] = {"asound",	    "acpi",	     "kcore",
+					     "keys",	    "latency_stats", "timer_list",
+					     "timer_stats", "sched_debug",   "scsi"};
+	char path[PATH_MAX], null[PATH_MAX];
+	struct stat st;
+
+	snprintf(null, sizeof(null), "%s/dev/null", root);
+	for (size_t i = 0; i < ARRAY_SIZE(read_only); i++) {
+		snprintf(path, sizeof(path), "%s/proc/%s", root, read_only[i]);
+		if (stat(path, &st) < 0)
+			continue;
+		if (mount(path, path, NULL, MS_BIND | MS_REC, NULL) < 0 ||
+		    mount(NULL, path, NULL,
+			  MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+			  NULL) < 0)
+			return -1;
+	}
+	for (size_t i = 0; i < ARRAY_SIZE(masked); i++) {
+		snprintf(path, sizeof(path), "%s/proc/%s", root, masked[i]);
+		if (stat(path, &st) < 0)
+			continue;
+		if (S_ISDIR(st.st_mode) ? mount("tmpfs", path, "tmpfs", MS_RDONLY, "size=0")
+					: mount(null, path, NULL, MS_BIND, NULL))
+			return -1;
+	}
+	return 0;
+}
+
+static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog *filter, int go_fd,
+				 int pipe_fd)
 {
 	char *const envp[] = {"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root",
 			      "LANG=C.UTF-8", NULL};
@@ -121,8 +168,19 @@ static _Noreturn void child_main(const struct sv_env *e, int pipe_fd)
 	char path[PATH_MAX];
 	int null;
 
+	char go;
+
+	/* The parent moves us into the v1 cgroups of the limits first; the cgroup namespace is
+	 * made after, so that every hierarchy's root is the environment's own cgroup. */
+	if (read(go_fd, &go, 1) != 1)
+		child_fail(pipe_fd, 15);
+	(void)close(go_fd);
+	if (unshare(CLONE_NEWCGROUP) < 0)
+		child_fail(pipe_fd, 16);
 	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
 		child_fail(pipe_fd, 1);
+	if (env_sandbox_loopback_up() < 0)
+		child_fail(pipe_fd, 12);
 	if (mkdir_in(e->root, "usr", 0755) < 0 || mkdir_in(e->root, "etc", 0755) < 0 ||
 	    mkdir_in(e->root, "dev", 0755) < 0 || mkdir_in(e->root, "proc", 0555) < 0)
 		child_fail(pipe_fd, 2);
@@ -133,6 +191,8 @@ static _Noreturn void child_main(const struct sv_env *e, int pipe_fd)
 	snprintf(path, sizeof(path), "%s/proc", e->root);
 	if (mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
 		child_fail(pipe_fd, 5);
+	if (mask_proc(e->root) < 0)
+		child_fail(pipe_fd, 14);
 	if (chdir(e->root) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
 	    umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)
 		child_fail(pipe_fd, 6);
@@ -154,37 +214,58 @@ static _Noreturn void child_main(const struct sv_env *e, int pipe_fd)
 		sigemptyset(&all);
 		(void)sigprocmask(SIG_SETMASK, &all, NULL);
 	}
+	if (env_sandbox_enter(filter) < 0)
+		child_fail(pipe_fd, 13);
 	execve("/bin/sh", argv, envp);
 	child_fail(pipe_fd, 11);
 }
 
 int env_launch(struct sv_env *e)
 {
-	_cleanup_close_ int cg = -1, rd = -1;
+	_cleanup_close_ int cg = -1, rd = -1, go = -1;
 	struct clone_args args = {
-		.flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC |
+		.flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET |
 			 CLONE_INTO_CGROUP,
 		.exit_signal = SIGCHLD,
 	};
-	int p[2], msg[2];
+	const struct sock_fprog *filter = env_sandbox_filter();
+	int p[2], g[2], msg[2], r;
 	ssize_t n;
 	pid_t pid;
 
+	if (!filter)
+		return -errno;
 	cg = open(e->cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (cg < 0)
 		return log_debug_errno(-errno, "Failed to open cgroup %s: %m", e->cgroup);
 	args.cgroup = (uint64_t)cg;
 	if (pipe2(p, O_CLOEXEC) < 0)
 		return -errno;
+	if (pipe2(g, O_CLOEXEC) < 0) {
+		r = -errno;
+		(void)close(p[0]);
+		(void)close(p[1]);
+		return r;
+	}
 	pid = (pid_t)syscall(SYS_clone3, &args, sizeof(args));
 	if (pid == 0) {
 		(void)close(p[0]);
-		child_main(e, p[1]);
+		(void)close(g[1]);
+		child_main(e, filter, g[0], p[1]);
 	}
 	(void)close(p[1]);
+	(void)close(g[0]);
 	rd = p[0];
+	go = g[1];
 	if (pid < 0)
 		return log_debug_errno(-errno, "clone3 for environment %s failed: %m", e->id);
+	r = env_limits_join(e, pid);
+	if (r < 0 || write(go, "g", 1) != 1) {
+		r = r < 0 ? r : -errno;
+		(void)kill(pid, SIGKILL);
+		(void)waitpid(pid, NULL, 0);
+		return r;
+	}
 	do
 		n = read(rd, msg, sizeof(msg));
 	while (n < 0 && errno == EINTR);

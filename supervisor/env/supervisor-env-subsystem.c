@@ -3,11 +3,14 @@
  * and the environments' side of the checkpoint policy (struct traj_env_ops). */
 #include <errno.h>
 
+#include "log.h"
+#include "supervisor-criu.h"
 #include "supervisor-env-ctl.h"
 #include "supervisor-envtrace.h"
 #include "supervisor-subsystem.h"
 #include "sv-env.h"
 #include "sv-policy.h"
+#include "supervisor.h"
 
 static const struct traj_env_ops env_ops = {
 	.view = envs_view,
@@ -28,6 +31,12 @@ static void env_init(struct supervisor *s)
 {
 	(void)s;
 	traj_ctl_set_env_ops(&env_ops);
+}
+
+void env_process_setup(const struct supervisor *s)
+{
+	if (sv_criu_config_init(s->config.state_dir) < 0)
+		log_warning("Environments' checkpoints may fail: no CRIU configuration, ignoring.");
 }
 
 /* The tracer's ring buffer on the loop (once loaded: at start or at the first environment),

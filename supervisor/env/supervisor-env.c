@@ -141,6 +141,7 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 		return -errno;
 	e->keep = p->keep ? p->keep : ENV_KEEP_DEFAULT;
 	e->ghost_limit = p->ghost_limit ? p->ghost_limit : ENV_GHOST_LIMIT_DEFAULT;
+	e->limits = p->limits;
 	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", e->dir);
 	r = mkdir_p(e->dir, 0700);
 	if (r >= 0)
@@ -180,6 +181,9 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 		r = log_debug_errno(-errno, "Failed to create cgroup %s: %m", e->cgroup);
 		goto fail;
 	}
+	r = env_limits_setup(e);
+	if (r < 0)
+		goto fail_cg;
 	r = env_mount_overlay(e);
 	if (r < 0)
 		goto fail_cg;
@@ -195,6 +199,7 @@ fail_mount:
 	(void)umount2(e->root, MNT_DETACH);
 fail_cg:
 	(void)rmdir(e->cgroup);
+	env_limits_remove(e);
 fail:
 	free(e);
 	return r;
@@ -233,7 +238,12 @@ static int overlay_dirs(const char *root, char *upper, char *work, char *lower)
 			else if (strncmp(opt, "lowerdir=", 9) == 0)
 				snprintf(lower, PATH_MAX, "%s", opt + 9);
 		}
-		r = upper[0] && work[0] && lower[0] && !strchr(lower, ':') ? 0 : -EMEDIUMTYPE;
+		/* Belayer's own overlays name their layers by the mounting process's fds (so that
+		 * the agent's mount table names no host path): nothing to adopt them by. */
+		r = upper[0] && work[0] && lower[0] && !strchr(lower, ':') &&
+				    strncmp(upper, "/proc/", 6) != 0
+			    ? 0
+			    : -EMEDIUMTYPE;
 	}
 	fclose(f);
 	return r;
@@ -304,9 +314,23 @@ static const struct {
 struct ns_check {
 	struct stat ns[ARRAY_SIZE(env_ns)];
 	bool want[ARRAY_SIZE(env_ns)];
+	char cgroups[2048]; /* the init's /proc/PID/cgroup: every hierarchy's cgroup */
 	char *why;
 	size_t cap;
 };
+
+/* /proc/pid/cgroup into buf ("" when unreadable). */
+static void read_cgroups(pid_t pid, char *buf, size_t cap)
+{
+	char path[64];
+	_cleanup_close_ int fd = -1;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	n = fd >= 0 ? read(fd, buf, cap - 1) : -1;
+	buf[n > 0 ? n : 0] = '\0';
+}
 
 static int ns_stat(pid_t pid, const char *name, struct stat *ret)
 {
@@ -355,6 +379,22 @@ static int ns_check_one(pid_t pid, void *userdata)
 			 "restore",
 			 (int)pid, comm, env_ns[i].name);
 		return -ENOTRECOVERABLE;
+	}
+	/* The limits' v1 cgroups too: the cgroup namespace's root in each hierarchy is the
+	 * init's cgroup there, and CRIU cannot dump a process outside it. */
+	{
+		char cg[sizeof(c->cgroups)], comm[32];
+
+		read_cgroups(pid, cg, sizeof(cg));
+		if (cg[0] && strcmp(cg, c->cgroups) != 0) {
+			proc_comm(pid, comm, sizeof(comm));
+			snprintf(c->why, c->cap,
+				 "pid %d (%s) is not in all of the environment's cgroups (the "
+				 "limits' v1 ones too): it joined from outside without them; "
+				 "a checkpoint would not dump",
+				 (int)pid, comm);
+			return -ENOTRECOVERABLE;
+		}
 	}
 	return 0;
 }
@@ -426,6 +466,7 @@ int env_check_namespaces(const struct sv_env *e, char *why, size_t cap)
 		c.want[i] = !env_ns[i].if_own || ns_stat(0, env_ns[i].name, &self) < 0 ||
 			    self.st_dev != c.ns[i].st_dev || self.st_ino != c.ns[i].st_ino;
 	}
+	read_cgroups(e->pid, c.cgroups, sizeof(c.cgroups));
 	r = walk_procs(e->cgroup, 0, ns_check_one, &c);
 	return r < 0 ? r : 0;
 }
@@ -595,6 +636,7 @@ void env_destroy(struct sv_env *e)
 		if (umount2(e->root, 0) < 0 && errno != EINVAL)
 			(void)umount2(e->root, MNT_DETACH);
 		(void)rmdir(e->cgroup);
+		env_limits_remove(e);
 		/* Its writable layer goes with it: an environment created later under the same id
 		 * starts from its base. */
 		wipe_dir(e->upper);
@@ -619,7 +661,8 @@ int env_fresh_cgroup(struct sv_env *e)
 		return -errno;
 	if (mkdir(e->cgroup, 0755) < 0)
 		return -errno;
-	return 0;
+	/* its limits again (v2: the new directory has none; v1: CRIU and the launch join them) */
+	return env_limits_setup(e);
 }
 
 int env_rebuild(struct sv_env *e)

@@ -22,6 +22,7 @@
 #include <limits.h>
 #include <sys/types.h>
 
+#include "supervisor-env-limits.h"
 #include "supervisor-env-manifest.h"
 
 #define ENV_CMD_MAX	 4096
@@ -44,6 +45,7 @@ struct env_params {
 	const char *criu;	   /* CRIU >= 4 binary (sv_criu_binary()) */
 	unsigned keep;		   /* checkpoints kept (0: ENV_KEEP_DEFAULT) */
 	uint32_t ghost_limit;	   /* bytes (0: ENV_GHOST_LIMIT_DEFAULT) */
+	struct env_limits limits;  /* processes, memory, CPU (0: none) */
 };
 
 struct sv_env {
@@ -57,6 +59,7 @@ struct sv_env {
 	char criu[PATH_MAX];
 	unsigned keep;
 	uint32_t ghost_limit;
+	struct env_limits limits;
 	pid_t pid; /* the environment's init as the supervisor sees it; 0: none */
 	bool adopted;
 	char head[ENV_ID_MAX + 1];

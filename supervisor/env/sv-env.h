@@ -7,6 +7,11 @@
  */
 #pragma once
 
+struct supervisor;
 struct sv_subsystem;
 
 extern const struct sv_subsystem env_subsystem;
+
+/* What environments need of the daemon's process, before any thread starts (main, not the
+ * fuzz target: it writes STATE_DIR/criu.conf and sets CRIU_CONFIG_FILE; see supervisor-criu.h). */
+void env_process_setup(const struct supervisor *s);

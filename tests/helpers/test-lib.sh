@@ -55,6 +55,25 @@ env_fixture_cleanup() {
 	rm -rf "$dir"
 }
 
+# env_join PID: a shell prefix that moves the shell into every cgroup PID is in ("echo $$
+# >.../cgroup.procs && " for v2 and for the v1 cgroups of an environment's limits): nsenter -a
+# enters the namespaces only, and a process outside the environment's cgroups cannot be
+# checkpointed.
+env_join() {
+	local ctls path mnt
+	while IFS=: read -r _ ctls path; do
+		[[ $path == / ]] && continue
+		mnt=$(awk -v c="${ctls%%,*}" '{
+			split($0, half, " - "); split(half[2], f, " ")
+			if (c == "" ? f[1] == "cgroup2" : f[1] == "cgroup" && ("," f[3] ",") ~ ("," c ",")) {
+				print $5; exit
+			}
+		}' /proc/self/mountinfo)
+		# shellcheck disable=SC2016 # $$ is the entering shell's, expanded there
+		[[ -n $mnt ]] && printf 'echo $$ >%s%s/cgroup.procs && ' "$mnt" "$path"
+	done <"/proc/$1/cgroup"
+}
+
 # supervisor_start SUPERVISOR CONF LOG: starts it in the background ($sv_pid), its socket at
 # $dir/sv.sock; fails unless it listens within 10 s.
 supervisor_start() {

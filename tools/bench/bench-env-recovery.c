@@ -171,25 +171,27 @@ static int make_base(const char *base, const char *server)
  * could not be restored). */
 static int env_run(struct sv_env *e, const char *action)
 {
-	char cmd[8192], procs[PATH_MAX + 16];
+	char cmd[8192], procs[PATH_MAX + 16], join[2048];
 	int r;
 
 	r = bench_cgroup_file(procs, sizeof(procs), e->cgroup, "cgroup.procs");
-	if (r < 0)
-		return log_error_errno(r, "%s: no cgroup to run in (\"%s\"): %m", e->id, e->cgroup);
+	if (r >= 0)
+		r = fixture_join_prefix(e->pid, join, sizeof(join));
+	if (r < 0 || !strstr(join, procs))
+		return log_error_errno(r < 0 ? r : -ESRCH, "%s: no cgroup to run in (\"%s\"): %m",
+				       e->id, e->cgroup);
 	snprintf(cmd, sizeof(cmd),
-		 "echo $$ >%s && exec nsenter -t %d -a -r -w sh -ec \"%s%s\" "
-		 "</dev/null >/dev/null 2>&1",
-		 procs, (int)e->pid, GIT_ENV, action);
+		 "%sexec nsenter -t %d -a -r -w sh -ec \"%s%s\" </dev/null >/dev/null 2>&1", join,
+		 (int)e->pid, GIT_ENV, action);
 	return system(cmd) == 0 ? 0 : -EIO;
 }
 
-static int set_state(const char *addr, unsigned turn)
+static int set_state(const struct sv_env *e, const char *addr, unsigned turn)
 {
 	char req[64], ans[256];
 
 	snprintf(req, sizeof(req), "set turn-%u", turn);
-	return fixture_ask(addr, req, ans, sizeof(ans), WAIT_MS);
+	return fixture_ask_in(e->cgroup, addr, req, ans, sizeof(ans), WAIT_MS);
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -274,6 +276,9 @@ int bench_env_recovery(const struct bench_args *a, int argc, char **argv)
 	snprintf(base, sizeof(base), "%s/base", dir);
 	snprintf(state, sizeof(state), "%s/state", dir);
 	snprintf(cg, sizeof(cg), CGROUP_V2 "/belayer-bench-%d", (int)getpid());
+	r = sv_criu_config_init(state);
+	if (r < 0)
+		goto out;
 	t0 = bench_now_ns() / 1000;
 	r = make_base(base, BENCH_ENV_SERVER);
 	if (r < 0) {
@@ -298,7 +303,7 @@ int bench_env_recovery(const struct bench_args *a, int argc, char **argv)
 		log_error_errno(r, "Failed to create the environment: %m");
 		goto out;
 	}
-	r = fixture_ask(addr, "get", ans, sizeof(ans), WAIT_MS);
+	r = fixture_ask_in(e->cgroup, addr, "get", ans, sizeof(ans), WAIT_MS);
 	if (r < 0)
 		goto out;
 
@@ -316,7 +321,7 @@ int bench_env_recovery(const struct bench_args *a, int argc, char **argv)
 			log_error("Action %u failed: %s", t, actions[t - 1]);
 			goto out;
 		}
-		r = set_state(addr, t);
+		r = set_state(e, addr, t);
 		if (r < 0)
 			goto out;
 		c0 = bench_now_ns() / 1000;
@@ -356,7 +361,7 @@ int bench_env_recovery(const struct bench_args *a, int argc, char **argv)
 			log_error_errno(r, "Restore of turn %u failed: %m", F);
 			goto out;
 		}
-		r = fixture_ask(addr, "get", ans, sizeof(ans), WAIT_MS);
+		r = fixture_ask_in(e->cgroup, addr, "get", ans, sizeof(ans), WAIT_MS);
 		t_restore[i] = bench_now_ns() / 1000 - s0;
 		env_manifest_finish(&m);
 		if (r < 0)
@@ -370,11 +375,11 @@ int bench_env_recovery(const struct bench_args *a, int argc, char **argv)
 		s0 = bench_now_ns() / 1000;
 		r = env_rebuild(e);
 		if (r >= 0)
-			r = fixture_ask(addr, "get", ans, sizeof(ans), WAIT_MS);
+			r = fixture_ask_in(e->cgroup, addr, "get", ans, sizeof(ans), WAIT_MS);
 		for (unsigned t = 1; r >= 0 && t <= F; t++) {
 			r = env_run(e, actions[t - 1]);
 			if (r >= 0)
-				r = set_state(addr, t);
+				r = set_state(e, addr, t);
 		}
 		t_replay[i] = bench_now_ns() / 1000 - s0;
 		if (r < 0) {

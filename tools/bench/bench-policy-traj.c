@@ -119,7 +119,7 @@ static int ask(const struct pol_traj *t, const char *req, char *ans, size_t cap)
 
 	snprintf(port, sizeof(port), "%u", (unsigned)t->srv_port);
 	snprintf(what, sizeof(what), "%s: the environment's server (%s)", t->id, req);
-	while ((r = fixture_ask(port, req, ans, cap, SLOW_MS)) == -ETIMEDOUT) {
+	while ((r = fixture_ask_in(t->cgroup, port, req, ans, cap, SLOW_MS)) == -ETIMEDOUT) {
 		r = still_waiting(t0, what);
 		if (r < 0)
 			return r;
@@ -324,20 +324,23 @@ static int64_t generate(const struct pol_rollout *ro, const struct pol_traj *t, 
 	return done ? n : -EPROTO;
 }
 
-/* Runs `sh -c cmd` inside the environment: its cgroup and every namespace (nsenter -a). */
+/* Runs `sh -c cmd` inside the environment: its cgroups (its limits' v1 ones too) and every
+ * namespace (nsenter -a). */
 static int env_run(const struct pol_traj *t, const char *cmd)
 {
-	char line[8192], procs[4200];
+	char line[8192], procs[4200], join[2048];
 	int r;
 
 	/* An empty cgroup would have the shell write /cgroup.procs at the host's root. */
 	r = bench_cgroup_file(procs, sizeof(procs), t->cgroup, "cgroup.procs");
-	if (r < 0)
-		return log_error_errno(r, "%s: no cgroup to run in (\"%s\"): %m", t->id, t->cgroup);
+	if (r >= 0)
+		r = fixture_join_prefix((pid_t)t->pid, join, sizeof(join));
+	if (r < 0 || !strstr(join, procs))
+		return log_error_errno(r < 0 ? r : -ESRCH, "%s: no cgroup to run in (\"%s\"): %m",
+				       t->id, t->cgroup);
 	snprintf(line, sizeof(line),
-		 "echo $$ >%s && exec nsenter -t %u -a -r -w sh -ec \"%s\" "
-		 "</dev/null >/dev/null 2>&1",
-		 procs, t->pid, cmd);
+		 "%sexec nsenter -t %u -a -r -w sh -ec \"%s\" </dev/null >/dev/null 2>&1", join,
+		 t->pid, cmd);
 	return system(line) == 0 ? 0 : -EIO;
 }
 

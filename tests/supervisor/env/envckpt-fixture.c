@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "envckpt-fixture.h"
+#include "util.h"
 #include "supervisor-criu.h"
 
 bool fixture_env_preconditions(void)
@@ -27,18 +29,83 @@ bool fixture_env_preconditions(void)
 	       sv_criu_version(criu) >= 40200;
 }
 
+/* The mount point of the cgroup hierarchy named by a /proc/PID/cgroup line's controller list
+ * ("" for v2; "cpu,cpuacct"; "name=systemd"): from /proc/self/mountinfo. */
+static int hierarchy_mount(const char *ctls, char *ret, size_t cap)
+{
+	char line[4096], first[64], mp[PATH_MAX];
+	_cleanup_fclose_ FILE *f = fopen("/proc/self/mountinfo", "re");
+
+	if (!f)
+		return -errno;
+	snprintf(first, sizeof(first), "%.*s", (int)strcspn(ctls, ","), ctls);
+	while (fgets(line, sizeof(line), f)) {
+		char *dash = strstr(line, " - "), *super = dash ? strrchr(dash, ' ') : NULL;
+		bool v2 = dash && strncmp(dash + 3, "cgroup2 ", 8) == 0;
+		bool v1 = dash && strncmp(dash + 3, "cgroup ", 7) == 0;
+
+		if (!super || (first[0] ? !v1 : !v2))
+			continue;
+		if (first[0]) {
+			/* the super options: "rw,cpu,cpuacct\n" */
+			char *o = super + 1, *hit = strstr(o, first);
+			size_t n = strlen(first);
+
+			if (!hit || (hit != o && hit[-1] != ',') ||
+			    (hit[n] != ',' && hit[n] != '\n' && hit[n] != 0))
+				continue;
+		}
+		if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) == 1) {
+			snprintf(ret, cap, "%s", mp);
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
+
+int fixture_join_prefix(pid_t pid, char *buf, size_t cap)
+{
+	char path[64], line[PATH_MAX], mnt[PATH_MAX];
+	_cleanup_fclose_ FILE *f = NULL;
+	size_t len = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	buf[0] = 0;
+	while (fgets(line, sizeof(line), f)) {
+		/* N:CONTROLLERS:PATH; "/" is every process's unless it was moved */
+		char *c = strchr(line, ':'), *p = c ? strchr(c + 1, ':') : NULL;
+		int n;
+
+		if (!p)
+			continue;
+		*p++ = 0;
+		p[strcspn(p, "\n")] = 0;
+		if (strcmp(p, "/") == 0 || hierarchy_mount(c + 1, mnt, sizeof(mnt)) < 0)
+			continue;
+		n = snprintf(buf + len, cap - len, "echo $$ >%s%s/cgroup.procs && ", mnt, p);
+		if (n < 0 || (size_t)n >= cap - len)
+			return -ENAMETOOLONG;
+		len += (size_t)n;
+	}
+	return 0;
+}
+
 int fixture_env_exec(const char *cgroup, pid_t pid, const char *fmt, ...)
 {
-	char inner[2048], cmd[2400];
+	char inner[2048], join[2048], cmd[4200];
 	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(inner, sizeof(inner), fmt, ap);
 	va_end(ap);
+	if (fixture_join_prefix(pid, join, sizeof(join)) < 0)
+		snprintf(join, sizeof(join), "echo $$ >%s/cgroup.procs && ", cgroup);
 	snprintf(cmd, sizeof(cmd),
-		 "echo $$ >%s/cgroup.procs && exec nsenter -t %d -a -r -w sh -c '%s' "
-		 "</dev/null >/dev/null 2>&1",
-		 cgroup, (int)pid, inner);
+		 "%sexec nsenter -t %d -a -r -w sh -c '%s' </dev/null >/dev/null 2>&1", join,
+		 (int)pid, inner);
 	return system(cmd);
 }
 
@@ -251,9 +318,45 @@ int fixture_content_hash(const char *dir, const char *const *skip, uint64_t *ret
 	return r;
 }
 
+/* A socket of family in the network namespace of the environment whose cgroup is cgroup (that
+ * of a process of it: a restored environment has a new one), or ours when cgroup is NULL.
+ * setns() moves this thread only, and back at once; the socket keeps its namespace. */
+static int socket_in(const char *cgroup, int family)
+{
+	_cleanup_close_ int self = -1, ns = -1;
+	char path[PATH_MAX];
+	FILE *f;
+	int pid = 0, s, r;
+
+	if (!cgroup)
+		return socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	snprintf(path, sizeof(path), "%s/cgroup.procs", cgroup);
+	f = fopen(path, "re");
+	if (!f)
+		return -1;
+	r = fscanf(f, "%d", &pid);
+	fclose(f);
+	if (r != 1) {
+		errno = ESRCH;
+		return -1;
+	}
+	snprintf(path, sizeof(path), "/proc/%d/ns/net", pid);
+	ns = open(path, O_RDONLY | O_CLOEXEC);
+	self = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+	if (ns < 0 || self < 0 || setns(ns, CLONE_NEWNET) < 0)
+		return -1;
+	s = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	r = errno;
+	if (setns(self, CLONE_NEWNET) < 0)
+		abort(); /* a test thread left in an environment's namespace would lie */
+	errno = r;
+	return s;
+}
+
 /* A connected stream socket to the server at addr: a unix socket path (starting with '/') or
- * a TCP port on 127.0.0.1, as envckpt-server takes it; retries until the deadline. */
-static int ask_connect(const char *addr, uint64_t deadline)
+ * a TCP port on 127.0.0.1 (in cgroup's environment: socket_in), as envckpt-server takes it;
+ * retries until the deadline. */
+static int ask_connect(const char *cgroup, const char *addr, uint64_t deadline)
 {
 	struct sockaddr_un su = {.sun_family = AF_UNIX};
 	struct sockaddr_in si = {.sin_family = AF_INET};
@@ -280,12 +383,13 @@ static int ask_connect(const char *addr, uint64_t deadline)
 	}
 	/* The server may still be starting: retry the connect until the deadline. */
 	for (;;) {
-		s = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (s < 0)
-			return -errno;
-		if (connect(s, sa, salen) == 0)
+		s = socket_in(sa->sa_family == AF_INET ? cgroup : NULL, sa->sa_family);
+		if (s >= 0 && connect(s, sa, salen) == 0)
 			return s;
-		close(s);
+		if (s < 0 && errno != ESRCH && errno != ENOENT)
+			return -errno;
+		if (s >= 0)
+			close(s);
 		if (fixture_now_us() > deadline)
 			return -ETIMEDOUT;
 		(void)poll(NULL, 0, 5);
@@ -294,11 +398,17 @@ static int ask_connect(const char *addr, uint64_t deadline)
 
 int fixture_ask(const char *addr, const char *req, char *ans, size_t cap, int timeout_ms)
 {
+	return fixture_ask_in(NULL, addr, req, ans, cap, timeout_ms);
+}
+
+int fixture_ask_in(const char *cgroup, const char *addr, const char *req, char *ans, size_t cap,
+		   int timeout_ms)
+{
 	uint64_t deadline = fixture_now_us() + (uint64_t)timeout_ms * 1000;
 	size_t got = 0;
 	int s, r = -ETIMEDOUT;
 
-	s = ask_connect(addr, deadline);
+	s = ask_connect(cgroup, addr, deadline);
 	if (s < 0)
 		return s;
 	if (write(s, req, strlen(req)) != (ssize_t)strlen(req)) {

@@ -22,6 +22,10 @@ bool fixture_env_preconditions(void);
  * status. */
 int fixture_env_exec(const char *cgroup, pid_t pid, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+/* A shell prefix that moves the shell into every cgroup pid is in, in every hierarchy (v2, and
+ * the v1 ones of an environment's limits: a process outside them cannot be dumped):
+ * "echo $$ >A/cgroup.procs && echo $$ >B/cgroup.procs && ". 0 or -errno. */
+int fixture_join_prefix(pid_t pid, char *buf, size_t cap);
 
 /* Makes dir a base: usr/ etc/ dev/ proc/ tmp/ root/ work/ and the merged-/usr symlinks
  * (bin, lib, lib64, sbin); copies server_bin to dir/work/server when given. */
@@ -36,6 +40,10 @@ int fixture_content_hash(const char *dir, const char *const *skip, uint64_t *ret
  * string: envckpt-server's argument) and reads its one-line answer until the server closes
  * the connection (bounded by timeout_ms; connects again until the server listens). */
 int fixture_ask(const char *addr, const char *req, char *ans, size_t cap, int timeout_ms);
+/* The same, a TCP port in the network namespace of the environment whose cgroup is cgroup
+ * (environments have their own: issue 19). */
+int fixture_ask_in(const char *cgroup, const char *addr, const char *req, char *ans, size_t cap,
+		   int timeout_ms);
 /* Waits (bounded) until path exists. */
 int fixture_wait_file(const char *path, int timeout_ms);
 /* A free loopback TCP port. */

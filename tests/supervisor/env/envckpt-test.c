@@ -48,6 +48,8 @@ void envckpt_fx_prepare(struct envckpt_fx *f, const char *prefix)
 	snprintf(f->cgparent, sizeof(f->cgparent), FIXTURE_CGROUP_V2 "/belayer-test-%d",
 		 (int)getpid());
 	assert_int_equal(fixture_make_base(f->base, ENVCKPT_SERVER), 0);
+	/* before the test starts any thread: it sets CRIU_CONFIG_FILE */
+	assert_int_equal(sv_criu_config_init(f->state), 0);
 }
 
 void envckpt_fx_create(struct envckpt_fx *f, const char *id, const char *cmd, unsigned keep)

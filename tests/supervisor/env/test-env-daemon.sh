@@ -35,7 +35,7 @@ ctl env create e1 --root "$dir/base" --cmd 'cd /tmp; exec sleep infinity' >/dev/
 pid=$(ctl --json env list | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
 [[ -n $pid && $pid -gt 0 ]] || fail "no pid for e1"
 in_env() {
-	sh -c "echo \$\$ >$cg/e1/cgroup.procs; exec nsenter -t $pid -a -r -w sh -c '$1'"
+	sh -c "$(env_join "$pid")exec nsenter -t $pid -a -r -w sh -c '$1'"
 }
 in_env 'mkdir -p /work/x && echo hi >/work/x/a && cp /work/x/a /work/x/b'
 
@@ -115,7 +115,7 @@ ctl env create big --root "$dir/base" --cmd 'exec sleep infinity' >/dev/null
 ctl env create small --root "$dir/base" --cmd 'exec sleep infinity' >/dev/null
 big_pid=$(ctl --json env list | grep '"env":"big"' | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
 [[ -n $big_pid ]] || fail "no pid for big: $(ctl --json env list)"
-sh -c "echo \$\$ >$cg/big/cgroup.procs; exec nsenter -t $big_pid -a -r -w \
+sh -c "$(env_join "$big_pid")exec nsenter -t $big_pid -a -r -w \
 	sh -c 'head -c 1073741824 /dev/zero >/work/big'"
 partial() { compgen -G "$dir/state/envs/$1/ckpt/.tmp-*" >/dev/null; }
 ctl env checkpoint big --turn 1 >"$dir/big.txt" 2>&1 &

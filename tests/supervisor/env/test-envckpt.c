@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -62,7 +63,8 @@ static void start_env(struct envckpt_fx *f, const char *id, unsigned keep)
 	snprintf(cmd, sizeof(cmd), env_script, (unsigned)port);
 	envckpt_fx_create(f, id, cmd, keep);
 	assert_int_equal(fixture_ask(f->sock, "get", ans, sizeof(ans), WAIT_MS), 0);
-	assert_int_equal(fixture_ask(f->tcp, "get", ans, sizeof(ans), WAIT_MS), 0);
+	assert_int_equal(fixture_ask_in(f->env->cgroup, f->tcp, "get", ans, sizeof(ans), WAIT_MS),
+			 0);
 }
 
 static uint64_t tree(struct envckpt_fx *f)
@@ -205,8 +207,9 @@ static void test_restore_identical(void **state)
 	assert_int_equal(
 		fixture_ask(f->sock, "set before-ckpt", ans_before, sizeof(ans_before), WAIT_MS),
 		0);
-	assert_int_equal(
-		fixture_ask(f->tcp, "set tcp-before", tcp_before, sizeof(tcp_before), WAIT_MS), 0);
+	assert_int_equal(fixture_ask_in(f->env->cgroup, f->tcp, "set tcp-before", tcp_before,
+					sizeof(tcp_before), WAIT_MS),
+			 0);
 	env_exec(f, "echo hello >/work/a.txt; ln /work/a.txt /work/a.hard; mkfifo /work/fifo");
 	h_before = tree(f);
 	procs_before = snapshot(f);
@@ -219,8 +222,11 @@ static void test_restore_identical(void **state)
 	/* After the checkpoint the environment moves on: files, server state. */
 	env_exec(f, "echo changed >/work/a.txt; rm -rf /work/proj; echo new >/work/b.txt");
 	assert_int_equal(fixture_ask(f->sock, "set after-ckpt", ans, sizeof(ans), WAIT_MS), 0);
-	assert_int_equal(fixture_ask(f->tcp, "set tcp-after", ans, sizeof(ans), WAIT_MS), 0);
-	assert_int_equal(fixture_ask(f->tcp, "get", ans, sizeof(ans), WAIT_MS), 0);
+	assert_int_equal(
+		fixture_ask_in(f->env->cgroup, f->tcp, "set tcp-after", ans, sizeof(ans), WAIT_MS),
+		0);
+	assert_int_equal(fixture_ask_in(f->env->cgroup, f->tcp, "get", ans, sizeof(ans), WAIT_MS),
+			 0);
 	assert_true(strncmp(ans, "tcp-after ", 10) == 0);
 	assert_true(tree(f) != h_before);
 
@@ -239,7 +245,8 @@ static void test_restore_identical(void **state)
 	 * the unix one, and the TCP one on loopback (its listening socket restored). */
 	assert_int_equal(fixture_ask(f->sock, "get", ans, sizeof(ans), WAIT_MS), 0);
 	same_state(ans_before, ans, "before-ckpt");
-	assert_int_equal(fixture_ask(f->tcp, "get", ans, sizeof(ans), WAIT_MS), 0);
+	assert_int_equal(fixture_ask_in(f->env->cgroup, f->tcp, "get", ans, sizeof(ans), WAIT_MS),
+			 0);
 	same_state(tcp_before, ans, "tcp-before");
 	env_manifest_finish(&m);
 	env_manifest_finish(&back);
@@ -531,59 +538,143 @@ static void test_gc(void **state)
 		env_manifest_finish(&m[i]);
 }
 
-/* An environment made by another runtime (here: by env_create, then forgotten) is adopted
- * from its cgroup, overlay root and init, checkpointed and restored under its new identity. */
+/* Another runtime's environment, the way DESIGN §6 first made one by hand: an overlay mounted
+ * with its paths (what podman's look like in the mount table), a cgroup, and unshare(1) into
+ * pid, mount, uts and ipc namespaces with /usr and /etc bound read-only, its own /dev and /proc,
+ * pivot_root and a session of its own. Its init is pid 1 of its namespace, alone in the cgroup
+ * (unshare itself stays outside it: CRIU would meet it outside the namespaces). */
+static pid_t make_native(const char *dir, const char *base, const char *cgroup)
+{
+	char cmd[8192], path[PATH_MAX], line[256];
+	uint64_t deadline = fixture_now_us() + (uint64_t)WAIT_MS * 1000;
+	int nspid;
+
+	snprintf(cmd, sizeof(cmd),
+		 "set -e; cd %s; mkdir -p root upper work; "
+		 "mount -t overlay overlay -o lowerdir=%s,upperdir=$PWD/upper,workdir=$PWD/work "
+		 "root; "
+		 "mkdir %s; "
+		 "exec unshare --pid --fork --mount --uts --ipc --propagation private sh -ec '"
+		 "echo $$ >%s/cgroup.procs; cd root; mount --bind /usr usr; mount -o "
+		 "remount,bind,ro usr; "
+		 "mount --bind /etc etc; mount -o remount,bind,ro etc; "
+		 "mount -t tmpfs -o mode=755 tmpfs dev; mknod -m 666 dev/null c 1 3; "
+		 "mknod -m 666 dev/zero c 1 5; mknod -m 666 dev/urandom c 1 9; "
+		 "mount -t proc proc proc; pivot_root . .; umount -l .; cd /; "
+		 "exec setsid sh -c \"touch /work/ready; exec sleep infinity\" "
+		 "</dev/null >/dev/null 2>&1' </dev/null >/dev/null 2>&1 &",
+		 dir, base, cgroup, cgroup);
+	assert_int_equal(system(cmd), 0);
+	snprintf(path, sizeof(path), "%s/root/work/ready", dir);
+	assert_int_equal(fixture_wait_file(path, WAIT_MS), 0);
+	/* the init: the process of the cgroup that is pid 1 of its namespace */
+	while (fixture_now_us() < deadline) {
+		FILE *procs, *st;
+		int pid;
+
+		snprintf(path, sizeof(path), "%s/cgroup.procs", cgroup);
+		procs = fopen(path, "re");
+		assert_non_null(procs);
+		while (fscanf(procs, "%d", &pid) == 1) {
+			snprintf(path, sizeof(path), "/proc/%d/status", pid);
+			st = fopen(path, "re");
+			nspid = 0;
+			while (st && fgets(line, sizeof(line), st))
+				if (strncmp(line, "NSpid:", 6) == 0)
+					nspid = atoi(strrchr(line, '\t') + 1);
+			if (st)
+				fclose(st);
+			if (nspid == 1) {
+				fclose(procs);
+				return pid;
+			}
+		}
+		fclose(procs);
+		(void)poll(NULL, 0, 10);
+	}
+	fail_msg("no init in %s", cgroup);
+	return -1;
+}
+
+/* An environment made by another runtime is adopted from its cgroup, overlay root and init,
+ * checkpointed and restored under its new identity. One made by Belayer names its layers
+ * through file descriptors (its mount table must not tell the agent where they are): refused,
+ * with the reason. */
 static void test_adopt(void **state)
 {
 	struct envckpt_fx *f = *state;
 	struct env_params p = {0};
 	struct env_manifest m = {0}, back = {0};
 	struct sv_env *a = NULL;
-	char other_state[PATH_MAX];
-	uint64_t h;
+	char other_state[PATH_MAX], native[PATH_MAX], root[PATH_MAX], upper[PATH_MAX], cg[PATH_MAX],
+		mark[PATH_MAX];
+	const char *const skip[] = {"dev", "proc", "usr", "etc", NULL};
+	uint64_t h, h2;
+	pid_t pid;
 
 	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
-	start_env(f, "native", 0);
-	env_exec(f, "echo adopted >/work/mark");
+	start_env(f, "belayers", 0);
 	snprintf(other_state, sizeof(other_state), "%s/other", f->dir);
 	p.id = "adopted";
 	p.state_dir = other_state;
 	p.cgroup_parent = f->cgparent;
 	p.criu = sv_criu_binary(NULL);
+	assert_int_equal(env_adopt(&p, f->env->cgroup, f->env->root, f->env->pid, &a),
+			 -EMEDIUMTYPE);
+
+	snprintf(native, sizeof(native), "%s/native", f->dir);
+	assert_int_equal(mkdir(native, 0755), 0);
+	snprintf(cg, sizeof(cg), "%s/native", f->cgparent);
+	pid = make_native(native, f->base, cg);
+	snprintf(root, sizeof(root), "%s/root", native);
+	snprintf(upper, sizeof(upper), "%s/upper", native);
+	assert_int_equal(fixture_env_exec(cg, pid, "echo adopted >/work/mark"), 0);
 	/* The cgroup is what a kill or a freeze is written to later: never one that is empty,
 	 * relative, not canonical, the hierarchy's root, or without the environment's init. */
 	{
-		char cg[PATH_MAX];
+		char bad[PATH_MAX];
 
-		assert_int_equal(env_adopt(&p, "", f->env->root, f->env->pid, &a), -EINVAL);
-		assert_int_equal(env_adopt(&p, f->env->cgroup + 1, f->env->root, f->env->pid, &a),
-				 -EINVAL);
-		snprintf(cg, sizeof(cg), "%s/../%s/native", f->cgparent,
+		assert_int_equal(env_adopt(&p, "", root, pid, &a), -EINVAL);
+		assert_int_equal(env_adopt(&p, cg + 1, root, pid, &a), -EINVAL);
+		snprintf(bad, sizeof(bad), "%s/../%s/native", f->cgparent,
 			 strrchr(f->cgparent, '/') + 1);
-		assert_int_equal(env_adopt(&p, cg, f->env->root, f->env->pid, &a), -EINVAL);
-		assert_int_equal(env_adopt(&p, FIXTURE_CGROUP_V2, f->env->root, f->env->pid, &a),
-				 -EPERM);
-		snprintf(cg, sizeof(cg), "%s/empty", f->cgparent);
-		assert_int_equal(mkdir(cg, 0755), 0);
-		assert_int_equal(env_adopt(&p, cg, f->env->root, f->env->pid, &a), -ESRCH);
-		assert_int_equal(rmdir(cg), 0);
-		assert_int_equal(env_adopt(&p, "/proc", f->env->root, f->env->pid, &a), -ENOTDIR);
+		assert_int_equal(env_adopt(&p, bad, root, pid, &a), -EINVAL);
+		assert_int_equal(env_adopt(&p, FIXTURE_CGROUP_V2, root, pid, &a), -EPERM);
+		snprintf(bad, sizeof(bad), "%s/empty", f->cgparent);
+		assert_int_equal(mkdir(bad, 0755), 0);
+		assert_int_equal(env_adopt(&p, bad, root, pid, &a), -ESRCH);
+		assert_int_equal(rmdir(bad), 0);
+		assert_int_equal(env_adopt(&p, "/proc", root, pid, &a), -ENOTDIR);
 	}
-	assert_int_equal(env_adopt(&p, f->env->cgroup, f->env->root, f->env->pid, &a), 0);
+	assert_int_equal(env_adopt(&p, cg, root, pid, &a), 0);
 	assert_true(a->adopted);
-	assert_string_equal(a->upper, f->env->upper);
-	assert_string_equal(a->base, f->env->base);
-	h = tree(f);
-	assert_int_equal(env_checkpoint(a, &(struct env_ckpt_params){.turn = 1}, &m), 0);
-	env_exec(f, "rm /work/mark");
+	assert_string_equal(a->upper, upper);
+	assert_string_equal(a->base, f->base);
+	assert_int_equal(fixture_tree_hash(root, skip, &h), 0);
+	if (env_checkpoint(a, &(struct env_ckpt_params){.turn = 1}, &m) < 0)
+		fail_msg("checkpoint of the adopted environment: %s", a->error);
+	assert_int_equal(fixture_env_exec(cg, a->pid, "rm /work/mark"), 0);
+	snprintf(mark, sizeof(mark), "%s/work/mark", root);
+	assert_int_equal(access(mark, F_OK), -1);
 	assert_int_equal(env_restore(a, NULL, &back), 0);
-	assert_true(tree(f) == h);
-	/* The native handle's init is gone (restored anew, the adopter's child now). */
-	f->env->pid = a->pid;
+	assert_int_equal(fixture_tree_hash(root, skip, &h2), 0);
+	assert_true(h2 == h);
+	assert_int_equal(access(mark, F_OK), 0);
+	/* the restored tree runs, the adopter's child now */
+	assert_int_equal(fixture_env_exec(cg, a->pid, "test -e /work/ready"), 0);
 	env_manifest_finish(&m);
 	env_manifest_finish(&back);
-	env_destroy(a); /* adopted: nothing killed or unmounted */
-	assert_true(env_count_procs(f->env) >= 4);
+	{
+		char procs[PATH_MAX + 16];
+
+		snprintf(procs, sizeof(procs), "%s/cgroup.kill", cg);
+		assert_int_equal(env_write_file(procs, "1"), 0);
+	}
+	(void)waitpid(a->pid, NULL, 0);
+	env_destroy(a); /* adopted: nothing killed or unmounted by Belayer */
+	(void)umount2(root, MNT_DETACH);
+	for (int i = 0; i < 100 && rmdir(cg) < 0; i++)
+		(void)poll(NULL, 0, 10);
 }
 
 int main(void)

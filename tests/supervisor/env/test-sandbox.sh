@@ -1,0 +1,108 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+# A hostile agent inside an environment (issue 19): sandbox-probe runs as the environment's own
+# command and tries, one probe each, every way out that got through before (privileges, host
+# files, mounts, devices, /proc, the host's network and the supervisor, other environments,
+# the kernel, a fork bomb and a memory hog against [env] pids_max and memory_max). Every probe
+# must be contained: at creation and again after a checkpoint and a
+# restore (the same processes, now CRIU's). A second environment is the victim.
+# Usage: test-sandbox.sh SUPERVISOR BELAYERCTL PROBE
+set -euo pipefail
+
+supervisor=$1
+ctl_bin=$2
+probe_bin=$3
+# shellcheck source=SCRIPTDIR/../../helpers/test-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
+need_root_cgroup_v2
+command -v python3 >/dev/null || fail "python3 is needed for the host services"
+
+env_fixture sandbox e1 e2
+host_pids=()
+cleanup_all() {
+	for p in "${host_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	env_fixture_cleanup
+}
+trap cleanup_all EXIT
+cp "$probe_bin" "$dir/base/work/probe"
+
+# Host services a hostile agent would want: a TCP service and an abstract unix socket on
+# loopback, each answering a secret; the supervisor's metrics. Their ports come back in a file.
+python3 - "$dir/host-ports" <<'PY' &
+import os, select, socket, sys
+tcp = socket.socket(); tcp.bind(("127.0.0.1", 0)); tcp.listen(16)
+ab = socket.socket(socket.AF_UNIX); name = "belayer-sandbox-%d" % os.getpid()
+ab.bind("\0" + name); ab.listen(16)
+metrics = socket.socket(); metrics.bind(("127.0.0.1", 0))
+mport = metrics.getsockname()[1]; metrics.close()
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write("%d %s %d\n" % (tcp.getsockname()[1], name, mport))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+while True:
+    for s in select.select([tcp, ab], [], [])[0]:
+        c, _ = s.accept(); c.sendall(b"host secret\n"); c.close()
+PY
+host_pids+=($!)
+for _ in $(seq 100); do [[ -s $dir/host-ports ]] && break; sleep 0.05; done
+read -r tcp_port abstract metrics_port <"$dir/host-ports" || fail "no host services"
+echo "host only" >"$dir/host-secret"
+
+cat >"$dir/conf.ini" <<CONF
+[supervisor]
+socket = $dir/sv.sock
+state_dir = $dir/state
+[journal]
+enabled = no
+[health]
+interval = 0
+[metrics]
+http_port = $metrics_port
+[env]
+cgroup = $cg
+pids_max = 200
+memory_max = 128M
+CONF
+supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
+ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
+
+ctl env create e2 --root "$dir/base" --cmd 'echo mine >/work/victim; exec sleep infinity' >/dev/null
+args="tcp=$tcp_port abstract=$abstract metrics=$metrics_port svsock=$dir/sv.sock"
+args+=" svpid=$sv_pid hostfile=$dir/host-secret other=$dir/state/envs/e2/upper state=$dir/state"
+# The probes run at start, then again each time /work/go appears (after the restore): the same
+# shell, checkpointed and restored by CRIU, starts them.
+cat >"$dir/base/work/run-probes" <<SH
+#!/bin/sh
+cd /work
+./probe $args >probes-1.txt 2>&1; touch probes-1.done
+n=2
+while :; do
+	if [ -e go ]; then
+		rm go; ./probe $args >probes-\$n.txt 2>&1; touch probes-\$n.done; n=\$((n + 1))
+	fi
+	sleep 0.05
+done
+SH
+chmod +x "$dir/base/work/run-probes"
+ctl env create e1 --root "$dir/base" --cmd 'exec /work/run-probes' >/dev/null
+root=$dir/state/envs/e1/root
+
+# check_probes N WHEN: every probe of round N contained, and each probe present.
+check_probes() {
+	local out=$root/work/probes-$1.txt n
+	for _ in $(seq 600); do [[ -e $root/work/probes-$1.done ]] && break; sleep 0.05; done
+	[[ -e $root/work/probes-$1.done ]] || fail "the probes did not finish ($2): $(cat "$out")"
+	echo "--- probes $2:"
+	cat "$out"
+	grep -q '^done 0 escaped$' "$out" || fail "probes got out $2: $(grep ESCAPED "$out")"
+	n=$(grep -c ' contained ' "$out")
+	[[ $n -ge 53 ]] || fail "only $n probes ran $2"
+}
+check_probes 1 "at creation"
+
+# Checkpoint and restore keep all of it: the restored processes are probed again.
+ctl env checkpoint e1 --turn 1 >/dev/null
+ctl env restore e1 >/dev/null
+touch "$root/work/go"
+check_probes 2 "after a restore"
+[[ $(cat "$dir/state/envs/e2/root/work/victim") == mine ]] || fail "the victim's file changed"
+echo "sandbox: every probe contained, at creation and after a restore"
