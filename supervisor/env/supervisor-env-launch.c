@@ -120,7 +120,16 @@ static int make_dev(const char *root)
 	if (symlink("/proc/self/fd", path) < 0)
 		return -1;
 	snprintf(path, sizeof(path), "%s/dev/shm", root);
-	return mkdir(path, 01777) < 0 ? -1 : 0;
+	if (mkdir(path, 01777) < 0)
+		return -1;
+	/* Terminals of its own (a private devpts instance: the host's ptys are not there), for
+	 * the tools an agent runs under a pty. */
+	snprintf(path, sizeof(path), "%s/dev/pts", root);
+	if (mkdir(path, 0755) < 0 || mount("devpts", path, "devpts", MS_NOSUID | MS_NOEXEC,
+					   "newinstance,ptmxmode=0666,mode=0620") < 0)
+		return -1;
+	snprintf(path, sizeof(path), "%s/dev/ptmx", root);
+	return symlink("pts/ptmx", path) < 0 ? -1 : 0;
 }
 
 /* /proc as Docker leaves it to a container: what reaches the host's kernel state read-only

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -34,6 +35,7 @@
 #include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -220,6 +222,19 @@ static void devices_and_proc(void)
 	    "open sysrq-trigger to write");
 	TRY("sys_kernel", open("/sys/kernel", O_RDONLY | O_DIRECTORY | O_CLOEXEC),
 	    "open /sys/kernel");
+	/* a pty of its own works; the host's are not there (devpts numbers from 0 per instance) */
+	fd = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+	{
+		int lock = 0;
+		unsigned int pty = 99;
+
+		if (fd >= 0)
+			(void)ioctl(fd, TIOCGPTN, &pty);
+		verdict("pty", fd < 0 || pty != 0 || ioctl(fd, TIOCSPTLCK, &lock) < 0, 0,
+			"a pty of the environment's own devpts (number %u)", pty);
+		if (fd >= 0)
+			close(fd);
+	}
 	fd = open("/proc/keys", O_RDONLY | O_CLOEXEC);
 	n = fd >= 0 ? read(fd, buf, sizeof(buf)) : -1;
 	if (fd >= 0)

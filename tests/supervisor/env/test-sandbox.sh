@@ -95,7 +95,7 @@ check_probes() {
 	cat "$out"
 	grep -q '^done 0 escaped$' "$out" || fail "probes got out $2: $(grep ESCAPED "$out")"
 	n=$(grep -c ' contained ' "$out")
-	[[ $n -ge 53 ]] || fail "only $n probes ran $2"
+	[[ $n -ge 54 ]] || fail "only $n probes ran $2"
 }
 check_probes 1 "at creation"
 
