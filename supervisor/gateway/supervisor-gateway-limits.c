@@ -146,16 +146,17 @@ static void linger_event(struct bufferevent *bev, short what, void *arg)
 	conn_release(arg);
 }
 
-/* Whether evhttp still has the connection (its callbacks are on the bufferevent). */
+/* evhttp's connection while it has one on the bufferevent: its event callback, set from the
+ * accept to bufferevent_free() (the read callback is cleared while a reply is written). */
 static struct evhttp_connection *conn_evcon(struct conn *k)
 {
-	bufferevent_data_cb rcb;
+	bufferevent_event_cb ecb;
 	void *arg = NULL;
 
 	if (k->phase == PH_LINGER)
 		return NULL;
-	bufferevent_getcb(k->bev, &rcb, NULL, NULL, &arg);
-	return rcb ? arg : NULL;
+	bufferevent_getcb(k->bev, NULL, NULL, &ecb, &arg);
+	return ecb ? arg : NULL;
 }
 
 static void conn_refuse(struct conn *k, const struct refusal *f)
@@ -417,7 +418,7 @@ static bool head_feed(struct conn *k, const char *p, size_t n, struct refusal *f
 				      "the request line and headers exceed the gateway's "
 				      "gateway_max_header");
 		if (evbuffer_add(k->line, p, lf ? take - 1 : take) < 0)
-			return refuse(f, 503, GW_REJECT_CONNECTIONS, "out of memory");
+			return refuse(f, 503, _GW_REJECT_MAX, "out of memory");
 		p += take;
 		n -= take;
 		if (!lf)
@@ -514,7 +515,9 @@ static void on_reply_sent(struct evhttp_request *creq, void *arg)
 	struct conn *k = arg;
 
 	(void)creq;
-	if (k->phase == PH_REQUEST)
+	/* Bytes already buffered are a pipelined request's, read with its predecessor and
+	 * unseen here: evhttp's own bounds alone apply to it. */
+	if (k->phase == PH_REQUEST && !evbuffer_get_length(bufferevent_get_input(k->bev)))
 		head_begin(k, mono_ms(), true);
 }
 

@@ -19,7 +19,8 @@
  *     (chunk sizes, Content-Length, Transfer-Encoding other than chunked, both) 400 or 501.
  * None applies once the request is the gateway's: a request held upstream for minutes, or a
  * long stream, is never cut by them. A kept-alive connection idle GW_KEEPALIVE_MS after its
- * reply is closed silently.
+ * reply is closed silently. A pipelined request (its bytes read with its predecessor's) has
+ * evhttp's own bounds alone: twice gateway_max_header, gateway_max_body, no timeout.
  */
 #pragma once
 
