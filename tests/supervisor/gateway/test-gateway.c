@@ -1607,10 +1607,11 @@ static void http_semantics(void **state)
 	const char *more[] = {"engine.t.gateway_max_body=64K", NULL};
 	const char *post = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
 			   "application/json\r\nConnection: close\r\n";
-	char buf[1024];
+	char buf[1024] = "";
 	json_object *j, *v;
 	struct resp r;
 	uint64_t t0;
+	int fd;
 
 	(void)state;
 	start(1, false, more);
@@ -1644,6 +1645,27 @@ static void http_semantics(void **state)
 	assert_string_equal(json_object_get_string(v), "10.0.0.1, 127.0.0.1");
 	json_object_put(j);
 	free(r.body);
+
+	/* a kept-alive connection serves one request after another, its bounds renewed */
+	fd = tcp_connect(port_gw);
+	assert_true(fd >= 0);
+	for (int i = 0; i < 2; i++) {
+		static const char get[] = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+		size_t n = 0;
+		ssize_t k;
+
+		assert_int_equal(send_all(fd, get, strlen(get)), 0);
+		while (!strstr(buf, "\r\n0\r\n\r\n") &&
+		       poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, HTTP_MS) == 1 &&
+		       (k = recv(fd, buf + n, sizeof(buf) - 1 - n, 0)) > 0) {
+			n += (size_t)k;
+			buf[n] = 0;
+		}
+		if (strncmp(buf, "HTTP/1.1 200 ", 13) != 0 || !strstr(buf, "\r\n0\r\n\r\n"))
+			fail_msg("kept-alive request %d: \"%.200s\"", i, buf);
+		buf[0] = 0;
+	}
+	close(fd);
 
 	/* over gateway_max_body: refused on its Content-Length, or as its chunks add up */
 	snprintf(buf, sizeof(buf), "%sContent-Length: 100000\r\n\r\n{", post);
