@@ -6,7 +6,6 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
-#include <time.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -17,6 +16,7 @@
 #include "supervisor-gateway-http.h"
 #include "supervisor-gateway-limits.h"
 #include "supervisor-gateway-stats.h"
+#include "supervisor.h"
 #include "util.h"
 
 enum phase {
@@ -76,14 +76,6 @@ struct refusal {
 	enum gw_reject why; /* _GW_REJECT_MAX: not a refusal (not counted) */
 	const char *msg;
 };
-
-static uint64_t mono_ms(void)
-{
-	struct timespec ts;
-
-	(void)clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static void conn_release(struct conn *k)
 {
@@ -197,7 +189,7 @@ static void conn_refuse(struct conn *k, const struct refusal *f)
 	if (evcon)
 		evhttp_connection_free(evcon);
 	k->phase = PH_LINGER;
-	k->deadline_ms = mono_ms() + GW_LINGER_MS;
+	k->deadline_ms = now_ms() + GW_LINGER_MS;
 	/* what the client sent meanwhile goes with the next read (linger_read) */
 	bufferevent_setcb(k->bev, linger_read, NULL, linger_event, k);
 	(void)bufferevent_disable(k->bev, EV_WRITE);
@@ -298,7 +290,7 @@ static bool head_end(struct conn *k, struct refusal *f)
 		return refuse(f, 413, GW_REJECT_BODY_SIZE,
 			      "the request body exceeds the gateway's gateway_max_body");
 	k->phase = PH_BODY;
-	k->deadline_ms = deadline(mono_ms(), lim->body_timeout_ms);
+	k->deadline_ms = deadline(now_ms(), lim->body_timeout_ms);
 	k->body_left = k->clen > 0 ? (uint64_t)k->clen : 0;
 	k->body_total = 0;
 	k->ch = k->chunked ? CH_SIZE : CH_DONE;
@@ -410,7 +402,7 @@ static bool head_feed(struct conn *k, const char *p, size_t n, struct refusal *f
 		const char *s;
 
 		if (!k->got_bytes && k->kept)
-			k->deadline_ms = deadline(mono_ms(), lim->header_timeout_ms);
+			k->deadline_ms = deadline(now_ms(), lim->header_timeout_ms);
 		k->got_bytes = true;
 		k->head_bytes += take;
 		if (k->head_bytes > lim->max_header)
@@ -499,7 +491,7 @@ static struct bufferevent *on_accept(struct event_base *base, void *arg)
 	k->input = evbuffer_add_cb(bufferevent_get_input(k->bev), on_input, k);
 	bufferevent_incref(k->bev);
 	k->c = c;
-	head_begin(k, mono_ms(), false);
+	head_begin(k, now_ms(), false);
 	k->over = c->n >= c->lim.max_connections;
 	k->next = c->conns;
 	if (c->conns)
@@ -518,7 +510,7 @@ static void on_reply_sent(struct evhttp_request *creq, void *arg)
 	/* Bytes already buffered are a pipelined request's, read with its predecessor and
 	 * unseen here: evhttp's own bounds alone apply to it. */
 	if (k->phase == PH_REQUEST && !evbuffer_get_length(bufferevent_get_input(k->bev)))
-		head_begin(k, mono_ms(), true);
+		head_begin(k, now_ms(), true);
 }
 
 struct gw_conns *gw_conns_new(struct event_base *base, struct evhttp *http,
@@ -553,7 +545,7 @@ void gw_conns_free(struct gw_conns *c)
 
 void gw_conns_tick(struct gw_conns *c)
 {
-	uint64_t now = mono_ms();
+	uint64_t now = now_ms();
 
 	for (struct conn *k = c->conns, *next; k; k = next) {
 		next = k->next;

@@ -1340,9 +1340,11 @@ static void trajectory_tagged_requests(void **state)
 	free(t2.r.body);
 }
 
-static long sv_rss_kib(void)
+/* A field of the supervisor's /proc/PID/status, in KiB (VmRSS, VmHWM). */
+static long sv_status_kib(const char *field)
 {
 	char path[64], line[256];
+	size_t n = strlen(field);
 	long kib = -1;
 	FILE *f;
 
@@ -1350,10 +1352,16 @@ static long sv_rss_kib(void)
 	f = fopen(path, "re");
 	assert_non_null(f);
 	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %ld", &kib) == 1)
+		if (strncmp(line, field, n) == 0 && line[n] == ':' &&
+		    sscanf(line + n + 1, "%ld", &kib) == 1)
 			break;
 	fclose(f);
 	return kib;
+}
+
+static long sv_rss_kib(void)
+{
+	return sv_status_kib("VmRSS");
 }
 
 static int sv_all_fds(void)
@@ -1597,6 +1605,18 @@ static void json_error(const struct resp *r, int code)
 	json_object_put(j);
 }
 
+/* head + rest sent on a connection of its own: refused with code in the JSON shape. */
+static void refused(const char *head, const char *rest, int code)
+{
+	char buf[1024];
+	struct resp r;
+
+	snprintf(buf, sizeof(buf), "%s%s", head, rest);
+	assert_int_equal(raw(buf, &r), 0);
+	json_error(&r, code);
+	free(r.body);
+}
+
 /* Issue 18, item 7: a HEAD is the engine's to answer (the stand-in's 501, at once, no body;
  * it was held 3 s and became the gateway's 502); headers named in Connection are not
  * forwarded; Via and X-Forwarded-For are; a body over gateway_max_body gets 413 and malformed
@@ -1668,23 +1688,10 @@ static void http_semantics(void **state)
 	close(fd);
 
 	/* over gateway_max_body: refused on its Content-Length, or as its chunks add up */
-	snprintf(buf, sizeof(buf), "%sContent-Length: 100000\r\n\r\n{", post);
-	assert_int_equal(raw(buf, &r), 0);
-	json_error(&r, 413);
-	free(r.body);
-	snprintf(buf, sizeof(buf), "%sTransfer-Encoding: chunked\r\n\r\n20000\r\n", post);
-	assert_int_equal(raw(buf, &r), 0);
-	json_error(&r, 413);
-	free(r.body);
-	snprintf(buf, sizeof(buf), "%sTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
-		 post);
-	assert_int_equal(raw(buf, &r), 0);
-	json_error(&r, 400);
-	free(r.body);
-	snprintf(buf, sizeof(buf), "%sTransfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n", post);
-	assert_int_equal(raw(buf, &r), 0);
-	json_error(&r, 400);
-	free(r.body);
+	refused(post, "Content-Length: 100000\r\n\r\n{", 413);
+	refused(post, "Transfer-Encoding: chunked\r\n\r\n20000\r\n", 413);
+	refused(post, "Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", 400);
+	refused(post, "Transfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n", 400);
 	/* a chunked body framed right (lower-case hex, two chunks) is served */
 	snprintf(buf, sizeof(buf),
 		 "%sTransfer-Encoding: chunked\r\n\r\n"
@@ -1694,24 +1701,6 @@ static void http_semantics(void **state)
 	if (r.status != 200)
 		fail_msg("a chunked request: %d %s", r.status, r.body);
 	free(r.body);
-}
-
-static long sv_status_kib(const char *field)
-{
-	char path[64], line[256];
-	size_t n = strlen(field);
-	long kib = -1;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", sv.pid);
-	f = fopen(path, "re");
-	assert_non_null(f);
-	while (fgets(line, sizeof(line), f))
-		if (strncmp(line, field, n) == 0 && line[n] == ':' &&
-		    sscanf(line + n + 1, "%ld", &kib) == 1)
-			break;
-	fclose(f);
-	return kib;
 }
 
 /* Issue 18, item 6: a 16 MiB request header was accepted and forwarded (RSS peaked at
