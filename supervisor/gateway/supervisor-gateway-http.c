@@ -68,11 +68,30 @@ static void header_append(struct evkeyvalq *h, const char *key, const char *valu
 	free(v);
 }
 
-void gw_http_add_forwarded(struct evkeyvalq *h, const char *client_addr)
+void gw_http_add_via(struct evkeyvalq *h)
 {
 	header_append(h, "Via", GW_VIA);
+}
+
+void gw_http_add_forwarded(struct evkeyvalq *h, const char *client_addr)
+{
+	gw_http_add_via(h);
 	if (client_addr && *client_addr)
 		header_append(h, "X-Forwarded-For", client_addr);
+}
+
+void gw_http_close_if_asked(struct evhttp_request *creq)
+{
+	const struct evkeyvalq *in = evhttp_request_get_input_headers(creq);
+	struct evkeyvalq *out = evhttp_request_get_output_headers(creq);
+
+	for (const struct evkeyval *h = in->tqh_first; h; h = h->next.tqe_next)
+		if (strcasecmp(h->key, "Connection") == 0 && list_has(h->value, "close")) {
+			/* evhttp closes after a reply whose own Connection says close */
+			evhttp_remove_header(out, "Connection");
+			evhttp_add_header(out, "Connection", "close");
+			return;
+		}
 }
 
 bool gw_http_engine_failed(int code)

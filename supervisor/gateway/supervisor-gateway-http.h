@@ -19,9 +19,15 @@ struct evkeyvalq;
 /* Copies from's end-to-end headers to to: neither the hop-by-hop ones nor those named in
  * from's Connection header (evhttp sets the framing headers itself). */
 void gw_http_copy_headers(struct evkeyvalq *to, const struct evkeyvalq *from);
+/* Appends the gateway to Via in h (a message it forwards, either way). */
+void gw_http_add_via(struct evkeyvalq *h);
 /* Appends the gateway to Via and the client's address to X-Forwarded-For in h (a request on
  * its way upstream, its end-to-end headers already copied). */
 void gw_http_add_forwarded(struct evkeyvalq *h, const char *client_addr);
+/* A client's "close" among its Connection headers' tokens closes the connection after the
+ * reply: evhttp itself reads only the first Connection header, whole ("X, close" or a second
+ * header keep the connection). */
+void gw_http_close_if_asked(struct evhttp_request *creq);
 /* An engine status that says the engine is broken or going away (500, 502, 503, 504): the
  * request waits for a recovery. Any other status is the engine's verdict on the request (501
  * to a HEAD, 505 ...) and reaches the client as it is. */

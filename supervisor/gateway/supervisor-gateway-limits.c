@@ -193,7 +193,9 @@ static void conn_refuse(struct conn *k, const struct refusal *f)
 	/* what the client sent meanwhile goes with the next read (linger_read) */
 	bufferevent_setcb(k->bev, linger_read, NULL, linger_event, k);
 	(void)bufferevent_disable(k->bev, EV_WRITE);
-	if (!f->code || bufferevent_enable(k->bev, EV_READ) < 0)
+	/* No lingering without an answer, nor over gateway_max_connections: a flood of
+	 * connections must not hold a socket each for GW_LINGER_MS past the cap. */
+	if (!f->code || f->why == GW_REJECT_CONNECTIONS || bufferevent_enable(k->bev, EV_READ) < 0)
 		k->deadline_ms = 0; /* released by the next tick */
 }
 

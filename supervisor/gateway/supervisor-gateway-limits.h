@@ -9,7 +9,8 @@
  * Each connection's bufferevent is made here (evhttp_set_bevcb) and kept referenced, so the
  * gateway sees its input before evhttp parses it and takes the connection over to answer and
  * close it (a lingering close: the rest of the client's request is read and dropped, so the
- * answer is not lost to a reset). The bounds, per connection:
+ * answer is not lost to a reset; not over gateway_max_connections, where a flood would hold a
+ * socket each). The bounds, per connection:
  *   - gateway_max_connections: a connection over it is answered 503 and closed;
  *   - gateway_max_header: the request line and headers (431);
  *   - gateway_header_timeout: the whole request head, from the connection's accept (or a kept

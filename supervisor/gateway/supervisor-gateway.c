@@ -355,6 +355,7 @@ static void reply_start(struct gw_req *r)
 		copy_headers(h, uh);
 		r->sse = ct && strncasecmp(ct, "text/event-stream", 17) == 0;
 	}
+	gw_http_add_via(h);
 	evhttp_send_reply_start(r->creq, r->a ? r->a->code : 200, "OK");
 	r->reply_started = true;
 }
@@ -492,6 +493,7 @@ static void upstream_error_reply(struct gw_req *r, struct gw_attempt *a)
 				 : NULL;
 
 	evhttp_add_header(h, "Content-Type", ct ? ct : "application/json");
+	gw_http_add_via(h);
 	client_release(r);
 	/* a HEAD's answer has no body, whatever its status */
 	evhttp_send_reply(r->creq, a->code, "Error", r->method == EVHTTP_REQ_HEAD ? NULL : a->body);
@@ -759,6 +761,7 @@ static void on_request(struct evhttp_request *creq, void *arg)
 	int k = -ENOTSUP;
 
 	(void)gw_conns_request(ge->conns, creq);
+	gw_http_close_if_asked(creq);
 	if (ge->n_reqs >= ge->cfg->gateway_max_requests) {
 		ge->stats.rejected[GW_REJECT_REQUESTS]++;
 		send_json_error(creq, 503, error_type(503), "too many requests in the gateway");
