@@ -814,7 +814,8 @@ static void on_request(struct evhttp_request *creq, void *arg)
 		req_fail(r, 400, GATEWAY_TRAJ_HEADER " must be 1 to 255 visible ASCII characters");
 		return;
 	}
-	/* proxied unchanged: its headers and body are kept for a resubmission */
+	/* What goes upstream, kept for a resubmission: a passthrough request's end-to-end headers
+	 * and body as the client sent them, a journaled one's body type; Via, X-Forwarded-For. */
 	r->cheaders = calloc(1, sizeof(*r->cheaders));
 	r->cbody = r->managed ? NULL : evbuffer_new();
 	if (!r->cheaders || (!r->managed && !r->cbody)) {
