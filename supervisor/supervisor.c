@@ -41,18 +41,24 @@ static void help(void)
 	       "      --version         print the version\n");
 }
 
-/* Every connection and every retained region is an fd: use what the hard limit allows. */
+/* Every connection and every retained region is an fd: use what the hard limit allows. A
+ * gateway's client connection has its upstream one too. */
 static void raise_nofile(const struct sv_config *c)
 {
 	struct rlimit rl;
 	uint64_t need = (uint64_t)c->max_connections + c->max_fds + 64;
+
+	for (uint32_t i = 0; i < c->n_engines; i++)
+		if (c->engines[i].gateway_listen[0])
+			need += 2 * (uint64_t)c->engines[i].gateway_max_connections;
 
 	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
 		return;
 	rl.rlim_cur = rl.rlim_max;
 	(void)setrlimit(RLIMIT_NOFILE, &rl);
 	if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
-		log_warning("RLIMIT_NOFILE is %llu, below max_connections + max_fds + 64 = %llu: "
+		log_warning("RLIMIT_NOFILE is %llu, below max_connections + max_fds + 64 (+ 2 per "
+			    "gateway connection) = %llu: "
 			    "limits will be hit as fd exhaustion first.",
 			    (unsigned long long)rl.rlim_cur, (unsigned long long)need);
 }

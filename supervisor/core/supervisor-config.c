@@ -299,6 +299,18 @@ static const struct key engine_keys[] = {
 	     "request's tokens and resumes it on the recovered worker (empty: no gateway)."),
 	ETYPED("gateway_max_body", KEY_SIZE, gateway_max_body, "8M",
 	       "Largest request body the gateway accepts (larger: 413)."),
+	{"engine", "gateway_max_header", KEY_SIZE, EAT(gateway_max_header), ESZ(gateway_max_header),
+	 1024, 16 << 20, "64K",
+	 "Largest request line and headers the gateway accepts (larger: 431)."},
+	ETYPED("gateway_header_timeout", KEY_MS, gateway_header_timeout_ms, "10s",
+	       "How long a client has to send a request's line and headers, from its connection "
+	       "(a kept-alive one's: from its first byte) (later: 408 and closed; 0: no bound)."),
+	ETYPED("gateway_body_timeout", KEY_MS, gateway_body_timeout_ms, "60s",
+	       "How long a client has to send a request's whole body, from its headers' end "
+	       "(later: 408 and closed; 0: no bound)."),
+	{"engine", "gateway_max_connections", KEY_U32, EAT(gateway_max_connections),
+	 ESZ(gateway_max_connections), 1, 1000000, "4096",
+	 "Client connections the gateway keeps open at once (more: answered 503 and closed)."},
 	ETYPED("gateway_client_buffer", KEY_SIZE, gateway_client_buffer, "1M",
 	       "Bytes queued for a slow client above which the gateway stops reading the "
 	       "engine's stream until they drain."),

@@ -70,6 +70,10 @@ struct sv_engine_config {
 	/* the gateway in front of the engine (supervisor-gateway.h) */
 	char gateway_listen[64]; /* "ADDRESS:PORT"; "": no gateway */
 	uint64_t gateway_max_body;
+	uint64_t gateway_max_header;	    /* request line + headers */
+	uint64_t gateway_header_timeout_ms; /* 0: none */
+	uint64_t gateway_body_timeout_ms;   /* 0: none */
+	uint32_t gateway_max_connections;
 	uint64_t gateway_client_buffer;
 	uint64_t gateway_recovery_timeout_ms;
 	uint64_t gateway_detect_grace_ms;

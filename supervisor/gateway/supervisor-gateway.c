@@ -24,6 +24,8 @@
 
 #include "log.h"
 #include "supervisor-config.h"
+#include "supervisor-gateway-http.h"
+#include "supervisor-gateway-limits.h"
 #include "supervisor-gateway-resume.h"
 #include "supervisor-gateway-sse.h"
 #include "supervisor-gateway-stats.h"
@@ -72,12 +74,15 @@ struct gw_req {
 	struct evhttp_connection *cconn;
 	enum evhttp_cmd_type method;
 	char *uri;
-	struct evkeyvalq *cheaders; /* the client's (passthrough only) */
-	struct evbuffer *cbody;	    /* the client's body (passthrough resends it) */
-	bool managed;		    /* token-in/token-out: journaled, resumable */
+	/* what goes upstream: the client's end-to-end headers (passthrough) or the body's type
+	 * (journaled), and Via, X-Forwarded-For */
+	struct evkeyvalq *cheaders;
+	struct evbuffer *cbody; /* the client's body (passthrough resends it) */
+	bool managed;		/* token-in/token-out: journaled, resumable */
 	struct gw_call call;
 	enum req_state state;
 	struct gw_attempt *a;
+	struct gw_eof_watch *eof; /* the client closing while its request is served */
 	bool reply_started, client_gone, paused;
 	bool sse; /* a passthrough reply that is an event stream (the engine's Content-Type) */
 	uint32_t attempt_port;
@@ -99,6 +104,7 @@ struct gw_engine {
 	struct sv_engine *e;
 	const struct sv_engine_config *cfg;
 	struct evhttp *http;
+	struct gw_conns *conns; /* its client connections' bounds */
 	enum gw_seed seed;
 	struct gw_req *reqs;
 	uint32_t n_reqs, n_waiting;
@@ -167,6 +173,7 @@ static void req_free(struct gw_req *r)
 
 	attempt_drop(r);
 	gw_stats_reply(&ge->stats, r->path, r->status, mono_us() - r->start_us);
+	gw_eof_watch_free(r->eof);
 	if (r->traj.seq)
 		gateway_trajs_end(gw->s->gw_trajs, &r->traj, r->managed && r->call.finished,
 				  r->call.j.ngen, mono_us());
@@ -215,7 +222,7 @@ static void send_json_error(struct evhttp_request *creq, int code, const char *t
 	if (b)
 		evbuffer_add_printf(b, "%s\n",
 				    json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
-	evhttp_send_reply(creq, code, code == 413 ? "Payload Too Large" : "Error", b);
+	evhttp_send_reply(creq, code, gw_http_reason(code), b);
 	if (b)
 		evbuffer_free(b);
 	json_object_put(o);
@@ -223,18 +230,7 @@ static void send_json_error(struct evhttp_request *creq, int code, const char *t
 
 static const char *error_type(int code)
 {
-	switch (code) {
-	case 400:
-		return "BadRequestError";
-	case 413:
-		return "RequestTooLargeError";
-	case 503:
-		return "ServiceUnavailableError";
-	case 504:
-		return "GatewayTimeoutError";
-	default:
-		return "BadGatewayError";
-	}
+	return gw_http_error_type(code);
 }
 
 /* Ends r with an error: a status when nothing was sent yet, an SSE error event otherwise. */
@@ -301,6 +297,24 @@ static void on_client_close(struct evhttp_connection *conn, void *arg)
 	req_free(r);
 }
 
+/* The client closed its end while its request is upstream or waits for a recovery (evhttp
+ * reads nothing from it then, and a non-stream reply writes nothing until its end): cancelled
+ * as on_client_close, the connection freed with the request. */
+static void on_client_eof(void *arg)
+{
+	struct gw_req *r = arg;
+	struct evhttp_connection *cconn = r->cconn;
+
+	log_debug("gateway %s: client of %s closed its connection, cancelling.", r->ge->cfg->name,
+		  r->uri);
+	r->ge->stats.client_disconnects++;
+	evhttp_connection_set_closecb(cconn, NULL, NULL);
+	r->client_gone = true;
+	r->status = 499;
+	req_free(r);
+	evhttp_connection_free(cconn);
+}
+
 static void on_client_drained(struct evhttp_connection *conn, void *arg)
 {
 	struct gw_req *r = arg;
@@ -331,26 +345,7 @@ static void client_send(struct gw_req *r, struct evbuffer *b)
 
 static void copy_headers(struct evkeyvalq *to, const struct evkeyvalq *from)
 {
-	/* hop-by-hop headers belong to one connection; evhttp sets its own framing */
-	static const char *const skip[] = {"Connection",
-					   "Keep-Alive",
-					   "Transfer-Encoding",
-					   "Content-Length",
-					   "Host",
-					   "Proxy-Connection",
-					   "Upgrade",
-					   "TE",
-					   "Trailer",
-					   NULL};
-
-	for (const struct evkeyval *h = from->tqh_first; h; h = h->next.tqe_next) {
-		bool hop = false;
-
-		for (size_t i = 0; skip[i]; i++)
-			hop |= strcasecmp(h->key, skip[i]) == 0;
-		if (!hop)
-			evhttp_add_header(to, h->key, h->value);
-	}
+	gw_http_copy_headers(to, from);
 }
 
 /* The managed stream's reply starts at the first attempt's 200. */
@@ -368,6 +363,7 @@ static void reply_start(struct gw_req *r)
 		copy_headers(h, uh);
 		r->sse = ct && strncasecmp(ct, "text/event-stream", 17) == 0;
 	}
+	gw_http_add_via(h);
 	r->status = (uint16_t)(r->a ? r->a->code : 200);
 	evhttp_send_reply_start(r->creq, r->status, "OK");
 	r->reply_started = true;
@@ -510,9 +506,11 @@ static void upstream_error_reply(struct gw_req *r, struct gw_attempt *a)
 				 : NULL;
 
 	evhttp_add_header(h, "Content-Type", ct ? ct : "application/json");
+	gw_http_add_via(h);
 	client_release(r);
 	r->status = (uint16_t)a->code;
-	evhttp_send_reply(r->creq, a->code, "Error", a->body);
+	/* a HEAD's answer has no body, whatever its status */
+	evhttp_send_reply(r->creq, a->code, "Error", r->method == EVHTTP_REQ_HEAD ? NULL : a->body);
 	attempt_drop(r);
 	req_free(r);
 }
@@ -531,7 +529,7 @@ static void on_up_done(struct evhttp_request *ureq, void *arg)
 		attempt_failed(r, "the engine connection failed");
 		return;
 	}
-	if (a->code >= 500) {
+	if (gw_http_engine_failed(a->code)) {
 		snprintf(why, sizeof(why), "the engine answered %d", a->code);
 		attempt_failed(r, why);
 		return;
@@ -743,11 +741,14 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	(void)arg;
-	for (size_t i = 0; i < gw->n; i++)
+	for (size_t i = 0; i < gw->n; i++) {
 		for (struct gw_req *r = gw->ge[i].reqs, *next; r; r = next) {
 			next = r->next;
 			req_advance(r);
 		}
+		if (gw->ge[i].conns)
+			gw_conns_tick(gw->ge[i].conns);
+	}
 }
 
 /* ---- client requests in ------------------------------------------------------------------ */
@@ -781,6 +782,8 @@ static void on_request(struct evhttp_request *creq, void *arg)
 	char err[160];
 	int k = -ENOTSUP;
 
+	(void)gw_conns_request(ge->conns, creq);
+	gw_http_close_if_asked(creq);
 	if (ge->n_reqs >= ge->cfg->gateway_max_requests) {
 		ge->stats.rejected[GW_REJECT_REQUESTS]++;
 		gw_stats_reply(&ge->stats, gw_path_of(path), 503, 0);
@@ -841,20 +844,35 @@ static void on_request(struct evhttp_request *creq, void *arg)
 		req_fail(r, 400, GATEWAY_TRAJ_HEADER " must be 1 to 255 visible ASCII characters");
 		return;
 	}
-	if (!r->managed) {
-		/* proxied unchanged: its headers and body are kept for a resubmission */
-		r->cheaders = calloc(1, sizeof(*r->cheaders));
-		r->cbody = evbuffer_new();
-		if (!r->cheaders || !r->cbody) {
-			req_fail(r, 503, "out of memory");
-			return;
-		}
-		r->cheaders->tqh_first = NULL;
-		r->cheaders->tqh_last = &r->cheaders->tqh_first;
-		copy_headers(r->cheaders, evhttp_request_get_input_headers(creq));
-		evbuffer_add_buffer(r->cbody, in);
+	/* What goes upstream, kept for a resubmission: a passthrough request's end-to-end headers
+	 * and body as the client sent them, a journaled one's body type; Via, X-Forwarded-For. */
+	r->cheaders = calloc(1, sizeof(*r->cheaders));
+	r->cbody = r->managed ? NULL : evbuffer_new();
+	if (!r->cheaders || (!r->managed && !r->cbody)) {
+		req_fail(r, 503, "out of memory");
+		return;
 	}
+	r->cheaders->tqh_first = NULL;
+	r->cheaders->tqh_last = &r->cheaders->tqh_first;
+	if (r->managed)
+		evhttp_add_header(r->cheaders, "Content-Type", "application/json");
+	else
+		copy_headers(r->cheaders, evhttp_request_get_input_headers(creq));
+	{
+		char *peer = NULL;
+		ev_uint16_t pport;
+
+		evhttp_connection_get_peer(r->cconn, &peer, &pport);
+		gw_http_add_forwarded(r->cheaders, peer);
+	}
+	if (!r->managed)
+		evbuffer_add_buffer(r->cbody, in);
 	evhttp_connection_set_closecb(r->cconn, on_client_close, r);
+	r->eof = gw_eof_watch_new(gw->base, r->cconn, on_client_eof, r);
+	if (!r->eof)
+		log_warning("gateway %s: %s: cannot watch its client's end (%m): a client gone is "
+			    "noticed only when its reply is written, ignoring.",
+			    ge->cfg->name, r->uri);
 	if (engine_serving(ge)) {
 		if (attempt_start(r) < 0)
 			req_fail(r, 503, "out of memory");
@@ -911,7 +929,18 @@ static int listen_one(struct gw_engine *ge)
 	if (!ge->http)
 		return log_error_errno(-ENOMEM, "Failed to create the gateway of engine %s.",
 				       ge->cfg->name);
-	evhttp_set_max_body_size(ge->http, (ev_ssize_t)ge->cfg->gateway_max_body);
+	ge->conns = gw_conns_new(gw->base, ge->http,
+				 &(struct gw_limits){
+					 .max_header = ge->cfg->gateway_max_header,
+					 .max_body = ge->cfg->gateway_max_body,
+					 .header_timeout_ms = ge->cfg->gateway_header_timeout_ms,
+					 .body_timeout_ms = ge->cfg->gateway_body_timeout_ms,
+					 .max_connections = ge->cfg->gateway_max_connections,
+				 },
+				 &ge->stats, ge->cfg->name);
+	if (!ge->conns)
+		return log_error_errno(-ENOMEM, "Failed to create the gateway of engine %s.",
+				       ge->cfg->name);
 	evhttp_set_allowed_methods(ge->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
 						     EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
 						     EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
@@ -979,6 +1008,8 @@ void gateway_stop(struct supervisor *s)
 			req_fail(ge->reqs, 503, "the supervisor is stopping");
 		if (ge->http)
 			evhttp_free(ge->http);
+		/* after evhttp's: the connections it freed still hold their sockets */
+		gw_conns_free(ge->conns);
 	}
 	if (gw->tick)
 		event_free(gw->tick);

@@ -328,3 +328,26 @@ void http_on_debug(struct evhttp_request *hreq, void *arg)
 	json_object_object_add(o, "steps", json_object_new_int64((int64_t)e->steps));
 	send_json(hreq, r == 0 ? 200 : 500, o);
 }
+
+/* GET /debug/headers: the request's headers as the engine received them, {"Name": "value"}
+ * (repeated names joined with ", "), for tests of what a proxy in front forwards. */
+void http_on_debug_headers(struct evhttp_request *hreq, void *arg)
+{
+	const struct evkeyvalq *h = evhttp_request_get_input_headers(hreq);
+	json_object *o = json_object_new_object(), *v;
+
+	(void)arg;
+	for (const struct evkeyval *kv = h->tqh_first; kv; kv = kv->next.tqe_next) {
+		if (json_object_object_get_ex(o, kv->key, &v)) {
+			char *both;
+
+			if (asprintf(&both, "%s, %s", json_object_get_string(v), kv->value) < 0)
+				continue;
+			json_object_object_add(o, kv->key, json_object_new_string(both));
+			free(both);
+		} else {
+			json_object_object_add(o, kv->key, json_object_new_string(kv->value));
+		}
+	}
+	send_json(hreq, 200, o);
+}

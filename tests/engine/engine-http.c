@@ -20,6 +20,7 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
@@ -55,6 +56,7 @@ struct job {
 	bool usage, continuous_usage;
 	bool skip_special; /* vLLM's skip_special_tokens (true): special ids decode to "" */
 	time_t created;
+	struct event *eof; /* non-stream: the client closing (evhttp reads nothing meanwhile) */
 };
 
 void send_json(struct evhttp_request *hreq, int code, json_object *o)
@@ -601,9 +603,29 @@ static void on_close(struct evhttp_connection *con, void *arg)
 	req->cancelled = true;
 }
 
+/* A non-stream client closed its end while its request runs: cancelled at the next step, as
+ * vLLM's with_cancellation and SGLang's disconnect checks do. */
+static void on_eof(evutil_socket_t fd, short what, void *arg)
+{
+	struct request *req = arg;
+	struct job *j = req->user;
+
+	(void)fd;
+	(void)what;
+	(void)event_del(j->eof);
+	if (!j->closed)
+		evhttp_connection_set_closecb(evhttp_request_get_connection(j->hreq), NULL, NULL);
+	j->closed = true;
+	req->cancelled = true;
+}
+
 static void job_detach(struct request *req)
 {
-	free(req->user);
+	struct job *j = req->user;
+
+	if (j && j->eof)
+		event_free(j->eof);
+	free(j);
 	req->user = NULL;
 }
 
@@ -715,6 +737,16 @@ static void start(struct engine *e, struct evhttp_request *hreq, struct request 
 	req->emit = emit;
 	req->release_user = release_job;
 	evhttp_connection_set_closecb(evhttp_request_get_connection(hreq), on_close, req);
+	if (!stream) {
+		struct bufferevent *bev =
+			evhttp_connection_get_bufferevent(evhttp_request_get_connection(hreq));
+		int fd = bev ? bufferevent_getfd(bev) : -1;
+
+		j->eof = fd >= 0 ? event_new(e->base, fd, EV_CLOSED | EV_PERSIST, on_eof, req)
+				 : NULL;
+		if (j->eof)
+			(void)event_add(j->eof, NULL);
+	}
 	if (stream) {
 		struct evkeyvalq *h = evhttp_request_get_output_headers(hreq);
 
@@ -1124,6 +1156,7 @@ int http_start(struct engine *e)
 		{"/debug/pause", http_on_debug, true},
 		{"/debug/resume", http_on_debug, true},
 		{"/debug/step", http_on_debug, true},
+		{"/debug/headers", http_on_debug_headers, true},
 	};
 	struct evhttp_bound_socket *s;
 

@@ -37,3 +37,4 @@ void http_on_init_group(struct evhttp_request *hreq, void *arg);
 void http_on_update_dist(struct evhttp_request *hreq, void *arg);
 void http_on_debug_kv(struct evhttp_request *hreq, void *arg);
 void http_on_debug(struct evhttp_request *hreq, void *arg);
+void http_on_debug_headers(struct evhttp_request *hreq, void *arg);
