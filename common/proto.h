@@ -81,7 +81,9 @@
  *     "root": str (create: the base dir; adopt: the root; watch: the cgroup path), "cmd": str,
  *     "cg": str (adopt: the cgroup), "pid": uint32 (adopt: the init), "turn", "plen", "phash":
  *     uint64 (checkpoint: the trajectory's turn, token-prefix length and hash), "ckpt": str
- *     (restore: the checkpoint, "" the latest), "traj": str, "fl": uint32 (ENV_FLAG_*).
+ *     (restore: the checkpoint, "" the latest), "traj": str, "fl": uint32 (ENV_FLAG_*),
+ *     "pids", "mem", "cpu": uint64 (create: the limits, tasks, bytes, thousandths of a
+ *     CPU; 0 or absent: the configured default; ENV_LIMIT_NONE: no limit).
  *     Replies: PROTO_ENV_INFO or PROTO_ENV_ITEM messages closed by PROTO_END, or PROTO_ERROR.
  *   PROTO_ENV_INFO (31), supervisor -> peer: an environment (list, create, adopt) or a
  *     checkpoint's manifest (checkpoint, restore, list of checkpoints): "env", "ckpt",
@@ -231,6 +233,8 @@ enum env_op {
 };
 
 #define ENV_FLAG_FOLLOW 1u
+/* A create's "pids"/"mem"/"cpu" that asks for no limit (0 asks for the configured one). */
+#define ENV_LIMIT_NONE UINT64_MAX
 
 /* How a PROTO_NCCL_COMM communicator was made. */
 enum nccl_origin {
@@ -521,6 +525,8 @@ struct proto_env_request {
 	char ckpt[64];				   /* optional */
 	char trajectory[PROTO_MAX_STR + 1];	   /* optional "traj" */
 	uint32_t flags;				   /* optional "fl" */
+	uint64_t pids, memory;			   /* optional "pids", "mem" */
+	uint64_t cpu_millis;			   /* optional "cpu" */
 };
 
 struct proto_env_info {

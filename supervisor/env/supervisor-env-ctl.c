@@ -27,6 +27,11 @@
  * one is cut in a reply (never used to open anything); env_prepare() bounds the others. */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
+/* A create's limit: the request's (ENV_LIMIT_NONE: none), else the configured one. */
+static uint64_t limit_or(uint64_t asked, uint64_t configured)
+{
+	return asked == ENV_LIMIT_NONE ? 0 : asked ? asked : configured;
+}
 static uint64_t mono_us(void)
 {
 	struct timespec ts;
@@ -601,9 +606,10 @@ struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct en
 		.criu = j->criu,
 		.keep = s->config.env_keep,
 		.ghost_limit = (uint32_t)s->config.env_ghost_limit,
-		.limits = {.pids = s->config.env_pids_max,
-			   .memory = s->config.env_memory_max,
-			   .cpu_millis = s->config.env_cpu_max},
+		.limits = {.pids = limit_or(j->q.pids, s->config.env_pids_max),
+			   .memory = limit_or(j->q.memory, s->config.env_memory_max),
+			   .cpu_millis =
+				   (uint32_t)limit_or(j->q.cpu_millis, s->config.env_cpu_max)},
 	};
 	sl->busy = true;
 	return j;
@@ -854,6 +860,12 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 		if (env_slot_find(es, q->env))
 			return client_send_error(s, c, EEXIST, PROTO_ENV_REQUEST,
 						 "environment %s exists", q->env);
+		/* the bounds of [env] pids_max and cpu_max (memory: any byte count) */
+		if ((q->pids != ENV_LIMIT_NONE && q->pids > 4194304) ||
+		    (q->cpu_millis != ENV_LIMIT_NONE && q->cpu_millis > 1024000))
+			return client_send_error(s, c, EINVAL, PROTO_ENV_REQUEST,
+						 "pids at most 4194304, cpu at most 1024000 "
+						 "thousandths");
 		sl = calloc(1, sizeof(*sl));
 		if (!sl)
 			return client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory");

@@ -2,6 +2,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,6 +194,13 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 	/* What a restarted supervisor needs to take the environment back (env_reopen). */
 	(void)write_small(e->dir, "base", e->base);
 	(void)write_small(e->dir, "cmd", e->cmd);
+	{
+		char limits[96];
+
+		snprintf(limits, sizeof(limits), "%" PRIu64 " %" PRIu64 " %" PRIu32, e->limits.pids,
+			 e->limits.memory, e->limits.cpu_millis);
+		(void)write_small(e->dir, "limits", limits);
+	}
 	*ret = e;
 	return 0;
 fail_mount:
@@ -630,7 +638,7 @@ void env_destroy(struct sv_env *e)
 		return;
 	/* An adopted environment is its runtime's: forgotten, not killed. */
 	if (!e->adopted) {
-		static const char *const identity[] = {"uuid", "base", "cmd", "head"};
+		static const char *const identity[] = {"uuid", "base", "cmd", "head", "limits"};
 
 		(void)env_kill(e);
 		if (umount2(e->root, 0) < 0 && errno != EINVAL)
@@ -744,6 +752,16 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 		return -ENOENT; /* not made by env_create (adopted, or older): not ours to take */
 	}
 	(void)read_small(e->dir, "cmd", e->cmd, sizeof(e->cmd));
+	/* its own limits (a create's may differ from the configuration's) */
+	{
+		char limits[96];
+		struct env_limits l;
+
+		if (read_small(e->dir, "limits", limits, sizeof(limits)) >= 0 &&
+		    sscanf(limits, "%" SCNu64 " %" SCNu64 " %" SCNu32, &l.pids, &l.memory,
+			   &l.cpu_millis) == 3)
+			e->limits = l;
+	}
 	/* A supervisor that died inside a checkpoint left the environment frozen. */
 	snprintf(path, sizeof(path), "%s/cgroup.freeze", e->cgroup);
 	if (access(path, F_OK) == 0)

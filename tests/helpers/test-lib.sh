@@ -55,6 +55,28 @@ env_fixture_cleanup() {
 	rm -rf "$dir"
 }
 
+# cgroup_mount CONTROLLERS: the mount point of the cgroup hierarchy a /proc/PID/cgroup line's
+# controller list names ("" for v2, "cpu,cpuacct", "pids"...).
+cgroup_mount() {
+	awk -v c="${1%%,*}" '{
+		split($0, half, " - "); split(half[2], f, " ")
+		if (c == "" ? f[1] == "cgroup2" : f[1] == "cgroup" && ("," f[3] ",") ~ ("," c ",")) {
+			print $5; exit
+		}
+	}' /proc/self/mountinfo
+}
+
+# cgroup_dir PID CONTROLLER: PID's cgroup directory in the hierarchy holding CONTROLLER (v2's
+# when none of the v1 ones does).
+cgroup_dir() {
+	local ctls path v2=
+	while IFS=: read -r _ ctls path; do
+		[[ -z $ctls ]] && v2=$(cgroup_mount "")$path
+		[[ ,$ctls, == *,$2,* ]] && { echo "$(cgroup_mount "$ctls")$path"; return; }
+	done <"/proc/$1/cgroup"
+	echo "$v2"
+}
+
 # env_join PID: a shell prefix that moves the shell into every cgroup PID is in ("echo $$
 # >.../cgroup.procs && " for v2 and for the v1 cgroups of an environment's limits): nsenter -a
 # enters the namespaces only, and a process outside the environment's cgroups cannot be
@@ -63,12 +85,7 @@ env_join() {
 	local ctls path mnt
 	while IFS=: read -r _ ctls path; do
 		[[ $path == / ]] && continue
-		mnt=$(awk -v c="${ctls%%,*}" '{
-			split($0, half, " - "); split(half[2], f, " ")
-			if (c == "" ? f[1] == "cgroup2" : f[1] == "cgroup" && ("," f[3] ",") ~ ("," c ",")) {
-				print $5; exit
-			}
-		}' /proc/self/mountinfo)
+		mnt=$(cgroup_mount "$ctls")
 		# shellcheck disable=SC2016 # $$ is the entering shell's, expanded there
 		[[ -n $mnt ]] && printf 'echo $$ >%s%s/cgroup.procs && ' "$mnt" "$path"
 	done <"/proc/$1/cgroup"

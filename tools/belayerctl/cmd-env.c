@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * belayerctl env: agent environments (issue 9 item 3, issue 10).
- *   env create ID --root BASE [--cmd CMD]     start one (own namespaces, cgroup, overlay root)
+ *   env create ID --root BASE [--cmd CMD] [--pids N|max] [--memory SIZE|max] [--cpus X|max]
+ *                                             start one (sandboxed: own namespaces, cgroups,
+ *                                             overlay root; limits other than [env]'s)
  *   env adopt ID --root ROOT --cgroup CG --pid PID   register another runtime's environment
  *   env checkpoint ID --turn N [--prefix-tokens LEN --prefix-hash H] [--trajectory T]
  *   env restore ID [--checkpoint C]           full restore; prints the manifest (turn, prefix)
@@ -12,7 +14,9 @@
  *   env dirty ID                              paths changed since the last checkpoint
  *   env log ID [--follow]                     what it ran and changed (side-effect log)
  */
+#include <errno.h>
 #include <getopt.h>
+#include <stddef.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +136,40 @@ static int request(const struct ctl_options *o, const struct proto_env_request *
 	}
 }
 
+/* A create's limit: "max" (none), or a number (with one of suffixes, powers of 1024, for a
+ * size; with up to three decimals for CPUs: scale 1000). 0 is refused: it would mean "the
+ * configured one", which leaving the option out already says. */
+static int parse_limit(const char *s, const char *suffixes, uint64_t scale, uint64_t *ret)
+{
+	uint64_t v, frac = 0, mul = 1;
+	const char *sfx;
+	char *end;
+
+	if (strcmp(s, "max") == 0) {
+		*ret = ENV_LIMIT_NONE;
+		return 0;
+	}
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s || *s == '-')
+		return -EINVAL;
+	if (scale == 1000 && *end == '.') {
+		uint64_t d = 100;
+
+		for (end++; *end >= '0' && *end <= '9' && d; end++, d /= 10)
+			frac += (uint64_t)(*end - '0') * d;
+	}
+	if (*end && suffixes[0] && (sfx = strchr(suffixes, *end | 0x20))) {
+		for (ptrdiff_t i = 0; i <= sfx - suffixes; i++)
+			mul *= 1024;
+		end++;
+	}
+	if (*end || v > UINT64_MAX / scale / mul)
+		return -EINVAL;
+	*ret = (v * scale + frac) * mul;
+	return *ret ? 0 : -EINVAL;
+}
+
 int cmd_env(const struct ctl_options *o, int argc, char **argv)
 {
 	static const struct option options[] = {
@@ -147,6 +185,9 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 		{"name", required_argument, NULL, 'n'},
 		{"follow", no_argument, NULL, 'f'},
 		{"json", no_argument, NULL, 'j'},
+		{"pids", required_argument, NULL, 'P'},
+		{"memory", required_argument, NULL, 'M'},
+		{"cpus", required_argument, NULL, 'U'},
 		{},
 	};
 	struct proto_env_request q = {0};
@@ -211,6 +252,15 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 			break;
 		case 'j':
 			break; /* belayerctl.c took it */
+		case 'P':
+			r = parse_limit(optarg, "", 1, &q.pids);
+			break;
+		case 'M':
+			r = parse_limit(optarg, "kmgt", 1, &q.memory);
+			break;
+		case 'U':
+			r = parse_limit(optarg, "", 1000, &q.cpu_millis);
+			break;
 		default:
 			return 2;
 		}

@@ -17,7 +17,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
 command -v python3 >/dev/null || fail "python3 is needed for the host services"
 
-env_fixture sandbox e1 e2
+env_fixture sandbox e1 e2 e3
 host_pids=()
 cleanup_all() {
 	for p in "${host_pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -105,4 +105,24 @@ ctl env restore e1 >/dev/null
 touch "$root/work/go"
 check_probes 2 "after a restore"
 [[ $(cat "$dir/state/envs/e2/root/work/victim") == mine ]] || fail "the victim's file changed"
+
+# A create's own limits, where the kernel enforces them (v1 here, v2 on a pure v2 host); bad
+# ones refused.
+ctl env create e3 --root "$dir/base" --pids 50 --memory 64M --cpus 0.5 >/dev/null
+pid3=$(ctl --json env list | grep '"env":"e3"' | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
+[[ -n $pid3 ]] || fail "no pid for e3"
+[[ $(cat "$(cgroup_dir "$pid3" pids)/pids.max") == 50 ]] || fail "e3's pids.max is not 50"
+mem=$(cgroup_dir "$pid3" memory)
+if [[ -e $mem/memory.max ]]; then want_mem=$(cat "$mem/memory.max"); else
+	want_mem=$(cat "$mem/memory.limit_in_bytes"); fi
+[[ $want_mem == 67108864 ]] || fail "e3's memory limit is $want_mem, not 64M"
+cpu=$(cgroup_dir "$pid3" cpu)
+if [[ -e $cpu/cpu.max ]]; then q=$(cut -d' ' -f1 "$cpu/cpu.max"); else
+	q=$(cat "$cpu/cpu.cfs_quota_us"); fi
+[[ $q == 50000 ]] || fail "e3's CPU quota is $q, not 50000 (half of 100 ms)"
+if ctl env create e4 --root "$dir/base" --cpus 2000 2>"$dir/e4.err"; then
+	fail "2000 CPUs accepted"
+fi
+grep -q "cpu at most" "$dir/e4.err" || fail "the refusal does not say why: $(cat "$dir/e4.err")"
+ctl env destroy e3 >/dev/null
 echo "sandbox: every probe contained, at creation and after a restore"
