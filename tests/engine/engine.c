@@ -38,6 +38,7 @@ enum {
 	ARG_DEBUG,
 	ARG_DEBUG_DROP,
 	ARG_DEBUG_CUT,
+	ARG_DEBUG_DROP_REUSED,
 	ARG_RANK,
 	ARG_NCCL_ID,
 	ARG_SEED,
@@ -64,6 +65,7 @@ static const struct option options[] = {
 	{"enable-debug-endpoints", no_argument, NULL, ARG_DEBUG},
 	{"debug-drop-requests", required_argument, NULL, ARG_DEBUG_DROP},
 	{"debug-cut-replies", required_argument, NULL, ARG_DEBUG_CUT},
+	{"debug-drop-reused", required_argument, NULL, ARG_DEBUG_DROP_REUSED},
 	{"rank", required_argument, NULL, ARG_RANK},
 	{"nccl-id", required_argument, NULL, ARG_NCCL_ID},
 	{"help", no_argument, NULL, 'h'},
@@ -90,7 +92,12 @@ static void usage(FILE *f)
 		"requests\n"
 		"                                before any reply, /health answering (tests)\n"
 		"  --debug-cut-replies N         cut the first N non-stream token replies "
-		"mid-body (tests)\n");
+		"mid-body (tests)\n"
+		"  --debug-drop-reused N         cut the connections of the first N token "
+		"requests\n"
+		"                                that arrive on a connection used before, as "
+		"an\n"
+		"                                engine closing it idle would (tests)\n");
 }
 
 static int parse_size(const char *s, uint64_t *ret)
@@ -207,6 +214,9 @@ static int parse_args(int argc, char **argv, struct engine_options *o)
 			break;
 		case ARG_DEBUG_CUT:
 			r = parse_u32_arg(optarg, 0, 1000000, &o->debug_cut);
+			break;
+		case ARG_DEBUG_DROP_REUSED:
+			r = parse_u32_arg(optarg, 0, 1000000, &o->debug_drop_reused);
 			break;
 		case ARG_RANK:
 			r = parse_u32_arg(optarg, 1, 7, &o->rank);

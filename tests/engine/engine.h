@@ -28,6 +28,7 @@ struct engine_options {
 	bool debug_endpoints;
 	uint32_t debug_drop;		  /* --debug-drop-requests: token requests still to cut */
 	uint32_t debug_cut;		  /* --debug-cut-replies: non-stream replies still to cut */
+	uint32_t debug_drop_reused;	  /* --debug-drop-reused: reused connections still to cut */
 	ncclUniqueId tp_id;		  /* followers: the TP group's id (--nccl-id) */
 	struct model_config dummy_config; /* --load-format dummy without --model */
 };
@@ -71,6 +72,9 @@ struct engine {
 	uint32_t *step_host; /* host copy of the step inputs */
 	bool paused;
 	uint64_t steps;
+	/* the peer ports of the connections token requests came on (tests: keep-alive reuse) */
+	uint16_t token_peers[1024];
+	uint32_t n_token_peers;
 	char *model_path;
 	/* the weight-update group with a trainer (update_weights_from_distributed) */
 	ncclComm_t update_comm;
