@@ -1400,15 +1400,17 @@ static void batch(int n, int concurrent)
 }
 
 /* Rounds of 1000 sequential and 200 concurrent requests: the supervisor's fds and memory are
- * where they were. */
+ * where they were. The engine connections kept idle are 16 at most, all in use in the first
+ * round of 200. */
 static void no_leak(void **state)
 {
+	const char *more[] = {"engine.t.gateway_upstream_connections=16", NULL};
 	int fds0, fds1 = 0, fds_before;
 	long rss0, rss1;
 	uint64_t deadline;
 
 	(void)state;
-	start(1, false, NULL);
+	start(1, false, more);
 	wait_serving();
 	fds_before = sv_all_fds();
 	/* Two rounds warm the allocator up to the 200-request peak (glibc keeps its high water
@@ -1437,6 +1439,66 @@ static void no_leak(void **state)
 	assert_int_equal(fds1, fds0);
 	/* 2400 requests leaking even 256 bytes each would show as > 512 KiB */
 	assert_true(rss1 - rss0 < 512);
+}
+
+/* The connections token requests came to the engine on (the stand-in's count). */
+static int engine_token_connections(void)
+{
+	struct resp r;
+	const char *c;
+	int n;
+
+	assert_int_equal(http(port_a, "GET", "/debug/kv", NULL, &r), 0);
+	c = strstr(r.body, "\"token_connections\":");
+	assert_non_null(c);
+	n = atoi(c + 20);
+	free(r.body);
+	return n;
+}
+
+/* n sequential small /generate requests through the gateway, each answered whole. */
+static void sequential(int n)
+{
+	for (int i = 0; i < n; i++) {
+		struct req q;
+
+		req_make(&q, i, 4);
+		req_run(&q);
+		assert_int_equal(q.rc, 0);
+		assert_int_equal(q.r.status, 200);
+		free(content(&q.r, q.stream));
+		free(q.r.body);
+	}
+}
+
+/* Sequential requests through the gateway reuse one keep-alive engine connection (issue 18
+ * item 5: one connection per request overflowed the engine's listen queue under load). */
+static void keepalive_reuses_connection(void **state)
+{
+	(void)state;
+	start(1, false, NULL);
+	wait_serving();
+	sequential(20);
+	assert_int_equal(engine_token_connections(), 1);
+}
+
+/* An idle engine connection that the engine closes as the gateway reuses it (the keep-alive
+ * race: the request written, never read, no byte back) is sent again on a new connection:
+ * the client gets its answer, not an error. */
+static void reused_connection_closed_is_resent(void **state)
+{
+	pid_t pid;
+
+	(void)state;
+	primary_args = "--debug-drop-reused 3";
+	start(1, false, NULL);
+	wait_serving();
+	pid = primary_pid(0);
+	/* the 2nd, 3rd and 4th are cut on their reused connection, each resent on a new one */
+	sequential(6);
+	assert_int_equal(engine_token_connections(), 4);
+	/* no recovery */
+	assert_int_equal(primary_pid(0), pid);
 }
 
 /* The /metrics text of a supervisor with a gateway engine (its recovery and policy metrics
@@ -1535,6 +1597,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(trajectory_tagged_requests, setup, teardown),
 		cmocka_unit_test_setup_teardown(passthrough_cut_is_not_whole, setup, teardown),
 		cmocka_unit_test_setup_teardown(metrics_pass_promtool, setup, teardown),
+		cmocka_unit_test_setup_teardown(keepalive_reuses_connection, setup, teardown),
+		cmocka_unit_test_setup_teardown(reused_connection_closed_is_resent, setup,
+						teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
