@@ -96,6 +96,7 @@ struct gw_req {
 	uint64_t retry_ms; /* when a retry against the serving engine may start */
 	unsigned retries;  /* made since the last recovery the request followed */
 	unsigned resends;  /* GW_RESEND's, in a row */
+	bool refused;	   /* the last attempt's connection was refused: the engine never saw it */
 	char why[160];
 	struct gateway_traj_ticket traj; /* X-Belayer-Trajectory's entry; seq 0: untagged */
 };
@@ -409,8 +410,10 @@ static void attempt_failed(struct gw_req *r, const char *why)
 		req_fail(r, 502, "the engine failed and the request is too long to resume");
 		return;
 	}
-	log_info("gateway %s: %s: %s; %s after the engine's recovery.", ge->cfg->name, r->uri, why,
-		 r->managed && r->call.j.ngen ? "resuming" : "resubmitting");
+	/* a refused connection is retried every GW_RETRY_MS: not a line each time */
+	log_full_errno(r->refused ? LOG_LEVEL_DEBUG : LOG_LEVEL_INFO, 0,
+		       "gateway %s: %s: %s; %s after the engine's recovery.", ge->cfg->name, r->uri,
+		       why, r->managed && r->call.j.ngen ? "resuming" : "resubmitting");
 	r->state = REQ_RECOVERING;
 	/* The recovery that replaces the worker the attempt talked to: the first one started after
 	 * the attempt began (attempts begin only while no recovery runs). It may be running now,
@@ -571,8 +574,11 @@ static void on_up_done(struct evhttp_request *ureq, void *arg)
 	if (!r || a->failed)
 		return;
 	if (!ureq || a->code == 0) {
-		if (!attempt_resend(r, a))
-			attempt_failed(r, "the engine connection failed");
+		if (attempt_resend(r, a))
+			return;
+		r->refused = a->uc && !gw_upconn_closed(a->uc) && a->uerr != EVREQ_HTTP_TIMEOUT;
+		attempt_failed(r, r->refused ? "the engine refused the connection"
+					     : "the engine connection failed");
 		return;
 	}
 	r->resends = 0;
@@ -724,6 +730,7 @@ static int attempt_open(struct gw_req *r, bool resend)
 			goto nomem;
 	}
 	r->state = REQ_UPSTREAM;
+	r->refused = false;
 	if (!resend) {
 		r->resends = 0;
 		gateway_trajs_attempt(gw->s->gw_trajs, &r->traj);
@@ -777,14 +784,23 @@ static void req_advance(struct gw_req *r)
 			r->retries = 0;
 			if (attempt_start(r) < 0)
 				req_fail(r, 503, "out of memory");
-		} else if (engine_serving(ge) && r->retries < GW_RETRIES && now >= r->retry_ms) {
+		} else if (engine_serving(ge) && (r->retries < GW_RETRIES || r->refused) &&
+			   now >= r->retry_ms) {
 			/* No recovery began and the engine serves (its probe answers): the failure
 			 * was this connection's. No recovery may ever come (a cold-restarted
 			 * engine that cut its first connections left them waiting for one, then
-			 * 502), so the attempt is made again, a bounded number of times. */
-			r->retries++;
-			log_info("gateway %s: %s: %s while the engine serves; retry %u of %u.",
-				 ge->cfg->name, r->uri, r->why, r->retries, GW_RETRIES);
+			 * 502), so the attempt is made again, a bounded number of times. A refused
+			 * connection never reached the engine: retried until it is taken, the
+			 * engine fails, or gateway_recovery_timeout, not counted. */
+			if (r->refused) {
+				ge->stats.upstream_retries++;
+				log_debug("gateway %s: %s: %s while the engine serves; retrying.",
+					  ge->cfg->name, r->uri, r->why);
+			} else {
+				log_info("gateway %s: %s: %s while the engine serves; retry %u of "
+					 "%u.",
+					 ge->cfg->name, r->uri, r->why, ++r->retries, GW_RETRIES);
+			}
 			if (attempt_start(r) < 0)
 				req_fail(r, 503, "out of memory");
 		} else if (!e.recovering && now >= r->grace_ms && e.n_recoveries < r->target_nrec &&

@@ -29,6 +29,7 @@ struct engine_options {
 	uint32_t debug_drop;		  /* --debug-drop-requests: token requests still to cut */
 	uint32_t debug_cut;		  /* --debug-cut-replies: non-stream replies still to cut */
 	uint32_t debug_drop_reused;	  /* --debug-drop-reused: reused connections still to cut */
+	uint32_t debug_listen_delay_ms;	  /* --debug-listen-delay: ready, but listening later */
 	ncclUniqueId tp_id;		  /* followers: the TP group's id (--nccl-id) */
 	struct model_config dummy_config; /* --load-format dummy without --model */
 };

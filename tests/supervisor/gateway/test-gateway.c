@@ -759,6 +759,7 @@ struct relay {
 	pthread_mutex_t mu;
 	pthread_cond_t cond;
 	bool hold, stop;
+	bool ok;  /* every probe answered 200 by the relay itself */
 	int held; /* the held probe's connection, -1: none */
 };
 
@@ -833,6 +834,12 @@ static void *relay_run(void *arg)
 			pthread_mutex_unlock(&relay.mu);
 			continue;
 		}
+		if (relay.ok) {
+			pthread_mutex_unlock(&relay.mu);
+			(void)send_all(fd, "HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", 38);
+			close(fd);
+			continue;
+		}
 		pthread_mutex_unlock(&relay.mu);
 		relay_forward(fd);
 		close(fd);
@@ -851,7 +858,7 @@ static void relay_start(void)
 	assert_int_equal(getsockname(relay.lfd, (struct sockaddr *)&sa, &len), 0);
 	relay.port = ntohs(sa.sin_port);
 	relay.held = -1;
-	relay.hold = relay.stop = false;
+	relay.hold = relay.stop = relay.ok = false;
 	pthread_mutex_init(&relay.mu, NULL);
 	pthread_cond_init(&relay.cond, NULL);
 	assert_int_equal(pthread_create(&relay.t, NULL, relay_run, NULL), 0);
@@ -940,6 +947,42 @@ static void cold_restart_ignores_stale_probe(void **state)
 	assert_int_equal(engine_metric("belayer_recovery_last_outcome"), 3);
 	for (int i = 0; i < n; i++)
 		free(base[i].r.body);
+}
+
+/* A connection the engine refuses never reached it: the request is retried for as long as
+ * the engine serves by its probe, not 3 times and then a 502 (issue 18, item 5). The stand-in
+ * listens 2.5 s after it is ready (--debug-listen-delay); its probe goes to a relay that
+ * answers 200 itself, as a health endpoint apart from the API port would. */
+static void refused_connection_is_retried(void **state)
+{
+	static char health[96];
+	const char *more[] = {health, NULL};
+	uint64_t deadline = mono_ms() + READY_MS;
+	struct req q;
+
+	(void)state;
+	primary_args = "--debug-listen-delay 2500";
+	relay_start();
+	pthread_mutex_lock(&relay.mu);
+	relay.ok = true;
+	pthread_mutex_unlock(&relay.mu);
+	snprintf(health, sizeof(health), "engine.t.health_url=http://127.0.0.1:%u/health",
+		 relay.port);
+	start(1, false, more);
+	while (engine_metric("belayer_engine_ready") != 1) {
+		if (mono_ms() > deadline)
+			fail_msg("engine t not ready within %d ms", READY_MS);
+		(void)poll(NULL, 0, 5);
+	}
+	/* ready, not listening yet: refused */
+	assert_true(tcp_connect(port_a) == -ECONNREFUSED);
+	req_make(&q, 3, 4);
+	req_run(&q);
+	assert_int_equal(q.rc, 0);
+	if (q.r.status != 200)
+		fail_msg("status %d: %s", q.r.status, q.r.body);
+	free(content(&q.r, q.stream));
+	free(q.r.body);
 }
 
 /* A seeded sampled request resumed with gateway_seed=advance continues the engine stand-in's
@@ -1625,6 +1668,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(keepalive_reuses_connection, setup, teardown),
 		cmocka_unit_test_setup_teardown(reused_connection_closed_is_resent, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(refused_connection_is_retried, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
