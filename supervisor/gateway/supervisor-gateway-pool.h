@@ -6,9 +6,10 @@
  * engine has fewer than gateway_upstream_connections), sends its request on it, and gives it
  * back: kept idle when its response was read whole and the engine kept it open, closed
  * otherwise (a cancelled attempt's engine learns so from the close). With every connection
- * busy, attempts wait in FIFO order for one (the engine serves no more than its batch at once
- * anyway: vLLM's max_num_seqs is 256). Connections to another port (the group was replaced)
- * are closed, idle ones the engine closes are dropped as it closes them.
+ * busy, attempts wait in FIFO order for one. The bound is above the engine's batch (vLLM's
+ * max_num_seqs is 256): an engine with no request queued leaves the slot of each request
+ * that ends idle until the next arrives, a step or more. Connections to another port (the
+ * group was replaced) are closed, idle ones the engine closes are dropped as it closes them.
  *
  * Callbacks run from the loop, never inside a connection's own callbacks.
  */
