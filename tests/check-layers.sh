@@ -70,6 +70,7 @@ tools/bench/bench-recovery-shadow   bench-measure.h bench-recovery.h
 tools/bench/bench-recovery          bench-measure.h bench.h
 tools/bench/bench-hang              bench-measure.h bench-recovery.h bench.h
 tools/bench/bench-resume            bench-measure.h bench-recovery.h bench.h
+tools/bench/bench-gateway           bench-measure.h bench-recovery.h bench.h
 tools/bench/bench-policy-traj       bench-measure.h bench-path.h bench-policy.h
 tools/bench/bench-policy            bench-measure.h bench-recovery.h bench.h
 tools/bench/bench-shim-overhead     bench-measure.h bench.h

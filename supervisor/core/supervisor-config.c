@@ -326,6 +326,11 @@ static const struct key engine_keys[] = {
 	{"engine", "gateway_max_waiting", KEY_U32, EAT(gateway_max_waiting),
 	 ESZ(gateway_max_waiting), 0, 1000000, "1024",
 	 "Requests arriving during a recovery that wait for it (more: 503)."},
+	{"engine", "gateway_upstream_connections", KEY_U32, EAT(gateway_upstream_connections),
+	 ESZ(gateway_upstream_connections), 1, 65536, "1024",
+	 "Keep-alive connections the gateway keeps to the engine, busy and idle (requests beyond "
+	 "them wait for one). Above the engine's batch (vLLM's max_num_seqs: 256), so that the "
+	 "engine has requests queued to admit at each step."},
 	{"engine", "gateway_journal_tokens", KEY_U32, EAT(gateway_journal_tokens),
 	 ESZ(gateway_journal_tokens), 1, 16777216, "131072",
 	 "Journal bound per request: prompt + generated tokens (a longer request is served "

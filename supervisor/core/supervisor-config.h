@@ -79,6 +79,7 @@ struct sv_engine_config {
 	uint64_t gateway_detect_grace_ms;
 	uint32_t gateway_max_requests;
 	uint32_t gateway_max_waiting;
+	uint32_t gateway_upstream_connections;
 	uint32_t gateway_journal_tokens;
 	char gateway_seed[16];
 };

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The gateway's listener and proxy: client requests in (evhttp server), attempts upstream
- * (one evhttp client connection per attempt, so cancelling one is closing it), the wait for a
- * recovery, and the client's reply (a stream spliced across attempts, or one body).
+ * (each on a keep-alive connection lent by the engine's pool; cancelling one closes its
+ * connection), the wait for a recovery, and the client's reply (a stream spliced across
+ * attempts, or one body).
  *
  * Lifetimes. A client request (struct gw_req) lives until its reply is ended or its client
  * went away and the reply was ended for evhttp to free. An attempt (struct gw_attempt) is
@@ -11,9 +12,11 @@
  */
 #include <errno.h>
 #include <json-c/json.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include <event2/buffer.h>
@@ -26,6 +29,7 @@
 #include "supervisor-config.h"
 #include "supervisor-gateway-http.h"
 #include "supervisor-gateway-limits.h"
+#include "supervisor-gateway-pool.h"
 #include "supervisor-gateway-resume.h"
 #include "supervisor-gateway-sse.h"
 #include "supervisor-gateway-stats.h"
@@ -39,13 +43,14 @@
 #define GW_EVENT_MAX	 (4u << 20)  /* one SSE event from the engine */
 #define GW_RESPONSE_MAX	 (64u << 20) /* one non-stream response from the engine */
 #define GW_UPSTREAM_HOST "127.0.0.1"
-/* An engine connection silent this long is dropped (a hung engine is the liveness probe's to
- * find; this only bounds a connection nothing else would end). */
-#define GW_UPSTREAM_IDLE_S 600
 /* A failed attempt while the engine serves and no recovery starts is retried this many
  * times, GW_RETRY_MS after the failure, doubling, before gateway_detect_grace ends it. */
 #define GW_RETRIES  3
 #define GW_RETRY_MS 100
+/* An attempt whose request cannot have reached the engine (its connection refused, or a
+ * reused idle one the engine had closed) is made again at once on a new connection, this
+ * many times in a row at most, before it counts as the engine's failure. */
+#define GW_RESEND 2
 
 enum req_state {
 	REQ_WAITING,	/* for the engine to serve (it is recovering) */
@@ -59,10 +64,14 @@ struct gw_req;
 struct gw_attempt {
 	struct gw_req *r; /* NULL: detached (cancelled or ended) */
 	struct gw_engine *ge;
-	struct evhttp_connection *conn;
-	struct evhttp_request *ureq; /* NULL once libevent freed it */
-	int code;		     /* upstream status, 0 before the headers */
+	struct evhttp_connection *conn; /* while lent, or to free with the attempt */
+	struct gw_upconn *uc;		/* the pool's connection lent to it */
+	struct gw_pool_wait wait;	/* for a connection */
+	struct evhttp_request *ureq;	/* NULL once libevent freed it */
+	int code;			/* upstream status, 0 before the headers */
+	int uerr;			/* evhttp's error, -1: none */
 	bool failed;
+	bool complete;	       /* the response was read whole */
 	struct evbuffer *sse;  /* stream bytes not yet split into events */
 	struct evbuffer *body; /* a non-stream (or error) response */
 };
@@ -91,6 +100,8 @@ struct gw_req {
 	uint64_t deadline_ms, grace_ms;
 	uint64_t retry_ms; /* when a retry against the serving engine may start */
 	unsigned retries;  /* made since the last recovery the request followed */
+	unsigned resends;  /* GW_RESEND's, in a row */
+	bool refused;	   /* the last attempt's connection was refused: the engine never saw it */
 	char why[160];
 	struct gateway_traj_ticket traj; /* X-Belayer-Trajectory's entry; seq 0: untagged */
 	enum gw_path path;		 /* for the metrics */
@@ -108,6 +119,7 @@ struct gw_engine {
 	enum gw_seed seed;
 	struct gw_req *reqs;
 	uint32_t n_reqs, n_waiting;
+	struct gw_pool *pool;
 	struct gw_stats stats;
 };
 
@@ -150,7 +162,8 @@ static void attempt_free_cb(evutil_socket_t fd, short what, void *arg)
 	free(a);
 }
 
-/* Detaches a from its request; it is freed from the loop. */
+/* Detaches a from its request; it is freed from the loop. Its connection goes back to the
+ * pool when its response was read whole, else is closed. */
 static void attempt_drop(struct gw_req *r)
 {
 	struct gw_attempt *a = r->a;
@@ -159,6 +172,11 @@ static void attempt_drop(struct gw_req *r)
 		return;
 	r->a = NULL;
 	a->r = NULL;
+	gw_pool_cancel(a->ge->pool, &a->wait);
+	if (a->uc) {
+		a->conn = gw_pool_put(a->ge->pool, a->uc, a->complete);
+		a->uc = NULL;
+	}
 	if (event_base_once(gw->base, -1, EV_TIMEOUT, attempt_free_cb, a, &(struct timeval){0}) < 0)
 		/* cannot happen short of ENOMEM; leaking beats a use after free */
 		log_warning("gateway: failed to schedule an upstream connection's release, "
@@ -401,8 +419,10 @@ static void attempt_failed(struct gw_req *r, const char *why)
 		req_fail(r, 502, "the engine failed and the request is too long to resume");
 		return;
 	}
-	log_info("gateway %s: %s: %s; %s after the engine's recovery.", ge->cfg->name, r->uri, why,
-		 r->managed && r->call.j.ngen ? "resuming" : "resubmitting");
+	/* a refused connection is retried every GW_RETRY_MS: not a line each time */
+	log_full_errno(r->refused ? LOG_LEVEL_DEBUG : LOG_LEVEL_INFO, 0,
+		       "gateway %s: %s: %s; %s after the engine's recovery.", ge->cfg->name, r->uri,
+		       why, r->managed && r->call.j.ngen ? "resuming" : "resubmitting");
 	r->state = REQ_RECOVERING;
 	/* The recovery that replaces the worker the attempt talked to: the first one started after
 	 * the attempt began (attempts begin only while no recovery runs). It may be running now,
@@ -515,6 +535,45 @@ static void upstream_error_reply(struct gw_req *r, struct gw_attempt *a)
 	req_free(r);
 }
 
+static void on_up_error(enum evhttp_request_error err, void *arg)
+{
+	struct gw_attempt *a = arg;
+
+	a->uerr = (int)err;
+}
+
+static int attempt_open(struct gw_req *r, bool resend);
+
+/* An attempt that failed before any response head: was its request surely not taken up by the
+ * engine? Its connection never connected (refused: evhttp closes a connected one before it
+ * calls back), or it was an idle one reused and the engine had closed it (the keep-alive
+ * race: the engine drops idle connections, a request written meanwhile is never read; a
+ * worker that died with it is a recovery's, and the resubmission follows it anyway). A
+ * timeout is no such failure. Then the attempt is made again at once on a new connection,
+ * not counted as the engine's failure. */
+static bool attempt_resend(struct gw_req *r, struct gw_attempt *a)
+{
+	struct gw_engine *ge = r->ge;
+	struct engine_upstream u;
+	bool reused = a->uc && gw_upconn_reused(a->uc);
+
+	if (!a->uc || a->code != 0 || a->uerr == EVREQ_HTTP_TIMEOUT || r->resends >= GW_RESEND ||
+	    (gw_upconn_closed(a->uc) && !reused))
+		return false;
+	engine_upstream(ge->e, &u);
+	if (u.recovering || !u.ready || u.port != r->attempt_port)
+		return false;
+	r->resends++;
+	ge->stats.upstream_retries++;
+	log_debug("gateway %s: %s: the engine %s; sending it again on a new connection.",
+		  ge->cfg->name, r->uri,
+		  reused ? "had closed the idle connection" : "refused the connection");
+	attempt_drop(r);
+	if (attempt_open(r, true) < 0)
+		req_fail(r, 503, "out of memory");
+	return true;
+}
+
 static void on_up_done(struct evhttp_request *ureq, void *arg)
 {
 	struct gw_attempt *a = arg;
@@ -523,12 +582,18 @@ static void on_up_done(struct evhttp_request *ureq, void *arg)
 
 	if (!ureq)
 		a->ureq = NULL; /* libevent freed it: the connection failed */
+	a->complete = ureq && a->code != 0;
 	if (!r || a->failed)
 		return;
 	if (!ureq || a->code == 0) {
-		attempt_failed(r, "the engine connection failed");
+		if (attempt_resend(r, a))
+			return;
+		r->refused = a->uc && !gw_upconn_closed(a->uc) && a->uerr != EVREQ_HTTP_TIMEOUT;
+		attempt_failed(r, r->refused ? "the engine refused the connection"
+					     : "the engine connection failed");
 		return;
 	}
+	r->resends = 0;
 	if (gw_http_engine_failed(a->code)) {
 		snprintf(why, sizeof(why), "the engine answered %d", a->code);
 		attempt_failed(r, why);
@@ -603,10 +668,33 @@ static void on_up_done(struct evhttp_request *ureq, void *arg)
 
 /* ---- attempts out ------------------------------------------------------------------------ */
 
-static int attempt_start(struct gw_req *r)
+/* Sends a's request on the connection lent to it. */
+static void attempt_send(struct gw_attempt *a, struct gw_upconn *c)
+{
+	struct gw_req *r = a->r;
+
+	a->uc = c;
+	a->conn = gw_upconn_evcon(c);
+	a->ge->stats.upstream_requests++;
+	if (evhttp_make_request(a->conn, a->ureq, r->method,
+				r->managed ? gw_call_upstream_uri(&r->call, r->uri) : r->uri) < 0) {
+		/* evhttp freed the request */
+		a->ureq = NULL;
+		attempt_failed(r, "the engine could not be reached");
+	}
+}
+
+static void on_conn_ready(struct gw_pool_wait *w, struct gw_upconn *c)
+{
+	attempt_send((struct gw_attempt *)((char *)w - offsetof(struct gw_attempt, wait)), c);
+}
+
+/* A new attempt of r; resend: the same one again (attempt_resend), not a new try. */
+static int attempt_open(struct gw_req *r, bool resend)
 {
 	struct gw_engine *ge = r->ge;
 	struct gw_attempt *a = calloc(1, sizeof(*a));
+	struct gw_upconn *c;
 	struct engine_upstream u;
 	struct evkeyvalq *h;
 	char host[64];
@@ -618,8 +706,10 @@ static int attempt_start(struct gw_req *r)
 		return -ENOMEM;
 	a->r = r;
 	a->ge = ge;
+	a->uerr = -1;
 	r->a = a;
-	if (r->n_attempts++) {
+	/* a resend of a request the engine never took up is the same attempt, not a new try */
+	if (!resend && r->n_attempts++) {
 		if (r->managed && r->call.j.ngen)
 			ge->stats.resumed++;
 		else
@@ -630,14 +720,12 @@ static int attempt_start(struct gw_req *r)
 	engine_upstream(ge->e, &u);
 	r->attempt_port = u.port;
 	r->attempt_nrec = u.n_recoveries;
-	a->conn = evhttp_connection_base_new(gw->base, NULL, GW_UPSTREAM_HOST,
-					     (uint16_t)r->attempt_port);
-	a->ureq = a->conn ? evhttp_request_new(on_up_done, a) : NULL;
+	a->ureq = evhttp_request_new(on_up_done, a);
 	if (!a->sse || !a->body || !a->ureq)
 		goto nomem;
-	evhttp_connection_set_timeout(a->conn, GW_UPSTREAM_IDLE_S);
 	evhttp_request_set_header_cb(a->ureq, on_up_header);
 	evhttp_request_set_chunked_cb(a->ureq, on_up_chunk);
+	evhttp_request_set_error_cb(a->ureq, on_up_error);
 	h = evhttp_request_get_output_headers(a->ureq);
 	if (r->cheaders)
 		copy_headers(h, r->cheaders);
@@ -663,14 +751,19 @@ static int attempt_start(struct gw_req *r)
 			goto nomem;
 	}
 	r->state = REQ_UPSTREAM;
-	gateway_trajs_attempt(gw->s->gw_trajs, &r->traj);
-	if (evhttp_make_request(a->conn, a->ureq, r->method,
-				r->managed ? gw_call_upstream_uri(&r->call, r->uri) : r->uri) < 0) {
-		/* evhttp freed the request */
-		a->ureq = NULL;
-		attempt_failed(r, "the engine could not be reached");
-		return 0;
+	r->refused = false;
+	if (!resend) {
+		r->resends = 0;
+		gateway_trajs_attempt(gw->s->gw_trajs, &r->traj);
 	}
+	a->wait = (struct gw_pool_wait){
+		.port = r->attempt_port, .fresh = resend, .ready = on_conn_ready};
+	k = gw_pool_get(ge->pool, &a->wait, &c);
+	if (k == -EAGAIN)
+		return 0; /* on_conn_ready() sends it */
+	if (k < 0)
+		goto nomem;
+	attempt_send(a, c);
 	return 0;
 nomem:
 	if (a->ureq) {
@@ -679,6 +772,11 @@ nomem:
 	}
 	attempt_drop(r);
 	return -ENOMEM;
+}
+
+static int attempt_start(struct gw_req *r)
+{
+	return attempt_open(r, false);
 }
 
 static void req_advance(struct gw_req *r)
@@ -707,14 +805,23 @@ static void req_advance(struct gw_req *r)
 			r->retries = 0;
 			if (attempt_start(r) < 0)
 				req_fail(r, 503, "out of memory");
-		} else if (engine_serving(ge) && r->retries < GW_RETRIES && now >= r->retry_ms) {
+		} else if (engine_serving(ge) && (r->retries < GW_RETRIES || r->refused) &&
+			   now >= r->retry_ms) {
 			/* No recovery began and the engine serves (its probe answers): the failure
 			 * was this connection's. No recovery may ever come (a cold-restarted
 			 * engine that cut its first connections left them waiting for one, then
-			 * 502), so the attempt is made again, a bounded number of times. */
-			r->retries++;
-			log_info("gateway %s: %s: %s while the engine serves; retry %u of %u.",
-				 ge->cfg->name, r->uri, r->why, r->retries, GW_RETRIES);
+			 * 502), so the attempt is made again, a bounded number of times. A refused
+			 * connection never reached the engine: retried until it is taken, the
+			 * engine fails, or gateway_recovery_timeout, not counted. */
+			if (r->refused) {
+				ge->stats.upstream_retries++;
+				log_debug("gateway %s: %s: %s while the engine serves; retrying.",
+					  ge->cfg->name, r->uri, r->why);
+			} else {
+				log_info("gateway %s: %s: %s while the engine serves; retry %u of "
+					 "%u.",
+					 ge->cfg->name, r->uri, r->why, ++r->retries, GW_RETRIES);
+			}
 			if (attempt_start(r) < 0)
 				req_fail(r, 503, "out of memory");
 		} else if (!e.recovering && now >= r->grace_ms && e.n_recoveries < r->target_nrec &&
@@ -904,6 +1011,7 @@ static int parse_seed(const char *s, enum gw_seed *ret)
 
 static int listen_one(struct gw_engine *ge)
 {
+	struct evhttp_bound_socket *bound;
 	char addr[64], *colon;
 	unsigned long port;
 	char *end;
@@ -945,10 +1053,23 @@ static int listen_one(struct gw_engine *ge)
 						     EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
 						     EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
 	evhttp_set_gencb(ge->http, on_request, ge);
-	if (!evhttp_bind_socket_with_handle(ge->http, addr, (uint16_t)port))
+	ge->pool = gw_pool_new(gw->base, ge->cfg->name, ge->cfg->gateway_upstream_connections,
+			       &ge->stats);
+	if (!ge->pool)
+		return log_error_errno(-ENOMEM, "Failed to create the gateway of engine %s.",
+				       ge->cfg->name);
+	bound = evhttp_bind_socket_with_handle(ge->http, addr, (uint16_t)port);
+	if (!bound)
 		return log_error_errno(-EADDRNOTAVAIL,
 				       "Failed to listen on %s for the gateway of engine %s: %m",
 				       ge->cfg->gateway_listen, ge->cfg->name);
+	/* evhttp listens with a backlog of 128: a burst of a thousand clients' connects would
+	 * overflow it (SYNs dropped, retried after 1 s). listen() again sets the backlog. */
+	if (listen(evhttp_bound_socket_get_fd(bound), SOMAXCONN) < 0)
+		log_warning_errno(-errno,
+				  "engine %s: failed to raise the gateway's listen backlog: %m, "
+				  "ignoring.",
+				  ge->cfg->name);
 	log_info("Gateway of engine %s listening on %s.", ge->cfg->name, ge->cfg->gateway_listen);
 	return 0;
 }
@@ -1010,6 +1131,7 @@ void gateway_stop(struct supervisor *s)
 			evhttp_free(ge->http);
 		/* after evhttp's: the connections it freed still hold their sockets */
 		gw_conns_free(ge->conns);
+		gw_pool_free(ge->pool);
 	}
 	if (gw->tick)
 		event_free(gw->tick);

@@ -248,6 +248,8 @@ void http_on_debug_kv(struct evhttp_request *hreq, void *arg)
 	json_object_object_add(o, "num_blocks", json_object_new_int64(e->m.num_blocks));
 	json_object_object_add(o, "num_layers", json_object_new_int64(e->m.c.layers));
 	json_object_object_add(o, "width", json_object_new_int64(e->m.width_local));
+	/* connections token requests came on: a proxy that keeps them alive uses few */
+	json_object_object_add(o, "token_connections", json_object_new_int64(e->n_token_peers));
 	/* the emulator's allocation id, for "emu-ctl flip ID OFFSET" */
 	if (gpu.emu_alloc_id && gpu.emu_alloc_id(e->m.kv, &id, &off) == 0) {
 		json_object_object_add(o, "emu_alloc_id", json_object_new_int64((int64_t)id));

@@ -31,7 +31,8 @@
 #include "log.h"
 #include "util.h"
 
-#define BODY_MAX (8u << 20)
+#define BODY_MAX	      (8u << 20)
+#define ENGINE_LISTEN_BACKLOG 2048 /* uvicorn's default */
 
 enum api {
 	API_GENERATE,
@@ -763,11 +764,28 @@ static void start(struct engine *e, struct evhttp_request *hreq, struct request 
  * (the socket is shut down already): it only hands the request back to libevent. */
 static bool debug_drop(struct engine *e, struct evhttp_request *hreq)
 {
+	struct evhttp_connection *conn = evhttp_request_get_connection(hreq);
 	struct bufferevent *bev;
+	bool reused = false;
+	char *host;
+	uint16_t port;
 
-	if (e->o.debug_drop == 0)
-		return false;
-	e->o.debug_drop--;
+	/* --debug-drop-reused: a connection that carried a token request before (its peer port
+	 * seen: ports of live connections are distinct) is cut as an engine's keep-alive timeout
+	 * does, its request unread: the gateway's race between reusing an idle connection and
+	 * the engine closing it */
+	evhttp_connection_get_peer(conn, &host, &port);
+	for (uint32_t i = 0; i < e->n_token_peers && !reused; i++)
+		reused = e->token_peers[i] == port;
+	if (!reused && e->n_token_peers < ARRAY_SIZE(e->token_peers))
+		e->token_peers[e->n_token_peers++] = port;
+	if (reused && e->o.debug_drop_reused) {
+		e->o.debug_drop_reused--;
+	} else {
+		if (e->o.debug_drop == 0)
+			return false;
+		e->o.debug_drop--;
+	}
 	bev = evhttp_connection_get_bufferevent(evhttp_request_get_connection(hreq));
 	if (bev)
 		(void)shutdown(bufferevent_getfd(bev), SHUT_RDWR);
@@ -1174,6 +1192,9 @@ int http_start(struct engine *e)
 	if (!s)
 		return log_error_errno(-EADDRINUSE, "Failed to listen on %s:%u", e->o.host,
 				       e->o.port);
+	/* uvicorn's backlog (vLLM's and SGLang's server), not evhttp's 128 */
+	if (listen(evhttp_bound_socket_get_fd(s), ENGINE_LISTEN_BACKLOG) < 0)
+		log_warning_errno(-errno, "Failed to set the listen backlog: %m, ignoring.");
 	if (e->o.port == 0) {
 		struct sockaddr_storage ss;
 		socklen_t len = sizeof(ss);

@@ -8,6 +8,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -39,6 +40,8 @@ enum {
 	ARG_DEBUG_DROP,
 	ARG_DEBUG_CUT,
 	ARG_DEBUG_NO_IDS,
+	ARG_DEBUG_DROP_REUSED,
+	ARG_DEBUG_LISTEN_DELAY,
 	ARG_RANK,
 	ARG_NCCL_ID,
 	ARG_SEED,
@@ -66,6 +69,8 @@ static const struct option options[] = {
 	{"debug-drop-requests", required_argument, NULL, ARG_DEBUG_DROP},
 	{"debug-cut-replies", required_argument, NULL, ARG_DEBUG_CUT},
 	{"debug-no-token-ids", no_argument, NULL, ARG_DEBUG_NO_IDS},
+	{"debug-drop-reused", required_argument, NULL, ARG_DEBUG_DROP_REUSED},
+	{"debug-listen-delay", required_argument, NULL, ARG_DEBUG_LISTEN_DELAY},
 	{"rank", required_argument, NULL, ARG_RANK},
 	{"nccl-id", required_argument, NULL, ARG_NCCL_ID},
 	{"help", no_argument, NULL, 'h'},
@@ -94,7 +99,15 @@ static void usage(FILE *f)
 		"  --debug-cut-replies N         cut the first N non-stream token replies "
 		"mid-body (tests)\n"
 		"  --debug-no-token-ids          ignore return_token_ids, as a vLLM older than "
-		"it (tests)\n");
+		"it (tests)\n"
+		"  --debug-drop-reused N         cut the connections of the first N token "
+		"requests\n"
+		"                                that arrive on a connection used before, as "
+		"an\n"
+		"                                engine closing it idle would (tests)\n"
+		"  --debug-listen-delay MS       listen MS after the model is loaded: connections "
+		"are\n"
+		"                                refused meanwhile (tests)\n");
 }
 
 static int parse_size(const char *s, uint64_t *ret)
@@ -214,6 +227,12 @@ static int parse_args(int argc, char **argv, struct engine_options *o)
 			break;
 		case ARG_DEBUG_NO_IDS:
 			o->debug_no_ids = true;
+			break;
+		case ARG_DEBUG_DROP_REUSED:
+			r = parse_u32_arg(optarg, 0, 1000000, &o->debug_drop_reused);
+			break;
+		case ARG_DEBUG_LISTEN_DELAY:
+			r = parse_u32_arg(optarg, 0, 600000, &o->debug_listen_delay_ms);
 			break;
 		case ARG_RANK:
 			r = parse_u32_arg(optarg, 1, 7, &o->rank);
@@ -555,6 +574,8 @@ int main(int argc, char **argv)
 		goto fail;
 	}
 	e.step_ev = evtimer_new(e.base, on_step, &e);
+	if (e.o.debug_listen_delay_ms)
+		(void)poll(NULL, 0, (int)e.o.debug_listen_delay_ms);
 	r = e.step_ev ? http_start(&e) : -ENOMEM;
 	if (r < 0)
 		goto fail;

@@ -29,6 +29,8 @@ struct engine_options {
 	uint32_t debug_drop;		  /* --debug-drop-requests: token requests still to cut */
 	uint32_t debug_cut;		  /* --debug-cut-replies: non-stream replies still to cut */
 	bool debug_no_ids;		  /* --debug-no-token-ids: return_token_ids ignored */
+	uint32_t debug_drop_reused;	  /* --debug-drop-reused: reused connections still to cut */
+	uint32_t debug_listen_delay_ms;	  /* --debug-listen-delay: ready, but listening later */
 	ncclUniqueId tp_id;		  /* followers: the TP group's id (--nccl-id) */
 	struct model_config dummy_config; /* --load-format dummy without --model */
 };
@@ -72,6 +74,9 @@ struct engine {
 	uint32_t *step_host; /* host copy of the step inputs */
 	bool paused;
 	uint64_t steps;
+	/* the peer ports of the connections token requests came on (tests: keep-alive reuse) */
+	uint16_t token_peers[1024];
+	uint32_t n_token_peers;
 	char *model_path;
 	int64_t started; /* the HTTP server's start: the model card's created */
 	/* the weight-update group with a trainer (update_weights_from_distributed) */

@@ -24,6 +24,8 @@ static const struct subcommand subcommands[] = {
 	{"recovery", bench_recovery, "time to ready after a worker dies: cold restart vs shadow"},
 	{"resume", bench_resume,
 	 "in-flight streams across a worker kill: gateway resume vs cold restart + retry"},
+	{"gateway", bench_gateway,
+	 "keep-alive clients under load: throughput and p50/p99, via the gateway vs direct"},
 	{"hang", bench_hang,
 	 "NCCL rank killed/stopped mid-run: detection and time to serving; counters' cost"},
 	{"env-recovery", bench_env_recovery,

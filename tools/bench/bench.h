@@ -18,6 +18,7 @@ int bench_shim_overhead(const struct bench_args *a, int argc, char **argv);
 int bench_bpf_overhead(const struct bench_args *a, int argc, char **argv);
 int bench_recovery(const struct bench_args *a, int argc, char **argv);
 int bench_resume(const struct bench_args *a, int argc, char **argv);
+int bench_gateway(const struct bench_args *a, int argc, char **argv);
 int bench_env_recovery(const struct bench_args *a, int argc, char **argv);
 int bench_hang(const struct bench_args *a, int argc, char **argv);
 int bench_policy(const struct bench_args *a, int argc, char **argv);

@@ -823,6 +823,7 @@ struct relay {
 	pthread_mutex_t mu;
 	pthread_cond_t cond;
 	bool hold, stop;
+	bool ok;  /* every probe answered 200 by the relay itself */
 	int held; /* the held probe's connection, -1: none */
 };
 
@@ -897,6 +898,12 @@ static void *relay_run(void *arg)
 			pthread_mutex_unlock(&relay.mu);
 			continue;
 		}
+		if (relay.ok) {
+			pthread_mutex_unlock(&relay.mu);
+			(void)send_all(fd, "HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", 38);
+			close(fd);
+			continue;
+		}
 		pthread_mutex_unlock(&relay.mu);
 		relay_forward(fd);
 		close(fd);
@@ -915,7 +922,7 @@ static void relay_start(void)
 	assert_int_equal(getsockname(relay.lfd, (struct sockaddr *)&sa, &len), 0);
 	relay.port = ntohs(sa.sin_port);
 	relay.held = -1;
-	relay.hold = relay.stop = false;
+	relay.hold = relay.stop = relay.ok = false;
 	pthread_mutex_init(&relay.mu, NULL);
 	pthread_cond_init(&relay.cond, NULL);
 	assert_int_equal(pthread_create(&relay.t, NULL, relay_run, NULL), 0);
@@ -1194,6 +1201,42 @@ static void sdk_across_kill(void **state)
 	assert_int_equal(engine_metric("belayer_recovery_last_outcome"), 2); /* promoted */
 	free(base.out);
 	free(failed.out);
+}
+
+/* A connection the engine refuses never reached it: the request is retried for as long as
+ * the engine serves by its probe, not 3 times and then a 502 (issue 18, item 5). The stand-in
+ * listens 2.5 s after it is ready (--debug-listen-delay); its probe goes to a relay that
+ * answers 200 itself, as a health endpoint apart from the API port would. */
+static void refused_connection_is_retried(void **state)
+{
+	static char health[96];
+	const char *more[] = {health, NULL};
+	uint64_t deadline = mono_ms() + READY_MS;
+	struct req q;
+
+	(void)state;
+	primary_args = "--debug-listen-delay 2500";
+	relay_start();
+	pthread_mutex_lock(&relay.mu);
+	relay.ok = true;
+	pthread_mutex_unlock(&relay.mu);
+	snprintf(health, sizeof(health), "engine.t.health_url=http://127.0.0.1:%u/health",
+		 relay.port);
+	start(1, false, more);
+	while (engine_metric("belayer_engine_ready") != 1) {
+		if (mono_ms() > deadline)
+			fail_msg("engine t not ready within %d ms", READY_MS);
+		(void)poll(NULL, 0, 5);
+	}
+	/* ready, not listening yet: refused */
+	assert_true(tcp_connect(port_a) == -ECONNREFUSED);
+	req_make(&q, 3, 4);
+	req_run(&q);
+	assert_int_equal(q.rc, 0);
+	if (q.r.status != 200)
+		fail_msg("status %d: %s", q.r.status, q.r.body);
+	free(content(&q.r, q.stream));
+	free(q.r.body);
 }
 
 /* A seeded sampled request resumed with gateway_seed=advance continues the engine stand-in's
@@ -1715,15 +1758,17 @@ static void batch(int n, int concurrent)
 }
 
 /* Rounds of 1000 sequential and 200 concurrent requests: the supervisor's fds and memory are
- * where they were. */
+ * where they were. The engine connections kept idle are 16 at most, all in use in the first
+ * round of 200. */
 static void no_leak(void **state)
 {
+	const char *more[] = {"engine.t.gateway_upstream_connections=16", NULL};
 	int fds0, fds1 = 0, fds_before;
 	long rss0, rss1;
 	uint64_t deadline;
 
 	(void)state;
-	start(1, false, NULL);
+	start(1, false, more);
 	wait_serving();
 	fds_before = sv_all_fds();
 	/* Two rounds warm the allocator up to the 200-request peak (glibc keeps its high water
@@ -1752,6 +1797,91 @@ static void no_leak(void **state)
 	assert_int_equal(fds1, fds0);
 	/* 2400 requests leaking even 256 bytes each would show as > 512 KiB */
 	assert_true(rss1 - rss0 < 512);
+}
+
+/* The connections token requests came to the engine on (the stand-in's count). */
+static int engine_token_connections(void)
+{
+	struct resp r;
+	const char *c;
+	int n;
+
+	assert_int_equal(http(port_a, "GET", "/debug/kv", NULL, &r), 0);
+	c = strstr(r.body, "\"token_connections\":");
+	assert_non_null(c);
+	n = atoi(c + 20);
+	free(r.body);
+	return n;
+}
+
+/* n sequential small /generate requests through the gateway, each answered whole. */
+static void sequential(int n)
+{
+	for (int i = 0; i < n; i++) {
+		struct req q;
+
+		req_make(&q, i, 4);
+		req_run(&q);
+		assert_int_equal(q.rc, 0);
+		assert_int_equal(q.r.status, 200);
+		free(content(&q.r, q.stream));
+		free(q.r.body);
+	}
+}
+
+/* Sequential requests through the gateway reuse one keep-alive engine connection (issue 18
+ * item 5: one connection per request overflowed the engine's listen queue under load). */
+static void keepalive_reuses_connection(void **state)
+{
+	(void)state;
+	start(1, false, NULL);
+	wait_serving();
+	sequential(20);
+	assert_int_equal(engine_token_connections(), 1);
+}
+
+/* An idle engine connection that the engine closes as the gateway reuses it (the keep-alive
+ * race: the request written, never read, no byte back) is sent again on a new connection:
+ * the client gets its answer, not an error, even with every idle connection closed so (a
+ * retry on the next idle one would meet the same fate, up to the 502). */
+static void reused_connection_closed_is_resent(void **state)
+{
+	struct req q[5];
+	uint64_t deadline;
+	pid_t pid;
+
+	(void)state;
+	primary_args = "--debug-drop-reused 4";
+	start(1, false, NULL);
+	wait_serving();
+	pid = primary_pid(0);
+	/* 5 requests at once: 5 engine connections, idle once answered */
+	engine_post(port_a, "/debug/pause");
+	for (int i = 0; i < 5; i++) {
+		req_make(&q[i], i, 4);
+		assert_int_equal(pthread_create(&q[i].t, NULL, small_run, &q[i]), 0);
+	}
+	deadline = mono_ms() + READY_MS;
+	while (engine_holds(port_a) != 5) {
+		assert_true(mono_ms() < deadline);
+		(void)poll(NULL, 0, 5);
+	}
+	engine_post(port_a, "/debug/resume");
+	for (int i = 0; i < 5; i++) {
+		assert_int_equal(pthread_join(q[i].t, NULL), 0);
+		assert_int_equal(q[i].rc, 0);
+		assert_int_equal(q[i].r.status, 200);
+		free(q[i].r.body);
+	}
+	assert_int_equal(engine_token_connections(), 5);
+	/* cut on its reused connection, resent on a new one: 4 idle ones left, 3 cuts */
+	sequential(1);
+	assert_int_equal(engine_token_connections(), 6);
+	/* 3 more cut and resent, then one served on the connection the last resend opened */
+	sequential(4);
+	assert_int_equal(engine_token_connections(), 9);
+	/* no recovery */
+	assert_int_equal(primary_pid(0), pid);
 }
 
 /* The /metrics text of a supervisor with a gateway engine (its recovery and policy metrics
@@ -2356,6 +2486,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(header_over_limit, setup, teardown),
 		cmocka_unit_test_setup_teardown(slow_clients_timed_out, setup, teardown),
 		cmocka_unit_test_setup_teardown(connection_cap, setup, teardown),
+		cmocka_unit_test_setup_teardown(keepalive_reuses_connection, setup, teardown),
+		cmocka_unit_test_setup_teardown(reused_connection_closed_is_resent, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(refused_connection_is_retried, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
