@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,4 +160,10 @@ int gw_http_error_json(char *buf, size_t cap, int code, const char *msg)
 	n = snprintf(buf, cap, "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
 	json_object_put(o);
 	return n < 0 || (size_t)n >= cap ? -ENOBUFS : n;
+}
+
+void gw_nodelay(int fd)
+{
+	if (fd >= 0)
+		(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &(int){1}, sizeof(int));
 }

@@ -24,6 +24,10 @@ void gw_http_add_via(struct evkeyvalq *h);
 /* Appends the gateway to Via and the client's address to X-Forwarded-For in h (a request on
  * its way upstream, its end-to-end headers already copied). */
 void gw_http_add_forwarded(struct evkeyvalq *h, const char *client_addr);
+/* TCP_NODELAY on a connection's socket (fd < 0: nothing): a proxy writes small messages in
+ * pieces (evhttp: a head, then a body), and Nagle would hold each next piece until the peer's
+ * delayed ACK (40 ms) on a kept-alive connection. */
+void gw_nodelay(int fd);
 /* A client's "close" among its Connection headers' tokens closes the connection after the
  * reply: evhttp itself reads only the first Connection header, whole ("X, close" or a second
  * header keep the connection). */

@@ -681,7 +681,13 @@ static void attempt_send(struct gw_attempt *a, struct gw_upconn *c)
 		/* evhttp freed the request */
 		a->ureq = NULL;
 		attempt_failed(r, "the engine could not be reached");
+		return;
 	}
+	/* The socket exists now (a new connection's connect has begun; nothing is written
+	 * before it completes): no Nagle delay. evhttp writes a request's head and body
+	 * apart, and on a kept-alive connection the body then waited for the engine's
+	 * delayed ACK, 40 ms a request. */
+	gw_nodelay(bufferevent_getfd(evhttp_connection_get_bufferevent(a->conn)));
 }
 
 static void on_conn_ready(struct gw_pool_wait *w, struct gw_upconn *c)
@@ -1070,6 +1076,8 @@ static int listen_one(struct gw_engine *ge)
 				  "engine %s: failed to raise the gateway's listen backlog: %m, "
 				  "ignoring.",
 				  ge->cfg->name);
+	/* clients' connections inherit it from the listener (Linux) */
+	gw_nodelay(evhttp_bound_socket_get_fd(bound));
 	log_info("Gateway of engine %s listening on %s.", ge->cfg->name, ge->cfg->gateway_listen);
 	return 0;
 }

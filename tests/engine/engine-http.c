@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -1195,6 +1197,13 @@ int http_start(struct engine *e)
 	/* uvicorn's backlog (vLLM's and SGLang's server), not evhttp's 128 */
 	if (listen(evhttp_bound_socket_get_fd(s), ENGINE_LISTEN_BACKLOG) < 0)
 		log_warning_errno(-errno, "Failed to set the listen backlog: %m, ignoring.");
+	/* TCP_NODELAY, as asyncio sets it on every TCP transport (uvicorn: vLLM's and SGLang's
+	 * server); Linux's accepted sockets inherit it from the listener. evhttp writes a reply's
+	 * head and body apart, and on a kept-alive connection the body would wait for the
+	 * client's delayed ACK. */
+	if (setsockopt(evhttp_bound_socket_get_fd(s), IPPROTO_TCP, TCP_NODELAY, &(int){1},
+		       sizeof(int)) < 0)
+		log_warning_errno(-errno, "Failed to set TCP_NODELAY: %m, ignoring.");
 	if (e->o.port == 0) {
 		struct sockaddr_storage ss;
 		socklen_t len = sizeof(ss);
