@@ -13,6 +13,7 @@
 
 #include "log.h"
 #include "util.h"
+#include "supervisor-criu-watchdog.h"
 #include "supervisor-criu.h"
 
 #define CRIU_LOG_LEVEL 4
@@ -121,8 +122,14 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 		snprintf(net, sizeof(net), "net[%" PRIu64 "]:" SV_CRIU_NETNS_KEY, netns_ino);
 		r = criu_local_add_external(o, net);
 	}
-	if (r >= 0)
+	if (r >= 0) {
+		struct sv_criu_watchdog *w =
+			freeze_cgroup ? sv_criu_watchdog_start(pid, freeze_cgroup) : NULL;
+
 		r = criu_local_dump(o);
+		if (sv_criu_watchdog_stop(w) && r >= 0)
+			r = -ECHILD; /* cannot be: a dump whose CRIU was killed failed */
+	}
 	criu_local_free_opts(o);
 	if (r < 0)
 		return log_debug_errno(r, "CRIU dump of pid %d failed (dump.log in the images).",

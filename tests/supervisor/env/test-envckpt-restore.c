@@ -23,6 +23,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -286,6 +289,68 @@ static void joined_without_time_namespace_refused(void **state)
 		fixture_env_exec(f->env->cgroup, f->env->pid, "kill -0 $(cat /work/insider)"), 0);
 }
 
+struct dump_job {
+	struct envckpt_fx *f;
+	atomic_bool dumping;
+	atomic_bool done;
+	int r;
+};
+
+static void *dump_run(void *arg)
+{
+	struct dump_job *d = arg;
+	struct env_ckpt_params p = {.turn = 2, .dumping = &d->dumping};
+	struct env_manifest m;
+
+	d->r = env_checkpoint(d->f->env, &p, &m);
+	if (d->r >= 0)
+		env_manifest_finish(&m);
+	atomic_store(&d->done, true);
+	return NULL;
+}
+
+/* An environment that dies during its CRIU dump (killed, OOM) must not hang the checkpoint.
+ * In the policy bench its pid-1, killed while CRIU had it seized, waited in the kernel for a
+ * zombie child that CRIU held as its tracer, and CRIU waited for the pid-1 (a run in 4 hung,
+ * for good, before supervisor-criu-watchdog.c). That interleaving did not reproduce here;
+ * this kills at twenty points of the dump (0 to 95 ms in, a zombie child present): each
+ * checkpoint returns (failed, or done before the kill), and the environment comes back from
+ * its head. */
+static void killed_during_dump_returns(void **state)
+{
+	struct envckpt_fx *f = *state;
+	char head[ENV_ID_MAX + 1], kill_path[PATH_MAX + 16];
+
+	/* a zombie child under a pid-1 that never reaps it (sleep), as a died server leaves */
+	start(f, "dying",
+	      "cd /work; sh -c 'exit 0' & sleep 0.2; touch /work/ready; "
+	      "exec sleep infinity");
+	checkpoint(f, 1, head, sizeof(head));
+	for (int i = 0; i < 20; i++) {
+		struct dump_job d = {.f = f};
+		uint64_t deadline;
+		pthread_t t;
+
+		snprintf(kill_path, sizeof(kill_path), "%s/cgroup.kill", f->env->cgroup);
+		assert_int_equal(pthread_create(&t, NULL, dump_run, &d), 0);
+		while (!atomic_load(&d.dumping) && !atomic_load(&d.done))
+			(void)poll(NULL, 0, 1);
+		(void)poll(NULL, 0, 5 * i); /* into the dump */
+		assert_int_equal(env_write_file(kill_path, "1"), 0);
+		deadline = fixture_now_us() + 60 * 1000000ull;
+		while (!atomic_load(&d.done) && fixture_now_us() < deadline)
+			(void)poll(NULL, 0, 10);
+		if (!atomic_load(&d.done))
+			fail_msg("round %d: the checkpoint of an environment killed %d ms into its "
+				 "dump has not returned in 60 s",
+				 i, 5 * i);
+		assert_int_equal(pthread_join(t, NULL), 0);
+		print_message("round %d: killed %d ms into the dump: %s\n", i, 5 * i,
+			      d.r < 0 ? strerror(-d.r) : "the checkpoint was done");
+		restore(f, head);
+	}
+}
+
 /* Makes a checkpoint's CRIU images unrestorable: its process tree image is garbage. */
 static void corrupt_images(struct envckpt_fx *f, const char *id)
 {
@@ -413,6 +478,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(failed_restore_goes_back_to_head, envckpt_fx_setup,
 						envckpt_fx_teardown),
 		cmocka_unit_test_setup_teardown(ghost_file, envckpt_fx_setup, envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(killed_during_dump_returns, envckpt_fx_setup,
+						envckpt_fx_teardown),
 	};
 
 	/* What the environment is left running must hold nothing of the caller's (a runner's
