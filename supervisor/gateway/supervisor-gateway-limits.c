@@ -3,8 +3,6 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <strings.h>
 #include <sys/socket.h>
 
 #include <event2/buffer.h>
@@ -13,6 +11,7 @@
 #include <event2/http.h>
 
 #include "log.h"
+#include "supervisor-gateway-frame.h"
 #include "supervisor-gateway-http.h"
 #include "supervisor-gateway-limits.h"
 #include "supervisor-gateway-stats.h"
@@ -26,17 +25,6 @@ enum phase {
 	PH_LINGER,  /* refused: the gateway's answer is out, the rest is read and dropped */
 };
 
-/* A chunked body's framing (RFC 9112 §7.1), strict: no extensions, a CRLF after each chunk. */
-enum chunk {
-	CH_SIZE,    /* hex digits of a chunk size */
-	CH_SIZE_LF, /* the size line's LF after its CR */
-	CH_DATA,    /* the chunk's bytes */
-	CH_DATA_CR, /* the CRLF after them */
-	CH_DATA_LF, /* its LF */
-	CH_TRAILER, /* trailer lines after the last chunk, up to an empty one */
-	CH_DONE,    /* the body is over (the bytes after it are a pipelined request's) */
-};
-
 struct conn {
 	struct conn *prev, *next;
 	struct gw_conns *c;
@@ -47,18 +35,7 @@ struct conn {
 	bool got_bytes; /* bytes of the request head arrived in this phase */
 	bool kept;	/* a kept-alive connection (its head's clock starts at its first byte) */
 	uint64_t deadline_ms;
-	/* the head being read */
-	struct evbuffer *line; /* its incomplete line */
-	uint64_t head_bytes;
-	bool first_line;
-	int64_t clen; /* -1: no Content-Length */
-	bool chunked, bad_clen, bad_te;
-	/* the body being read */
-	uint64_t body_left, body_total;
-	enum chunk ch;
-	unsigned digits;
-	uint64_t size;
-	uint64_t line_len; /* of the trailer line being read */
+	struct gw_frame frame; /* the request being read */
 };
 
 struct gw_conns {
@@ -69,12 +46,6 @@ struct gw_conns {
 	char name[64];
 	struct conn *conns;
 	uint32_t n;
-};
-
-struct refusal {
-	int code;	    /* 0: closed without an answer */
-	enum gw_reject why; /* _GW_REJECT_MAX: not a refusal (not counted) */
-	const char *msg;
 };
 
 static void conn_release(struct conn *k)
@@ -92,8 +63,7 @@ static void conn_release(struct conn *k)
 		(void)evbuffer_remove_cb_entry(bufferevent_get_input(k->bev), k->input);
 	if (k->phase == PH_LINGER)
 		bufferevent_setcb(k->bev, NULL, NULL, NULL, NULL);
-	if (k->line)
-		evbuffer_free(k->line);
+	gw_frame_finish(&k->frame);
 	/* the last reference closes the socket (BEV_OPT_CLOSE_ON_FREE) */
 	(void)bufferevent_decref(k->bev);
 	free(k);
@@ -112,12 +82,7 @@ static void head_begin(struct conn *k, uint64_t now, bool kept)
 	k->kept = kept;
 	k->got_bytes = false;
 	k->deadline_ms = kept ? now + GW_KEEPALIVE_MS : deadline(now, k->c->lim.header_timeout_ms);
-	k->head_bytes = 0;
-	k->first_line = false;
-	k->clen = -1;
-	k->chunked = k->bad_clen = k->bad_te = false;
-	if (k->line)
-		(void)evbuffer_drain(k->line, evbuffer_get_length(k->line));
+	gw_frame_reset(&k->frame);
 }
 
 /* ---- refusing: the gateway's answer, evhttp's connection freed, a lingering close ---------- */
@@ -151,7 +116,7 @@ static struct evhttp_connection *conn_evcon(struct conn *k)
 	return ecb ? arg : NULL;
 }
 
-static void conn_refuse(struct conn *k, const struct refusal *f)
+static void conn_refuse(struct conn *k, const struct gw_frame_refusal *f)
 {
 	struct gw_conns *c = k->c;
 	struct evhttp_connection *evcon = conn_evcon(k);
@@ -201,240 +166,28 @@ static void conn_refuse(struct conn *k, const struct refusal *f)
 
 /* ---- the request as it arrives ---------------------------------------------------------- */
 
-static const char *const methods[] = {"GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH"};
-
-static bool refuse(struct refusal *f, int code, enum gw_reject why, const char *msg)
-{
-	*f = (struct refusal){.code = code, .why = why, .msg = msg};
-	return true;
-}
-
-static bool request_line(const char *s, size_t len, struct refusal *f)
-{
-	const char *sp = memchr(s, ' ', len), *last = NULL;
-	size_t mlen;
-
-	for (const char *p = s; p < s + len; p++)
-		if (*p == ' ')
-			last = p;
-	if (!sp || last == sp || len - (size_t)(last + 1 - s) < 8 ||
-	    strncmp(last + 1, "HTTP/1.", 7) != 0)
-		return refuse(f, 400, GW_REJECT_MALFORMED, "the request line is not HTTP/1.x");
-	mlen = (size_t)(sp - s);
-	for (size_t i = 0; i < ARRAY_SIZE(methods); i++)
-		if (strlen(methods[i]) == mlen && strncmp(s, methods[i], mlen) == 0)
-			return false;
-	return refuse(f, 501, GW_REJECT_MALFORMED, "the method is not supported");
-}
-
-static bool is_header(const char *s, size_t len, const char *name)
-{
-	size_t n = strlen(name);
-
-	return len > n && s[n] == ':' && strncasecmp(s, name, n) == 0;
-}
-
-/* The value of a header line, its surrounding whitespace stripped. */
-static const char *header_value(const char *s, size_t len, size_t *ret_len)
-{
-	const char *v = memchr(s, ':', len) + 1, *end = s + len;
-
-	while (v < end && (*v == ' ' || *v == '\t'))
-		v++;
-	while (end > v && (end[-1] == ' ' || end[-1] == '\t'))
-		end--;
-	*ret_len = (size_t)(end - v);
-	return v;
-}
-
-static void header_line(struct conn *k, const char *s, size_t len)
-{
-	const char *v;
-	size_t vlen;
-
-	if (is_header(s, len, "Content-Length")) {
-		int64_t n = 0;
-
-		v = header_value(s, len, &vlen);
-		if (!vlen || vlen > 18)
-			k->bad_clen = true;
-		for (size_t i = 0; i < vlen && !k->bad_clen; i++) {
-			if (v[i] < '0' || v[i] > '9')
-				k->bad_clen = true;
-			n = n * 10 + (v[i] - '0');
-		}
-		/* a repeated Content-Length must say the same */
-		if (k->clen >= 0 && k->clen != n)
-			k->bad_clen = true;
-		k->clen = n;
-	} else if (is_header(s, len, "Transfer-Encoding")) {
-		v = header_value(s, len, &vlen);
-		if (k->chunked || vlen != 7 || strncasecmp(v, "chunked", 7) != 0)
-			k->bad_te = true;
-		k->chunked = true;
-	}
-}
-
-/* The head is complete: how its body is framed, and whether it may come. */
-static bool head_end(struct conn *k, struct refusal *f)
+/* Bytes of the request's head or body, through the framing scanner (supervisor-gateway-frame.c);
+ * the connection's clock follows its phase. */
+static bool conn_feed(struct conn *k, const char *p, size_t n, struct gw_frame_refusal *f)
 {
 	const struct gw_limits *lim = &k->c->lim;
+	size_t used;
+	bool refused;
 
-	if (k->bad_te)
-		return refuse(f, 501, GW_REJECT_MALFORMED,
-			      "a Transfer-Encoding other than chunked is not supported");
-	if (k->bad_clen)
-		return refuse(f, 400, GW_REJECT_MALFORMED, "the Content-Length is not valid");
-	if (k->chunked && k->clen >= 0)
-		return refuse(f, 400, GW_REJECT_MALFORMED,
-			      "a request with both Content-Length and Transfer-Encoding");
-	if (k->clen > 0 && (uint64_t)k->clen > lim->max_body)
-		return refuse(f, 413, GW_REJECT_BODY_SIZE,
-			      "the request body exceeds the gateway's gateway_max_body");
-	k->phase = PH_BODY;
-	k->deadline_ms = deadline(now_ms(), lim->body_timeout_ms);
-	k->body_left = k->clen > 0 ? (uint64_t)k->clen : 0;
-	k->body_total = 0;
-	k->ch = k->chunked ? CH_SIZE : CH_DONE;
-	k->digits = 0;
-	k->size = 0;
-	k->line_len = 0;
-	return false;
-}
-
-static int hexval(char ch)
-{
-	if (ch >= '0' && ch <= '9')
-		return ch - '0';
-	if (ch >= 'a' && ch <= 'f')
-		return ch - 'a' + 10;
-	if (ch >= 'A' && ch <= 'F')
-		return ch - 'A' + 10;
-	return -1;
-}
-
-/* Body bytes: counted down (Content-Length) or their chunk framing checked. */
-static bool body_feed(struct conn *k, const char *p, size_t n, struct refusal *f)
-{
-	const struct gw_limits *lim = &k->c->lim;
-
-	if (!k->chunked) {
-		k->body_left -= MIN(k->body_left, n);
-		return false;
-	}
-	while (n) {
-		char ch = *p;
-		size_t take = 1;
-		int h;
-
-		switch (k->ch) {
-		case CH_SIZE:
-			h = hexval(ch);
-			if (h >= 0 && k->digits < 15) {
-				k->size = k->size * 16 + (uint64_t)h;
-				k->digits++;
-			} else if ((ch == '\r' || ch == '\n') && k->digits) {
-				k->body_total += k->size;
-				if (k->body_total > lim->max_body)
-					return refuse(f, 413, GW_REJECT_BODY_SIZE,
-						      "the request body exceeds the gateway's "
-						      "gateway_max_body");
-				k->ch = ch == '\r' ? CH_SIZE_LF : k->size ? CH_DATA : CH_TRAILER;
-				k->body_left = k->size;
-			} else {
-				return refuse(f, 400, GW_REJECT_MALFORMED,
-					      "malformed chunked framing (a chunk size)");
-			}
-			break;
-		case CH_SIZE_LF:
-			if (ch != '\n')
-				return refuse(f, 400, GW_REJECT_MALFORMED,
-					      "malformed chunked framing (a chunk size line)");
-			k->ch = k->size ? CH_DATA : CH_TRAILER;
-			break;
-		case CH_DATA:
-			take = MIN(n, k->body_left);
-			k->body_left -= take;
-			if (!k->body_left)
-				k->ch = CH_DATA_CR;
-			break;
-		case CH_DATA_CR:
-		case CH_DATA_LF:
-			if (ch == '\n') {
-				k->ch = CH_SIZE;
-				k->digits = 0;
-				k->size = 0;
-			} else if (ch == '\r' && k->ch == CH_DATA_CR) {
-				k->ch = CH_DATA_LF;
-			} else {
-				return refuse(f, 400, GW_REJECT_MALFORMED,
-					      "malformed chunked framing (no CRLF after a chunk)");
-			}
-			break;
-		case CH_TRAILER:
-			if (ch == '\n') {
-				if (k->line_len == 0)
-					k->ch = CH_DONE;
-				k->line_len = 0;
-			} else if (ch != '\r') {
-				k->line_len++;
-			}
-			if (++k->head_bytes > lim->max_header)
-				return refuse(f, 431, GW_REJECT_HEADER_SIZE,
-					      "the request's trailer exceeds the gateway's "
-					      "gateway_max_header");
-			break;
-		case CH_DONE:
-			return false;
-		}
-		p += take;
-		n -= take;
-	}
-	return false;
-}
-
-/* Head bytes, line by line; the body's first bytes go on to body_feed. */
-static bool head_feed(struct conn *k, const char *p, size_t n, struct refusal *f)
-{
-	const struct gw_limits *lim = &k->c->lim;
-
-	while (n && k->phase == PH_HEAD) {
-		const char *lf = memchr(p, '\n', n);
-		size_t take = lf ? (size_t)(lf - p) + 1 : n, len;
-		const char *s;
-
+	if (k->phase == PH_HEAD && n) {
+		/* a kept-alive connection's head is timed from its first byte */
 		if (!k->got_bytes && k->kept)
 			k->deadline_ms = deadline(now_ms(), lim->header_timeout_ms);
 		k->got_bytes = true;
-		k->head_bytes += take;
-		if (k->head_bytes > lim->max_header)
-			return refuse(f, 431, GW_REJECT_HEADER_SIZE,
-				      "the request line and headers exceed the gateway's "
-				      "gateway_max_header");
-		if (evbuffer_add(k->line, p, lf ? take - 1 : take) < 0)
-			return refuse(f, 503, _GW_REJECT_MAX, "out of memory");
-		p += take;
-		n -= take;
-		if (!lf)
-			break;
-		len = evbuffer_get_length(k->line);
-		s = (const char *)evbuffer_pullup(k->line, -1);
-		if (len && s[len - 1] == '\r')
-			len--;
-		if (!k->first_line) {
-			/* empty lines before a request line are ignored (RFC 9112 §2.2) */
-			if (len && request_line(s, len, f))
-				return true;
-			k->first_line = len > 0;
-		} else if (!len) {
-			if (head_end(k, f))
-				return true;
-		} else {
-			header_line(k, s, len);
-		}
-		(void)evbuffer_drain(k->line, evbuffer_get_length(k->line));
 	}
-	return n && k->phase == PH_BODY ? body_feed(k, p, n, f) : false;
+	refused = gw_frame_feed(&k->frame, p, n, &used, f);
+	if (k->phase == PH_HEAD && k->frame.state != GW_FRAME_HEAD) {
+		/* the head is complete: the body's clock starts (and runs on past the body's end,
+		 * until evhttp hands the request over: gw_conns_request) */
+		k->phase = PH_BODY;
+		k->deadline_ms = deadline(now_ms(), lim->body_timeout_ms);
+	}
+	return refused;
 }
 
 /* Every byte the client sends, as it lands in the input buffer and before evhttp reads it. */
@@ -444,19 +197,17 @@ static void on_input(struct evbuffer *in, const struct evbuffer_cb_info *info, v
 	size_t len = evbuffer_get_length(in), n = MIN(info->n_added, len);
 	struct evbuffer_ptr pos;
 	struct evbuffer_iovec v[16];
-	struct refusal f;
+	struct gw_frame_refusal f;
 	bool refused = false;
 	int nv;
 
 	if (!n || k->phase == PH_LINGER || k->phase == PH_REQUEST)
 		return;
 	if (k->over) {
-		conn_refuse(k, &(struct refusal){503, GW_REJECT_CONNECTIONS,
-						 "too many client connections"});
+		conn_refuse(k, &(struct gw_frame_refusal){503, GW_REJECT_CONNECTIONS,
+							  "too many client connections"});
 		return;
 	}
-	if (!k->line && !(k->line = evbuffer_new()))
-		return;
 	if (evbuffer_ptr_set(in, &pos, len - n, EVBUFFER_PTR_SET) < 0)
 		return;
 	while (n && !refused) {
@@ -466,9 +217,7 @@ static void on_input(struct evbuffer *in, const struct evbuffer_cb_info *info, v
 		for (int i = 0; i < MIN(nv, (int)ARRAY_SIZE(v)) && n && !refused; i++) {
 			size_t m = MIN(v[i].iov_len, n);
 
-			refused = k->phase == PH_HEAD	? head_feed(k, v[i].iov_base, m, &f)
-				  : k->phase == PH_BODY ? body_feed(k, v[i].iov_base, m, &f)
-							: false;
+			refused = conn_feed(k, v[i].iov_base, m, &f);
 			n -= m;
 			(void)evbuffer_ptr_set(in, &pos, m, EVBUFFER_PTR_ADD);
 		}
@@ -493,6 +242,7 @@ static struct bufferevent *on_accept(struct event_base *base, void *arg)
 	k->input = evbuffer_add_cb(bufferevent_get_input(k->bev), on_input, k);
 	bufferevent_incref(k->bev);
 	k->c = c;
+	gw_frame_init(&k->frame, c->lim.max_header, c->lim.max_body);
 	head_begin(k, now_ms(), false);
 	k->over = c->n >= c->lim.max_connections;
 	k->next = c->conns;
@@ -562,8 +312,8 @@ void gw_conns_tick(struct gw_conns *c)
 			continue;
 		}
 		if (k->over) {
-			conn_refuse(k, &(struct refusal){503, GW_REJECT_CONNECTIONS,
-							 "too many client connections"});
+			conn_refuse(k, &(struct gw_frame_refusal){503, GW_REJECT_CONNECTIONS,
+								  "too many client connections"});
 			continue;
 		}
 		if (k->phase == PH_REQUEST || now < k->deadline_ms)
@@ -572,22 +322,24 @@ void gw_conns_tick(struct gw_conns *c)
 		if (evbuffer_get_length(bufferevent_get_output(k->bev)))
 			continue;
 		if (k->phase == PH_BODY)
-			conn_refuse(k, &(struct refusal){408, GW_REJECT_BODY_TIMEOUT,
-							 "the request body did not arrive within "
-							 "the gateway's gateway_body_timeout"});
+			conn_refuse(k, &(struct gw_frame_refusal){
+					       408, GW_REJECT_BODY_TIMEOUT,
+					       "the request body did not arrive within "
+					       "the gateway's gateway_body_timeout"});
 		else if (k->got_bytes)
-			conn_refuse(k,
-				    &(struct refusal){408, GW_REJECT_HEADER_TIMEOUT,
-						      "the request headers did not arrive within "
-						      "the gateway's gateway_header_timeout"});
+			conn_refuse(k, &(struct gw_frame_refusal){
+					       408, GW_REJECT_HEADER_TIMEOUT,
+					       "the request headers did not arrive within "
+					       "the gateway's gateway_header_timeout"});
 		else if (!k->kept)
 			/* nothing sent at all: no request to answer */
-			conn_refuse(k,
-				    &(struct refusal){0, GW_REJECT_HEADER_TIMEOUT,
-						      "no request within gateway_header_timeout"});
+			conn_refuse(k, &(struct gw_frame_refusal){
+					       0, GW_REJECT_HEADER_TIMEOUT,
+					       "no request within gateway_header_timeout"});
 		else
 			/* a kept-alive connection idle since its last reply: closed, not refused */
-			conn_refuse(k, &(struct refusal){0, _GW_REJECT_MAX, "kept alive and idle"});
+			conn_refuse(k, &(struct gw_frame_refusal){0, _GW_REJECT_MAX,
+								  "kept alive and idle"});
 	}
 }
 

@@ -18,6 +18,10 @@
  * Their "valid-" seeds decode (a journal file replays at least one record), "bad-" ones do not.
  *
  * fuzz-manifest takes a checkpoint's manifest.mpk as is: "valid-" seeds decode, "bad-" do not.
+ *
+ * fuzz-frame takes a split byte (its low 3 bits: how many split lengths follow), the split
+ * lengths, then a client's bytes: "valid-" seeds are not refused by the gateway's request
+ * framing scanner (with fuzz-frame's limits), "bad-" ones are, with the status they name.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -34,6 +38,7 @@
 #include "proto-samples.h"
 #include "proto.h"
 #include "supervisor-env-manifest.h"
+#include "supervisor-gateway-frame.h"
 #include "supervisor-journal.h"
 #include "supervisor-sidelog.h"
 #include "util.h"
@@ -837,6 +842,100 @@ static int verify_manifest_seed(const struct seed *s)
 	return 0;
 }
 
+/* ---- fuzz-frame -------------------------------------------------------------------------- */
+
+/* fuzz-frame's limits */
+#define FRAME_MAX_HEADER 256
+#define FRAME_MAX_BODY	 1024
+
+static struct seed frame_seeds[MAX_SEEDS];
+static size_t n_frame_seeds;
+static int frame_codes[MAX_SEEDS]; /* 0: not refused */
+
+static void frame_seed(const char *name, int code, const char *req)
+{
+	/* split at 1, 7 and 30 bytes, in turn: a line and a chunk cut in the middle */
+	static const uint8_t split[] = {3, 1, 7, 30};
+	struct seed *s;
+
+	frame_codes[n_frame_seeds] = code;
+	s = seed_in(frame_seeds, &n_frame_seeds, name);
+	seed_append(s, split, sizeof(split));
+	seed_append(s, req, strlen(req));
+}
+
+static void build_frame_seeds(void)
+{
+	char big[512];
+
+	frame_seed("valid-get", 0, "GET /health HTTP/1.1\r\nHost: gw\r\n\r\n");
+	frame_seed("valid-post-content-length", 0,
+		   "POST /generate HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+		   "Content-Length: 16\r\n\r\n{\"text\": \"hi\"}\n");
+	frame_seed("valid-post-chunked", 0,
+		   "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+		   "5\r\n{\"a\":\r\n3\r\n 1}\r\n0\r\n\r\n");
+	frame_seed("valid-chunked-trailer", 0,
+		   "POST /generate HTTP/1.1\r\ntransfer-encoding:  Chunked \r\n\r\n"
+		   "A\r\n0123456789\r\n0\r\nX-Checksum: 1\r\n\r\n");
+	frame_seed("valid-pipelined", 0,
+		   "GET /health HTTP/1.1\r\n\r\nPOST /generate HTTP/1.1\r\nContent-Length: 2\r\n"
+		   "\r\n{}");
+	frame_seed("valid-leading-empty-lines", 0, "\r\n\nHEAD / HTTP/1.0\n\n");
+	frame_seed("valid-partial-body", 0,
+		   "PUT /x HTTP/1.1\r\nContent-Length: 100\r\n\r\nonly part");
+	frame_seed("bad-400-chunk-extension", 400,
+		   "POST /generate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+		   "5;name=value\r\nhello\r\n0\r\n\r\n");
+	frame_seed("bad-400-chunk-hex", 400,
+		   "POST /generate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+		   "0x5\r\nhello\r\n0\r\n\r\n");
+	frame_seed("bad-400-chunk-no-crlf", 400,
+		   "POST /generate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+		   "2\r\nhello\r\n0\r\n\r\n");
+	frame_seed("bad-400-content-length-and-chunked", 400,
+		   "POST /generate HTTP/1.1\r\nContent-Length: 5\r\n"
+		   "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
+	frame_seed("bad-400-content-length-differs", 400,
+		   "POST /generate HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}");
+	frame_seed("bad-400-request-line", 400, "GET /\r\n\r\n");
+	frame_seed("bad-501-method", 501, "TRACE / HTTP/1.1\r\n\r\n");
+	frame_seed("bad-501-transfer-encoding", 501,
+		   "POST /generate HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
+	frame_seed("bad-413-content-length", 413,
+		   "POST /generate HTTP/1.1\r\nContent-Length: 1025\r\n\r\n");
+	frame_seed("bad-413-chunked", 413,
+		   "POST /generate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+		   "401\r\n{\"text\": ");
+	(void)snprintf(big, sizeof(big), "GET / HTTP/1.1\r\nX-Long: %0300d\r\n\r\n", 0);
+	frame_seed("bad-431-header", 431, big);
+	frame_seed("bad-431-trailer", 431,
+		   "POST /generate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n"
+		   "X-Trailer: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+		   "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+		   "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n");
+}
+
+/* Fed whole, the request is refused with the status its name says, or not at all. */
+static int verify_frame_seed(size_t i)
+{
+	const struct seed *s = &frame_seeds[i];
+	size_t skip = 1 + (s->data[0] & 7), used;
+	struct gw_frame_refusal ret = {0};
+	struct gw_frame f;
+	bool refused;
+
+	gw_frame_init(&f, FRAME_MAX_HEADER, FRAME_MAX_BODY);
+	refused = gw_frame_feed(&f, (const char *)s->data + skip, s->len - skip, &used, &ret);
+	gw_frame_finish(&f);
+	if (refused != (frame_codes[i] != 0) || (refused && ret.code != frame_codes[i])) {
+		fprintf(stderr, "gen-seeds: fuzz-frame seed %s: %s %d\n", s->name,
+			refused ? "refused" : "not refused", refused ? ret.code : 0);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 static bool in_set(const struct seed *set, size_t n, const char *name)
 {
 	for (size_t i = 0; i < n; i++)
@@ -900,6 +999,7 @@ int main(int argc, char **argv)
 	build_journal_seeds();
 	build_sidelog_seeds();
 	build_manifest_seeds();
+	build_frame_seeds();
 	for (size_t i = 0; i < n_seeds; i++)
 		if (verify_seed(&seeds[i]) < 0)
 			failed++;
@@ -915,6 +1015,9 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < n_manifest_seeds; i++)
 		if (verify_manifest_seed(&manifest_seeds[i]) < 0)
 			failed++;
+	for (size_t i = 0; i < n_frame_seeds; i++)
+		if (verify_frame_seed(i) < 0)
+			failed++;
 	if (failed)
 		return EXIT_FAILURE;
 
@@ -924,6 +1027,7 @@ int main(int argc, char **argv)
 	failed += corpus(dir, "fuzz-journal", journal_seeds, n_journal_seeds, check);
 	failed += corpus(dir, "fuzz-sidelog", sidelog_seeds, n_sidelog_seeds, check);
 	failed += corpus(dir, "fuzz-manifest", manifest_seeds, n_manifest_seeds, check);
+	failed += corpus(dir, "fuzz-frame", frame_seeds, n_frame_seeds, check);
 	if (failed && check)
 		fprintf(stderr, "gen-seeds: regenerate with: gen-seeds %s\n", dir);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
