@@ -16,6 +16,7 @@
 #include "supervisor-criu.h"
 #include "supervisor-dirty.h"
 #include "supervisor-env-ctl.h"
+#include "supervisor-env-sandbox.h"
 #include "supervisor-env-slots.h"
 #include "supervisor-env.h"
 #include "supervisor-envtrace.h"
@@ -416,6 +417,15 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 		break;
 	case ENV_OP_ADOPT:
 		j->r = env_adopt(&j->p, j->q.cgroup, j->q.root, (pid_t)j->q.pid, &j->created);
+		if (j->r >= 0) {
+			char lacks[512];
+
+			/* its runtime's isolation, not Belayer's: said once, not fixed */
+			env_sandbox_report((pid_t)j->q.pid, lacks, sizeof(lacks));
+			if (lacks[0])
+				log_warning("Environment %s adopted without a sandbox: %s.",
+					    j->q.env, lacks);
+		}
 		break;
 	case ENV_OP_CHECKPOINT: {
 		struct env_ckpt_params cp = {

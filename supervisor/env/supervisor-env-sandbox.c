@@ -6,7 +6,9 @@
 #include <net/if.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <seccomp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -222,6 +224,55 @@ uint64_t env_sandbox_netns_of(pid_t pid)
 	    (theirs.st_ino == ours.st_ino && theirs.st_dev == ours.st_dev))
 		return 0;
 	return (uint64_t)theirs.st_ino;
+}
+
+static void add(char *buf, size_t cap, const char *what)
+{
+	size_t n = strlen(buf);
+
+	snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", what);
+}
+
+static bool same_ns(pid_t pid, const char *ns)
+{
+	char path[64];
+	struct stat theirs, ours;
+
+	snprintf(path, sizeof(path), "/proc/%d/ns/%s", (int)pid, ns);
+	if (stat(path, &theirs) < 0)
+		return false;
+	snprintf(path, sizeof(path), "/proc/self/ns/%s", ns);
+	return stat(path, &ours) == 0 && theirs.st_ino == ours.st_ino &&
+	       theirs.st_dev == ours.st_dev;
+}
+
+void env_sandbox_report(pid_t pid, char *buf, size_t cap)
+{
+	char path[64], line[256];
+	unsigned long long eff = 0;
+	int nnp = -1, seccomp = -1;
+	FILE *f;
+
+	buf[0] = '\0';
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "re");
+	while (f && fgets(line, sizeof(line), f)) {
+		(void)sscanf(line, "CapEff: %llx", &eff);
+		(void)sscanf(line, "NoNewPrivs: %d", &nnp);
+		(void)sscanf(line, "Seccomp: %d", &seccomp);
+	}
+	if (f)
+		fclose(f);
+	if (same_ns(pid, "net"))
+		add(buf, cap, "shares the supervisor's network namespace");
+	if (same_ns(pid, "cgroup"))
+		add(buf, cap, "shares the supervisor's cgroup namespace");
+	if (eff & ~env_sandbox_caps())
+		add(buf, cap, "capabilities beyond an environment's");
+	if (nnp != 1)
+		add(buf, cap, "no no_new_privs");
+	if (seccomp != 2)
+		add(buf, cap, "no seccomp filter");
 }
 
 int env_sandbox_enter(const struct sock_fprog *prog)

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <linux/filter.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -30,6 +31,11 @@ const struct sock_fprog *env_sandbox_filter(void);
 int env_sandbox_netns_new(void);
 /* The inode of pid's network namespace when it is not ours (0: ours, or unknown). */
 uint64_t env_sandbox_netns_of(pid_t pid);
+
+/* What pid lacks of an environment's sandbox (an adopted environment's runtime made it):
+ * "" when nothing, else a comma-separated list ("shares the supervisor's network namespace,
+ * no seccomp filter, ..."). */
+void env_sandbox_report(pid_t pid, char *buf, size_t cap);
 
 /* In the child, in its new network namespace: brings loopback up. 0 or -1 with errno. */
 int env_sandbox_loopback_up(void);

@@ -33,6 +33,7 @@
 #include "envckpt-fixture.h"
 #include "envckpt-test.h"
 #include "supervisor-criu.h"
+#include "supervisor-env-sandbox.h"
 #include "supervisor-env.h"
 #include "test-util.h"
 #include "util.h"
@@ -648,6 +649,19 @@ static void test_adopt(void **state)
 	}
 	assert_int_equal(env_adopt(&p, cg, root, pid, &a), 0);
 	assert_true(a->adopted);
+	/* what its runtime did not give it is reported (issue 19): unshare(1) made no network
+	 * or cgroup namespace, kept root's capabilities and no seccomp filter; Belayer's own has
+	 * nothing to report */
+	{
+		char lacks[512];
+
+		env_sandbox_report(pid, lacks, sizeof(lacks));
+		assert_non_null(strstr(lacks, "network namespace"));
+		assert_non_null(strstr(lacks, "capabilities"));
+		assert_non_null(strstr(lacks, "seccomp"));
+		env_sandbox_report(f->env->pid, lacks, sizeof(lacks));
+		assert_string_equal(lacks, "");
+	}
 	assert_string_equal(a->upper, upper);
 	assert_string_equal(a->base, f->base);
 	assert_int_equal(fixture_tree_hash(root, skip, &h), 0);
