@@ -683,11 +683,12 @@ static void attempt_send(struct gw_attempt *a, struct gw_upconn *c)
 		attempt_failed(r, "the engine could not be reached");
 		return;
 	}
-	/* The socket exists now (a new connection's connect has begun; nothing is written
-	 * before it completes): no Nagle delay. evhttp writes a request's head and body
-	 * apart, and on a kept-alive connection the body then waited for the engine's
+	/* A new connection's socket exists now (its connect has begun; nothing is written
+	 * before it completes): no Nagle delay, set once. evhttp writes a request's head and
+	 * body apart, and on a kept-alive connection the body then waited for the engine's
 	 * delayed ACK, 40 ms a request. */
-	gw_nodelay(bufferevent_getfd(evhttp_connection_get_bufferevent(a->conn)));
+	if (!gw_upconn_reused(c))
+		gw_nodelay(bufferevent_getfd(evhttp_connection_get_bufferevent(a->conn)));
 }
 
 static void on_conn_ready(struct gw_pool_wait *w, struct gw_upconn *c)
