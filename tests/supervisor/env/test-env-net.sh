@@ -7,7 +7,8 @@
 # IPv4 address, one on 127.0.0.1. The same holds after a checkpoint and a restore (a fresh
 # network namespace, a new slirp4netns) and after a supervisor restart (env_reopen starts
 # another slirp4netns); two environments listen on the same port; a connection open across a
-# checkpoint fails it with a clear error.
+# checkpoint fails it with a clear error; slirp4netns killed is reaped and logged, and a
+# restore brings the egress back.
 # Usage: test-env-net.sh SUPERVISOR BELAYERCTL
 set -euo pipefail
 
@@ -152,7 +153,7 @@ probes() {
 }
 go() { touch "$dir/state/envs/$1/root/work/go"; }
 netns_of() { readlink "/proc/$1/ns/net"; }
-pid_of() { ctl --json env list | grep "\"env\":\"$1\"" | sed -n 's/.*"pid":\([0-9]*\).*/\1/p'; }
+pid_of() { ctl --json env list | sed -n "/\"env\":\"$1\"/s/.*\"pid\":\([0-9]*\).*/\1/p"; }
 
 write_conf no
 supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
@@ -165,8 +166,9 @@ grep -q "allow_host_net" "$dir/refused.err" || fail "the refusal does not say wh
 
 ctl env create nnone --root "$dir/base" --cmd "exec /work/run $same_port" >/dev/null
 ctl env create nslirp --root "$dir/base" --net slirp --cmd "exec /work/run $same_port" >/dev/null
-ctl env list | grep -q '^nslirp .* net slirp ' || fail "env list does not show slirp: $(ctl env list)"
-ctl env list | grep -q '^nnone .* net none ' || fail "env list does not show none: $(ctl env list)"
+ctl env list >"$dir/list.txt"
+grep -q '^nslirp .* net slirp ' "$dir/list.txt" || fail "env list does not show slirp: $(cat "$dir/list.txt")"
+grep -q '^nnone .* net none ' "$dir/list.txt" || fail "env list does not show none: $(cat "$dir/list.txt")"
 
 # none: nothing outside its loopback; slirp: the host's public address, never its loopback.
 # Both listen on the same port, each in its own namespace.
@@ -218,6 +220,23 @@ supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv2.log"
 go nslirp
 probes nslirp 3 "after a supervisor restart" "${slirp_ok[@]}"
 
+# slirp4netns dying is reaped and logged once; the supervisor runs on, and a restore brings the
+# egress back.
+slirp_pid=$(pgrep -P "$sv_pid" -x slirp4netns || true)
+[[ -n $slirp_pid ]] || fail "no slirp4netns after the restart"
+kill -9 "$slirp_pid"
+for _ in $(seq 200); do grep -q "slirp4netns (pid $slirp_pid) of environment nslirp" "$dir/sv2.log" && break; sleep 0.05; done
+grep -q "slirp4netns (pid $slirp_pid) of environment nslirp was killed by signal 9" "$dir/sv2.log" ||
+	fail "the helper's death was not logged"
+[[ $(grep -c "slirp4netns (pid $slirp_pid)" "$dir/sv2.log") == 1 ]] || fail "logged more than once"
+[[ $(ps -o stat= -p "$slirp_pid" 2>/dev/null) != Z* ]] || fail "the dead helper was not reaped"
+go nslirp
+probes nslirp 4 "without its slirp4netns" "public fail" "self ok self"
+ctl env checkpoint nslirp --turn 2 >/dev/null
+ctl env restore nslirp >/dev/null
+go nslirp
+probes nslirp 5 "restored after its slirp4netns died" "${slirp_ok[@]}"
+
 # host, allowed: the host's namespace, its loopback services in reach; across a restore too.
 ctl env create nhost --root "$dir/base" --net host --cmd "exec /work/run 0" >/dev/null
 probes nhost 1 "at creation" "public ok public" "loopback ok loopback"
@@ -230,7 +249,7 @@ probes nhost 2 "after a restore" "public ok public" "loopback ok loopback"
 [[ $(netns_of "$(pid_of nhost)") == "$(netns_of $$)" ]] || fail "restored nhost left the host's namespace"
 
 slirp_pid=$(pgrep -P "$sv_pid" -x slirp4netns || true)
-[[ -n $slirp_pid ]] || fail "no slirp4netns after the restart"
+[[ -n $slirp_pid ]] || fail "no slirp4netns before the destroy"
 ctl env destroy nslirp >/dev/null
 kill -0 "$slirp_pid" 2>/dev/null && fail "slirp4netns outlived its environment"
 echo "envnet: none, slirp and host hold at creation, after a restore and a restart"
