@@ -181,6 +181,10 @@ slirp_pid=$(pgrep -P "$sv_pid" -x slirp4netns || true)
 [[ -n $slirp_pid && $slirp_pid != *$'\n'* ]] || fail "not one slirp4netns child: $slirp_pid"
 [[ $(netns_of "$slirp_pid") == "$(netns_of $$)" ]] || fail "slirp4netns is not in the host's namespace"
 grep -q "$cg" /proc/"$slirp_pid"/cgroup && fail "slirp4netns is in an environment's cgroup"
+# ... and confined: a mount namespace of its own (--enable-sandbox), a seccomp filter.
+[[ $(readlink /proc/"$slirp_pid"/ns/mnt) != "$(readlink /proc/$$/ns/mnt)" ]] ||
+	fail "slirp4netns runs without its sandbox"
+grep -q '^Seccomp:[[:space:]]*2' /proc/"$slirp_pid"/status || fail "slirp4netns has no seccomp filter"
 
 # A connection open across a checkpoint fails it, and says so.
 touch "$dir/state/envs/nslirp/root/work/hold"
