@@ -29,6 +29,8 @@
  * the build machines run five test suites on two cores). */
 #define SLIRP_READY_MS 15000
 
+#define REAPER_STACK (64u << 10)
+
 /* The fds slirp4netns gets, in this order from 3 on: --ready-fd, --exit-fd, the namespace. */
 enum {
 	FD_READY = 3,
@@ -274,7 +276,17 @@ int env_net_start(struct sv_env *e, int netns_fd)
 		log_error_errno(r, "Environment %s: %s.", e->id, e->error);
 		goto fail;
 	}
-	r = -pthread_create(&h->reaper, NULL, reaper_main, h);
+	{
+		pthread_attr_t attr;
+
+		/* One per slirp environment, waiting: a small stack (it only formats a line). */
+		r = -pthread_attr_init(&attr);
+		if (r >= 0)
+			r = -pthread_attr_setstacksize(&attr, REAPER_STACK);
+		if (r >= 0)
+			r = -pthread_create(&h->reaper, &attr, reaper_main, h);
+		(void)pthread_attr_destroy(&attr);
+	}
 	if (r < 0) {
 		(void)syscall(SYS_pidfd_send_signal, h->pidfd, SIGKILL, NULL, 0);
 		(void)waitid((idtype_t)P_PIDFD, (id_t)h->pidfd, &(siginfo_t){0}, WEXITED);
