@@ -892,6 +892,14 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 				"env %s: the host's network is not allowed "
 				"([env] allow_host_net = no); use --net none or slirp",
 				q->env);
+		if (q->op == ENV_OP_CREATE &&
+		    (q->net ? q->net : s->config.env_net) == ENV_NET_SLIRP &&
+		    env_net_slirp_available(s->config.env_slirp4netns) < 0)
+			return client_send_error(
+				s, c, ENOENT, PROTO_ENV_REQUEST,
+				"env %s: no slirp4netns for --net slirp (\"%s\": "
+				"install Debian's slirp4netns or set [env] slirp4netns)",
+				q->env, s->config.env_slirp4netns);
 		sl = calloc(1, sizeof(*sl));
 		if (!sl)
 			return client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory");

@@ -110,6 +110,14 @@ static int find_binary(const char *name, char *path, size_t cap)
 	return -ENOENT;
 }
 
+int env_net_slirp_available(const char *slirp4netns)
+{
+	char path[PATH_MAX];
+
+	return find_binary(slirp4netns && *slirp4netns ? slirp4netns : "slirp4netns", path,
+			   sizeof(path));
+}
+
 /* In the forked child of a threaded process: system calls only. fds[i] becomes 3 + i. */
 static _Noreturn void helper_exec(const char *path, char *const argv[], int log_fd,
 				  const int fds[_FD_END - FD_READY])

@@ -28,5 +28,8 @@ struct env_net_helper;
  * through 10.0.2.2 and 10.0.2.3). A helper e still has is stopped first. Its stdout and
  * stderr go to <e->dir>/slirp4netns.log. 0 or -errno (e->error says why). */
 int env_net_start(struct sv_env *e, int netns_fd);
+/* Whether slirp4netns (a path, or a name searched on PATH) is there to run: 0 or -ENOENT (a
+ * create asking for slirp is refused at once, rather than failing in its job). */
+int env_net_slirp_available(const char *slirp4netns);
 /* Stops e's helper, if any, and waits for it. */
 void env_net_stop(struct sv_env *e);

@@ -133,6 +133,7 @@ interval = 0
 cgroup = $cg
 trace = no
 allow_host_net = $1
+slirp4netns = ${2:-slirp4netns}
 CONF
 }
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
@@ -256,4 +257,14 @@ slirp_pid=$(pgrep -P "$sv_pid" -x slirp4netns || true)
 [[ -n $slirp_pid ]] || fail "no slirp4netns before the destroy"
 ctl env destroy nslirp >/dev/null
 kill -0 "$slirp_pid" 2>/dev/null && fail "slirp4netns outlived its environment"
+
+# No slirp4netns: a create asking for it is refused at once, and says why.
+kill "$sv_pid"
+wait "$sv_pid" || true
+write_conf no /nonexistent/slirp4netns
+supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv3.log"
+if ctl env create nrefused --root "$dir/base" --net slirp 2>"$dir/noslirp.err"; then
+	fail "--net slirp accepted without a slirp4netns"
+fi
+grep -q "no slirp4netns" "$dir/noslirp.err" || fail "the refusal does not say why: $(cat "$dir/noslirp.err")"
 echo "envnet: none, slirp and host hold at creation, after a restore and a restart"
