@@ -282,14 +282,23 @@ static const struct field promote_done_fields[] = {
 	}
 
 static const struct field env_request_fields[] = {
-	F_ENUM("op", env_request.op, _ENV_OP_MAX), F_STR("env", env_request.env),
-	OPT_STR("root", env_request.root),	   OPT_STR("cmd", env_request.cmd),
-	OPT_STR("cg", env_request.cgroup),	   OPT_U32("pid", env_request.pid, UINT32_MAX),
-	OPT_U64("turn", env_request.turn),	   OPT_U64("plen", env_request.prefix_tokens),
-	OPT_U64("phash", env_request.prefix_hash), OPT_STR("ckpt", env_request.ckpt),
-	OPT_STR("traj", env_request.trajectory),   OPT_U32("fl", env_request.flags, UINT32_MAX),
-	OPT_U64("pids", env_request.pids),	   OPT_U64("mem", env_request.memory),
+	F_ENUM("op", env_request.op, _ENV_OP_MAX),
+	F_STR("env", env_request.env),
+	OPT_STR("root", env_request.root),
+	OPT_STR("cmd", env_request.cmd),
+	OPT_STR("cg", env_request.cgroup),
+	OPT_U32("pid", env_request.pid, UINT32_MAX),
+	OPT_U64("turn", env_request.turn),
+	OPT_U64("plen", env_request.prefix_tokens),
+	OPT_U64("phash", env_request.prefix_hash),
+	OPT_STR("ckpt", env_request.ckpt),
+	OPT_STR("traj", env_request.trajectory),
+	OPT_U32("fl", env_request.flags, UINT32_MAX),
+	OPT_U64("pids", env_request.pids),
+	OPT_U64("mem", env_request.memory),
 	OPT_U64("cpu", env_request.cpu_millis),
+	/* issue 19: a create's network */
+	OPT_U32("net", env_request.net, _ENV_NET_MAX - 1),
 };
 
 static const struct field env_info_fields[] = {
@@ -312,6 +321,7 @@ static const struct field env_info_fields[] = {
 	F_STR("root", env_info.root),
 	F_STR("cg", env_info.cgroup),
 	F_U32("full", env_info.full_diff, 0, 1),
+	OPT_U32("net", env_info.net, _ENV_NET_MAX - 1),
 };
 
 static const struct field env_item_fields[] = {
@@ -687,6 +697,28 @@ int env_op_from_string(const char *s, enum env_op *ret)
 	if (i < 0)
 		return i;
 	*ret = (enum env_op)i;
+	return 0;
+}
+
+static const char *const env_net_names[] = {
+	[ENV_NET_DEFAULT] = "default",
+	[ENV_NET_NONE] = "none",
+	[ENV_NET_SLIRP] = "slirp",
+	[ENV_NET_HOST] = "host",
+};
+
+const char *env_net_to_string(enum env_net net)
+{
+	return NAME_OF(env_net_names, net);
+}
+
+int env_net_from_string(const char *s, enum env_net *ret)
+{
+	int i = name_lookup(env_net_names, ARRAY_SIZE(env_net_names), s);
+
+	if (i < 0)
+		return i;
+	*ret = (enum env_net)i;
 	return 0;
 }
 

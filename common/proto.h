@@ -83,13 +83,15 @@
  *     uint64 (checkpoint: the trajectory's turn, token-prefix length and hash), "ckpt": str
  *     (restore: the checkpoint, "" the latest), "traj": str, "fl": uint32 (ENV_FLAG_*),
  *     "pids", "mem", "cpu": uint64 (create: the limits, tasks, bytes, thousandths of a
- *     CPU; 0 or absent: the configured default; ENV_LIMIT_NONE: no limit).
+ *     CPU; 0 or absent: the configured default; ENV_LIMIT_NONE: no limit), "net": uint
+ *     enum env_net (create: its network; 0 or absent: [env] net).
  *     Replies: PROTO_ENV_INFO or PROTO_ENV_ITEM messages closed by PROTO_END, or PROTO_ERROR.
  *   PROTO_ENV_INFO (31), supervisor -> peer: an environment (list, create, adopt) or a
  *     checkpoint's manifest (checkpoint, restore, list of checkpoints): "env", "ckpt",
  *     "par" (parent), "traj": str; "turn", "plen", "phash": uint64; "pid", "nproc": uint32;
  *     "fsb", "fsn", "criub", "frz", "dump", "fs", "tot": uint64 (bytes, files, µs);
- *     "root", "cg": str; "full": uint32 0..1.
+ *     "root", "cg": str; "full": uint32 0..1; optional "net": uint enum env_net (an
+ *     environment's network; 0 for a checkpoint's manifest).
  *   PROTO_ENV_ITEM (32), supervisor -> peer: one dirty path or side-effect log record:
  *     "kind": str, "pid": uint32, "ts": uint64 (ns), "path", "p2", "txt": str.
  * NCCL communicators (types 50-59; DESIGN §1.4, issue 12):
@@ -235,6 +237,15 @@ enum env_op {
 #define ENV_FLAG_FOLLOW 1u
 /* A create's "pids"/"mem"/"cpu" that asks for no limit (0 asks for the configured one). */
 #define ENV_LIMIT_NONE UINT64_MAX
+
+/* A create's "net": an environment's network (issue 19). 0 asks for [env] net. */
+enum env_net {
+	ENV_NET_DEFAULT = 0,
+	ENV_NET_NONE = 1,  /* its own network namespace, loopback only */
+	ENV_NET_SLIRP = 2, /* its own, with user-mode egress through slirp4netns */
+	ENV_NET_HOST = 3,  /* the host's (only with [env] allow_host_net) */
+	_ENV_NET_MAX,
+};
 
 /* How a PROTO_NCCL_COMM communicator was made. */
 enum nccl_origin {
@@ -527,6 +538,7 @@ struct proto_env_request {
 	uint32_t flags;				   /* optional "fl" */
 	uint64_t pids, memory;			   /* optional "pids", "mem" */
 	uint64_t cpu_millis;			   /* optional "cpu" */
+	uint32_t net;				   /* optional enum env_net */
 };
 
 struct proto_env_info {
@@ -540,6 +552,7 @@ struct proto_env_info {
 	char root[PROTO_MAX_STR + 1];
 	char cgroup[PROTO_MAX_STR + 1];
 	uint32_t full_diff;
+	uint32_t net; /* optional enum env_net */
 };
 
 struct proto_env_item {
@@ -665,6 +678,9 @@ const char *ctl_cmd_to_string(enum ctl_cmd cmd);
 const char *ctl_action_to_string(enum ctl_action act);
 const char *env_op_to_string(enum env_op op);
 int env_op_from_string(const char *s, enum env_op *ret);
+/* "none", "slirp", "host" (ENV_NET_DEFAULT: "default"). */
+const char *env_net_to_string(enum env_net net);
+int env_net_from_string(const char *s, enum env_net *ret);
 int ctl_action_from_string(const char *s, enum ctl_action *ret);
 const char *nccl_origin_to_string(enum nccl_origin o);
 const char *nccl_end_to_string(enum nccl_end how);

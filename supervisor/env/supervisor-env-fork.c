@@ -162,7 +162,10 @@ int env_fork(const struct sv_env *src, const char *ckpt, const struct env_params
 		return log_debug_errno(r, "Fork of %s: checkpoint %s refused: %m", src->id, want);
 	q.base = src->base;
 	q.cmd = src->cmd;
-	q.limits = src->limits; /* a group of forks is one environment's copies */
+	/* a group of forks is one environment's copies: its limits and network mode */
+	q.limits = src->limits;
+	q.net = src->net;
+	q.slirp4netns = src->slirp4netns;
 	r = env_create_stopped(&q, &dst);
 	if (r < 0)
 		goto out;

@@ -23,6 +23,7 @@
 #include "log.h"
 #include "util.h"
 #include "supervisor-env-fs.h"
+#include "supervisor-env-net.h"
 #include "supervisor-env.h"
 
 #define KILL_WAIT_MS 10000
@@ -144,6 +145,9 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 	e->keep = p->keep ? p->keep : ENV_KEEP_DEFAULT;
 	e->ghost_limit = p->ghost_limit ? p->ghost_limit : ENV_GHOST_LIMIT_DEFAULT;
 	e->limits = p->limits;
+	e->net = p->net > ENV_NET_DEFAULT && p->net < _ENV_NET_MAX ? p->net : ENV_NET_NONE;
+	snprintf(e->slirp4netns, sizeof(e->slirp4netns), "%s",
+		 p->slirp4netns && *p->slirp4netns ? p->slirp4netns : "slirp4netns");
 	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", e->dir);
 	r = mkdir_p(e->dir, 0700);
 	if (r >= 0)
@@ -203,6 +207,7 @@ void env_write_identity(const struct sv_env *e)
 	snprintf(limits, sizeof(limits), "%" PRIu64 " %" PRIu64 " %" PRIu32, e->limits.pids,
 		 e->limits.memory, e->limits.cpu_millis);
 	(void)write_small(e->dir, "limits", limits);
+	(void)write_small(e->dir, "net", env_net_to_string(e->net));
 }
 
 int env_create(const struct env_params *p, struct sv_env **ret)
@@ -632,6 +637,8 @@ int env_kill(struct sv_env *e)
 	char path[PATH_MAX];
 	int r;
 
+	/* Its network goes with it (a restore or a rebuild starts another helper). */
+	env_net_stop(e);
 	snprintf(path, sizeof(path), "%s/cgroup.kill", e->cgroup);
 	r = env_write_file(path, "1");
 	if (r < 0 && r != -ENOENT)
@@ -663,7 +670,8 @@ void env_destroy(struct sv_env *e)
 		return;
 	/* An adopted environment is its runtime's: forgotten, not killed. */
 	if (!e->adopted) {
-		static const char *const identity[] = {"uuid", "base", "cmd", "head", "limits"};
+		static const char *const identity[] = {"uuid", "base",	 "cmd",
+						       "head", "limits", "net"};
 
 		(void)env_kill(e);
 		if (umount2(e->root, 0) < 0 && errno != EINVAL)
@@ -787,11 +795,34 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 			   &l.cpu_millis) == 3)
 			e->limits = l;
 	}
+	/* its network (none for one created before networks were kept) */
+	{
+		char net[16];
+		enum env_net n;
+
+		if (read_small(e->dir, "net", net, sizeof(net)) >= 0 &&
+		    env_net_from_string(net, &n) >= 0 && n != ENV_NET_DEFAULT)
+			e->net = n;
+		else
+			e->net = ENV_NET_NONE;
+	}
 	/* A supervisor that died inside a checkpoint left the environment frozen. */
 	snprintf(path, sizeof(path), "%s/cgroup.freeze", e->cgroup);
 	if (access(path, F_OK) == 0)
 		(void)env_write_file(path, "0");
 	e->pid = find_init(e->cgroup);
+	/* The previous supervisor's slirp4netns exited with it (its --exit-fd): another one. */
+	if (e->pid > 0 && e->net == ENV_NET_SLIRP) {
+		_cleanup_close_ int netns = -1;
+
+		snprintf(path, sizeof(path), "/proc/%d/ns/net", (int)e->pid);
+		netns = open(path, O_RDONLY | O_CLOEXEC);
+		if (netns < 0 || env_net_start(e, netns) < 0)
+			log_warning(
+				"Environment %s has no egress until it is restored: %s, ignoring.",
+				e->id, e->error[0] ? e->error : "its network namespace is gone");
+		e->error[0] = '\0';
+	}
 	*ret = e;
 	return 0;
 }

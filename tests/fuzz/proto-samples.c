@@ -287,6 +287,7 @@ static void sample_env_create(struct proto_msg *m)
 	(void)snprintf(m->env_request.env, sizeof(m->env_request.env), "env-7");
 	(void)snprintf(m->env_request.root, sizeof(m->env_request.root), "/srv/bases/py311");
 	(void)snprintf(m->env_request.cmd, sizeof(m->env_request.cmd), "exec sleep infinity");
+	m->env_request.net = ENV_NET_SLIRP;
 }
 
 static void sample_env_info(struct proto_msg *m)
@@ -305,6 +306,7 @@ static void sample_env_info(struct proto_msg *m)
 	m->env_info.criu_bytes = 322560;
 	m->env_info.freeze_us = 77000;
 	m->env_info.full_diff = 1;
+	m->env_info.net = ENV_NET_NONE;
 }
 
 static void sample_env_item(struct proto_msg *m)

@@ -515,6 +515,9 @@ static bool key_is_optional(enum proto_type type, const char *key)
 		{PROTO_ENV_REQUEST, "pids"},
 		{PROTO_ENV_REQUEST, "mem"},
 		{PROTO_ENV_REQUEST, "cpu"},
+		/* A create's network and an environment's (issue 19). */
+		{PROTO_ENV_REQUEST, "net"},
+		{PROTO_ENV_INFO, "net"},
 		/* A step event carries what the framework knows of the pending request. */
 		{PROTO_TRAJ_STEP, "turn"},
 		{PROTO_TRAJ_STEP, "plen"},
