@@ -138,7 +138,7 @@ out:
 }
 
 int env_fork(const struct sv_env *src, const char *ckpt, const struct env_params *p,
-	     struct sv_env **ret, struct env_manifest *ret_m)
+	     struct sv_env **ret, struct env_manifest *ret_m, char *why, size_t cap)
 {
 	_cleanup_close_ int src_ckfd = -1;
 	struct env_params q = *p;
@@ -147,6 +147,8 @@ int env_fork(const struct sv_env *src, const char *ckpt, const struct env_params
 	char want[ENV_ID_MAX + 1], id[ENV_ID_MAX + 1];
 	int r;
 
+	if (why && cap)
+		why[0] = '\0';
 	if (!p->id || strcmp(p->id, src->id) == 0)
 		return -EINVAL;
 	if (src->adopted)
@@ -183,6 +185,8 @@ int env_fork(const struct sv_env *src, const char *ckpt, const struct env_params
 	if (r < 0) {
 		log_debug_errno(r, "Fork of %s into %s: restore failed: %m (%s)", src->id, dst->id,
 				dst->error);
+		if (why)
+			snprintf(why, cap, "%s", dst->error);
 		goto fail;
 	}
 	*ret = dst;

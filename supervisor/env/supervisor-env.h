@@ -182,9 +182,11 @@ int env_gc(struct sv_env *e, unsigned keep);
  * on the same ports in every fork. Its first checkpoint is a copy of src's (data and CRIU
  * images hard-linked, so it costs no copy; a chain root of its own, its manifest's "from"
  * names src and the checkpoint): it restores, forks and GCs independently of src. src keeps
- * running, untouched. *ret: the fork (running), ret_m: its first checkpoint's manifest. */
+ * running, untouched. *ret: the fork (running), ret_m: its first checkpoint's manifest. On
+ * failure nothing of the fork is left but its copy (foreign, as a destroyed environment's)
+ * and why (may be NULL) says what CRIU or the restore said, when they said more. */
 int env_fork(const struct sv_env *src, const char *ckpt, const struct env_params *p,
-	     struct sv_env **ret, struct env_manifest *ret_m);
+	     struct sv_env **ret, struct env_manifest *ret_m, char *why, size_t cap);
 
 /* Internal (supervisor-env.c): env_create without the overlay and the init: the state
  * directory (a new identity unless it has one), upper/, work/, root/, the cgroup and its

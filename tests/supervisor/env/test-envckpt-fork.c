@@ -115,7 +115,7 @@ static struct sv_env *fork_one(struct fork_fx *x, struct sv_env *src, const char
 	int r;
 
 	p.id = id;
-	r = env_fork(src, ckpt, &p, &e, ret_m);
+	r = env_fork(src, ckpt, &p, &e, ret_m, NULL, 0);
 	if (r < 0)
 		fprintf(stderr, "env_fork %s -> %s: %s\n", src->id, id, strerror(-r));
 	assert_int_equal(r, 0);
@@ -261,10 +261,10 @@ static void fork_refusals(void **state)
 	p = x->p;
 	p.id = "nothing-yet";
 	/* no checkpoint to fork from */
-	assert_int_equal(env_fork(x->f.env, NULL, &p, &e, &m), -ENOENT);
-	assert_int_equal(env_fork(x->f.env, "c99999999", &p, &e, &m), -ENOENT);
+	assert_int_equal(env_fork(x->f.env, NULL, &p, &e, &m, NULL, 0), -ENOENT);
+	assert_int_equal(env_fork(x->f.env, "c99999999", &p, &e, &m, NULL, 0), -ENOENT);
 	p.id = "src";
-	assert_int_equal(env_fork(x->f.env, NULL, &p, &e, &m), -EINVAL);
+	assert_int_equal(env_fork(x->f.env, NULL, &p, &e, &m, NULL, 0), -EINVAL);
 	assert_null(e);
 }
 
