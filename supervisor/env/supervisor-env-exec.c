@@ -40,7 +40,7 @@ struct env_exec {
 	uint64_t client;
 	struct env_slot *slot;
 	char env[ENV_ID_MAX + 1];
-	pid_t pid;
+	pid_t pid, ns_pid; /* ours, and in the environment's pid namespace */
 	int pidfd;
 	struct event *ev_pid, *ev_timer;
 	struct exec_stream out[2];
@@ -82,6 +82,43 @@ static void send_chunks(struct env_exec *x, struct sv_client *c, uint32_t stream
 		p += k;
 		n -= k;
 	}
+}
+
+/* pid's number in its own (innermost) pid namespace: the last of its NSpid line. */
+static pid_t ns_pid_of(pid_t pid)
+{
+	char path[64], line[256];
+	pid_t r = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "re");
+	while (f && fgets(line, sizeof(line), f))
+		if (strncmp(line, "NSpid:", 6) == 0) {
+			const char *last = strrchr(line, '\t');
+
+			r = last ? (pid_t)atoi(last + 1) : 0;
+			break;
+		}
+	if (f)
+		fclose(f);
+	return r;
+}
+
+/* execve's ENOENT and EACCES as a shell reports them (127, 126, a line on stderr): an agent's
+ * tool call reads a status and an output, not a protocol error. */
+static void reply_not_run(struct supervisor *s, struct sv_client *c, const char *cmd, int err)
+{
+	struct proto_msg m = {.type = PROTO_ENV_EXEC_OUT};
+	char line[512];
+	int n = snprintf(line, sizeof(line), "belayer: %s: %s\n", cmd, strerror(err));
+
+	m.exec_out.stream = 2;
+	m.exec_out.data = (struct proto_blob){line, (uint32_t)MIN((size_t)n, sizeof(line) - 1), 0};
+	(void)client_send(s, c, &m);
+	m = (struct proto_msg){.type = PROTO_ENV_EXEC_DONE};
+	m.exec_done.exit_code = err == ENOENT ? 127 : 126;
+	(void)client_send(s, c, &m);
 }
 
 static void exec_free(struct env_exec *x)
@@ -126,7 +163,7 @@ static void exec_finish(struct env_exec *x)
 	m.exec_done.wall_us = us;
 	m.exec_done.out_bytes = x->out[0].seen;
 	m.exec_done.err_bytes = x->out[1].seen;
-	m.exec_done.pid = (uint32_t)x->pid;
+	m.exec_done.pid = (uint32_t)x->ns_pid;
 	if (c)
 		(void)client_send(x->s, c, &m);
 	log_debug("Environment %s: exec pid %d done in %" PRIu64 " ms (%s %d%s).", x->env,
@@ -291,7 +328,8 @@ static int stdin_copy(int from)
 	r = env_file_copy_bounded(from, mfd, ENV_EXEC_STDIN_MAX, &n);
 	if (r < 0)
 		return r;
-	if (fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+	if (fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0 ||
+	    lseek(mfd, 0, SEEK_SET) < 0)
 		return -errno;
 	r = mfd;
 	mfd = -1;
@@ -411,6 +449,11 @@ int env_exec_dispatch(struct supervisor *s, struct sv_client *c, struct proto_ms
 	r = exec_spawn(sl->env, &sp, &pid, &pidfd, why, sizeof(why));
 	po[1] = safe_close(po[1]);
 	pe[1] = safe_close(pe[1]);
+	if (r < 0 && (r == -ENOENT || r == -EACCES) &&
+	    strcmp(why, exec_step_to_string(EXEC_STEP_EXEC)) == 0) {
+		reply_not_run(s, c, argv[0], -r);
+		goto fail_quiet;
+	}
 	if (r < 0) {
 		(void)client_send_error(s, c, -r, PROTO_ENV_EXEC, "env exec %s: %s%s%s", q->env,
 					why[0] ? why : "", why[0] ? ": " : "", strerror(-r));
@@ -421,6 +464,7 @@ int env_exec_dispatch(struct supervisor *s, struct sv_client *c, struct proto_ms
 	x->slot = sl;
 	snprintf(x->env, sizeof(x->env), "%s", q->env);
 	x->pid = pid;
+	x->ns_pid = ns_pid_of(pid);
 	x->pidfd = pidfd;
 	x->out[0].fd = po[0];
 	x->out[1].fd = pe[0];
@@ -439,6 +483,9 @@ int env_exec_dispatch(struct supervisor *s, struct sv_client *c, struct proto_ms
 	{
 		uint32_t ms = q->timeout_ms ? q->timeout_ms : ENV_EXEC_TIMEOUT_DEFAULT_MS;
 		struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+
+		/* The loop's cached time is older than the spawn: the timeout counts from now. */
+		(void)event_base_update_cache_time(exec_base);
 
 		if (!x->out[0].ev || !x->out[1].ev || !x->ev_pid || !x->ev_timer ||
 		    event_add(x->out[0].ev, NULL) < 0 || event_add(x->out[1].ev, NULL) < 0 ||

@@ -172,26 +172,26 @@ static int do_exec(const struct ctl_options *o, int argc, char **argv)
 						: open(stdin_path, O_RDONLY | O_CLOEXEC);
 
 		if (f < 0)
-			return fprintf(stderr, "belayerctl: %s: %m\n", stdin_path), 1;
+			return fprintf(stderr, "belayerctl: %s: %m\n", stdin_path), -1;
 		in = to_memfd(f);
 	} else
 		in = to_memfd(-1);
 	if (in < 0)
-		return fprintf(stderr, "belayerctl: stdin: %s\n", strerror(-in)), 1;
+		return fprintf(stderr, "belayerctl: stdin: %s\n", strerror(-in)), -1;
 	q->fd = in;
 	ro.timeout_ms = (int)((q->timeout_ms ? q->timeout_ms : 60000) + EXEC_MARGIN_MS);
 	sock = ctl_connect(&ro);
 	if (sock < 0)
-		return 1;
+		return -1;
 	r = proto_send(sock, &m, 0);
 	if (r < 0)
-		return fprintf(stderr, "belayerctl: send failed: %s\n", strerror(-r)), 1;
+		return fprintf(stderr, "belayerctl: send failed: %s\n", strerror(-r)), -1;
 	for (;;) {
 		struct proto_msg a;
 
 		r = ctl_recv(sock, &ro, &a);
 		if (r < 0)
-			return 1;
+			return -1;
 		if (a.type == PROTO_ENV_EXEC_OUT) {
 			int i = (int)a.exec_out.stream - 1;
 
@@ -199,7 +199,7 @@ static int do_exec(const struct ctl_options *o, int argc, char **argv)
 				char *n = realloc(out[i], len[i] + a.exec_out.data.len);
 
 				if (!n)
-					return 1;
+					return -1;
 				memcpy(n + len[i], a.exec_out.data.data, a.exec_out.data.len);
 				out[i] = n;
 				len[i] += a.exec_out.data.len;
@@ -292,19 +292,19 @@ static int do_file(const struct ctl_options *o, bool write, int argc, char **arg
 	if (write) {
 		data = to_memfd(0);
 		if (data < 0)
-			return fprintf(stderr, "belayerctl: stdin: %s\n", strerror(-data)), 1;
+			return fprintf(stderr, "belayerctl: stdin: %s\n", strerror(-data)), -1;
 		q->fd = data;
 	}
 	ro.timeout_ms = 120000;
 	sock = ctl_connect(&ro);
 	if (sock < 0)
-		return 1;
+		return -1;
 	r = proto_send(sock, &m, 0);
 	if (r < 0)
-		return fprintf(stderr, "belayerctl: send failed: %s\n", strerror(-r)), 1;
+		return fprintf(stderr, "belayerctl: send failed: %s\n", strerror(-r)), -1;
 	r = ctl_recv(sock, &ro, &a);
 	if (r < 0)
-		return 1;
+		return -1;
 	if (write) {
 		if (o->json) {
 			json_object *j = json_object_new_object();
@@ -315,13 +315,13 @@ static int do_file(const struct ctl_options *o, bool write, int argc, char **arg
 		return 0;
 	}
 	if (a.type != PROTO_ENV_FILE_DATA)
-		return proto_msg_finish(&a), 1;
+		return proto_msg_finish(&a), -1;
 	if (o->json) {
 		json_object *j = json_object_new_object();
 		char *buf = malloc(a.env_file.size + 1);
 
 		if (!buf || pread(a.env_file.fd, buf, a.env_file.size, 0) != (ssize_t)a.env_file.size)
-			return proto_msg_finish(&a), 1;
+			return proto_msg_finish(&a), -1;
 		json_object_object_add(j, "path", json_object_new_string(a.env_file.path));
 		json_object_object_add(j, "size", json_u64(a.env_file.size));
 		json_object_object_add(j, "mode", json_u64(a.env_file.mode));
