@@ -1208,6 +1208,58 @@ int proto_decode(const void *buf, size_t len, const int *fds, size_t nfds, struc
 	return r;
 }
 
+static bool field_equal(const struct proto_msg *a, const struct proto_msg *b,
+			const struct field *f)
+{
+	const void *p = field_at(a, f->offset), *q = field_at(b, f->offset);
+	const struct proto_blob *x = p, *y = q;
+
+	switch (f->kind) {
+	case FIELD_U32:
+		return *(const uint32_t *)p == *(const uint32_t *)q;
+	case FIELD_U64:
+		return *(const uint64_t *)p == *(const uint64_t *)q;
+	case FIELD_I32:
+		return *(const int32_t *)p == *(const int32_t *)q;
+	case FIELD_ENUM:
+		return *(const int *)p == *(const int *)q;
+	case FIELD_STR:
+		return strncmp(p, q, f->size) == 0;
+	case FIELD_UUID:
+		return memcmp(p, q, PROTO_UUID_LEN) == 0;
+	case FIELD_UUID_LIST:
+		return *(const uint32_t *)field_at(a, f->count_offset) ==
+			       *(const uint32_t *)field_at(b, f->count_offset) &&
+		       memcmp(p, q,
+			      (size_t)*(const uint32_t *)field_at(a, f->count_offset) *
+				      PROTO_UUID_LEN) == 0;
+	case FIELD_BLOB:
+	case FIELD_STRV:
+		return x->len == y->len && x->count == y->count &&
+		       (!x->len || memcmp(x->data, y->data, x->len) == 0);
+	}
+	return false;
+}
+
+bool proto_msg_equal(const struct proto_msg *a, const struct proto_msg *b, bool fds)
+{
+	const struct msg_type *mt;
+
+	if (a->type != b->type)
+		return false;
+	mt = msg_type_get((uint64_t)a->type);
+	if (!mt)
+		return false;
+	for (size_t i = 0; i < mt->n_fields; i++)
+		if (!field_equal(a, b, &mt->fields[i]))
+			return false;
+	for (size_t i = 0; fds && i < mt->nfds; i++)
+		if (*(const int *)field_at(a, mt->fd_offsets[i]) !=
+		    *(const int *)field_at(b, mt->fd_offsets[i]))
+			return false;
+	return true;
+}
+
 void proto_msg_finish(struct proto_msg *m)
 {
 	const struct msg_type *mt;

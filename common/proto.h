@@ -772,6 +772,10 @@ int proto_encode(const struct proto_msg *m, void *buf, size_t cap, size_t *ret_l
  * is a no-op) and the fds are left to the caller. */
 int proto_decode(const void *buf, size_t len, const int *fds, size_t nfds, struct proto_msg *ret);
 
+/* Whether a and b are the same message: every field of their type equal (blobs by content),
+ * and their fd numbers too when fds. */
+bool proto_msg_equal(const struct proto_msg *a, const struct proto_msg *b, bool fds);
+
 /* Closes the fds and frees the blobs a decoded message owns. Accepts NULL. */
 void proto_msg_finish(struct proto_msg *m);
 
