@@ -88,14 +88,14 @@ struct msg_type {
 		.size = MEMBER_SIZE(member) / PROTO_UUID_LEN, .count_offset = AT(count), \
 	}
 
-#define F_BLOB(k, member, lo, cap)                                                            \
-	{                                                                                     \
+#define F_BLOB(k, member, lo, cap)                                                               \
+	{                                                                                        \
 		.key = (k), .kind = FIELD_BLOB, .offset = AT(member), .size = (cap), .min = (lo) \
 	}
-#define F_STRV(k, member, lo, hi, cap)                                                          \
-	{                                                                                       \
+#define F_STRV(k, member, lo, hi, cap)                                                            \
+	{                                                                                         \
 		.key = (k), .kind = FIELD_STRV, .offset = AT(member), .size = (cap), .min = (lo), \
-		.max = (hi)                                                                     \
+		.max = (hi)                                                                       \
 	}
 
 /* Keys are short because every packet repeats them; proto.h lists them. */
@@ -350,10 +350,14 @@ static const struct field exec_out_fields[] = {
 };
 
 static const struct field exec_done_fields[] = {
-	F_I32("code", exec_done.exit_code, -1, 255), F_U32("sig", exec_done.signal, 0, 64),
-	F_U32("tmo", exec_done.timed_out, 0, 1),     F_U32("trunc", exec_done.truncated, 0, 3),
-	F_U64("us", exec_done.wall_us),		     F_U64("nout", exec_done.out_bytes),
-	F_U64("nerr", exec_done.err_bytes),	     F_U32("pid", exec_done.pid, 0, UINT32_MAX),
+	F_I32("code", exec_done.exit_code, -1, 255),
+	F_U32("sig", exec_done.signal, 0, 64),
+	F_U32("tmo", exec_done.timed_out, 0, 1),
+	F_U32("trunc", exec_done.truncated, 0, 3),
+	F_U64("us", exec_done.wall_us),
+	F_U64("nout", exec_done.out_bytes),
+	F_U64("nerr", exec_done.err_bytes),
+	F_U32("pid", exec_done.pid, 0, UINT32_MAX),
 };
 
 static const struct field file_read_fields[] = {
@@ -370,9 +374,12 @@ static const struct field file_write_fields[] = {
 };
 
 static const struct field file_data_fields[] = {
-	F_STR("env", env_file.env),	      F_STR("path", env_file.path),
-	F_U32("mode", env_file.mode, 0, 07777), F_U64("size", env_file.size),
-	F_U32("uid", env_file.uid, 0, UINT32_MAX), F_U32("gid", env_file.gid, 0, UINT32_MAX),
+	F_STR("env", env_file.env),
+	F_STR("path", env_file.path),
+	F_U32("mode", env_file.mode, 0, 07777),
+	F_U64("size", env_file.size),
+	F_U32("uid", env_file.uid, 0, UINT32_MAX),
+	F_U32("gid", env_file.gid, 0, UINT32_MAX),
 };
 
 static const struct field nccl_comm_fields[] = {
@@ -1025,7 +1032,8 @@ static int strv_unpack(const msgpack_object *o, const struct field *f, struct pr
 	for (uint32_t i = 0; i < o->via.array.size; i++) {
 		const msgpack_object *e = &o->via.array.ptr[i];
 
-		if (e->type != MSGPACK_OBJECT_STR || memchr(e->via.str.ptr, '\0', e->via.str.size) ||
+		if (e->type != MSGPACK_OBJECT_STR ||
+		    memchr(e->via.str.ptr, '\0', e->via.str.size) ||
 		    e->via.str.size >= f->size - total)
 			return -EBADMSG;
 		total += e->via.str.size + 1;
@@ -1208,8 +1216,7 @@ int proto_decode(const void *buf, size_t len, const int *fds, size_t nfds, struc
 	return r;
 }
 
-static bool field_equal(const struct proto_msg *a, const struct proto_msg *b,
-			const struct field *f)
+static bool field_equal(const struct proto_msg *a, const struct proto_msg *b, const struct field *f)
 {
 	const void *p = field_at(a, f->offset), *q = field_at(b, f->offset);
 	const struct proto_blob *x = p, *y = q;
@@ -1231,7 +1238,7 @@ static bool field_equal(const struct proto_msg *a, const struct proto_msg *b,
 		return *(const uint32_t *)field_at(a, f->count_offset) ==
 			       *(const uint32_t *)field_at(b, f->count_offset) &&
 		       memcmp(p, q,
-			      (size_t)*(const uint32_t *)field_at(a, f->count_offset) *
+			      (size_t) * (const uint32_t *)field_at(a, f->count_offset) *
 				      PROTO_UUID_LEN) == 0;
 	case FIELD_BLOB:
 	case FIELD_STRV:

@@ -208,6 +208,7 @@ enum proto_type {
 	PROTO_ENV_REQUEST = 30, /* peer -> supervisor: an environment operation */
 	PROTO_ENV_INFO = 31,	/* supervisor -> peer: an environment or a checkpoint */
 	PROTO_ENV_ITEM = 32,	/* supervisor -> peer: a dirty path or side-effect record */
+
 	PROTO_ENV_EXEC = 33,	   /* peer -> supervisor: run a command in an environment */
 	PROTO_ENV_EXEC_OUT = 34,   /* supervisor -> peer: a chunk of its stdout or stderr */
 	PROTO_ENV_EXEC_DONE = 35,  /* supervisor -> peer: how it ended */
@@ -591,18 +592,18 @@ struct proto_blob {
 
 struct proto_env_exec {
 	char env[64];
-	struct proto_blob argv;	 /* "argv": array of 1..256 str, PROTO_EXEC_ARGV_MAX */
-	struct proto_blob envv;	 /* "envv": array of 0..256 "K=V" str, PROTO_EXEC_ENVV_MAX */
+	struct proto_blob argv;	  /* "argv": array of 1..256 str, PROTO_EXEC_ARGV_MAX */
+	struct proto_blob envv;	  /* "envv": array of 0..256 "K=V" str, PROTO_EXEC_ENVV_MAX */
 	char cwd[PROTO_PATH_MAX]; /* "" : the image's working directory, else / */
-	char user[64];		 /* "uid[:gid]" or a name in the environment's /etc/passwd */
-	uint32_t timeout_ms;	 /* "tmo": 0: the supervisor's default */
-	uint32_t max_output;	 /* "max": bytes kept per stream; 0: the default */
-	uint32_t flags;		 /* "fl": EXEC_FLAG_* */
-	int fd;			 /* stdin: a regular file (memfd), read from offset 0 */
+	char user[64];		  /* "uid[:gid]" or a name in the environment's /etc/passwd */
+	uint32_t timeout_ms;	  /* "tmo": 0: the supervisor's default */
+	uint32_t max_output;	  /* "max": bytes kept per stream; 0: the default */
+	uint32_t flags;		  /* "fl": EXEC_FLAG_* */
+	int fd;			  /* stdin: a regular file (memfd), read from offset 0 */
 };
 
 struct proto_env_exec_out {
-	uint32_t stream;       /* "fd": 1 stdout, 2 stderr */
+	uint32_t stream;	/* "fd": 1 stdout, 2 stderr */
 	struct proto_blob data; /* "data": bin of 1..PROTO_EXEC_CHUNK_MAX bytes */
 };
 
@@ -613,17 +614,17 @@ struct proto_env_exec_done {
 	uint32_t truncated; /* "trunc": bit 0 stdout, bit 1 stderr */
 	uint64_t wall_us;   /* "us" */
 	uint64_t out_bytes, err_bytes; /* "nout", "nerr": what the command wrote, kept or not */
-	uint32_t pid;			/* "pid": the command's pid in the environment */
+	uint32_t pid;		       /* "pid": the command's pid in the environment */
 };
 
 struct proto_env_file {
 	char env[64];
 	char path[PROTO_PATH_MAX];
-	uint32_t mode;	 /* "mode": write: permission bits (0: 0644); data: the file's */
-	char user[64];	 /* "user": write: the owner, as exec's --user ("": root) */
-	uint64_t max;	 /* "max": read: refuse a larger file (0: the default) */
-	uint64_t size;	 /* "size": data: its size */
-	uint32_t uid, gid; /* "uid", "gid": data: the owner as the environment sees it */
+	uint32_t mode;	   /* "mode": write: permission bits (0: 0644); data: the file's */
+	char user[64];	   /* "user": write: the owner, as exec's --user ("": root) */
+	uint64_t max;	   /* "max": read: refuse a larger file (0: the default) */
+	uint64_t size;	   /* "size": data: its size */
+	uint32_t uid, gid; /* "uid", "gid": data: the owner (as the host sees it) */
 	int fd;		   /* write: the content (regular file); data: a sealed memfd */
 };
 

@@ -160,8 +160,8 @@ static int ns_flags_of(pid_t pid)
 		const char *name;
 		int flag;
 	} ns[] = {
-		{"mnt", CLONE_NEWNS},	  {"pid", CLONE_NEWPID},   {"uts", CLONE_NEWUTS},
-		{"ipc", CLONE_NEWIPC},	  {"net", CLONE_NEWNET},   {"cgroup", CLONE_NEWCGROUP},
+		{"mnt", CLONE_NEWNS},	 {"pid", CLONE_NEWPID},	  {"uts", CLONE_NEWUTS},
+		{"ipc", CLONE_NEWIPC},	 {"net", CLONE_NEWNET},	  {"cgroup", CLONE_NEWCGROUP},
 		{"time", CLONE_NEWTIME}, {"user", CLONE_NEWUSER},
 	};
 	int flags = 0;
@@ -217,7 +217,8 @@ int exec_spawn(const struct sv_env *e, struct exec_spawn *sp, pid_t *ret_pid, in
 	(void)waitpid(helper, NULL, 0);
 	if (n != sizeof(msg) || msg[0] <= 0) {
 		r = n == sizeof(msg) && msg[1] > 0 ? -msg[1] : -EIO;
-		snprintf(why, cap, "%s", exec_step_to_string(n == sizeof(msg) ? msg[2] : EXEC_STEP_CLONE));
+		snprintf(why, cap, "%s",
+			 exec_step_to_string(n == sizeof(msg) ? msg[2] : EXEC_STEP_CLONE));
 		goto out;
 	}
 	pid = msg[0];

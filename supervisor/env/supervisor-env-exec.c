@@ -24,7 +24,7 @@
 #include "supervisor-env-sandbox.h"
 #include "supervisor-env-slots.h"
 
-#define READ_BURST (4u << 16) /* bytes read from one pipe per wakeup: fair among many execs */
+#define READ_BURST   (4u << 16) /* bytes read from one pipe per wakeup: fair among many execs */
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 struct exec_stream {
@@ -230,8 +230,7 @@ static void on_exit_cb(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	if (waitid((idtype_t)P_PIDFD, (id_t)x->pidfd, &si, WEXITED | WNOHANG) < 0 ||
-	    si.si_pid == 0)
+	if (waitid((idtype_t)P_PIDFD, (id_t)x->pidfd, &si, WEXITED | WNOHANG) < 0 || si.si_pid == 0)
 		return;
 	x->exited = true;
 	if (si.si_code == CLD_EXITED)
@@ -262,8 +261,8 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
  * twice: the last wins). Allocated in one block (argv-style array, then strings). */
 static char **envp_build(const struct proto_blob *envv, const char **ret_path)
 {
-	static const char *const defaults[] = {"PATH=" DEFAULT_PATH, "HOME=/root",
-					       "LANG=C.UTF-8", "TERM=dumb"};
+	static const char *const defaults[] = {"PATH=" DEFAULT_PATH, "HOME=/root", "LANG=C.UTF-8",
+					       "TERM=dumb"};
 	size_t n = ARRAY_SIZE(defaults) + envv->count, k = 0;
 	const char *p = envv->data;
 	char **envp = calloc(n + 1, sizeof(char *));
@@ -345,7 +344,7 @@ static int refuse(struct supervisor *s, struct sv_client *c, int code, const cha
 /* The slot of a request that needs a running environment and no job on it; NULL after an
  * error reply. */
 struct env_slot *env_slot_ready(struct supervisor *s, struct sv_client *c, const char *env,
-			       enum proto_type type)
+				enum proto_type type)
 {
 	struct env_slot *sl;
 
@@ -364,8 +363,8 @@ struct env_slot *env_slot_ready(struct supervisor *s, struct sv_client *c, const
 		return NULL;
 	}
 	if (sl->busy) {
-		(void)client_send_error(s, c, EBUSY, type, "%s: a checkpoint, restore or rebuild runs",
-					env);
+		(void)client_send_error(s, c, EBUSY, type,
+					"%s: a checkpoint, restore or rebuild runs", env);
 		return NULL;
 	}
 	if (sl->env->pid <= 0) {

@@ -199,16 +199,19 @@ static int db_find(const char *text, const char *name, bool by_id, uint32_t id, 
 			if (k >= 3) {
 				char *e1;
 				unsigned long v = strtoul(f[2], &e1, 10);
-				bool hit = by_id ? (*f[2] && !*e1 && v == id) : strcmp(f[0], name) == 0;
+				bool hit = by_id ? (*f[2] && !*e1 && v == id)
+						 : strcmp(f[0], name) == 0;
 
 				if (hit && *f[2] && !*e1 && v <= UINT32_MAX) {
 					*ret_id = (uint32_t)v;
 					if (ret_gid) {
-						unsigned long g = k >= 4 ? strtoul(f[3], &e1, 10) : 0;
+						unsigned long g =
+							k >= 4 ? strtoul(f[3], &e1, 10) : 0;
 
-						*ret_gid = k >= 4 && *f[3] && !*e1 && g <= UINT32_MAX
-								   ? (uint32_t)g
-								   : 0;
+						*ret_gid =
+							k >= 4 && *f[3] && !*e1 && g <= UINT32_MAX
+								? (uint32_t)g
+								: 0;
 					}
 					return 0;
 				}

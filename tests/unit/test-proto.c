@@ -195,13 +195,14 @@ static void send_and_recv_over_a_socket(void **state)
 		assert_int_equal(proto_send(sv[0], &m, 0), 0);
 		assert_int_equal(proto_recv(sv[1], &got, 0), 0);
 		if (proto_type_nfds(m.type) == 1) {
-			int *got_fd = m.type == PROTO_REGION_FD	    ? &got.region_fd.region.fd
-				      : m.type == PROTO_PROMOTE_MAP ? &got.promote_map.fd
-				      : m.type == PROTO_NCCL_COMM   ? &got.nccl_comm.fd
-				      : m.type == PROTO_ENV_EXEC    ? &got.env_exec.fd
-				      : m.type == PROTO_ENV_FILE_WRITE || m.type == PROTO_ENV_FILE_DATA
-					      ? &got.env_file.fd
-					      : &got.region.fd;
+			int *got_fd =
+				m.type == PROTO_REGION_FD     ? &got.region_fd.region.fd
+				: m.type == PROTO_PROMOTE_MAP ? &got.promote_map.fd
+				: m.type == PROTO_NCCL_COMM   ? &got.nccl_comm.fd
+				: m.type == PROTO_ENV_EXEC    ? &got.env_exec.fd
+				: m.type == PROTO_ENV_FILE_WRITE || m.type == PROTO_ENV_FILE_DATA
+					? &got.env_file.fd
+					: &got.region.fd;
 			struct stat a, b;
 
 			/* A new fd for the same memory. */
@@ -620,8 +621,8 @@ struct bad_value {
 	}
 
 static char filler[PROTO_EXEC_CHUNK_MAX + 16];
-#define STR_LIT(s)                                                                       \
-	{                                                                                \
+#define STR_LIT(s)                                                                          \
+	{                                                                                   \
 		.type = MSGPACK_OBJECT_STR, .via.str = {.size = sizeof(s) - 1, .ptr = (s) } \
 	}
 
@@ -959,7 +960,9 @@ static void exec_messages(void **state)
 		{"env-exec", "argv", {.type = MSGPACK_OBJECT_ARRAY, .via.array = {.size = 0}}},
 		{"env-exec", "argv", {.type = MSGPACK_OBJECT_ARRAY, .via.array = {257, one}}},
 		{"env-exec", "argv", {.type = MSGPACK_OBJECT_ARRAY, .via.array = {2, big}}},
-		{"env-exec", "argv", {.type = MSGPACK_OBJECT_ARRAY, .via.array = {1, (msgpack_object *)&nul}}},
+		{"env-exec",
+		 "argv",
+		 {.type = MSGPACK_OBJECT_ARRAY, .via.array = {1, (msgpack_object *)&nul}}},
 		{"env-exec", "argv", {.type = MSGPACK_OBJECT_ARRAY, .via.array = {2, mixed}}},
 		{"env-exec", "envv", {.type = MSGPACK_OBJECT_ARRAY, .via.array = {257, one}}},
 		{"env-exec", "cwd", STR(PROTO_PATH_MAX)},
@@ -998,8 +1001,9 @@ static void exec_messages(void **state)
 		one[i] = (msgpack_object)STR(1);
 	/* 8191 bytes and a NUL fill PROTO_EXEC_ARGV_MAX: one fits, two do not. */
 	for (size_t i = 0; i < ARRAY_SIZE(big); i++)
-		big[i] = (msgpack_object){.type = MSGPACK_OBJECT_STR,
-					  .via.str = {.size = PROTO_EXEC_ARGV_MAX - 1, .ptr = huge}};
+		big[i] =
+			(msgpack_object){.type = MSGPACK_OBJECT_STR,
+					 .via.str = {.size = PROTO_EXEC_ARGV_MAX - 1, .ptr = huge}};
 	mixed[0] = (msgpack_object)STR(1);
 	mixed[1] = num;
 	for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
@@ -1009,7 +1013,8 @@ static void exec_messages(void **state)
 
 		assert_true(n > 0);
 		if (decode_with_fds(mut, (size_t)n, nfds) != -EBADMSG)
-			fail_msg("%s with a bad %s (case %zu) decoded", bad[i].sample, bad[i].key, i);
+			fail_msg("%s with a bad %s (case %zu) decoded", bad[i].sample, bad[i].key,
+				 i);
 	}
 	for (size_t i = 0; i < ARRAY_SIZE(good); i++) {
 		size_t len0 = sample_named(good[i].sample, buf, sizeof(buf), &nfds);

@@ -95,10 +95,14 @@ static json_object *json_bytes(const char *p, size_t n)
 static int do_exec(const struct ctl_options *o, int argc, char **argv)
 {
 	static const struct option options[] = {
-		{"cwd", required_argument, NULL, 'd'},	   {"env", required_argument, NULL, 'e'},
-		{"user", required_argument, NULL, 'u'},	   {"timeout", required_argument, NULL, 't'},
-		{"stdin", required_argument, NULL, 'i'},   {"max-output", required_argument, NULL, 'm'},
-		{"stream", no_argument, NULL, 's'},	   {"json", no_argument, NULL, 'j'},
+		{"cwd", required_argument, NULL, 'd'},
+		{"env", required_argument, NULL, 'e'},
+		{"user", required_argument, NULL, 'u'},
+		{"timeout", required_argument, NULL, 't'},
+		{"stdin", required_argument, NULL, 'i'},
+		{"max-output", required_argument, NULL, 'm'},
+		{"stream", no_argument, NULL, 's'},
+		{"json", no_argument, NULL, 'j'},
 		{},
 	};
 	static struct strv args, envs;
@@ -124,9 +128,9 @@ static int do_exec(const struct ctl_options *o, int argc, char **argv)
 			r = copy_arg(q->cwd, sizeof(q->cwd), optarg, "--cwd");
 			break;
 		case 'e':
-			r = strchr(optarg, '=') && optarg[0] != '=' ? strv_add(&envs, optarg,
-									 PROTO_EXEC_ENVV_MAX)
-								: -EINVAL;
+			r = strchr(optarg, '=') && optarg[0] != '='
+				    ? strv_add(&envs, optarg, PROTO_EXEC_ENVV_MAX)
+				    : -EINVAL;
 			break;
 		case 'u':
 			r = copy_arg(q->user, sizeof(q->user), optarg, "--user");
@@ -214,14 +218,17 @@ static int do_exec(const struct ctl_options *o, int argc, char **argv)
 		}
 		{
 			const struct proto_env_exec_done *d = &a.exec_done;
-			int status = d->timed_out ? 124 : d->signal ? 128 + (int)d->signal
-								    : d->exit_code;
+			int status = d->timed_out ? 124
+				     : d->signal  ? 128 + (int)d->signal
+						  : d->exit_code;
 
 			if (o->json) {
 				json_object *j = json_object_new_object();
 
-				json_object_object_add(j, "exit_code", json_object_new_int(d->exit_code));
-				json_object_object_add(j, "signal", json_object_new_int((int)d->signal));
+				json_object_object_add(j, "exit_code",
+						       json_object_new_int(d->exit_code));
+				json_object_object_add(j, "signal",
+						       json_object_new_int((int)d->signal));
 				json_object_object_add(j, "timed_out",
 						       json_object_new_boolean(d->timed_out));
 				json_object_object_add(j, "stdout", json_bytes(out[0], len[0]));
@@ -252,8 +259,10 @@ static int do_exec(const struct ctl_options *o, int argc, char **argv)
 static int do_file(const struct ctl_options *o, bool write, int argc, char **argv)
 {
 	static const struct option options[] = {
-		{"max", required_argument, NULL, 'm'},	{"mode", required_argument, NULL, 'M'},
-		{"user", required_argument, NULL, 'u'}, {"json", no_argument, NULL, 'j'},
+		{"max", required_argument, NULL, 'm'},
+		{"mode", required_argument, NULL, 'M'},
+		{"user", required_argument, NULL, 'u'},
+		{"json", no_argument, NULL, 'j'},
 		{},
 	};
 	struct proto_msg m = {.type = write ? PROTO_ENV_FILE_WRITE : PROTO_ENV_FILE_READ};
@@ -320,7 +329,8 @@ static int do_file(const struct ctl_options *o, bool write, int argc, char **arg
 		json_object *j = json_object_new_object();
 		char *buf = malloc(a.env_file.size + 1);
 
-		if (!buf || pread(a.env_file.fd, buf, a.env_file.size, 0) != (ssize_t)a.env_file.size)
+		if (!buf ||
+		    pread(a.env_file.fd, buf, a.env_file.size, 0) != (ssize_t)a.env_file.size)
 			return proto_msg_finish(&a), -1;
 		json_object_object_add(j, "path", json_object_new_string(a.env_file.path));
 		json_object_object_add(j, "size", json_u64(a.env_file.size));
