@@ -1172,9 +1172,8 @@ static int decode_object(const msgpack_object *root, const int *fds, size_t nfds
 		o = map_get(map, mt->fields[i].key);
 		if (!o && mt->fields[i].optional)
 			continue;
-		if (!o)
-			return -EBADMSG;
-		r = field_unpack(o, &mt->fields[i], m);
+		/* A failure frees the blobs of the fields decoded so far. */
+		r = o ? field_unpack(o, &mt->fields[i], m) : -EBADMSG;
 		if (r < 0) {
 			blobs_free(mt, m);
 			return r;

@@ -993,6 +993,7 @@ static void exec_messages(void **state)
 	struct proto_msg m;
 	size_t len, nfds;
 	int fds[PROTO_MAX_FDS];
+	ssize_t n;
 
 	(void)state;
 	memset(filler, 'f', sizeof(filler));
@@ -1008,8 +1009,7 @@ static void exec_messages(void **state)
 	mixed[1] = num;
 	for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
 		size_t len0 = sample_named(bad[i].sample, buf, sizeof(buf), &nfds);
-		ssize_t n = proto_mutate(buf, len0, bad[i].key, MUT_REPLACE, &bad[i].val, mut,
-					 sizeof(mut));
+		n = proto_mutate(buf, len0, bad[i].key, MUT_REPLACE, &bad[i].val, mut, sizeof(mut));
 
 		assert_true(n > 0);
 		if (decode_with_fds(mut, (size_t)n, nfds) != -EBADMSG)
@@ -1018,14 +1018,19 @@ static void exec_messages(void **state)
 	}
 	for (size_t i = 0; i < ARRAY_SIZE(good); i++) {
 		size_t len0 = sample_named(good[i].sample, buf, sizeof(buf), &nfds);
-		ssize_t n = proto_mutate(buf, len0, good[i].key, MUT_REPLACE, &good[i].val, mut,
-					 sizeof(mut));
+		n = proto_mutate(buf, len0, good[i].key, MUT_REPLACE, &good[i].val, mut,
+				 sizeof(mut));
 
 		assert_true(n > 0);
 		if (decode_with_fds(mut, (size_t)n, nfds) != 0)
 			fail_msg("%s with %s at its bound (case %zu) refused", good[i].sample,
 				 good[i].key, i);
 	}
+	/* A required field missing after the blobs were decoded (fuzz-proto found them leaked). */
+	len = sample_named("env-exec", buf, sizeof(buf), &nfds);
+	n = proto_mutate(buf, len, "fl", MUT_REMOVE, NULL, mut, sizeof(mut));
+	assert_true(n > 0);
+	assert_int_equal(decode_with_fds(mut, (size_t)n, nfds), -EBADMSG);
 	/* The fd is part of the type: an exec or a write without one is refused. */
 	len = sample_named("env-exec", buf, sizeof(buf), &nfds);
 	assert_int_equal(nfds, 1);
