@@ -312,27 +312,12 @@ static char **argv_build(const struct proto_blob *b)
  * neither a host file it could reopen through /proc/self/fd nor changed under it. */
 static int stdin_copy(int from)
 {
-	_cleanup_close_ int mfd = -1;
 	struct stat st;
 	uint64_t n;
-	int r;
 
 	if (fstat(from, &st) < 0)
 		return -errno;
-	if (!S_ISREG(st.st_mode))
-		return -EINVAL;
-	mfd = memfd_create("belayer-exec-stdin", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (mfd < 0)
-		return -errno;
-	r = env_file_copy_bounded(from, mfd, ENV_EXEC_STDIN_MAX, &n);
-	if (r < 0)
-		return r;
-	if (fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0 ||
-	    lseek(mfd, 0, SEEK_SET) < 0)
-		return -errno;
-	r = mfd;
-	mfd = -1;
-	return r;
+	return S_ISREG(st.st_mode) ? env_file_sealed_copy(from, ENV_EXEC_STDIN_MAX, &n) : -EINVAL;
 }
 
 static int refuse(struct supervisor *s, struct sv_client *c, int code, const char *what,

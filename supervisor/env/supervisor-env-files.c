@@ -87,6 +87,24 @@ int env_file_copy_bounded(int from, int to, uint64_t max, uint64_t *ret_n)
 	return 0;
 }
 
+int env_file_sealed_copy(int from, uint64_t max, uint64_t *ret_n)
+{
+	_cleanup_close_ int mfd = memfd_create("belayer-env", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	int r;
+
+	if (mfd < 0)
+		return -errno;
+	r = env_file_copy_bounded(from, mfd, max, ret_n);
+	if (r < 0)
+		return r;
+	if (fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0 ||
+	    lseek(mfd, 0, SEEK_SET) < 0)
+		return -errno;
+	r = mfd;
+	mfd = -1;
+	return r;
+}
+
 int env_file_read(int root, const char *path, uint64_t max, int *ret_fd, struct stat *ret_st)
 {
 	_cleanup_close_ int fd = -1, mfd = -1;
@@ -102,15 +120,10 @@ int env_file_read(int root, const char *path, uint64_t max, int *ret_fd, struct 
 		return r;
 	if ((uint64_t)ret_st->st_size > max)
 		return -EFBIG;
-	mfd = memfd_create("belayer-env-read", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	mfd = env_file_sealed_copy(fd, max, &n);
 	if (mfd < 0)
-		return -errno;
-	r = env_file_copy_bounded(fd, mfd, max, &n);
-	if (r < 0)
-		return r;
+		return mfd;
 	ret_st->st_size = (off_t)n; /* what was read, if the file changed meanwhile */
-	if (fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
-		return -errno;
 	*ret_fd = mfd;
 	mfd = -1;
 	return 0;

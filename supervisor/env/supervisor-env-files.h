@@ -44,6 +44,9 @@ int env_user_lookup(int root, const char *user, uid_t *ret_uid, gid_t *ret_gid);
 /* Copies the first bytes of from (pread from offset 0) to to; -EFBIG when from holds more
  * than max. */
 int env_file_copy_bounded(int from, int to, uint64_t max, uint64_t *ret_n);
+/* The first bytes of from (at most max, else -EFBIG) in a new memfd sealed against any change,
+ * its offset at 0: an fd of it, or -errno. */
+int env_file_sealed_copy(int from, uint64_t max, uint64_t *ret_n);
 /* An id inside the environment (whose init is pid) as the host knows it, through
  * /proc/PID/{uid,gid}_map (identity without a user namespace). -ERANGE: unmapped. */
 int env_id_to_host(pid_t pid, bool gid, uint32_t id, uint32_t *ret);

@@ -87,6 +87,22 @@ static int strv_add(struct strv *v, const char *s, size_t cap)
 	return 0;
 }
 
+/* Connects and sends m: the socket, or -1 (said on stderr). */
+static int send_request(const struct ctl_options *ro, const struct proto_msg *m)
+{
+	int sock = ctl_connect(ro), r;
+
+	if (sock < 0)
+		return -1;
+	r = proto_send(sock, m, 0);
+	if (r < 0) {
+		fprintf(stderr, "belayerctl: send failed: %s\n", strerror(-r));
+		(void)close(sock);
+		return -1;
+	}
+	return sock;
+}
+
 static json_object *json_bytes(const char *p, size_t n)
 {
 	return json_object_new_string_len(p, (int)n);
@@ -184,12 +200,9 @@ static int do_exec(const struct ctl_options *o, int argc, char **argv)
 		return fprintf(stderr, "belayerctl: stdin: %s\n", strerror(-in)), -1;
 	q->fd = in;
 	ro.timeout_ms = (int)((q->timeout_ms ? q->timeout_ms : 60000) + EXEC_MARGIN_MS);
-	sock = ctl_connect(&ro);
+	sock = send_request(&ro, &m);
 	if (sock < 0)
 		return -1;
-	r = proto_send(sock, &m, 0);
-	if (r < 0)
-		return fprintf(stderr, "belayerctl: send failed: %s\n", strerror(-r)), -1;
 	for (;;) {
 		struct proto_msg a;
 
@@ -305,12 +318,9 @@ static int do_file(const struct ctl_options *o, bool write, int argc, char **arg
 		q->fd = data;
 	}
 	ro.timeout_ms = 120000;
-	sock = ctl_connect(&ro);
+	sock = send_request(&ro, &m);
 	if (sock < 0)
 		return -1;
-	r = proto_send(sock, &m, 0);
-	if (r < 0)
-		return fprintf(stderr, "belayerctl: send failed: %s\n", strerror(-r)), -1;
 	r = ctl_recv(sock, &ro, &a);
 	if (r < 0)
 		return -1;

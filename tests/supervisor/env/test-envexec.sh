@@ -61,6 +61,15 @@ bg=$(ctl env exec e1 -- cat /tmp/bg)
 state=$(ctl env exec e1 -- sh -c "sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' /proc/$bg/status 2>/dev/null || true")
 [[ -z $state || $state == Z ]] || fail "sleep $bg survived the timeout (state $state)"
 
+# A background process that keeps the exec's stdout holds the reply until it closes it...
+r=$(jexec e1 -- sh -c 'sleep 1 & echo parent done')
+[[ $(jfield "$r" .stdout) == "parent done" && $(jfield "$r" .wall_us) -ge 900000 ]] ||
+	fail "the reply did not wait for the pipe's holder: $r"
+# ... and at the timeout, one outside the process group (setsid) only loses the pipes.
+r=$(jexec e1 --timeout 1 -- sh -c 'setsid sleep 30 & echo $! >/tmp/outside; exit 0')
+[[ $(jfield "$r" .timed_out) == true && $(jfield "$r" .exit_code) == 0 &&
+	$(jfield "$r" .wall_us) -lt 3000000 ]] || fail "a holder outside the group: $r"
+
 # --- the environment's isolation --------------------------------------------------------------
 r=$(ctl env exec e2 -- sh -c 'for n in mnt pid uts ipc net cgroup time user pid_for_children time_for_children; do
 	[ "$(readlink /proc/self/ns/$n)" = "$(readlink /proc/1/ns/$n)" ] || echo "differs: $n"; done
