@@ -112,6 +112,10 @@ r=$(ctl env exec e1 --user nobody --cwd /tmp --env FOO=bar -- sh -c 'echo $(id -
 [[ $r == "65534:65534 /tmp bar"*"0000000000000000" ]] || fail "--user/--cwd/--env: $r"
 [[ $(ctl env exec e1 --user 123:45 -- sh -c 'echo $(id -u):$(id -g)') == 123:45 ]] || fail "--user 123:45"
 
+# What one exec costs the supervisor (spawn to reply), for the record.
+for _ in $(seq 11); do jexec e2 -- true | jq .wall_us; done | sort -n >"$dir/walls"
+echo "exec of true: median $(sed -n 6p "$dir/walls") us, max $(tail -1 "$dir/walls") us (11 runs)"
+
 # --- 16 execs at once in 4 environments, the supervisor still answering -------------------------
 t0=$(date +%s%N)
 pids=()
