@@ -31,7 +31,7 @@ struct exec_stream {
 	int fd; /* -1: at EOF */
 	struct event *ev;
 	char *buf; /* what is kept (not streaming) */
-	size_t len, seen;
+	size_t len, cap, seen;
 };
 
 struct env_exec {
@@ -158,8 +158,8 @@ static void exec_finish(struct env_exec *x)
 	m.exec_done.exit_code = x->sig ? -1 : x->code;
 	m.exec_done.signal = (uint32_t)x->sig;
 	m.exec_done.timed_out = x->timed_out;
-	m.exec_done.truncated = (x->out[0].seen > x->max_output ? 1u : 0) |
-				(x->out[1].seen > x->max_output ? 2u : 0);
+	m.exec_done.truncated = (x->out[0].seen > x->out[0].len ? 1u : 0) |
+				(x->out[1].seen > x->out[1].len ? 2u : 0);
 	m.exec_done.wall_us = us;
 	m.exec_done.out_bytes = x->out[0].seen;
 	m.exec_done.err_bytes = x->out[1].seen;
@@ -186,6 +186,24 @@ static void stream_close(struct exec_stream *st)
 	st->fd = safe_close(st->fd);
 }
 
+/* Room for n more bytes, the buffer grown as output comes (256 quiet execs hold no 1 MiB
+ * buffers each). */
+static int stream_reserve(struct exec_stream *st, size_t n, size_t max)
+{
+	size_t cap;
+	char *b;
+
+	if (st->len + n <= st->cap)
+		return 0;
+	cap = MIN(MAX(st->cap * 2, st->len + n), max);
+	b = realloc(st->buf, cap);
+	if (!b)
+		return -ENOMEM;
+	st->buf = b;
+	st->cap = cap;
+	return 0;
+}
+
 static void on_output(evutil_socket_t fd, short what, void *arg)
 {
 	struct env_exec *x = arg;
@@ -207,19 +225,18 @@ static void on_output(evutil_socket_t fd, short what, void *arg)
 			maybe_finish(x);
 			return;
 		}
-		keep = st->seen < x->max_output ? MIN((size_t)n, x->max_output - st->seen) : 0;
+		keep = st->len < x->max_output ? MIN((size_t)n, x->max_output - st->len) : 0;
 		st->seen += (size_t)n;
 		total += (size_t)n;
-		if (!keep)
-			continue; /* counted, dropped: the reply says truncated */
-		if (x->stream) {
-			struct sv_client *c = client_by_serial(x->s, x->client);
-
-			send_chunks(x, c, (uint32_t)i + 1, buf, keep);
-		} else {
+		if (keep && x->stream) {
+			send_chunks(x, client_by_serial(x->s, x->client), (uint32_t)i + 1, buf,
+				    keep);
+			st->len += keep;
+		} else if (keep && stream_reserve(st, keep, x->max_output) >= 0) {
 			memcpy(st->buf + st->len, buf, keep);
 			st->len += keep;
 		}
+		/* What is not kept is counted: the reply says truncated. */
 	}
 }
 
@@ -407,14 +424,6 @@ int env_exec_dispatch(struct supervisor *s, struct sv_client *c, struct proto_ms
 	if (pipe2(po, O_CLOEXEC) < 0 || pipe2(pe, O_CLOEXEC) < 0) {
 		r = -errno;
 		goto fail;
-	}
-	if (!x->stream) {
-		x->out[0].buf = malloc(x->max_output);
-		x->out[1].buf = malloc(x->max_output);
-		if (!x->out[0].buf || !x->out[1].buf) {
-			r = -ENOMEM;
-			goto fail;
-		}
 	}
 	sp.argv = argv;
 	sp.envp = envp;
