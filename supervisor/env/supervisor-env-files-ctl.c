@@ -116,6 +116,9 @@ int env_file_dispatch(struct supervisor *s, struct sv_client *c, struct proto_ms
 		return 0;
 	if (!q->path[0])
 		return client_send_error(s, c, EINVAL, m->type, "env %s: no path", q->env);
+	if (q->max > ENV_FILE_READ_LIMIT)
+		return client_send_error(s, c, EINVAL, m->type, "env %s: --max at most 256 MiB",
+					 q->env);
 	j = calloc(1, sizeof(*j));
 	if (!j)
 		return client_send_error(s, c, ENOMEM, m->type, "out of memory");

@@ -25,8 +25,9 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
-#define ENV_FILE_MAX_DEFAULT (16u << 20) /* `env read` / `env write` bound */
-#define ENV_PASSWD_MAX	     (1u << 20)	 /* the environment's /etc/passwd, read for --user */
+#define ENV_FILE_MAX_DEFAULT (16u << 20)  /* `env read` / `env write` bound */
+#define ENV_FILE_READ_LIMIT  (256u << 20) /* the largest `env read --max` */
+#define ENV_PASSWD_MAX	     (1u << 20)	  /* the environment's /etc/passwd, read for --user */
 
 /* The environment's root as its init sees it: an O_PATH fd of /proc/PID/root, or -errno. */
 int env_files_root(pid_t init);
