@@ -20,6 +20,7 @@ env_fixture envexec e1 e2 e3 e4 small
 cat >"$dir/conf.ini" <<CONF
 [supervisor]
 socket = $dir/sv.sock
+socket_mode = 0666
 state_dir = $dir/state
 [journal]
 enabled = no
@@ -208,6 +209,17 @@ for p in /dev/null /tmp /proc/self/status /proc/1/environ; do
 done
 if echo x | ctl env write e1 /usr/evil 2>/dev/null; then fail "write into the read-only /usr"; fi
 [[ ! -e /usr/evil ]] || fail "/usr/evil on the host"
+
+# Only root (or the supervisor's user) may exec, read or write.
+chmod 755 "$dir"
+for args in "exec e1 -- true" "read e1 /tmp/f" "write e1 /tmp/f"; do
+	# shellcheck disable=SC2086 # the words of args are the arguments
+	if setpriv --reuid=65534 --regid=65534 --clear-groups "$ctl_bin" -s "$dir/sv.sock" env $args \
+		</dev/null 2>"$dir/user.err"; then
+		fail "env $args as nobody"
+	fi
+	grep -q "needs root" "$dir/user.err" || fail "env $args as nobody: $(cat "$dir/user.err")"
+done
 
 # Destroy waits for nothing: no exec runs now.
 ctl env destroy e4 >/dev/null || fail "destroy"
