@@ -79,6 +79,7 @@ r=$(ctl env exec e2 -- sh -c 'for n in mnt pid uts ipc net cgroup time user pid_
 		[ "$(grep "^$f:" /proc/self/status)" = "$(grep "^$f:" /proc/1/status)" ] || echo "differs: $f"
 	done
 	grep -q "^Seccomp:[[:space:]]*2" /proc/self/status || echo "no seccomp filter"
+	fds=$(ls /proc/self/fd | tr "\n" " "); [ "$fds" = "0 1 2 3 " ] || echo "fds: $fds"
 	hostname; mount -t tmpfs x /mnt 2>/dev/null && echo "mount worked"; true')
 [[ $r == e2 ]] || fail "exec isolation: $r"
 # Seen from the host: in the environment's cgroup, and not the supervisor's child's namespace.
