@@ -16,6 +16,7 @@
 #include "supervisor-criu.h"
 #include "supervisor-dirty.h"
 #include "supervisor-env-ctl.h"
+#include "supervisor-env-exec.h"
 #include "supervisor-env-sandbox.h"
 #include "supervisor-env-slots.h"
 #include "supervisor-env.h"
@@ -266,6 +267,7 @@ void envs_stop(struct supervisor *s)
 
 	if (!es)
 		return;
+	env_exec_stop(s);
 	while (es->slots) {
 		struct env_slot *sl = es->slots;
 
@@ -1030,6 +1032,10 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 	if (sl->busy)
 		return client_send_error(s, c, EBUSY, PROTO_ENV_REQUEST,
 					 "%s: another operation runs", q->env);
+	/* An exec's command is the supervisor's child with the supervisor's pipes: no dump then. */
+	if (sl->execs)
+		return client_send_error(s, c, EBUSY, PROTO_ENV_REQUEST,
+					 "%s: %u exec or file operations run", q->env, sl->execs);
 	if (!sl->env) {
 		if (q->op != ENV_OP_DESTROY)
 			return client_send_error(s, c, EOPNOTSUPP, PROTO_ENV_REQUEST,

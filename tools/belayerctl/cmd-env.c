@@ -17,6 +17,7 @@
  *   env watch CGROUP_PATH [--name ID]         trace a cgroup made by someone else
  *   env dirty ID                              paths changed since the last checkpoint
  *   env log ID [--follow]                     what it ran and changed (side-effect log)
+ *   env exec|read|write ...                   cmd-env-exec.c
  */
 #include <errno.h>
 #include <getopt.h>
@@ -211,10 +212,12 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 	if (argc < 2) {
 		fprintf(stderr,
 			"Usage: belayerctl env create|adopt|checkpoint|restore|fork|rebuild|list|"
-			"destroy|watch|dirty|log ...\n");
+			"destroy|watch|dirty|log|exec|read|write ...\n");
 		return 2;
 	}
 	sub = argv[1];
+	if (strcmp(sub, "exec") == 0 || strcmp(sub, "read") == 0 || strcmp(sub, "write") == 0)
+		return cmd_env_exec(o, argc - 1, argv + 1);
 	if (env_op_from_string(sub, &q.op) < 0) {
 		fprintf(stderr, "belayerctl: unknown env command %s\n", sub);
 		return 2;
