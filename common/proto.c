@@ -312,6 +312,8 @@ static const struct field env_request_fields[] = {
 	OPT_U64("cpu", env_request.cpu_millis),
 	/* issue 19: a create's network */
 	OPT_U32("net", env_request.net, _ENV_NET_MAX - 1),
+	OPT_STR("dst", env_request.dst),
+	OPT_U32("n", env_request.count, ENV_FORK_MAX),
 };
 
 static const struct field env_info_fields[] = {
@@ -551,7 +553,7 @@ static const char *const env_op_names[_ENV_OP_MAX] = {
 	[ENV_OP_CREATE] = "create",   [ENV_OP_ADOPT] = "adopt", [ENV_OP_CHECKPOINT] = "checkpoint",
 	[ENV_OP_RESTORE] = "restore", [ENV_OP_LIST] = "list",	[ENV_OP_DESTROY] = "destroy",
 	[ENV_OP_WATCH] = "watch",     [ENV_OP_DIRTY] = "dirty", [ENV_OP_LOG] = "log",
-	[ENV_OP_REBUILD] = "rebuild",
+	[ENV_OP_REBUILD] = "rebuild", [ENV_OP_FORK] = "fork",
 };
 
 static const char *const ctl_action_names[_CTL_ACT_MAX] = {

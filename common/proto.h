@@ -84,7 +84,9 @@
  *     (restore: the checkpoint, "" the latest), "traj": str, "fl": uint32 (ENV_FLAG_*),
  *     "pids", "mem", "cpu": uint64 (create: the limits, tasks, bytes, thousandths of a
  *     CPU; 0 or absent: the configured default; ENV_LIMIT_NONE: no limit), "net": uint
- *     enum env_net (create: its network; 0 or absent: [env] net).
+ *     enum env_net (create: its network; 0 or absent: [env] net), "dst": str (fork: the new
+ *     environment's id; with "n" > 1 the forks are DST-1 .. DST-N), "n": uint32 1..64 (fork:
+ *     how many; 0 or absent: 1). A fork is answered with one PROTO_ENV_INFO per fork.
  *     Replies: PROTO_ENV_INFO or PROTO_ENV_ITEM messages closed by PROTO_END, or PROTO_ERROR.
  *   PROTO_ENV_INFO (31), supervisor -> peer: an environment (list, create, adopt) or a
  *     checkpoint's manifest (checkpoint, restore, list of checkpoints): "env", "ckpt",
@@ -255,12 +257,16 @@ enum env_op {
 	ENV_OP_DIRTY = 7,      /* env: the paths changed since its last checkpoint */
 	ENV_OP_LOG = 8,	       /* env: its side-effect log (fl ENV_FLAG_FOLLOW: then stream) */
 	ENV_OP_REBUILD = 9,    /* env: rebuild from the base, run cmd again (replay baseline) */
+	ENV_OP_FORK = 10,      /* env, ckpt, dst, n: n new environments from a checkpoint */
 	_ENV_OP_MAX,
 };
 
 #define ENV_FLAG_FOLLOW 1u
 /* A create's "pids"/"mem"/"cpu" that asks for no limit (0 asks for the configured one). */
 #define ENV_LIMIT_NONE UINT64_MAX
+
+/* The most forks one request makes. */
+#define ENV_FORK_MAX 64
 
 /* A create's "net": an environment's network (issue 19). 0 asks for [env] net. */
 enum env_net {
@@ -570,6 +576,8 @@ struct proto_env_request {
 	uint64_t pids, memory;			   /* optional "pids", "mem" */
 	uint64_t cpu_millis;			   /* optional "cpu" */
 	uint32_t net;				   /* optional enum env_net */
+	char dst[64];				   /* optional: fork */
+	uint32_t count;				   /* optional "n": fork, 0..ENV_FORK_MAX */
 };
 
 struct proto_env_info {

@@ -464,6 +464,24 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 		j->slot->env = NULL;
 		j->r = 0;
 		break;
+	case ENV_OP_FORK:
+		j->r = 0;
+		for (size_t i = 0; i < j->n_forks && j->r >= 0; i++) {
+			struct env_params p = j->p;
+			struct env_manifest fm;
+
+			p.id = j->fork_slots[i]->id;
+			j->r = env_fork(e, j->q.ckpt, &p, &j->forks[i], &fm, j->why,
+					sizeof(j->why));
+			if (j->r >= 0)
+				env_manifest_finish(&fm);
+		}
+		/* all or none: a group of K rollouts is of no use with K - 1 */
+		for (size_t i = 0; j->r < 0 && i < j->n_forks; i++) {
+			env_destroy(j->forks[i]);
+			j->forks[i] = NULL;
+		}
+		break;
 	default:
 		j->r = -EOPNOTSUPP;
 	}
@@ -520,7 +538,9 @@ static void job_report_failure(struct supervisor *s, struct sv_client *c, const 
 	const char *op = env_op_to_string(j->q.op);
 	const struct sv_env *e = j->slot->env;
 	bool ckpt_or_restore = j->q.op == ENV_OP_CHECKPOINT || j->q.op == ENV_OP_RESTORE;
-	const char *why = ckpt_or_restore && e && e->error[0] ? e->error : NULL;
+	const char *why = j->q.op == ENV_OP_FORK		? (j->why[0] ? j->why : NULL)
+			  : ckpt_or_restore && e && e->error[0] ? e->error
+								: NULL;
 
 	if (c)
 		(void)client_send_error(s, c, -j->r, PROTO_ENV_REQUEST, "env %s %s failed: %s%s%s",
@@ -536,6 +556,42 @@ static void job_report_failure(struct supervisor *s, struct sv_client *c, const 
 		supervisor_emit(s, EVENT_ENV, e && e->pid > 0 ? (uint32_t)e->pid : 0, 0,
 				"%s %s failed: %s%s%s", j->q.env, op, strerror(-j->r),
 				why ? ": " : "", why ?: "");
+}
+
+/* The new environments join their slots (or the slots go), one reply item each. */
+static void forks_done(struct supervisor *s, struct sv_client *c, struct env_job *j)
+{
+	struct proto_msg m;
+
+	for (size_t i = 0; i < j->n_forks; i++) {
+		struct env_slot *sl = j->fork_slots[i];
+
+		sl->busy = false;
+		if (j->r < 0) {
+			slot_remove(s->envs, sl);
+			continue;
+		}
+		sl->env = j->forks[i];
+		snprintf(sl->root, sizeof(sl->root), "%s", sl->env->root);
+		snprintf(sl->cgroup, sizeof(sl->cgroup), "%s", sl->env->cgroup);
+		snprintf(sl->log_path, sizeof(sl->log_path), "%s/sidelog.mpk", sl->env->dir);
+		(void)slot_watch(s, sl);
+	}
+	if (j->r < 0) {
+		job_report_failure(s, c, j);
+		return;
+	}
+	log_info("Environment %s: %zu fork%s done in %" PRIu64 " ms.", j->q.env, j->n_forks,
+		 j->n_forks == 1 ? "" : "s", j->us / 1000);
+	supervisor_emit(s, EVENT_ENV, 0, 0, "%s forked into %zu environment%s", j->q.env,
+			j->n_forks, j->n_forks == 1 ? "" : "s");
+	if (!c)
+		return;
+	for (size_t i = 0; i < j->n_forks; i++) {
+		info_of_env(j->fork_slots[i], &m);
+		(void)client_send(s, c, &m);
+	}
+	(void)send_end(s, c, (uint32_t)j->n_forks);
 }
 
 static void job_done(struct supervisor *s, struct sv_job *jb)
@@ -559,6 +615,10 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 		snprintf(sl->cgroup, sizeof(sl->cgroup), "%s", sl->env->cgroup);
 		snprintf(sl->log_path, sizeof(sl->log_path), "%s/sidelog.mpk", sl->env->dir);
 		(void)slot_watch(s, sl);
+	}
+	if (j->q.op == ENV_OP_FORK) {
+		forks_done(s, c, j);
+		return;
 	}
 	if (j->r < 0) {
 		if (!sl->env && (j->q.op == ENV_OP_CREATE || j->q.op == ENV_OP_ADOPT))
@@ -850,6 +910,49 @@ static int do_watch(struct supervisor *s, struct sv_client *c, const struct prot
 	return send_end(s, c, 1);
 }
 
+/* A fork's new slots, busy (refused when a name is taken or invalid: the source's slot freed
+ * again and the job dropped, the client answered). */
+static int fork_slots(struct supervisor *s, struct sv_client *c, struct env_job *j)
+{
+	uint32_t n = j->q.count ? j->q.count : 1;
+	int r = 0;
+
+	for (uint32_t i = 0; i < n && r == 0; i++) {
+		char id[80];
+		struct env_slot *sl;
+
+		if (n == 1)
+			snprintf(id, sizeof(id), "%s", j->q.dst);
+		else
+			snprintf(id, sizeof(id), "%s-%" PRIu32, j->q.dst, i + 1);
+		if (!env_id_valid(id))
+			r = client_send_error(s, c, EINVAL, PROTO_ENV_REQUEST,
+					      "fork: invalid id \"%s\"", id)
+				    ?: -1;
+		else if (env_slot_find(s->envs, id))
+			r = client_send_error(s, c, EEXIST, PROTO_ENV_REQUEST,
+					      "fork: environment %s exists", id)
+				    ?: -1;
+		else if (!(sl = calloc(1, sizeof(*sl))))
+			r = client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory")
+				    ?: -1;
+		if (r)
+			break;
+		snprintf(sl->id, sizeof(sl->id), "%s", id);
+		sl->busy = true;
+		sl->next = s->envs->slots;
+		s->envs->slots = sl;
+		j->fork_slots[j->n_forks++] = sl;
+	}
+	if (r == 0)
+		return 0;
+	for (size_t i = 0; i < j->n_forks; i++)
+		slot_remove(s->envs, j->fork_slots[i]);
+	j->slot->busy = false;
+	job_free(&j->job);
+	return -1;
+}
+
 int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_env_request *q)
 {
 	struct sv_envs *es = s->envs;
@@ -943,6 +1046,8 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 	j = env_job_new(s, c, sl, q);
 	if (!j)
 		return client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory");
+	if (q->op == ENV_OP_FORK && fork_slots(s, c, j) < 0)
+		return 0; /* answered */
 	/* The tracer holds the environment's root open (O_PATH, to resolve its paths): a rebuild
 	 * or a destroy unmounts it, so tracing stops first (a rebuild's restarts when done). */
 	if (q->op == ENV_OP_REBUILD || q->op == ENV_OP_DESTROY)

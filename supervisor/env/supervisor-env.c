@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,14 +163,11 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 	return 0;
 }
 
-int env_create(const struct env_params *p, struct sv_env **ret)
+int env_create_stopped(const struct env_params *p, struct sv_env **ret)
 {
 	struct sv_env *e;
-	struct stat st;
 	int r;
 
-	if (!p->base || stat(p->base, &st) < 0 || !S_ISDIR(st.st_mode))
-		return -ENOTDIR;
 	r = env_prepare(p, &e);
 	if (r < 0)
 		return r;
@@ -187,25 +185,49 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 		goto fail;
 	}
 	r = env_limits_setup(e);
+	if (r < 0) {
+		(void)rmdir(e->cgroup);
+		env_limits_remove(e);
+		goto fail;
+	}
+	*ret = e;
+	return 0;
+fail:
+	free(e);
+	return r;
+}
+
+void env_write_identity(const struct sv_env *e)
+{
+	char limits[96];
+
+	/* What a restarted supervisor needs to take the environment back (env_reopen). */
+	(void)write_small(e->dir, "base", e->base);
+	(void)write_small(e->dir, "cmd", e->cmd);
+	snprintf(limits, sizeof(limits), "%" PRIu64 " %" PRIu64 " %" PRIu32, e->limits.pids,
+		 e->limits.memory, e->limits.cpu_millis);
+	(void)write_small(e->dir, "limits", limits);
+	(void)write_small(e->dir, "net", env_net_to_string(e->net));
+}
+
+int env_create(const struct env_params *p, struct sv_env **ret)
+{
+	struct sv_env *e;
+	struct stat st;
+	int r;
+
+	if (!p->base || stat(p->base, &st) < 0 || !S_ISDIR(st.st_mode))
+		return -ENOTDIR;
+	r = env_create_stopped(p, &e);
 	if (r < 0)
-		goto fail_cg;
+		return r;
 	r = env_mount_overlay(e);
 	if (r < 0)
 		goto fail_cg;
 	r = env_launch(e);
 	if (r < 0)
 		goto fail_mount;
-	/* What a restarted supervisor needs to take the environment back (env_reopen). */
-	(void)write_small(e->dir, "base", e->base);
-	(void)write_small(e->dir, "cmd", e->cmd);
-	{
-		char limits[96];
-
-		snprintf(limits, sizeof(limits), "%" PRIu64 " %" PRIu64 " %" PRIu32, e->limits.pids,
-			 e->limits.memory, e->limits.cpu_millis);
-		(void)write_small(e->dir, "limits", limits);
-	}
-	(void)write_small(e->dir, "net", env_net_to_string(e->net));
+	env_write_identity(e);
 	*ret = e;
 	return 0;
 fail_mount:
@@ -213,7 +235,6 @@ fail_mount:
 fail_cg:
 	(void)rmdir(e->cgroup);
 	env_limits_remove(e);
-fail:
 	free(e);
 	return r;
 }
@@ -625,8 +646,12 @@ int env_kill(struct sv_env *e)
 	r = wait_unpopulated(e->cgroup);
 	if (r < 0)
 		return log_debug_errno(r, "Environment %s did not die: %m", e->id);
-	if (e->pid > 0 && !e->adopted)
+	if (e->pid > 0 && !e->adopted) {
+		/* Our child, not reaped, so the pid is still its: killed even when it is not in
+		 * the cgroup (a restore that put it elsewhere), so that the wait cannot hang. */
+		(void)kill(e->pid, SIGKILL);
 		(void)waitpid(e->pid, NULL, 0);
+	}
 	e->pid = 0;
 	return 0;
 }

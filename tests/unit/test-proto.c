@@ -528,6 +528,9 @@ static bool key_is_optional(enum proto_type type, const char *key)
 		/* A create's network and an environment's (issue 19). */
 		{PROTO_ENV_REQUEST, "net"},
 		{PROTO_ENV_INFO, "net"},
+		/* A fork's new environment and count (issue 20 item 4). */
+		{PROTO_ENV_REQUEST, "dst"},
+		{PROTO_ENV_REQUEST, "n"},
 		/* A step event carries what the framework knows of the pending request. */
 		{PROTO_TRAJ_STEP, "turn"},
 		{PROTO_TRAJ_STEP, "plen"},
