@@ -23,6 +23,7 @@
 
 #include "log.h"
 #include "util.h"
+#include "supervisor-env-devices.h"
 #include "supervisor-env-limits.h"
 #include "supervisor-env-sandbox.h"
 #include "supervisor-env.h"
@@ -269,6 +270,8 @@ int env_launch(struct sv_env *e)
 	if (pid < 0)
 		return log_debug_errno(-errno, "clone3 for environment %s failed: %m", e->id);
 	r = env_limits_join(e, pid);
+	if (r >= 0)
+		r = env_devices_join(e, pid);
 	if (r < 0 || write(go, "g", 1) != 1) {
 		r = r < 0 ? r : -errno;
 		(void)kill(pid, SIGKILL);

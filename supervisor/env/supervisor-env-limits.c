@@ -266,3 +266,8 @@ void env_limits_remove(const struct sv_env *e)
 		if (limit_dir(e, k, dir, sizeof(dir), &v2) >= 0 && !v2)
 			(void)rmdir(dir);
 }
+
+int env_limits_v1_dir(const struct sv_env *e, const char *ctl, char *ret, size_t cap)
+{
+	return v1_dir(e, ctl, ret, cap);
+}

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -40,3 +41,6 @@ void env_limits_remove(const struct sv_env *e);
 /* How kind is enforced for e: "v2", "v1", "none" (no controller for it), or "unlimited". An
  * environment has v1 cgroups only for the limits it has. */
 const char *env_limits_where(const struct sv_env *e, enum env_limit_kind kind);
+/* e's cgroup in the v1 hierarchy holding controller ctl (whether or not it exists yet).
+ * -ENOENT: the host has no such hierarchy. */
+int env_limits_v1_dir(const struct sv_env *e, const char *ctl, char *ret, size_t cap);

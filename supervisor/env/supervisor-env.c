@@ -21,6 +21,7 @@
 
 #include "log.h"
 #include "util.h"
+#include "supervisor-env-devices.h"
 #include "supervisor-env-fs.h"
 #include "supervisor-env.h"
 
@@ -183,6 +184,8 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 		goto fail;
 	}
 	r = env_limits_setup(e);
+	if (r >= 0)
+		r = env_devices_setup(e);
 	if (r < 0)
 		goto fail_cg;
 	r = env_mount_overlay(e);
@@ -208,6 +211,7 @@ fail_mount:
 fail_cg:
 	(void)rmdir(e->cgroup);
 	env_limits_remove(e);
+	env_devices_remove(e);
 fail:
 	free(e);
 	return r;
@@ -645,6 +649,7 @@ void env_destroy(struct sv_env *e)
 			(void)umount2(e->root, MNT_DETACH);
 		(void)rmdir(e->cgroup);
 		env_limits_remove(e);
+		env_devices_remove(e);
 		/* Its writable layer goes with it: an environment created later under the same id
 		 * starts from its base. */
 		wipe_dir(e->upper);
@@ -665,12 +670,16 @@ void env_destroy(struct sv_env *e)
 
 int env_fresh_cgroup(struct sv_env *e)
 {
+	int r;
+
 	if (rmdir(e->cgroup) < 0 && errno != ENOENT)
 		return -errno;
 	if (mkdir(e->cgroup, 0755) < 0)
 		return -errno;
-	/* its limits again (v2: the new directory has none; v1: CRIU and the launch join them) */
-	return env_limits_setup(e);
+	/* its limits and device rules again (v2: the new directory has none; v1: CRIU and the
+	 * launch join them) */
+	r = env_limits_setup(e);
+	return r < 0 ? r : env_devices_setup(e);
 }
 
 int env_rebuild(struct sv_env *e)
@@ -767,6 +776,14 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 	if (access(path, F_OK) == 0)
 		(void)env_write_file(path, "0");
 	e->pid = find_init(e->cgroup);
+	/* Attached to the cgroup, the device program outlives us; a cgroup made by someone
+	 * else since (or an older Belayer's) gets it now. */
+	if (e->pid > 0) {
+		r = env_devices_ensure(e);
+		if (r < 0)
+			log_warning_errno(r, "Environment %s has no device program on %s: %m",
+					  e->id, e->cgroup);
+	}
 	*ret = e;
 	return 0;
 }
