@@ -82,8 +82,9 @@
  *     "cg": str (adopt: the cgroup), "pid": uint32 (adopt: the init), "turn", "plen", "phash":
  *     uint64 (checkpoint: the trajectory's turn, token-prefix length and hash), "ckpt": str
  *     (restore: the checkpoint, "" the latest), "traj": str, "fl": uint32 (ENV_FLAG_*),
- *     "pids", "mem", "cpu": uint64 (create: the limits, tasks, bytes, thousandths of a
- *     CPU; 0 or absent: the configured default; ENV_LIMIT_NONE: no limit).
+ *     "pids", "mem", "cpu", "disk": uint64 (create: the limits, tasks, bytes, thousandths of
+ *     a CPU, bytes of the writable layer; 0 or absent: the configured default;
+ *     ENV_LIMIT_NONE: no limit).
  *     Replies: PROTO_ENV_INFO or PROTO_ENV_ITEM messages closed by PROTO_END, or PROTO_ERROR.
  *   PROTO_ENV_INFO (31), supervisor -> peer: an environment (list, create, adopt) or a
  *     checkpoint's manifest (checkpoint, restore, list of checkpoints): "env", "ckpt",
@@ -233,7 +234,7 @@ enum env_op {
 };
 
 #define ENV_FLAG_FOLLOW 1u
-/* A create's "pids"/"mem"/"cpu" that asks for no limit (0 asks for the configured one). */
+/* A create's "pids"/"mem"/"cpu"/"disk" that asks for no limit (0 asks for the configured one). */
 #define ENV_LIMIT_NONE UINT64_MAX
 
 /* How a PROTO_NCCL_COMM communicator was made. */
@@ -527,6 +528,7 @@ struct proto_env_request {
 	uint32_t flags;				   /* optional "fl" */
 	uint64_t pids, memory;			   /* optional "pids", "mem" */
 	uint64_t cpu_millis;			   /* optional "cpu" */
+	uint64_t disk;				   /* optional "disk" */
 };
 
 struct proto_env_info {

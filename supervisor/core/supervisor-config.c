@@ -193,6 +193,10 @@ static const struct key keys[] = {
 	U32("env", "cpu_max", env_cpu_max, 0, 1024000, "0",
 	    "CPU an environment may use, in thousandths of a CPU (1500: one and a half; 0: no "
 	    "limit). v2's cpu.max, else v1's CFS quota."),
+	SIZE("env", "disk_max", env_disk_max, 0, UINT64_MAX, "0",
+	     "Bytes an environment may write into its writable layer; past them a write gets "
+	     "ENOSPC (0: no limit, the layer stays on the state directory's file system). The "
+	     "layer then lives on a tmpfs of that size, whose pages count against memory_max."),
 
 	TYPED("nccl", "hang_timeout", KEY_MS, nccl_hang_timeout_ms, "10s",
 	      "A communicator with a collective in flight and no progress for this long, while "

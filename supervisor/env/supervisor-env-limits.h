@@ -21,6 +21,7 @@ struct env_limits {
 	uint64_t pids;	     /* tasks */
 	uint64_t memory;     /* bytes, swap included where the controller counts it */
 	uint32_t cpu_millis; /* thousandths of a CPU (1500: one and a half) */
+	uint64_t disk;	     /* bytes of the writable layer (supervisor-env-disk.h) */
 };
 
 enum env_limit_kind {

@@ -22,6 +22,7 @@
 #include "log.h"
 #include "util.h"
 #include "supervisor-env-devices.h"
+#include "supervisor-env-disk.h"
 #include "supervisor-env-fs.h"
 #include "supervisor-env.h"
 
@@ -133,8 +134,6 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 		return -ENOMEM;
 	snprintf(e->id, sizeof(e->id), "%s", p->id);
 	snprintf(e->dir, sizeof(e->dir), "%s/envs/%s", p->state_dir, p->id);
-	snprintf(e->upper, sizeof(e->upper), "%s/upper", e->dir);
-	snprintf(e->work, sizeof(e->work), "%s/work", e->dir);
 	snprintf(e->root, sizeof(e->root), "%s/root", e->dir);
 	snprintf(e->cgroup, sizeof(e->cgroup), "%s/%s", p->cgroup_parent, p->id);
 	snprintf(e->cmd, sizeof(e->cmd), "%s", p->cmd ? p->cmd : "");
@@ -144,6 +143,7 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 	e->keep = p->keep ? p->keep : ENV_KEEP_DEFAULT;
 	e->ghost_limit = p->ghost_limit ? p->ghost_limit : ENV_GHOST_LIMIT_DEFAULT;
 	e->limits = p->limits;
+	env_disk_layout(e);
 	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", e->dir);
 	r = mkdir_p(e->dir, 0700);
 	if (r >= 0)
@@ -170,6 +170,9 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 	r = env_prepare(p, &e);
 	if (r < 0)
 		return r;
+	r = env_disk_mount(e);
+	if (r < 0)
+		goto fail;
 	if ((mkdir(e->upper, 0755) < 0 && errno != EEXIST) ||
 	    (mkdir(e->work, 0700) < 0 && errno != EEXIST) ||
 	    (mkdir(e->root, 0755) < 0 && errno != EEXIST)) {
@@ -198,10 +201,10 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 	(void)write_small(e->dir, "base", e->base);
 	(void)write_small(e->dir, "cmd", e->cmd);
 	{
-		char limits[96];
+		char limits[128];
 
-		snprintf(limits, sizeof(limits), "%" PRIu64 " %" PRIu64 " %" PRIu32, e->limits.pids,
-			 e->limits.memory, e->limits.cpu_millis);
+		snprintf(limits, sizeof(limits), "%" PRIu64 " %" PRIu64 " %" PRIu32 " %" PRIu64,
+			 e->limits.pids, e->limits.memory, e->limits.cpu_millis, e->limits.disk);
 		(void)write_small(e->dir, "limits", limits);
 	}
 	*ret = e;
@@ -213,6 +216,7 @@ fail_cg:
 	env_limits_remove(e);
 	env_devices_remove(e);
 fail:
+	env_disk_unmount(e);
 	free(e);
 	return r;
 }
@@ -654,6 +658,7 @@ void env_destroy(struct sv_env *e)
 		 * starts from its base. */
 		wipe_dir(e->upper);
 		wipe_dir(e->work);
+		env_disk_unmount(e);
 		/* Forgotten for good: not taken back after a restart, and an environment created
 		 * later under the same id gets a new identity, so these checkpoints (kept on disk)
 		 * are foreign to it. */
@@ -763,19 +768,41 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 	(void)read_small(e->dir, "cmd", e->cmd, sizeof(e->cmd));
 	/* its own limits (a create's may differ from the configuration's) */
 	{
-		char limits[96];
-		struct env_limits l;
+		char limits[128];
+		struct env_limits l = {0};
 
+		/* the disk limit is the fourth; an environment whose file lacks it was made
+		 * before disk limits existed: its layer is on the state directory */
 		if (read_small(e->dir, "limits", limits, sizeof(limits)) >= 0 &&
-		    sscanf(limits, "%" SCNu64 " %" SCNu64 " %" SCNu32, &l.pids, &l.memory,
-			   &l.cpu_millis) == 3)
+		    sscanf(limits, "%" SCNu64 " %" SCNu64 " %" SCNu32 " %" SCNu64, &l.pids,
+			   &l.memory, &l.cpu_millis, &l.disk) >= 3)
 			e->limits = l;
+		else
+			e->limits.disk = 0;
+		env_disk_layout(e);
 	}
 	/* A supervisor that died inside a checkpoint left the environment frozen. */
 	snprintf(path, sizeof(path), "%s/cgroup.freeze", e->cgroup);
 	if (access(path, F_OK) == 0)
 		(void)env_write_file(path, "0");
 	e->pid = find_init(e->cgroup);
+	/* The writable layer's tmpfs is mounted in our mount namespace, which a supervisor
+	 * restarted in a namespace of its own (systemd's ProtectSystem) or a reboot does not
+	 * have: a running environment's layer is then out of reach (a checkpoint would see it
+	 * empty), so the environment stops and comes back from its head, by a restore. */
+	if (!env_disk_mounted(e)) {
+		if (e->pid > 0) {
+			log_warning("Environment %s's writable layer (a tmpfs: disk limit) is not "
+				    "mounted here: stopped, restore it from its head.",
+				    e->id);
+			(void)env_kill(e);
+		}
+		r = env_disk_mount(e);
+		if (r < 0) {
+			free(e);
+			return r;
+		}
+	}
 	/* Attached to the cgroup, the device program outlives us; a cgroup made by someone
 	 * else since (or an older Belayer's) gets it now. */
 	if (e->pid > 0) {

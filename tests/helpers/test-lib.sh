@@ -45,6 +45,7 @@ env_fixture_cleanup() {
 	for e in "${fixture_envs[@]}"; do
 		[[ -d $cg/$e ]] && { echo 1 >"$cg/$e/cgroup.kill" 2>/dev/null || true; }
 		umount -l "$dir/state/envs/$e/root" 2>/dev/null || true
+		umount -l "$dir/state/envs/$e/disk" 2>/dev/null || true
 	done
 	# The killed trees leave their cgroups once the kernel has reaped them.
 	for _ in $(seq 50); do

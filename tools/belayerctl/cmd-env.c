@@ -2,7 +2,7 @@
 /*
  * belayerctl env: agent environments (issue 9 item 3, issue 10).
  *   env create ID --root BASE [--cmd CMD] [--pids N|max] [--memory SIZE|max] [--cpus X|max]
- *                                             start one (sandboxed: own namespaces, cgroups,
+ *              [--disk SIZE|max]              start one (sandboxed: own namespaces, cgroups,
  *                                             overlay root; limits other than [env]'s)
  *   env adopt ID --root ROOT --cgroup CG --pid PID   register another runtime's environment
  *   env checkpoint ID --turn N [--prefix-tokens LEN --prefix-hash H] [--trajectory T]
@@ -188,6 +188,7 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 		{"pids", required_argument, NULL, 'P'},
 		{"memory", required_argument, NULL, 'M'},
 		{"cpus", required_argument, NULL, 'U'},
+		{"disk", required_argument, NULL, 'D'},
 		{},
 	};
 	struct proto_env_request q = {0};
@@ -260,6 +261,9 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 			break;
 		case 'U':
 			r = parse_limit(optarg, "", 1000, &q.cpu_millis);
+			break;
+		case 'D':
+			r = parse_limit(optarg, "kmgt", 1, &q.disk);
 			break;
 		default:
 			return 2;
