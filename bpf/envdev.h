@@ -6,10 +6,11 @@
  * headers.
  *
  * Everything not listed is refused (open and mknod), block devices all. Read and write are
- * allowed on every entry; mknod only on the nodes Belayer's own /dev holds (the launch makes
- * them inside the environment's cgroups, and a CRIU restore of that tmpfs makes them again):
- * an agent cannot mknod anyway (no CAP_MKNOD), and a node it finds cannot be opened unless
- * listed here.
+ * allowed on every entry; mknod only on the nodes Belayer's own /dev holds: the launch makes
+ * them inside the environment's cgroups, and CRIU restores that tmpfs's content (tar) from
+ * inside them too (with mknod refused on these as well, a restore fails: "Can't restore tmpfs
+ * content"). An agent cannot mknod anyway (no CAP_MKNOD), and a node it finds cannot be
+ * opened unless listed here.
  */
 #pragma once
 

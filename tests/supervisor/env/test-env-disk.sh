@@ -4,7 +4,8 @@
 # --disk): an environment created with --disk 8M that writes 20 MB gets ENOSPC, while another
 # environment writes 20 MB and the supervisor answers; checkpoint and restore of the limited
 # environment work (the layer is rolled back on its tmpfs, the limit still holds after); a
-# restarted supervisor takes it back with its layer; destroy unmounts the tmpfs.
+# restarted supervisor takes it back with its layer; destroy unmounts the tmpfs. And what a
+# restart does for the device allow-list: a cgroup that lost its device program gets it back.
 # Usage: test-env-disk.sh SUPERVISOR BELAYERCTL
 set -euo pipefail
 
@@ -92,10 +93,15 @@ w=$dir/state/envs/d1/root/work
 [[ $(agent d1 "$fill") != 0 ]] || fail "the restored d1 wrote 20 MB under --disk 8M"
 [[ $(grep -c " $disk " /proc/self/mountinfo) == 1 ]] || fail "the tmpfs is mounted more than once"
 
-# A restarted supervisor takes d1 back with its layer (its limit from the limits file).
+# A restarted supervisor takes d1 back with its layer (its limit from the limits file), and
+# attaches the device program again to a cgroup that lost it meanwhile.
 kill "$sv_pid"
 wait "$sv_pid" 2>/dev/null || true
+prog=$(bpftool cgroup list "$cg/d1" | awk '$2 == "cgroup_device" { print $1 }')
+[[ -n $prog ]] || fail "no device program on d1's cgroup"
+bpftool cgroup detach "$cg/d1" cgroup_device id "$prog"
 supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv2.log"
+bpftool cgroup list "$cg/d1" | grep -q cgroup_device || fail "the restart left d1 without a device program"
 [[ $(agent d1 'cat /work/kept && rm /work/big') == 0 ]] || fail "d1 after a supervisor restart"
 [[ $(grep -c " $disk " /proc/self/mountinfo) == 1 ]] || fail "the restart mounted another tmpfs"
 ctl env checkpoint d1 --turn 2 >/dev/null
