@@ -170,6 +170,13 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 	r = env_prepare(p, &e);
 	if (r < 0)
 		return r;
+	/* The layer's tmpfs pages are the environment's memory: past memory_max a big write is
+	 * killed before it gets ENOSPC. */
+	if (e->limits.disk && e->limits.memory && e->limits.disk >= e->limits.memory)
+		log_warning("Environment %s: its disk limit (%" PRIu64 " bytes) is not below its "
+			    "memory limit (%" PRIu64 " bytes), which its writable layer counts "
+			    "against: a large write is OOM-killed rather than refused with ENOSPC.",
+			    e->id, e->limits.disk, e->limits.memory);
 	r = env_disk_mount(e);
 	if (r < 0)
 		goto fail;
@@ -808,8 +815,9 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 	if (e->pid > 0) {
 		r = env_devices_ensure(e);
 		if (r < 0)
-			log_warning_errno(r, "Environment %s has no device program on %s: %m",
-					  e->id, e->cgroup);
+			log_warning_errno(
+				r, "Environment %s has no device program on %s: %m, ignoring.",
+				e->id, e->cgroup);
 	}
 	*ret = e;
 	return 0;

@@ -15,7 +15,7 @@ ctl_bin=$2
 source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
 
-env_fixture envdisk d1 d2
+env_fixture envdisk d1 d2 d3
 cat >"$dir/conf.ini" <<CONF
 [supervisor]
 socket = $dir/sv.sock
@@ -79,6 +79,16 @@ size=$(stat -c %s "$dir/state/envs/d1/root/work/big")
 ((size <= 8 << 20)) || fail "d1 holds $size bytes"
 [[ $(agent d2 "$fill") == 0 ]] || fail "d2 (no limit) could not write 20 MB"
 ctl env list | grep -q d2 || fail "the supervisor does not answer"
+
+# The tmpfs's pages are the environment's memory: 20 MB written show in its memory cgroup.
+ctl env create d3 --root "$dir/base" --cmd 'exec /work/agent' --disk 64M >/dev/null
+[[ $(agent d3 "$fill") == 0 ]] || fail "d3 could not write 20 MB under --disk 64M"
+pid3=$(ctl --json env list | grep '"env":"d3"' | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
+mem=$(cgroup_dir "$pid3" memory)
+if [[ -e $mem/memory.current ]]; then used=$(cat "$mem/memory.current"); else
+	used=$(cat "$mem/memory.usage_in_bytes"); fi
+((used >= 20 << 20)) || fail "d3's memory cgroup holds $used bytes after 20 MB written"
+ctl env destroy d3 >/dev/null
 
 # Checkpoint and restore of the limited environment: the layer rolls back on its tmpfs.
 [[ $(agent d1 'rm /work/big && echo kept >/work/kept') == 0 ]] || fail "d1 cannot free its disk"
