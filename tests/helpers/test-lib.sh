@@ -53,6 +53,10 @@ env_fixture_cleanup() {
 		rmdir "$cg" 2>/dev/null && break
 		sleep 0.1
 	done
+	# Their v1 mirrors (limits, device rules: <mount><own cgroup>/<$cg's name>/ENV), emptied
+	# with the v2 ones.
+	find /sys/fs/cgroup -mindepth 2 -maxdepth 8 -type d -name "${cg##*/}" 2>/dev/null |
+		while read -r m; do rmdir "$m"/* "$m" 2>/dev/null || true; done
 	rm -rf "$dir"
 }
 
