@@ -117,7 +117,7 @@ check_devices() {
 			fail "e1's v1 device rules $1: $(cat "$devs/devices.list")"
 	fi
 	if command -v bpftool >/dev/null; then
-		bpftool cgroup list "$cg/e1" | grep -q '^[0-9]* *cgroup_device' ||
+		[[ $(bpftool cgroup list "$cg/e1") == *cgroup_device* ]] ||
 			fail "no device program on e1's cgroup $1: $(bpftool cgroup list "$cg/e1")"
 	fi
 }
