@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -49,23 +50,38 @@ static int v1_apply(const char *dir)
 	return 0;
 }
 
+/* The program, loaded once per process and kept (an fd, O_CLOEXEC): loading costs about 10 ms
+ * here (libbpf reads the kernel's BTF), an attach a syscall, and a restore attaches it to its
+ * fresh cgroup. Environment jobs run on several threads. */
+static pthread_mutex_t prog_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct envdev *prog_skel;
+
+static int prog_fd(void)
+{
+	int fd;
+
+	pthread_mutex_lock(&prog_lock);
+	if (!prog_skel)
+		prog_skel = envdev__open_and_load();
+	fd = prog_skel ? bpf_program__fd(prog_skel->progs.envdev_allow) : -errno;
+	pthread_mutex_unlock(&prog_lock);
+	return fd;
+}
+
 int env_devices_attach(const char *cgroup)
 {
 	_cleanup_close_ int cg = open(cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	struct envdev *skel;
-	int r;
+	int fd;
 
 	if (cg < 0)
 		return -errno;
-	skel = envdev__open_and_load();
-	if (!skel)
-		return -errno;
+	fd = prog_fd();
+	if (fd < 0)
+		return fd;
 	/* No link: the attachment holds the program, and lives as long as the cgroup. */
-	r = bpf_prog_attach(bpf_program__fd(skel->progs.envdev_allow), cg, BPF_CGROUP_DEVICE,
-			    BPF_F_ALLOW_MULTI);
-	r = r < 0 ? -errno : 0;
-	envdev__destroy(skel);
-	return r;
+	if (bpf_prog_attach(fd, cg, BPF_CGROUP_DEVICE, BPF_F_ALLOW_MULTI) < 0)
+		return -errno;
+	return 0;
 }
 
 int env_devices_attached(const char *cgroup)

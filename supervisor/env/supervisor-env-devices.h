@@ -11,7 +11,9 @@
  *
  * The program is attached with BPF_F_ALLOW_MULTI and no link: it stays with the cgroup until
  * the cgroup is removed, past a supervisor restart, and programs of the ancestors (systemd's
- * DevicePolicy) still run.
+ * DevicePolicy) still run. It is loaded once per process (about 10 ms: libbpf reads the
+ * kernel's BTF) and kept; an attach then costs about 0.4 ms, which a restore pays for its
+ * fresh cgroup.
  */
 #pragma once
 
