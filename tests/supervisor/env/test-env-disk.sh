@@ -4,8 +4,9 @@
 # --disk): an environment created with --disk 8M that writes 20 MB gets ENOSPC, while another
 # environment writes 20 MB and the supervisor answers; checkpoint and restore of the limited
 # environment work (the layer is rolled back on its tmpfs, the limit still holds after); a
-# restarted supervisor takes it back with its layer; destroy unmounts the tmpfs. And what a
-# restart does for the device allow-list: a cgroup that lost its device program gets it back.
+# restarted supervisor takes it back with its layer; a rebuild keeps the limit; destroy unmounts
+# the tmpfs. And what a restart does for the device allow-list: a cgroup that lost its device
+# program gets it back.
 # Usage: test-env-disk.sh SUPERVISOR BELAYERCTL
 set -euo pipefail
 
@@ -133,6 +134,11 @@ ctl env restore d1 >/dev/null
 [[ $(cat "$w/kept") == kept && -e $w/small && ! -e $w/unsaved ]] ||
 	fail "d1 restored from its head onto a new tmpfs: $(ls "$w")"
 [[ $(agent d1 "$fill") != 0 ]] || fail "d1 on its new tmpfs wrote 20 MB"
+
+# A rebuild (the replay baseline) empties the layer on the same tmpfs; the limit holds.
+ctl env rebuild d1 >/dev/null
+[[ ! -e $w/kept ]] || fail "the rebuilt d1 kept its layer"
+[[ $(agent d1 "$fill") != 0 ]] || fail "the rebuilt d1 wrote 20 MB under --disk 8M"
 
 ctl env destroy d1 >/dev/null
 ! grep -q " $disk " /proc/self/mountinfo || fail "destroy left the tmpfs mounted"
