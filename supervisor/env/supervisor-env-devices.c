@@ -28,7 +28,7 @@ static int v1_write(const char *dir, const char *file, const char *value)
 
 /* The v1 rules: deny all first (a new cgroup inherits its parent's "a *:* rwm"), then each
  * entry. The kernel takes one rule per write. */
-static int v1_apply(const char *dir)
+int env_devices_v1_apply(const char *dir)
 {
 	char rule[64];
 	int r;
@@ -108,7 +108,7 @@ int env_devices_setup(const struct sv_env *e)
 		if ((mkdir(parent, 0755) < 0 && errno != EEXIST) ||
 		    (mkdir(dir, 0755) < 0 && errno != EEXIST))
 			return log_debug_errno(-errno, "Failed to create %s: %m", dir);
-		r = v1_apply(dir);
+		r = env_devices_v1_apply(dir);
 		if (r < 0)
 			return log_debug_errno(r, "Failed to set %s's v1 device rules: %m", e->id);
 	} else if (r != -ENOENT) {

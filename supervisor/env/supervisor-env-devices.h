@@ -31,6 +31,8 @@ int env_devices_ensure(const struct sv_env *e);
 /* Removes the v1 devices cgroup (once the environment's processes are gone). */
 void env_devices_remove(const struct sv_env *e);
 
+/* The v1 rules written into the v1 devices cgroup dir (which must have no child cgroup). */
+int env_devices_v1_apply(const char *dir);
 /* The v2 program attached to the cgroup v2 directory cgroup. 0 or -errno. */
 int env_devices_attach(const char *cgroup);
 /* How many device programs are attached to cgroup itself (not its ancestors), or -errno. */

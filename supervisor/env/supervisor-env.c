@@ -689,9 +689,9 @@ int env_fresh_cgroup(struct sv_env *e)
 	if (mkdir(e->cgroup, 0755) < 0)
 		return -errno;
 	/* its limits and device rules again (v2: the new directory has none; v1: CRIU and the
-	 * launch join them) */
+	 * launch join them); an adopted environment keeps the devices its runtime gave it */
 	r = env_limits_setup(e);
-	return r < 0 ? r : env_devices_setup(e);
+	return r < 0 || e->adopted ? r : env_devices_setup(e);
 }
 
 int env_rebuild(struct sv_env *e)

@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The cgroup v2 device program alone (supervisor-env-devices.h, bpf/envdev.bpf.c): two sibling
- * v2 cgroups, the program attached to one; a child moved into each opens and makes device
- * nodes the test made in a directory of its own. Outside the v1 devices controller's reach (the
- * test runs in its v1 root), so what refuses is the program; the sibling without it is the
- * control that shows the same nodes open there. Suite sandbox runs both together, from inside
- * an environment.
+ * Each half of an environment's device allow-list alone (supervisor-env-devices.h): the cgroup
+ * v2 program (bpf/envdev.bpf.c) on one of two sibling v2 cgroups, and the v1 devices
+ * controller's rules on a v1 cgroup; a child moved into each opens and makes device nodes the
+ * test made in a directory of its own. The program's child is in the v1 root and the v1 rules'
+ * child in the test's v2 cgroup, so each time one mechanism alone refuses; the v2 sibling
+ * without the program is the control that shows the same nodes open and made there. Suite
+ * sandbox runs both together, from inside an environment.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,7 +32,7 @@
 #include "supervisor-env.h"
 #include "test-util.h"
 
-static char dir[PATH_MAX], top[PATH_MAX], plain[PATH_MAX], listed[PATH_MAX];
+static char dir[PATH_MAX], top[PATH_MAX], plain[PATH_MAX], listed[PATH_MAX], v1[PATH_MAX];
 
 /* The cgroup v2 mount: hybrid hosts' /sys/fs/cgroup/unified, else /sys/fs/cgroup. */
 static const char *v2_mount(void)
@@ -43,6 +44,24 @@ static const char *v2_mount(void)
 		if (statfs(where[i], &sf) == 0 && sf.f_type == CGROUP2_SUPER_MAGIC)
 			return where[i];
 	return NULL;
+}
+
+/* The v1 devices hierarchy's mount point, from our mount table ("" when there is none). */
+static void v1_devices_mount(char *ret, size_t cap)
+{
+	char line[4096], mp[PATH_MAX];
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+
+	ret[0] = 0;
+	while (f && !ret[0] && fgets(line, sizeof(line), f)) {
+		char *dash = strstr(line, " - ");
+
+		if (dash && strncmp(dash + 3, "cgroup ", 7) == 0 && strstr(dash, "devices") &&
+		    sscanf(line, "%*s %*s %*s %*s %4095s", mp) == 1)
+			snprintf(ret, cap, "%s", mp);
+	}
+	if (f)
+		fclose(f);
 }
 
 /* A block device this machine has (its first in /sys/dev/block), 0 if none. */
@@ -103,6 +122,12 @@ static int setup(void **state)
 	assert_int_equal(mkdir(plain, 0755), 0);
 	assert_int_equal(mkdir(listed, 0755), 0);
 	snprintf(dir, sizeof(dir), "%s", test_mkdtemp("belayer-devices"));
+	v1_devices_mount(v1, sizeof(v1));
+	if (v1[0]) {
+		snprintf(v1 + strlen(v1), sizeof(v1) - strlen(v1), "/belayer-test-devices-%d",
+			 (int)getpid());
+		assert_int_equal(mkdir(v1, 0755), 0);
+	}
 	return 0;
 }
 
@@ -114,6 +139,8 @@ static int teardown(void **state)
 		(void)rmdir(plain);
 		(void)rmdir(top);
 	}
+	if (v1[0])
+		(void)rmdir(v1);
 	if (dir[0])
 		(void)test_rmtree(dir);
 	return 0;
@@ -160,10 +187,35 @@ static void program_alone(void **state)
 	assert_int_not_equal(try_in(listed, tty, O_RDWR, 0), EPERM);
 }
 
+static void v1_rules_alone(void **state)
+{
+	char kmsg[PATH_MAX], null[PATH_MAX], blk[PATH_MAX], made[PATH_MAX];
+	dev_t b = some_block_device();
+
+	(void)state;
+	TEST_REQUIRE(test_is_root(), "needs root (cgroups, mknod)");
+	TEST_REQUIRE(v1[0], "needs a v1 devices hierarchy (hybrid hosts)");
+	TEST_REQUIRE(b != 0, "needs a block device to make a node of");
+	node("kmsg1", S_IFCHR, makedev(1, 11), kmsg);
+	node("null1", S_IFCHR, makedev(1, 3), null);
+	node("blk1", S_IFBLK, b, blk);
+	snprintf(made, sizeof(made), "%s/made1", dir);
+
+	/* the control, in the same v1 cgroup before its rules */
+	assert_int_equal(try_in(v1, kmsg, O_WRONLY, 0), 0);
+	assert_int_equal(env_devices_v1_apply(v1), 0);
+	assert_int_equal(try_in(v1, null, O_RDWR, 0), 0);
+	assert_int_equal(try_in(v1, kmsg, O_WRONLY, 0), EPERM);
+	assert_int_equal(try_in(v1, blk, O_RDONLY, 0), EPERM);
+	assert_int_equal(try_in(v1, made, O_CREAT, 11), EPERM);
+	assert_int_equal(try_in(v1, made, O_CREAT, 3), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(program_alone),
+		cmocka_unit_test(v1_rules_alone),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

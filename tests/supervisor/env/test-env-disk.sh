@@ -90,7 +90,9 @@ mem=$(cgroup_dir "$pid3" memory)
 if [[ -e $mem/memory.current ]]; then used=$(cat "$mem/memory.current"); else
 	used=$(cat "$mem/memory.usage_in_bytes"); fi
 ((used >= 20 << 20)) || fail "d3's memory cgroup holds $used bytes after 20 MB written"
+devs3=$(cgroup_dir "$pid3" devices)
 ctl env destroy d3 >/dev/null
+[[ ! -e $devs3 ]] || fail "destroy left d3's v1 cgroup $devs3"
 
 # Checkpoint and restore of the limited environment: the layer rolls back on its tmpfs.
 [[ $(agent d1 'rm /work/big && echo kept >/work/kept') == 0 ]] || fail "d1 cannot free its disk"
