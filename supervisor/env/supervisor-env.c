@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@
 #include "supervisor-env-devices.h"
 #include "supervisor-env-disk.h"
 #include "supervisor-env-fs.h"
+#include "supervisor-env-net.h"
 #include "supervisor-env.h"
 
 #define KILL_WAIT_MS 10000
@@ -143,6 +145,9 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 	e->keep = p->keep ? p->keep : ENV_KEEP_DEFAULT;
 	e->ghost_limit = p->ghost_limit ? p->ghost_limit : ENV_GHOST_LIMIT_DEFAULT;
 	e->limits = p->limits;
+	e->net = p->net > ENV_NET_DEFAULT && p->net < _ENV_NET_MAX ? p->net : ENV_NET_NONE;
+	snprintf(e->slirp4netns, sizeof(e->slirp4netns), "%s",
+		 p->slirp4netns && *p->slirp4netns ? p->slirp4netns : "slirp4netns");
 	env_disk_layout(e);
 	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", e->dir);
 	r = mkdir_p(e->dir, 0700);
@@ -159,14 +164,11 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 	return 0;
 }
 
-int env_create(const struct env_params *p, struct sv_env **ret)
+int env_create_stopped(const struct env_params *p, struct sv_env **ret)
 {
 	struct sv_env *e;
-	struct stat st;
 	int r;
 
-	if (!p->base || stat(p->base, &st) < 0 || !S_ISDIR(st.st_mode))
-		return -ENOTDIR;
 	r = env_prepare(p, &e);
 	if (r < 0)
 		return r;
@@ -196,24 +198,51 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 	r = env_limits_setup(e);
 	if (r >= 0)
 		r = env_devices_setup(e);
+	if (r < 0) {
+		(void)rmdir(e->cgroup);
+		env_limits_remove(e);
+		env_devices_remove(e);
+		goto fail;
+	}
+	*ret = e;
+	return 0;
+fail:
+	env_disk_unmount(e);
+	free(e);
+	return r;
+}
+
+void env_write_identity(const struct sv_env *e)
+{
+	char limits[128];
+
+	/* What a restarted supervisor needs to take the environment back (env_reopen). */
+	(void)write_small(e->dir, "base", e->base);
+	(void)write_small(e->dir, "cmd", e->cmd);
+	snprintf(limits, sizeof(limits), "%" PRIu64 " %" PRIu64 " %" PRIu32 " %" PRIu64,
+		 e->limits.pids, e->limits.memory, e->limits.cpu_millis, e->limits.disk);
+	(void)write_small(e->dir, "limits", limits);
+	(void)write_small(e->dir, "net", env_net_to_string(e->net));
+}
+
+int env_create(const struct env_params *p, struct sv_env **ret)
+{
+	struct sv_env *e;
+	struct stat st;
+	int r;
+
+	if (!p->base || stat(p->base, &st) < 0 || !S_ISDIR(st.st_mode))
+		return -ENOTDIR;
+	r = env_create_stopped(p, &e);
 	if (r < 0)
-		goto fail_cg;
+		return r;
 	r = env_mount_overlay(e);
 	if (r < 0)
 		goto fail_cg;
 	r = env_launch(e);
 	if (r < 0)
 		goto fail_mount;
-	/* What a restarted supervisor needs to take the environment back (env_reopen). */
-	(void)write_small(e->dir, "base", e->base);
-	(void)write_small(e->dir, "cmd", e->cmd);
-	{
-		char limits[128];
-
-		snprintf(limits, sizeof(limits), "%" PRIu64 " %" PRIu64 " %" PRIu32 " %" PRIu64,
-			 e->limits.pids, e->limits.memory, e->limits.cpu_millis, e->limits.disk);
-		(void)write_small(e->dir, "limits", limits);
-	}
+	env_write_identity(e);
 	*ret = e;
 	return 0;
 fail_mount:
@@ -222,7 +251,6 @@ fail_cg:
 	(void)rmdir(e->cgroup);
 	env_limits_remove(e);
 	env_devices_remove(e);
-fail:
 	env_disk_unmount(e);
 	free(e);
 	return r;
@@ -626,6 +654,8 @@ int env_kill(struct sv_env *e)
 	char path[PATH_MAX];
 	int r;
 
+	/* Its network goes with it (a restore or a rebuild starts another helper). */
+	env_net_stop(e);
 	snprintf(path, sizeof(path), "%s/cgroup.kill", e->cgroup);
 	r = env_write_file(path, "1");
 	if (r < 0 && r != -ENOENT)
@@ -633,8 +663,12 @@ int env_kill(struct sv_env *e)
 	r = wait_unpopulated(e->cgroup);
 	if (r < 0)
 		return log_debug_errno(r, "Environment %s did not die: %m", e->id);
-	if (e->pid > 0 && !e->adopted)
+	if (e->pid > 0 && !e->adopted) {
+		/* Our child, not reaped, so the pid is still its: killed even when it is not in
+		 * the cgroup (a restore that put it elsewhere), so that the wait cannot hang. */
+		(void)kill(e->pid, SIGKILL);
 		(void)waitpid(e->pid, NULL, 0);
+	}
 	e->pid = 0;
 	return 0;
 }
@@ -653,7 +687,8 @@ void env_destroy(struct sv_env *e)
 		return;
 	/* An adopted environment is its runtime's: forgotten, not killed. */
 	if (!e->adopted) {
-		static const char *const identity[] = {"uuid", "base", "cmd", "head", "limits"};
+		static const char *const identity[] = {"uuid", "base",	 "cmd",
+						       "head", "limits", "net"};
 
 		(void)env_kill(e);
 		if (umount2(e->root, 0) < 0 && errno != EINVAL)
@@ -788,6 +823,17 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 			e->limits.disk = 0;
 		env_disk_layout(e);
 	}
+	/* its network (none for one created before networks were kept) */
+	{
+		char net[16];
+		enum env_net n;
+
+		if (read_small(e->dir, "net", net, sizeof(net)) >= 0 &&
+		    env_net_from_string(net, &n) >= 0 && n != ENV_NET_DEFAULT)
+			e->net = n;
+		else
+			e->net = ENV_NET_NONE;
+	}
 	/* A supervisor that died inside a checkpoint left the environment frozen. */
 	snprintf(path, sizeof(path), "%s/cgroup.freeze", e->cgroup);
 	if (access(path, F_OK) == 0)
@@ -818,6 +864,18 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 			log_warning_errno(
 				r, "Environment %s has no device program on %s: %m, ignoring.",
 				e->id, e->cgroup);
+	}
+	/* The previous supervisor's slirp4netns exited with it (its --exit-fd): another one. */
+	if (e->pid > 0 && e->net == ENV_NET_SLIRP) {
+		_cleanup_close_ int netns = -1;
+
+		snprintf(path, sizeof(path), "/proc/%d/ns/net", (int)e->pid);
+		netns = open(path, O_RDONLY | O_CLOEXEC);
+		if (netns < 0 || env_net_start(e, netns) < 0)
+			log_warning(
+				"Environment %s has no egress until it is restored: %s, ignoring.",
+				e->id, e->error[0] ? e->error : "its network namespace is gone");
+		e->error[0] = '\0';
 	}
 	*ret = e;
 	return 0;
