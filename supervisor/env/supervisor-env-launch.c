@@ -275,6 +275,8 @@ int env_launch(struct sv_env *e)
 	if (pid < 0)
 		return log_debug_errno(-errno, "clone3 for environment %s failed: %m", e->id);
 	r = env_limits_join(e, pid);
+	if (r >= 0)
+		r = env_devices_join(e, pid);
 	/* Its egress is there before its command runs. */
 	if (r >= 0 && e->net == ENV_NET_SLIRP) {
 		char ns[64];
@@ -284,8 +286,6 @@ int env_launch(struct sv_env *e)
 		netns = open(ns, O_RDONLY | O_CLOEXEC);
 		r = netns < 0 ? -errno : env_net_start(e, netns);
 	}
-	if (r >= 0)
-		r = env_devices_join(e, pid);
 	if (r < 0 || write(go, "g", 1) != 1) {
 		r = r < 0 ? r : -errno;
 		env_net_stop(e);
