@@ -16,7 +16,7 @@ ctl_bin=$2
 source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
 
-env_fixture envdisk d1 d2 d3
+env_fixture envdisk d1 d2 d3 df
 cat >"$dir/conf.ini" <<CONF
 [supervisor]
 socket = $dir/sv.sock
@@ -106,6 +106,16 @@ w=$dir/state/envs/d1/root/work
 	fail "the restored d1 cannot write 4 MB: $(cat "$(shm d1)/err")"
 [[ $(agent d1 "$fill") != 0 ]] || fail "the restored d1 wrote 20 MB under --disk 8M"
 [[ $(grep -c " $disk " /proc/self/mountinfo) == 1 ]] || fail "the tmpfs is mounted more than once"
+
+# A fork of d1 has d1's limit on a tmpfs of its own, its layer the checkpoint's, and the
+# device allow-list.
+ctl env fork d1 --as df >/dev/null
+grep -q " $dir/state/envs/df/disk .* - tmpfs .*size=8192k" /proc/self/mountinfo ||
+	fail "the fork has no 8M tmpfs of its own"
+[[ $(cat "$dir/state/envs/df/root/work/kept") == kept ]] || fail "the fork lacks d1's file"
+[[ $(agent df "$fill") != 0 ]] || fail "the fork wrote 20 MB under d1's --disk 8M"
+[[ $(bpftool cgroup list "$cg/df") == *cgroup_device* ]] || fail "the fork has no device program"
+ctl env destroy df >/dev/null
 
 # A restarted supervisor takes d1 back with its layer (its limit from the limits file), and
 # attaches the device program again to a cgroup that lost it meanwhile.
