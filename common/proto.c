@@ -314,6 +314,8 @@ static const struct field env_request_fields[] = {
 	OPT_U32("net", env_request.net, _ENV_NET_MAX - 1),
 	OPT_STR("dst", env_request.dst),
 	OPT_U32("n", env_request.count, ENV_FORK_MAX),
+	/* issue 19: a create's disk limit */
+	OPT_U64("disk", env_request.disk),
 };
 
 static const struct field env_info_fields[] = {

@@ -86,7 +86,9 @@
  *     CPU; 0 or absent: the configured default; ENV_LIMIT_NONE: no limit), "net": uint
  *     enum env_net (create: its network; 0 or absent: [env] net), "dst": str (fork: the new
  *     environment's id; with "n" > 1 the forks are DST-1 .. DST-N), "n": uint32 1..64 (fork:
- *     how many; 0 or absent: 1). A fork is answered with one PROTO_ENV_INFO per fork.
+ *     how many; 0 or absent: 1), "disk": uint64 (create: bytes of the writable layer; 0 or
+ *     absent: [env] disk_max; ENV_LIMIT_NONE: no limit). A fork is answered with one
+ *     PROTO_ENV_INFO per fork.
  *     Replies: PROTO_ENV_INFO or PROTO_ENV_ITEM messages closed by PROTO_END, or PROTO_ERROR.
  *   PROTO_ENV_INFO (31), supervisor -> peer: an environment (list, create, adopt) or a
  *     checkpoint's manifest (checkpoint, restore, list of checkpoints): "env", "ckpt",
@@ -262,7 +264,7 @@ enum env_op {
 };
 
 #define ENV_FLAG_FOLLOW 1u
-/* A create's "pids"/"mem"/"cpu" that asks for no limit (0 asks for the configured one). */
+/* A create's "pids"/"mem"/"cpu"/"disk" that asks for no limit (0 asks for the configured one). */
 #define ENV_LIMIT_NONE UINT64_MAX
 
 /* The most forks one request makes. */
@@ -578,6 +580,7 @@ struct proto_env_request {
 	uint32_t net;				   /* optional enum env_net */
 	char dst[64];				   /* optional: fork */
 	uint32_t count;				   /* optional "n": fork, 0..ENV_FORK_MAX */
+	uint64_t disk;				   /* optional "disk" */
 };
 
 struct proto_env_info {

@@ -685,8 +685,8 @@ struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct en
 		.ghost_limit = (uint32_t)s->config.env_ghost_limit,
 		.limits = {.pids = limit_or(j->q.pids, s->config.env_pids_max),
 			   .memory = limit_or(j->q.memory, s->config.env_memory_max),
-			   .cpu_millis =
-				   (uint32_t)limit_or(j->q.cpu_millis, s->config.env_cpu_max)},
+			   .cpu_millis = (uint32_t)limit_or(j->q.cpu_millis, s->config.env_cpu_max),
+			   .disk = limit_or(j->q.disk, s->config.env_disk_max)},
 		.net = j->q.net ? (enum env_net)j->q.net : (enum env_net)s->config.env_net,
 		.slirp4netns = s->config.env_slirp4netns,
 	};

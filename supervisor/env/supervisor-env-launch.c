@@ -25,6 +25,7 @@
 
 #include "log.h"
 #include "util.h"
+#include "supervisor-env-devices.h"
 #include "supervisor-env-limits.h"
 #include "supervisor-env-net.h"
 #include "supervisor-env-sandbox.h"
@@ -274,6 +275,8 @@ int env_launch(struct sv_env *e)
 	if (pid < 0)
 		return log_debug_errno(-errno, "clone3 for environment %s failed: %m", e->id);
 	r = env_limits_join(e, pid);
+	if (r >= 0)
+		r = env_devices_join(e, pid);
 	/* Its egress is there before its command runs. */
 	if (r >= 0 && e->net == ENV_NET_SLIRP) {
 		char ns[64];

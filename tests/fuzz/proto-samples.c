@@ -288,6 +288,10 @@ static void sample_env_create(struct proto_msg *m)
 	(void)snprintf(m->env_request.env, sizeof(m->env_request.env), "env-7");
 	(void)snprintf(m->env_request.root, sizeof(m->env_request.root), "/srv/bases/py311");
 	(void)snprintf(m->env_request.cmd, sizeof(m->env_request.cmd), "exec sleep infinity");
+	m->env_request.pids = 256;
+	m->env_request.memory = ENV_LIMIT_NONE;
+	m->env_request.cpu_millis = 1500;
+	m->env_request.disk = 8u << 20;
 	m->env_request.net = ENV_NET_SLIRP;
 }
 

@@ -2,7 +2,8 @@
 /*
  * belayerctl env: agent environments (issue 9 item 3, issue 10).
  *   env create ID --root BASE [--cmd CMD] [--pids N|max] [--memory SIZE|max] [--cpus X|max]
- *                 [--net none|slirp|host]     start one (sandboxed: own namespaces, cgroups,
+ *                 [--net none|slirp|host] [--disk SIZE|max]
+ *                                             start one (sandboxed: own namespaces, cgroups,
  *                                             overlay root; limits and network other than
  *                                             [env]'s)
  *   env adopt ID --root ROOT --cgroup CG --pid PID   register another runtime's environment
@@ -201,6 +202,7 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 		{"net", required_argument, NULL, 'N'},
 		{"as", required_argument, NULL, 'A'},
 		{"count", required_argument, NULL, 'K'},
+		{"disk", required_argument, NULL, 'D'},
 		{},
 	};
 	struct proto_env_request q = {0};
@@ -275,6 +277,9 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 			break;
 		case 'U':
 			r = parse_limit(optarg, "", 1000, &q.cpu_millis);
+			break;
+		case 'D':
+			r = parse_limit(optarg, "kmgt", 1, &q.disk);
 			break;
 		case 'N': {
 			enum env_net net;
