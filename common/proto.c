@@ -289,7 +289,7 @@ static const struct field env_request_fields[] = {
 	OPT_U64("phash", env_request.prefix_hash), OPT_STR("ckpt", env_request.ckpt),
 	OPT_STR("traj", env_request.trajectory),   OPT_U32("fl", env_request.flags, UINT32_MAX),
 	OPT_U64("pids", env_request.pids),	   OPT_U64("mem", env_request.memory),
-	OPT_U64("cpu", env_request.cpu_millis),
+	OPT_U64("cpu", env_request.cpu_millis),	   OPT_STR("img", env_request.image),
 };
 
 static const struct field env_info_fields[] = {

@@ -83,7 +83,9 @@
  *     uint64 (checkpoint: the trajectory's turn, token-prefix length and hash), "ckpt": str
  *     (restore: the checkpoint, "" the latest), "traj": str, "fl": uint32 (ENV_FLAG_*),
  *     "pids", "mem", "cpu": uint64 (create: the limits, tasks, bytes, thousandths of a
- *     CPU; 0 or absent: the configured default; ENV_LIMIT_NONE: no limit).
+ *     CPU; 0 or absent: the configured default; ENV_LIMIT_NONE: no limit), "img": str
+ *     (create: a container image instead of root: a stored image's name or id, or
+ *     oci:DIR[:TAG] / docker-archive:FILE[:REF], imported when not stored).
  *     Replies: PROTO_ENV_INFO or PROTO_ENV_ITEM messages closed by PROTO_END, or PROTO_ERROR.
  *   PROTO_ENV_INFO (31), supervisor -> peer: an environment (list, create, adopt) or a
  *     checkpoint's manifest (checkpoint, restore, list of checkpoints): "env", "ckpt",
@@ -527,6 +529,7 @@ struct proto_env_request {
 	uint32_t flags;				   /* optional "fl" */
 	uint64_t pids, memory;			   /* optional "pids", "mem" */
 	uint64_t cpu_millis;			   /* optional "cpu" */
+	char image[PROTO_MAX_STR + 1];		   /* optional "img" (create) */
 };
 
 struct proto_env_info {

@@ -69,6 +69,7 @@ struct env_job {
 	 * thaw on the offload thread's clock (thaw 0: never froze). */
 	struct envs_policy_ckpt *policy;
 	uint64_t run_start_us, thaw_at_us;
+	char error[512]; /* why a create failed beyond its errno (the image store's reason) */
 };
 
 struct env_slot *env_slot_find(struct sv_envs *es, const char *id);

@@ -23,6 +23,7 @@
 #include "util.h"
 #include "supervisor-env-fs.h"
 #include "supervisor-env.h"
+#include "supervisor-env-image.h"
 
 #define KILL_WAIT_MS 10000
 
@@ -164,7 +165,7 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 	struct stat st;
 	int r;
 
-	if (!p->base || stat(p->base, &st) < 0 || !S_ISDIR(st.st_mode))
+	if (!p->image && (!p->base || stat(p->base, &st) < 0 || !S_ISDIR(st.st_mode)))
 		return -ENOTDIR;
 	r = env_prepare(p, &e);
 	if (r < 0)
@@ -174,6 +175,16 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 	    (mkdir(e->root, 0755) < 0 && errno != EEXIST)) {
 		r = -errno;
 		goto fail;
+	}
+	if (p->image) {
+		char why[512] = "";
+
+		r = env_image_attach(e, p->state_dir, p->image, why, sizeof(why));
+		if (r < 0) {
+			if (p->error && p->error_cap)
+				snprintf(p->error, p->error_cap, "%s", why);
+			goto fail;
+		}
 	}
 	r = mkdir_p(p->cgroup_parent, 0755);
 	if (r < 0)
@@ -209,6 +220,13 @@ fail_cg:
 	(void)rmdir(e->cgroup);
 	env_limits_remove(e);
 fail:
+	if (p->image) {
+		/* its record of the image: the image stays removable */
+		char path[PATH_MAX];
+
+		snprintf(path, sizeof(path), "%s/image", e->dir);
+		(void)unlink(path);
+	}
 	free(e);
 	return r;
 }
@@ -638,7 +656,8 @@ void env_destroy(struct sv_env *e)
 		return;
 	/* An adopted environment is its runtime's: forgotten, not killed. */
 	if (!e->adopted) {
-		static const char *const identity[] = {"uuid", "base", "cmd", "head", "limits"};
+		static const char *const identity[] = {"uuid", "base",	 "cmd",
+						       "head", "limits", "image"};
 
 		(void)env_kill(e);
 		if (umount2(e->root, 0) < 0 && errno != EINVAL)
@@ -752,6 +771,10 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 		return -ENOENT; /* not made by env_create (adopted, or older): not ours to take */
 	}
 	(void)read_small(e->dir, "cmd", e->cmd, sizeof(e->cmd));
+	if (strncmp(e->base, "image:", 6) == 0 && env_image_reopen(e) < 0) {
+		free(e);
+		return -ENOENT; /* its image record is gone: not one env_create finished */
+	}
 	/* its own limits (a create's may differ from the configuration's) */
 	{
 		char limits[96];

@@ -46,6 +46,11 @@ struct env_params {
 	unsigned keep;		   /* checkpoints kept (0: ENV_KEEP_DEFAULT) */
 	uint32_t ghost_limit;	   /* bytes (0: ENV_GHOST_LIMIT_DEFAULT) */
 	struct env_limits limits;  /* processes, memory, CPU (0: none) */
+	/* Issue 20 (supervisor-env-image.h): an image (a stored one's name or id, or
+	 * oci:DIR[:TAG] / docker-archive:FILE[:REF]) as the root instead of base; NULL: base. */
+	const char *image;
+	char *error; /* NULL or where a failed create says why beyond its errno */
+	size_t error_cap;
 };
 
 struct sv_env {
@@ -69,6 +74,8 @@ struct sv_env {
 	 * error line, the process that joined from outside, how the fallback to the head went);
 	 * empty: nothing more to say. Cleared when either starts. */
 	char error[ENV_ERROR_MAX];
+	/* The image's id ("sha256:<hex>") when the root is a container image's layers, else "". */
+	char image[72];
 };
 
 struct env_ckpt_params {

@@ -4,6 +4,9 @@
  *   env create ID --root BASE [--cmd CMD] [--pids N|max] [--memory SIZE|max] [--cpus X|max]
  *                                             start one (sandboxed: own namespaces, cgroups,
  *                                             overlay root; limits other than [env]'s)
+ *   env create ID --image IMAGE [--cmd CMD] ...   the same on a container image's layers
+ *                                             (a stored image, oci:DIR[:TAG] or
+ *                                             docker-archive:FILE[:REF]; see image)
  *   env adopt ID --root ROOT --cgroup CG --pid PID   register another runtime's environment
  *   env checkpoint ID --turn N [--prefix-tokens LEN --prefix-hash H] [--trajectory T]
  *   env restore ID [--checkpoint C]           full restore; prints the manifest (turn, prefix)
@@ -188,6 +191,7 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 		{"pids", required_argument, NULL, 'P'},
 		{"memory", required_argument, NULL, 'M'},
 		{"cpus", required_argument, NULL, 'U'},
+		{"image", required_argument, NULL, 'i'},
 		{},
 	};
 	struct proto_env_request q = {0};
@@ -260,6 +264,9 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 			break;
 		case 'U':
 			r = parse_limit(optarg, "", 1000, &q.cpu_millis);
+			break;
+		case 'i':
+			r = image_arg(q.image, sizeof(q.image), optarg);
 			break;
 		default:
 			return 2;
