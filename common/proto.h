@@ -94,6 +94,13 @@
  *     "root", "cg": str; "full": uint32 0..1.
  *   PROTO_ENV_ITEM (32), supervisor -> peer: one dirty path or side-effect log record:
  *     "kind": str, "pid": uint32, "ts": uint64 (ns), "path", "p2", "txt": str.
+ * Container images (types 40-49; issue 20), no fds:
+ *   PROTO_IMAGE_REQUEST (40), belayerctl -> supervisor: "op": uint enum image_op, optional
+ *     "ref": str (import: the reference; rm: a name or id), "name": str (import: the name).
+ *     Replies: PROTO_IMAGE_INFO messages closed by PROTO_END (gc: END, count = the layers
+ *     removed), or PROTO_ERROR.
+ *   PROTO_IMAGE_INFO (41), supervisor -> belayerctl: "id", "name": str, "n": uint32
+ *     (layers), "unp", "cached", "ent", "bytes", "us": uint64 (an import's figures).
  * NCCL communicators (types 50-59; DESIGN §1.4, issue 12):
  *   PROTO_NCCL_COMM (50), shim -> supervisor, 1 fd -> fd (a memfd holding the communicator's
  *     progress counters, struct nccl_counters of common/nccl-counters.h, read-only to the
@@ -193,6 +200,9 @@ enum proto_type {
 	PROTO_ENV_REQUEST = 30, /* peer -> supervisor: an environment operation */
 	PROTO_ENV_INFO = 31,	/* supervisor -> peer: an environment or a checkpoint */
 	PROTO_ENV_ITEM = 32,	/* supervisor -> peer: a dirty path or side-effect record */
+	/* 40-49: container images (issue 20). */
+	PROTO_IMAGE_REQUEST = 40, /* belayerctl -> supervisor: list, import, rm, gc images */
+	PROTO_IMAGE_INFO = 41,	  /* supervisor -> belayerctl: one stored image */
 	/* 50-59: NCCL communicators. */
 	PROTO_NCCL_COMM = 50,	  /* shim -> supervisor: a communicator, with its counters' memfd */
 	PROTO_NCCL_COMM_END = 51, /* shim -> supervisor: a communicator finalized or ended */
@@ -232,6 +242,15 @@ enum env_op {
 	ENV_OP_LOG = 8,	       /* env: its side-effect log (fl ENV_FLAG_FOLLOW: then stream) */
 	ENV_OP_REBUILD = 9,    /* env: rebuild from the base, run cmd again (replay baseline) */
 	_ENV_OP_MAX,
+};
+
+/* What a PROTO_IMAGE_REQUEST asks for. */
+enum image_op {
+	IMAGE_OP_LIST = 0,   /* every stored image */
+	IMAGE_OP_IMPORT = 1, /* ref (oci:DIR[:TAG], docker-archive:FILE[:REF]), name (optional) */
+	IMAGE_OP_RM = 2,     /* ref: a name or id; refused (EBUSY) while an environment uses it */
+	IMAGE_OP_GC = 3,     /* remove layers no image lists; replies END with their count */
+	_IMAGE_OP_MAX,
 };
 
 #define ENV_FLAG_FOLLOW 1u
@@ -554,6 +573,20 @@ struct proto_env_item {
 	char text[PROTO_MAX_STR + 1];
 };
 
+struct proto_image_request {
+	enum image_op op;
+	char ref[PROTO_MAX_STR + 1];  /* optional */
+	char name[PROTO_MAX_STR + 1]; /* optional */
+};
+
+struct proto_image_info {
+	char id[80];		      /* sha256:<64 hex> */
+	char name[PROTO_MAX_STR + 1]; /* "" when it has none */
+	uint32_t n_layers;
+	/* an import's: layers unpacked and found in the store, entries, bytes, µs */
+	uint64_t unpacked, cached, entries, bytes, us;
+};
+
 struct proto_nccl_comm {
 	uint64_t id;
 	uint64_t hash;
@@ -652,6 +685,8 @@ struct proto_msg {
 		struct proto_traj_decision traj_decision;
 		struct proto_traj_list traj_list;
 		struct proto_traj_info traj_info;
+		struct proto_image_request image_request;
+		struct proto_image_info image_info;
 	};
 };
 
@@ -668,6 +703,8 @@ const char *ctl_cmd_to_string(enum ctl_cmd cmd);
 const char *ctl_action_to_string(enum ctl_action act);
 const char *env_op_to_string(enum env_op op);
 int env_op_from_string(const char *s, enum env_op *ret);
+const char *image_op_to_string(enum image_op op);
+int image_op_from_string(const char *s, enum image_op *ret);
 int ctl_action_from_string(const char *s, enum ctl_action *ret);
 const char *nccl_origin_to_string(enum nccl_origin o);
 const char *nccl_end_to_string(enum nccl_end how);

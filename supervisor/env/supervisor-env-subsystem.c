@@ -22,8 +22,14 @@ static int on_env_request(struct supervisor *s, struct sv_client *c, struct prot
 	return envs_dispatch(s, c, &m->env_request);
 }
 
+static int on_image_request(struct supervisor *s, struct sv_client *c, struct proto_msg *m)
+{
+	return images_dispatch(s, c, &m->image_request);
+}
+
 static const struct sv_message_handler messages[] = {
 	{PROTO_ENV_REQUEST, on_env_request},
+	{PROTO_IMAGE_REQUEST, on_image_request},
 	{},
 };
 

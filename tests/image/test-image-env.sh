@@ -6,20 +6,19 @@
 # belayerctl env create --image runs it with the image's config and no host /usr or /etc; a
 # second environment of the same image (the other format) unpacks nothing; checkpoint and
 # restore bring back the same process and files; the image cannot be removed while used.
-# Usage: test-image-env.sh SUPERVISOR BELAYERCTL IMAGE_TOOL GEN_IMAGE
+# Usage: test-image-env.sh SUPERVISOR BELAYERCTL GEN_IMAGE
 set -euo pipefail
 
 supervisor=$1
 ctl_bin=$2
-tool=$3
-gen=$4
+gen=$3
 # shellcheck source=SCRIPTDIR/../helpers/test-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../helpers/test-lib.sh"
 need_root_cgroup_v2
 command -v podman >/dev/null || skip "no podman (tools/dev setup installs it)"
 [[ -x /bin/busybox ]] || skip "no /bin/busybox (apt-get install busybox-static)"
 
-env_fixture image e1 e2 e3
+env_fixture image e1 e2 e3 e4
 # podman's own store, private to the test
 export CONTAINERS_STORAGE_CONF=$dir/storage.conf
 printf '[storage]\ndriver = "overlay"\nrunroot = "%s"\ngraphroot = "%s"\n' \
@@ -100,12 +99,28 @@ pid=$(env_pid e1)
 [[ ! -e $dir/state/envs/e1/root/app/new ]] || fail "a file from after the checkpoint survived"
 in_env "$pid" "grep -q 1000001 /proc/$bg/cmdline" || fail "process $bg not restored"
 
-# in use: not removable; destroyed, it is
-if "$tool" "$dir/state" rm localhost/bb-app:1 2>/dev/null; then fail "rm of an image in use"; fi
+# belayerctl image: listed; in use, not removable; destroyed, it is, its layers too
+ctl image list | grep -q 'localhost/bb-app:1 .* 2 layers' || fail "image list: $(ctl image list)"
+if err=$(ctl image rm localhost/bb-app:1 2>&1); then fail "rm of an image in use"; fi
+[[ $err == *"used by environment"* ]] || fail "rm in use: $err"
 ctl env destroy e1 >/dev/null
 ctl env destroy e2 >/dev/null
-"$tool" "$dir/state" rm localhost/bb-app:1 || fail "rm after destroy"
+ctl image rm localhost/bb-app:1 || fail "rm after destroy"
 [[ -z $(find "$dir/state/images/layers" -mindepth 1 -maxdepth 1) ]] || fail "layers left after rm"
+
+# 12 layers, imported first, then an environment by the image's name
+python3 "$gen" "$dir/many" many 12
+out=$(ctl image import "oci:$dir/many" --name many) || fail "import of 12 layers"
+[[ $out == *"12 layers: 12 unpacked"* ]] || fail "import reply: $out"
+ctl env create e4 --image many >/dev/null || fail "env create e4"
+pid=$(env_pid e4)
+[[ $(in_env "$pid" 'cat /layer01 /layer11; cat /data') == $'1\n11\nshared bytes' ]] ||
+	fail "the 12 layers are not stacked"
+ctl env destroy e4 >/dev/null
+ctl image rm many >/dev/null
+mkdir "$dir/state/images/layers/.tmp-left"
+[[ $(ctl image gc) == "0 layers removed" && ! -e $dir/state/images/layers/.tmp-left ]] ||
+	fail "gc"
 
 # User: a name looked up in the image's /etc/passwd
 python3 "$gen" "$dir/user" user
