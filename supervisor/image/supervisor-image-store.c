@@ -483,12 +483,12 @@ static int write_at(int dir_fd, const char *name, const char *buf, size_t len)
 static int record_store(struct image_store *s, const struct image_info *info, const char *config,
 			size_t config_len)
 {
-	char tmp[IMAGE_HEX_LEN + 16], text[IMAGE_NAME_MAX + 16 + IMAGE_LAYERS_MAX * 80];
+	char tmp[IMAGE_HEX_LEN + 48], text[IMAGE_NAME_MAX + 16 + IMAGE_LAYERS_MAX * 80];
 	_cleanup_close_ int fd = -1;
 	size_t o = 0;
 	int r;
 
-	snprintf(tmp, sizeof(tmp), ".tmp-%.12s", info->id + 7);
+	snprintf(tmp, sizeof(tmp), ".tmp-%.12s-%d-%d", info->id + 7, (int)getpid(), (int)gettid());
 	(void)image_remove_tree(s->byid_fd, tmp);
 	fd = mkdir_open(s->byid_fd, tmp, 0700);
 	if (fd < 0)
@@ -586,7 +586,10 @@ int image_store_import(struct image_store *s, const struct image_ref *ref, const
 	if (name && strlen(name) > IMAGE_NAME_MAX)
 		return -ENAMETOOLONG;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	lk = lock(s, LOCK_EX);
+	/* shared: imports run side by side (their temporary directories are their threads'; a
+	 * layer both unpack is renamed into place by the first, the other's copy dropped), and
+	 * environments keep starting meanwhile; rm and gc wait */
+	lk = lock(s, LOCK_SH);
 	if (lk < 0)
 		return lk;
 	if (ref->format == IMAGE_FORMAT_OCI) {
@@ -807,6 +810,25 @@ static bool referenced(const struct list *l, const char *hex)
 	return false;
 }
 
+/* by-id/.tmp-*: records an interrupted import was writing */
+static void gc_records(struct image_store *s)
+{
+	_cleanup_close_ int fd = openat(s->byid_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	struct dirent *de;
+	DIR *d;
+
+	if (fd < 0)
+		return;
+	d = fdopendir(fd);
+	if (!d)
+		return;
+	fd = -1;
+	while ((de = readdir(d)))
+		if (strncmp(de->d_name, ".tmp-", 5) == 0)
+			(void)image_remove_tree(dirfd(d), de->d_name);
+	closedir(d);
+}
+
 static int gc_locked(struct image_store *s, uint64_t *ret_layers)
 {
 	_cleanup_close_ int fd = openat(s->layers_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -818,6 +840,7 @@ static int gc_locked(struct image_store *s, uint64_t *ret_layers)
 
 	if (fd < 0)
 		return -errno;
+	gc_records(s);
 	r = each_image(s, mark, &l);
 	if (r < 0) {
 		free(l.v);

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The layer store under <state_dir>/images (layout: supervisor-image.h). Imports, removals
- * and garbage collection hold images/lock exclusively; image_store_use() holds it shared, so
+ * The layer store under <state_dir>/images (layout: supervisor-image.h). Removals and garbage
+ * collection hold images/lock exclusively; imports, lookups and image_store_use() hold it
+ * shared (imports run side by side, and an environment of a stored image starts while another
+ * image is imported). image_store_use() holding it shared means
  * that an image cannot be removed between an environment's choice of it and the record of
  * that choice (<env dir>/image, which image_store_remove() reads: an image some environment
  * uses is refused with -EBUSY).

@@ -493,7 +493,8 @@ int image_unpack_layer(int layers_fd, image_read_fn rd, void *userdata, const ch
 		why[0] = '\0';
 	if (!image_digest_valid(diff_id) || (digest[0] && !image_digest_valid(digest)))
 		return fail(&u, -EINVAL, "invalid digest");
-	snprintf(tmp, sizeof(tmp), ".tmp-%s-%d", diff_id + 7, (int)getpid());
+	/* the thread's own: imports run side by side (under the store's shared lock) */
+	snprintf(tmp, sizeof(tmp), ".tmp-%s-%d-%d", diff_id + 7, (int)getpid(), (int)gettid());
 	(void)image_remove_tree(layers_fd, tmp);
 	if (mkdirat(layers_fd, tmp, 0755) < 0)
 		return fail(&u, -errno, "mkdir %s: %m", tmp);

@@ -5,7 +5,7 @@
  * podman save --format oci-dir) and a docker-archive tarball (`docker-archive:FILE[:REF]`:
  * docker save, podman save), imported into a layer store under the state directory:
  *
- *   <state_dir>/images/lock                  flock: exclusive for import/rm/gc
+ *   <state_dir>/images/lock                  flock: exclusive for rm/gc, shared else
  *   <state_dir>/images/layers/<hex>/         a layer, unpacked (read-only to everything:
  *                                            environments get it as an overlay lower dir);
  *                                            <hex> is its diff_id (sha256 of the uncompressed

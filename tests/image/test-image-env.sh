@@ -99,6 +99,16 @@ pid=$(env_pid e1)
 [[ ! -e $dir/state/envs/e1/root/app/new ]] || fail "a file from after the checkpoint survived"
 in_env "$pid" "grep -q 1000001 /proc/$bg/cmdline" || fail "process $bg not restored"
 
+# a restarted supervisor takes the image's environment back (its layers found from envs/e1/image)
+kill -KILL "$sv_pid"
+wait "$sv_pid" 2>/dev/null || true
+umount "$dir/state/envs/e1/root" # as after a reboot: the overlay must come back from the store
+supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv2.log"
+ctl env restore e1 >/dev/null || fail "restore after a supervisor restart"
+pid=$(env_pid e1)
+[[ $(in_env "$pid" 'cat /app/state /app/hello') == $'before\nfrom the image' ]] ||
+	fail "the image environment after a restart"
+
 # belayerctl image: listed; in use, not removable; destroyed, it is, its layers too
 ctl image list | grep -q 'localhost/bb-app:1 .* 2 layers' || fail "image list: $(ctl image list)"
 if err=$(ctl image rm localhost/bb-app:1 2>&1); then fail "rm of an image in use"; fi
