@@ -564,6 +564,18 @@ static int unname_one(struct image_info *info, void *ud)
 	return 0;
 }
 
+/* A name as a record holds it (one line): what image references are made of. */
+static bool name_valid(const char *name)
+{
+	if (strlen(name) > IMAGE_NAME_MAX)
+		return false;
+	for (const char *c = name; *c; c++)
+		if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+		      (*c >= '0' && *c <= '9') || strchr("._-:/@+", *c)))
+			return false;
+	return true;
+}
+
 int image_store_import(struct image_store *s, const struct image_ref *ref, const char *name,
 		       struct image_info *ret, struct image_import_stats *stats, char *why,
 		       size_t cap)
@@ -583,8 +595,10 @@ int image_store_import(struct image_store *s, const struct image_ref *ref, const
 	why[0] = '\0';
 	if (!m || !info)
 		return -ENOMEM;
-	if (name && strlen(name) > IMAGE_NAME_MAX)
-		return -ENAMETOOLONG;
+	if (name && !name_valid(name)) {
+		snprintf(why, cap, "a name is at most %d of [A-Za-z0-9._-:/@+]", IMAGE_NAME_MAX);
+		return -EINVAL;
+	}
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	/* shared: imports run side by side (their temporary directories are their threads'; a
 	 * layer both unpack is renamed into place by the first, the other's copy dropped), and
@@ -621,6 +635,10 @@ int image_store_import(struct image_store *s, const struct image_ref *ref, const
 		return r;
 	snprintf(info->id, sizeof(info->id), "%s", m->config_digest);
 	snprintf(info->name, sizeof(info->name), "%s", name && name[0] ? name : m->name);
+	if (!name_valid(info->name)) {
+		snprintf(why, cap, "the image's tag is not a name: give one");
+		return -EINVAL;
+	}
 	info->n_layers = m->n_layers;
 	for (size_t i = 0; i < m->n_layers; i++)
 		memcpy(info->layers[i], m->layers[i].diff_id, sizeof(info->layers[i]));

@@ -97,6 +97,12 @@ check_refused digest "layer 2 (sha256:" "digest mismatch"
 check_refused truncated "layer 2 (sha256:"
 check_refused diffid "layer 2 (sha256:" "diff_id mismatch"
 
+# a name is one line of a record: anything but the characters of a reference is refused
+if err=$("$tool" "$state" import "oci:$dir/good" $'x\nlayer sha256:0' 2>&1); then
+	fail "a name with a newline accepted"
+fi
+[[ $err == *"a name is at most"* ]] || fail "bad name: $err"
+
 # rm: refused while an environment records the image; then its layers go, shared ones stay
 mkdir -p "$state/envs/e1"
 echo "$id" >"$state/envs/e1/image"
