@@ -117,6 +117,10 @@ def main():
         'device': [('dev-null', 'chr', {'dev': (1, 3)})],
         'symlink-write': [('evil', 'symlink', {'target': '/tmp'}),
                           ('evil/through-symlink', 'file', {'data': b'x'})],
+        # the symlink is an intermediate component of an existing directory's path: only
+        # RESOLVE_NO_SYMLINKS stops it (O_NOFOLLOW looks at the last component alone)
+        'symlink-deep': [('evil', 'symlink', {'target': '/'}),
+                         ('evil/tmp/belayer-image-escape', 'file', {'data': b'x'})],
         'hardlink-across': [('steal', 'hardlink', {'target': 'data'})],
         'hardlink-out': [('steal', 'hardlink', {'target': '../../../../etc/shadow'})],
         'overlay-xattr': [('redir', 'file',

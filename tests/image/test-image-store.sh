@@ -90,6 +90,9 @@ check_refused absolute "layer 2 (sha256:" 'entry "/abs-escape"'
 check_refused device "layer 2 (sha256:" 'entry "dev-null"' "device node"
 check_refused symlink-write "layer 2 (sha256:" 'entry "evil/through-symlink"' symlink
 [[ ! -e /tmp/through-symlink ]] || fail "wrote through the symlink"
+rm -f /tmp/belayer-image-escape
+check_refused symlink-deep "layer 2 (sha256:" 'entry "evil/tmp/belayer-image-escape"' symlink
+[[ ! -e /tmp/belayer-image-escape ]] || fail "wrote through a symlink to /"
 check_refused hardlink-across "layer 2 (sha256:" 'entry "steal"' "not a file of this layer"
 check_refused hardlink-out "layer 2 (sha256:" 'entry "steal"'
 check_refused overlay-xattr "layer 2 (sha256:" 'entry "redir"' "trusted.overlay"
