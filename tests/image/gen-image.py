@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import subprocess
 import sys
 import tarfile
 
@@ -41,7 +42,7 @@ def sha(b):
     return 'sha256:' + hashlib.sha256(b).hexdigest()
 
 
-def write(out, layers, config_extra=None, corrupt=None):
+def write(out, layers, config_extra=None, corrupt=None, compress='gzip'):
     os.makedirs(out + '/blobs/sha256', exist_ok=True)
 
     def blob(b):
@@ -51,7 +52,11 @@ def write(out, layers, config_extra=None, corrupt=None):
 
     descs, diff_ids = [], []
     for i, tar in enumerate(layers):
-        gz = gzip.compress(tar, mtime=0)
+        if compress == 'zstd':
+            gz = subprocess.run(['zstd', '-q', '-c'], input=tar, stdout=subprocess.PIPE,
+                                check=True).stdout
+        else:
+            gz = gzip.compress(tar, mtime=0)
         diff_ids.append(sha(tar))
         d = blob(gz)
         size = len(gz)
@@ -65,7 +70,7 @@ def write(out, layers, config_extra=None, corrupt=None):
                 f.write(gz[:len(gz) // 2])
         if corrupt == 'diffid' and i == len(layers) - 1:
             diff_ids[-1] = sha(b'something else')
-        descs.append({'mediaType': 'application/vnd.oci.image.layer.v1.tar+gzip',
+        descs.append({'mediaType': 'application/vnd.oci.image.layer.v1.tar+' + compress,
                       'digest': d, 'size': size})
     config = {'architecture': 'amd64', 'os': 'linux',
               'config': {'Env': ['PATH=/bin:/usr/bin', 'GREETING=hello image'],
@@ -128,6 +133,8 @@ def main():
     }
     if kind == 'good':
         write(out, [layer(base), layer(top)])
+    elif kind == 'zstd':
+        write(out, [layer(base), layer(top + [('zstd', 'file')])], compress='zstd')
     elif kind == 'many':
         layers = [layer(base)] + [layer([('layer%02d' % i, 'file', {'data': b'%d\n' % i})])
                                   for i in range(1, n)]

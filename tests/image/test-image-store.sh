@@ -62,6 +62,13 @@ out=$("$tool" "$state" import "oci:$dir/good" good) || fail "second import"
 [[ $out == "$id unpacked=0 cached=2"* ]] || fail "second import unpacked: $out"
 [[ $(stat -c %Y "$top/opq/new") == 1 ]] || fail "second import touched a layer"
 
+# zstd-compressed layers (the bottom one is the good image's: not read again)
+img zstd
+out=$("$tool" "$state" import "oci:$dir/zstd" zstd) || fail "zstd image refused"
+[[ $out == *"unpacked=1 cached=1"* ]] || fail "zstd: $out"
+[[ $(cat "$("$tool" "$state" layers zstd | tail -1)/opq/new") == visible ]] || fail "zstd layer"
+"$tool" "$state" rm zstd || fail "rm zstd"
+
 # 12 layers, sharing the bottom one
 img many 12
 out=$("$tool" "$state" import "oci:$dir/many" many) || fail "12 layers refused"
