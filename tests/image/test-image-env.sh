@@ -138,5 +138,12 @@ ctl env create e3 --image "oci:$dir/user" >/dev/null || fail "env create e3"
 pid=$(env_pid e3)
 [[ $(awk '/^Uid:/ {print $2}' "/proc/$pid/status") == 1234 ]] ||
 	fail "User agent not honoured: $(grep -E '^(Uid|Gid)' "/proc/$pid/status")"
+# a rebuild (the replay baseline) starts it again from the image alone
+in_env "$pid" 'echo scratch >/work/scratch'
+[[ -e $dir/state/envs/e3/root/work/scratch ]] || fail "no scratch file"
+ctl env rebuild e3 >/dev/null || fail "rebuild of an image environment"
+pid=$(env_pid e3)
+[[ $(awk '/^Uid:/ {print $2}' "/proc/$pid/status") == 1234 ]] || fail "rebuild: not the image's user"
+[[ ! -e $dir/state/envs/e3/root/work/scratch ]] || fail "rebuild kept the upper layer"
 ctl env destroy e3 >/dev/null
 echo OK
