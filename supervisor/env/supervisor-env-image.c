@@ -299,7 +299,46 @@ static bool has_key(char **envp, size_t n, const char *key)
 	return false;
 }
 
-int env_image_run_prepare(const struct sv_env *e, struct env_image_run *ret)
+/* Whether the image has cmd as an executable regular file: a path, or a name looked up in
+ * the PATH of envp (as execvp will), beneath the mounted root. */
+static bool image_has_command(const struct sv_env *e, const char *cmd, char **envp)
+{
+	struct open_how how = {.flags = O_PATH | O_CLOEXEC,
+			       .resolve =
+				       RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV};
+	_cleanup_close_ int root = open(e->root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	const char *path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+	char buf[PATH_MAX];
+
+	if (root < 0)
+		return false;
+	for (size_t i = 0; envp && envp[i]; i++)
+		if (strncmp(envp[i], "PATH=", 5) == 0)
+			path = envp[i] + 5;
+	for (const char *p = path;;) {
+		size_t n = strcspn(p, ":");
+		struct stat st;
+		int fd;
+
+		if (strchr(cmd, '/'))
+			snprintf(buf, sizeof(buf), "%s", cmd);
+		else
+			snprintf(buf, sizeof(buf), "%.*s/%s", (int)n, p, cmd);
+		fd = (int)syscall(SYS_openat2, root, buf, &how, sizeof(how));
+		if (fd >= 0) {
+			bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0111);
+
+			(void)close(fd);
+			if (ok)
+				return true;
+		}
+		if (strchr(cmd, '/') || !p[n])
+			return false;
+		p += n + 1;
+	}
+}
+
+int env_image_run_prepare(struct sv_env *e, struct env_image_run *ret)
 {
 	struct image_config c = {0};
 	struct image_store *s;
@@ -317,8 +356,8 @@ int env_image_run_prepare(const struct sv_env *e, struct env_image_run *ret)
 		return log_debug_errno(r, "Failed to read the config of image %s: %m", e->image);
 	r = resolve_user(e, c.user, &ret->uid, &ret->gid, home, sizeof(home));
 	if (r < 0) {
-		log_debug_errno(r, "Environment %s: user \"%s\" not in the image: %m", e->id,
-				c.user);
+		snprintf(e->error, sizeof(e->error),
+			 "the image's User \"%s\" is not in its /etc/passwd", c.user);
 		goto out;
 	}
 	snprintf(ret->workdir, sizeof(ret->workdir), "%s", c.workdir[0] ? c.workdir : "/");
@@ -343,6 +382,14 @@ int env_image_run_prepare(const struct sv_env *e, struct env_image_run *ret)
 	if (r >= 0 && !has_key(ret->envp, nenv, "HOSTNAME")) {
 		snprintf(buf, sizeof(buf), "HOSTNAME=%s", e->id);
 		r = push(&ret->envp, &nenv, buf);
+	}
+	if (r >= 0 && !image_has_command(e, ret->argv[0], ret->envp)) {
+		snprintf(e->error, sizeof(e->error),
+			 "the image has no %s%s (an image without a shell needs an Entrypoint or "
+			 "Cmd "
+			 "that stays up)",
+			 ret->argv[0], strchr(ret->argv[0], '/') ? "" : " in its PATH");
+		r = -ENOEXEC;
 	}
 out:
 	image_config_finish(&c);

@@ -31,8 +31,10 @@ int env_image_reopen(struct sv_env *e);
 /* The overlay of e's image layers and upper layer at e->root (the new mount API, one
  * lowerdir+ per layer: no limit of the legacy option string). */
 int env_image_mount(const struct sv_env *e);
-/* Before the launch, with e->root mounted. */
-int env_image_run_prepare(const struct sv_env *e, struct env_image_run *ret);
+/* Before the launch, with e->root mounted. A command the image lacks (no /bin/sh for --cmd
+ * or the default, an Entrypoint/Cmd not found in its PATH) or a User it does not know:
+ * -ENOEXEC or -ESRCH, e->error says which. */
+int env_image_run_prepare(struct sv_env *e, struct env_image_run *ret);
 void env_image_run_finish(struct env_image_run *r);
 /* In the launched child, last: the user, the working directory, exec. Returns on failure
  * (errno set). */

@@ -220,6 +220,8 @@ fail_cg:
 	(void)rmdir(e->cgroup);
 	env_limits_remove(e);
 fail:
+	if (p->error && p->error_cap && !p->error[0] && e->error[0])
+		snprintf(p->error, p->error_cap, "%s", e->error);
 	if (p->image) {
 		/* its record of the image: the image stays removable */
 		char path[PATH_MAX];

@@ -145,6 +145,8 @@ def main():
     elif kind in hostile:
         write(out, [layer(base), layer([('ok-before', 'file', {'data': b'x'})] +
                                        hostile[kind])])
+    elif kind == 'noshell':
+        write(out, [layer([('hello', 'file', {'data': b'x'})])], config_extra={'Cmd': None})
     elif kind == 'user':
         write(out, [layer(base)], config_extra={'User': 'agent'})
     else:

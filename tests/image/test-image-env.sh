@@ -18,7 +18,7 @@ need_root_cgroup_v2
 command -v podman >/dev/null || skip "no podman (tools/dev setup installs it)"
 [[ -x /bin/busybox ]] || skip "no /bin/busybox (apt-get install busybox-static)"
 
-env_fixture image e1 e2 e3 e4
+env_fixture image e1 e2 e3 e4 e5
 # podman's own store, private to the test
 export CONTAINERS_STORAGE_CONF=$dir/storage.conf
 printf '[storage]\ndriver = "overlay"\nrunroot = "%s"\ngraphroot = "%s"\n' \
@@ -138,6 +138,11 @@ ctl env create e3 --image "oci:$dir/user" >/dev/null || fail "env create e3"
 pid=$(env_pid e3)
 [[ $(awk '/^Uid:/ {print $2}' "/proc/$pid/status") == 1234 ]] ||
 	fail "User agent not honoured: $(grep -E '^(Uid|Gid)' "/proc/$pid/status")"
+# an image with neither a shell nor a command: refused, saying so
+python3 "$gen" "$dir/noshell" noshell
+if err=$(ctl env create e5 --image "oci:$dir/noshell" 2>&1); then fail "an image without a command ran"; fi
+[[ $err == *"the image has no /bin/sh"* ]] || fail "no shell: $err"
+
 # a rebuild (the replay baseline) starts it again from the image alone
 in_env "$pid" 'echo scratch >/work/scratch'
 [[ -e $dir/state/envs/e3/root/work/scratch ]] || fail "no scratch file"
