@@ -38,6 +38,7 @@
 #include "util.h"
 #include "supervisor-criu.h"
 #include "supervisor-env-fs.h"
+#include "supervisor-env-net.h"
 #include "supervisor-env-sandbox.h"
 #include "supervisor-env.h"
 
@@ -66,7 +67,7 @@ static uint64_t real_us(void)
 	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
-static int ckpts_open(const struct sv_env *e)
+int env_ckpts_open(const struct sv_env *e)
 {
 	char path[PATH_MAX];
 	int fd;
@@ -251,7 +252,7 @@ static int cmp_str(const void *a, const void *b)
 
 int env_checkpoints(const struct sv_env *e, char ***ret, size_t *ret_n)
 {
-	_cleanup_close_ int ckfd = ckpts_open(e);
+	_cleanup_close_ int ckfd = env_ckpts_open(e);
 	char **ids = NULL;
 	size_t n = 0, cap = 0;
 	struct dirent *de;
@@ -298,7 +299,7 @@ static void free_ids(char **ids, size_t n)
 	free(ids);
 }
 
-static int next_id(const struct sv_env *e, char *buf, size_t cap)
+int env_ckpt_next_id(const struct sv_env *e, char *buf, size_t cap)
 {
 	char **ids;
 	size_t n;
@@ -367,7 +368,13 @@ static void criu_error(struct sv_env *e, int criufd, const char *log, int r)
 
 	if (sv_criu_log_error(criufd, log, line, sizeof(line)) < 0)
 		snprintf(line, sizeof(line), "CRIU failed without an error line in its %s", log);
-	if (strstr(line, "ghost file") && strstr(line, "increase limit"))
+	/* CRIU's words name its option, not the cause: a connection open across the dump. */
+	if (strstr(line, "Connected TCP socket"))
+		snprintf(e->error, sizeof(e->error),
+			 "an established TCP connection (to the outside, or between two of its "
+			 "processes) cannot be checkpointed: close it first (CRIU: %s)",
+			 line);
+	else if (strstr(line, "ghost file") && strstr(line, "increase limit"))
 		snprintf(e->error, sizeof(e->error), "%s ([env] ghost_limit is %" PRIu32 " bytes)",
 			 line, e->ghost_limit);
 	else
@@ -392,11 +399,11 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 		return -ESRCH;
 	if (cancelled(p))
 		return -ECANCELED;
-	ckfd = ckpts_open(e);
+	ckfd = env_ckpts_open(e);
 	if (ckfd < 0)
 		return ckfd;
 	remove_partial(ckfd);
-	r = next_id(e, m.id, sizeof(m.id));
+	r = env_ckpt_next_id(e, m.id, sizeof(m.id));
 	if (r < 0)
 		return r;
 	snprintf(m.parent, sizeof(m.parent), "%s", e->head);
@@ -624,11 +631,56 @@ out:
 	return r;
 }
 
+int env_ckpt_load_verified(const struct sv_env *e, int ckfd, const char *id,
+			   struct env_manifest *ret)
+{
+	int r = load_checkpoint(e, ckfd, id, ret);
+
+	if (r < 0)
+		return r;
+	r = verify_chain(e, ckfd, ret);
+	if (r < 0)
+		env_manifest_finish(ret);
+	return r;
+}
+
+/* CRIU's cgroup roots for e: its own cgroups, whichever environment dumped the images. */
+struct cg_roots {
+	char *v[2 * (_ENV_LIMIT_MAX + 1) + 1];
+	size_t n;
+};
+
+static void cg_roots_finish(struct cg_roots *c)
+{
+	for (size_t i = 0; i < c->n; i++)
+		free(c->v[i]);
+}
+
+static int cg_root_add(const char *ctl, const char *path, void *userdata)
+{
+	struct cg_roots *c = userdata;
+
+	if (c->n + 2 >= ARRAY_SIZE(c->v))
+		return -E2BIG;
+	c->v[c->n] = strdup(ctl);
+	c->v[c->n + 1] = strdup(path);
+	c->n += 2;
+	return c->v[c->n - 2] && c->v[c->n - 1] ? 0 : -ENOMEM;
+}
+
+static int cg_roots_of(const struct sv_env *e, struct cg_roots *c)
+{
+	int r = env_limits_cgroup_roots(e, cg_root_add, c);
+
+	return r < 0 ? log_debug_errno(r, "No cgroup roots for %s: %m", e->id) : 0;
+}
+
 /* One restore of id. *stopped: the environment was killed (what ran is gone; a failure from
  * there on leaves it down and its upper layer in between). */
 static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 		      struct env_manifest *ret)
 {
+	_cleanup_(cg_roots_finish) struct cg_roots roots = {0};
 	_cleanup_close_ int upperfd = -1, workfd = -1, criufd = -1, netfd = -1;
 	struct env_manifest m = {0};
 	char criu_dir[ENV_ID_MAX + 8];
@@ -699,8 +751,16 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 			r = log_debug_errno(netfd, "No network namespace for %s: %m", e->id);
 			goto out;
 		}
+		/* Its egress is there before its processes run again (env_kill stopped the old
+		 * helper with the old namespace). */
+		r = env_net_start(e, netfd);
+		if (r < 0)
+			goto out;
 	}
-	r = sv_criu_restore(e->criu, criufd, e->root, netfd, &pid);
+	r = cg_roots_of(e, &roots);
+	if (r < 0)
+		goto out;
+	r = sv_criu_restore(e->criu, criufd, e->root, netfd, (const char *const *)roots.v, &pid);
 	if (r < 0) {
 		criu_error(e, criufd, "restore.log", r);
 		goto out;
@@ -748,7 +808,7 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 	snprintf(head, sizeof(head), "%s", e->head);
 	if (!want[0])
 		return -ENOENT;
-	ckfd = ckpts_open(e);
+	ckfd = env_ckpts_open(e);
 	if (ckfd < 0)
 		return ckfd;
 	r = restore_at(e, ckfd, want, &stopped, ret);
@@ -852,7 +912,7 @@ out:
 
 int env_gc(struct sv_env *e, unsigned keep)
 {
-	_cleanup_close_ int ckfd = ckpts_open(e);
+	_cleanup_close_ int ckfd = env_ckpts_open(e);
 	char **ids = NULL, **drop = NULL;
 	size_t n = 0, n_drop = 0, first_kept;
 	int r;

@@ -74,6 +74,16 @@ int env_image_attach(struct sv_env *e, const char *state_dir, const char *what, 
 	return 0;
 }
 
+void env_image_forget(const struct sv_env *e, const struct env_params *p)
+{
+	char path[PATH_MAX];
+
+	if (!p->image)
+		return;
+	snprintf(path, sizeof(path), "%s/image", e->dir);
+	(void)unlink(path);
+}
+
 int env_image_reopen(struct sv_env *e)
 {
 	char path[PATH_MAX], buf[IMAGE_DIGEST_LEN + 2] = "";

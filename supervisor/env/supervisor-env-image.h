@@ -26,6 +26,9 @@ struct env_image_run {
  * imported when the store lacks it) and records it as e's image. why: the store's reason. */
 int env_image_attach(struct sv_env *e, const char *state_dir, const char *what, char *why,
 		     size_t cap);
+/* A create that failed after env_image_attach: its record of the image goes (the image
+ * stays removable). Nothing when p names no image. */
+void env_image_forget(const struct sv_env *e, const struct env_params *p);
 /* Reads <dir>/image back (env_reopen): 0, -ENOENT when e is no image's. */
 int env_image_reopen(struct sv_env *e);
 /* The overlay of e's image layers and upper layer at e->root (the new mount API, one

@@ -37,6 +37,13 @@ int env_limits_setup(const struct sv_env *e);
 int env_limits_join(const struct sv_env *e, pid_t pid);
 /* Removes the v1 cgroups (once the environment's processes are gone). */
 void env_limits_remove(const struct sv_env *e);
+/* The environment's own cgroups, as CRIU's --cgroup-root names them: fn(controller, path below
+ * the hierarchy's mount) for its v2 cgroup (CRIU's name for it: "") and each v1 cgroup of its limits. A
+ * restore puts the dumped tree's root there, whichever environment the images came from (a
+ * fork restores another's). The first error fn returns, else 0. */
+int env_limits_cgroup_roots(const struct sv_env *e,
+			    int (*fn)(const char *ctl, const char *path, void *userdata),
+			    void *userdata);
 /* How kind is enforced for e: "v2", "v1", "none" (no controller for it), or "unlimited". An
  * environment has v1 cgroups only for the limits it has. */
 const char *env_limits_where(const struct sv_env *e, enum env_limit_kind kind);

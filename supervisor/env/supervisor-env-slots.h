@@ -36,6 +36,8 @@ struct env_slot {
 	struct sv_sidelog *log;
 	char log_path[PATH_MAX];
 	uint64_t followers[MAX_FOLLOWERS]; /* client serials of `env log --follow` */
+	/* execs and file operations running (supervisor-env-exec.h): no job meanwhile */
+	uint32_t execs;
 };
 
 struct sv_envs {
@@ -69,7 +71,12 @@ struct env_job {
 	 * thaw on the offload thread's clock (thaw 0: never froze). */
 	struct envs_policy_ckpt *policy;
 	uint64_t run_start_us, thaw_at_us;
-	char error[512]; /* why a create failed beyond its errno (the image store's reason) */
+	/* A fork (ENV_OP_FORK): the new environments' slots (busy until done), the forks made
+	 * (all or none), why one failed. */
+	struct env_slot *fork_slots[ENV_FORK_MAX];
+	struct sv_env *forks[ENV_FORK_MAX];
+	size_t n_forks;
+	char why[ENV_ERROR_MAX];
 };
 
 struct env_slot *env_slot_find(struct sv_envs *es, const char *id);
@@ -77,5 +84,9 @@ struct env_slot *env_slot_find(struct sv_envs *es, const char *id);
  * NULL when out of memory. */
 struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct env_slot *sl,
 			    const struct proto_env_request *q);
+/* The slot of an exec or file request (type) from c for env: the client may (root), the
+ * environment exists, runs and has no job; NULL after an error reply (supervisor-env-exec.c). */
+struct env_slot *env_slot_ready(struct supervisor *s, struct sv_client *c, const char *env,
+				enum proto_type type);
 /* Snapshots the dirty set for the checkpoint into j, then starts a new one (loop thread). */
 int env_job_snapshot_dirty(struct supervisor *s, struct env_slot *sl, struct env_job *j);

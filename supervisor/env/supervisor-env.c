@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "log.h"
 #include "util.h"
 #include "supervisor-env-fs.h"
+#include "supervisor-env-net.h"
 #include "supervisor-env.h"
 #include "supervisor-env-image.h"
 
@@ -144,6 +146,9 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 	e->keep = p->keep ? p->keep : ENV_KEEP_DEFAULT;
 	e->ghost_limit = p->ghost_limit ? p->ghost_limit : ENV_GHOST_LIMIT_DEFAULT;
 	e->limits = p->limits;
+	e->net = p->net > ENV_NET_DEFAULT && p->net < _ENV_NET_MAX ? p->net : ENV_NET_NONE;
+	snprintf(e->slirp4netns, sizeof(e->slirp4netns), "%s",
+		 p->slirp4netns && *p->slirp4netns ? p->slirp4netns : "slirp4netns");
 	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", e->dir);
 	r = mkdir_p(e->dir, 0700);
 	if (r >= 0)
@@ -159,14 +164,11 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 	return 0;
 }
 
-int env_create(const struct env_params *p, struct sv_env **ret)
+int env_create_stopped(const struct env_params *p, struct sv_env **ret)
 {
 	struct sv_env *e;
-	struct stat st;
 	int r;
 
-	if (!p->image && (!p->base || stat(p->base, &st) < 0 || !S_ISDIR(st.st_mode)))
-		return -ENOTDIR;
 	r = env_prepare(p, &e);
 	if (r < 0)
 		return r;
@@ -194,24 +196,50 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 		goto fail;
 	}
 	r = env_limits_setup(e);
+	if (r < 0) {
+		(void)rmdir(e->cgroup);
+		env_limits_remove(e);
+		goto fail;
+	}
+	*ret = e;
+	return 0;
+fail:
+	env_image_forget(e, p);
+	free(e);
+	return r;
+}
+
+void env_write_identity(const struct sv_env *e)
+{
+	char limits[96];
+
+	/* What a restarted supervisor needs to take the environment back (env_reopen). */
+	(void)write_small(e->dir, "base", e->base);
+	(void)write_small(e->dir, "cmd", e->cmd);
+	snprintf(limits, sizeof(limits), "%" PRIu64 " %" PRIu64 " %" PRIu32, e->limits.pids,
+		 e->limits.memory, e->limits.cpu_millis);
+	(void)write_small(e->dir, "limits", limits);
+	(void)write_small(e->dir, "net", env_net_to_string(e->net));
+}
+
+int env_create(const struct env_params *p, struct sv_env **ret)
+{
+	struct sv_env *e;
+	struct stat st;
+	int r;
+
+	if (!p->image && (!p->base || stat(p->base, &st) < 0 || !S_ISDIR(st.st_mode)))
+		return -ENOTDIR;
+	r = env_create_stopped(p, &e);
 	if (r < 0)
-		goto fail_cg;
+		return r;
 	r = env_mount_overlay(e);
 	if (r < 0)
 		goto fail_cg;
 	r = env_launch(e);
 	if (r < 0)
 		goto fail_mount;
-	/* What a restarted supervisor needs to take the environment back (env_reopen). */
-	(void)write_small(e->dir, "base", e->base);
-	(void)write_small(e->dir, "cmd", e->cmd);
-	{
-		char limits[96];
-
-		snprintf(limits, sizeof(limits), "%" PRIu64 " %" PRIu64 " %" PRIu32, e->limits.pids,
-			 e->limits.memory, e->limits.cpu_millis);
-		(void)write_small(e->dir, "limits", limits);
-	}
+	env_write_identity(e);
 	*ret = e;
 	return 0;
 fail_mount:
@@ -219,16 +247,9 @@ fail_mount:
 fail_cg:
 	(void)rmdir(e->cgroup);
 	env_limits_remove(e);
-fail:
 	if (p->error && p->error_cap && !p->error[0] && e->error[0])
 		snprintf(p->error, p->error_cap, "%s", e->error);
-	if (p->image) {
-		/* its record of the image: the image stays removable */
-		char path[PATH_MAX];
-
-		snprintf(path, sizeof(path), "%s/image", e->dir);
-		(void)unlink(path);
-	}
+	env_image_forget(e, p);
 	free(e);
 	return r;
 }
@@ -631,6 +652,8 @@ int env_kill(struct sv_env *e)
 	char path[PATH_MAX];
 	int r;
 
+	/* Its network goes with it (a restore or a rebuild starts another helper). */
+	env_net_stop(e);
 	snprintf(path, sizeof(path), "%s/cgroup.kill", e->cgroup);
 	r = env_write_file(path, "1");
 	if (r < 0 && r != -ENOENT)
@@ -638,8 +661,12 @@ int env_kill(struct sv_env *e)
 	r = wait_unpopulated(e->cgroup);
 	if (r < 0)
 		return log_debug_errno(r, "Environment %s did not die: %m", e->id);
-	if (e->pid > 0 && !e->adopted)
+	if (e->pid > 0 && !e->adopted) {
+		/* Our child, not reaped, so the pid is still its: killed even when it is not in
+		 * the cgroup (a restore that put it elsewhere), so that the wait cannot hang. */
+		(void)kill(e->pid, SIGKILL);
 		(void)waitpid(e->pid, NULL, 0);
+	}
 	e->pid = 0;
 	return 0;
 }
@@ -658,8 +685,8 @@ void env_destroy(struct sv_env *e)
 		return;
 	/* An adopted environment is its runtime's: forgotten, not killed. */
 	if (!e->adopted) {
-		static const char *const identity[] = {"uuid", "base",	 "cmd",
-						       "head", "limits", "image"};
+		static const char *const identity[] = {"uuid",	 "base", "cmd",	 "head",
+						       "limits", "net",	 "image"};
 
 		(void)env_kill(e);
 		if (umount2(e->root, 0) < 0 && errno != EINVAL)
@@ -787,11 +814,34 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 			   &l.cpu_millis) == 3)
 			e->limits = l;
 	}
+	/* its network (none for one created before networks were kept) */
+	{
+		char net[16];
+		enum env_net n;
+
+		if (read_small(e->dir, "net", net, sizeof(net)) >= 0 &&
+		    env_net_from_string(net, &n) >= 0 && n != ENV_NET_DEFAULT)
+			e->net = n;
+		else
+			e->net = ENV_NET_NONE;
+	}
 	/* A supervisor that died inside a checkpoint left the environment frozen. */
 	snprintf(path, sizeof(path), "%s/cgroup.freeze", e->cgroup);
 	if (access(path, F_OK) == 0)
 		(void)env_write_file(path, "0");
 	e->pid = find_init(e->cgroup);
+	/* The previous supervisor's slirp4netns exited with it (its --exit-fd): another one. */
+	if (e->pid > 0 && e->net == ENV_NET_SLIRP) {
+		_cleanup_close_ int netns = -1;
+
+		snprintf(path, sizeof(path), "/proc/%d/ns/net", (int)e->pid);
+		netns = open(path, O_RDONLY | O_CLOEXEC);
+		if (netns < 0 || env_net_start(e, netns) < 0)
+			log_warning(
+				"Environment %s has no egress until it is restored: %s, ignoring.",
+				e->id, e->error[0] ? e->error : "its network namespace is gone");
+		e->error[0] = '\0';
+	}
 	*ret = e;
 	return 0;
 }

@@ -2,20 +2,25 @@
 /*
  * belayerctl env: agent environments (issue 9 item 3, issue 10).
  *   env create ID --root BASE [--cmd CMD] [--pids N|max] [--memory SIZE|max] [--cpus X|max]
- *                                             start one (sandboxed: own namespaces, cgroups,
- *                                             overlay root; limits other than [env]'s)
+ *                 [--net none|slirp|host]     start one (sandboxed: own namespaces, cgroups,
+ *                                             overlay root; limits and network other than
+ *                                             [env]'s)
  *   env create ID --image IMAGE [--cmd CMD] ...   the same on a container image's layers
  *                                             (a stored image, oci:DIR[:TAG] or
  *                                             docker-archive:FILE[:REF]; see image)
  *   env adopt ID --root ROOT --cgroup CG --pid PID   register another runtime's environment
  *   env checkpoint ID --turn N [--prefix-tokens LEN --prefix-hash H] [--trajectory T]
  *   env restore ID [--checkpoint C]           full restore; prints the manifest (turn, prefix)
+ *   env fork SRC [--checkpoint C] --as NEW [--count K]
+ *                                             K environments (NEW, or NEW-1..NEW-K) from
+ *                                             SRC's checkpoint C (default: its latest)
  *   env rebuild ID                            rebuild from the base (the replay baseline)
  *   env list [ID]                             environments, or ID's checkpoints
  *   env destroy ID
  *   env watch CGROUP_PATH [--name ID]         trace a cgroup made by someone else
  *   env dirty ID                              paths changed since the last checkpoint
  *   env log ID [--follow]                     what it ran and changed (side-effect log)
+ *   env exec|read|write ...                   cmd-env-exec.c
  */
 #include <errno.h>
 #include <getopt.h>
@@ -55,12 +60,17 @@ static void print_info(const struct ctl_options *o, const struct proto_env_info 
 		json_object_object_add(j, "root", json_object_new_string(i->root));
 		json_object_object_add(j, "cgroup", json_object_new_string(i->cgroup));
 		json_object_object_add(j, "full_diff", json_object_new_boolean(i->full_diff));
+		if (i->net)
+			json_object_object_add(
+				j, "net", json_object_new_string(env_net_to_string(i->net) ?: "?"));
 		json_print(j, true);
 		return;
 	}
 	if (i->root[0] || i->cgroup[0]) {
-		printf("%-16s pid %-8u procs %-4u head %-10s root %s cgroup %s\n", i->env, i->pid,
-		       i->nproc, i->ckpt[0] ? i->ckpt : "-", i->root[0] ? i->root : "-", i->cgroup);
+		printf("%-16s pid %-8u procs %-4u head %-10s net %-5s root %s cgroup %s\n", i->env,
+		       i->pid, i->nproc, i->ckpt[0] ? i->ckpt : "-",
+		       i->net ? env_net_to_string(i->net) ?: "?" : "-", i->root[0] ? i->root : "-",
+		       i->cgroup);
 		return;
 	}
 	printf("%s %s (parent %s) turn %" PRIu64 " prefix %" PRIu64 " tokens hash %016" PRIx64
@@ -191,6 +201,9 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 		{"pids", required_argument, NULL, 'P'},
 		{"memory", required_argument, NULL, 'M'},
 		{"cpus", required_argument, NULL, 'U'},
+		{"net", required_argument, NULL, 'N'},
+		{"as", required_argument, NULL, 'A'},
+		{"count", required_argument, NULL, 'K'},
 		{"image", required_argument, NULL, 'i'},
 		{},
 	};
@@ -202,11 +215,13 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 
 	if (argc < 2) {
 		fprintf(stderr,
-			"Usage: belayerctl env create|adopt|checkpoint|restore|rebuild|list|"
-			"destroy|watch|dirty|log ...\n");
+			"Usage: belayerctl env create|adopt|checkpoint|restore|fork|rebuild|list|"
+			"destroy|watch|dirty|log|exec|read|write ...\n");
 		return 2;
 	}
 	sub = argv[1];
+	if (strcmp(sub, "exec") == 0 || strcmp(sub, "read") == 0 || strcmp(sub, "write") == 0)
+		return cmd_env_exec(o, argc - 1, argv + 1);
 	if (env_op_from_string(sub, &q.op) < 0) {
 		fprintf(stderr, "belayerctl: unknown env command %s\n", sub);
 		return 2;
@@ -265,6 +280,26 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 		case 'U':
 			r = parse_limit(optarg, "", 1000, &q.cpu_millis);
 			break;
+		case 'N': {
+			enum env_net net;
+
+			r = env_net_from_string(optarg, &net);
+			if (r >= 0 && net == ENV_NET_DEFAULT)
+				r = -EINVAL;
+			q.net = (uint32_t)net;
+			if (r < 0)
+				fprintf(stderr, "belayerctl: --net: none, slirp or host\n");
+			break;
+		}
+		case 'A':
+			r = copy_arg(q.dst, sizeof(q.dst), optarg, "--as");
+			break;
+		case 'K':
+			r = parse_u64(optarg, &v);
+			if (r >= 0 && (v < 1 || v > ENV_FORK_MAX))
+				r = -ERANGE;
+			q.count = (uint32_t)v;
+			break;
 		case 'i':
 			r = image_arg(q.image, sizeof(q.image), optarg);
 			break;
@@ -286,11 +321,13 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 			return 2;
 	}
 	if ((q.op != ENV_OP_LIST && q.op != ENV_OP_WATCH && !q.env[0]) ||
-	    (q.op == ENV_OP_WATCH && !q.root[0]) || (q.op == ENV_OP_CHECKPOINT && !have_turn)) {
+	    (q.op == ENV_OP_WATCH && !q.root[0]) || (q.op == ENV_OP_CHECKPOINT && !have_turn) ||
+	    (q.op == ENV_OP_FORK && !q.dst[0])) {
 		fprintf(stderr, "belayerctl: env %s: missing %s\n", sub,
-			q.op == ENV_OP_WATCH			? "CGROUP_PATH"
-			: q.op == ENV_OP_CHECKPOINT && q.env[0] ? "--turn N"
-								: "ID");
+			!q.env[0] && q.op != ENV_OP_WATCH ? "ID"
+			: q.op == ENV_OP_WATCH		  ? "CGROUP_PATH"
+			: q.op == ENV_OP_CHECKPOINT	  ? "--turn N"
+							  : "--as NEW");
 		return 2;
 	}
 	return request(o, &q, follow && q.op == ENV_OP_LOG);
