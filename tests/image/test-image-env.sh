@@ -18,7 +18,7 @@ need_root_cgroup_v2
 command -v podman >/dev/null || skip "no podman (tools/dev setup installs it)"
 [[ -x /bin/busybox ]] || skip "no /bin/busybox (apt-get install busybox-static)"
 
-env_fixture image e1 e2 e3 e4 e5
+env_fixture image e1 e2 e3 e4 e5 e1f
 # podman's own store, private to the test
 export CONTAINERS_STORAGE_CONF=$dir/storage.conf
 printf '[storage]\ndriver = "overlay"\nrunroot = "%s"\ngraphroot = "%s"\n' \
@@ -99,6 +99,14 @@ pid=$(env_pid e1)
 [[ ! -e $dir/state/envs/e1/root/app/new ]] || fail "a file from after the checkpoint survived"
 in_env "$pid" "grep -q 1000001 /proc/$bg/cmdline" || fail "process $bg not restored"
 
+# a fork of an image environment is one of the image too (its layers, its record)
+ctl env fork e1 --as e1f >/dev/null || fail "fork of an image environment"
+fpid=$(env_pid e1f)
+[[ $(in_env "$fpid" 'cat /app/state /app/hello') == $'before\nfrom the image' ]] ||
+	fail "the fork's files"
+[[ $(cat "$dir/state/envs/e1f/image") == "$(cat "$dir/state/envs/e1/image")" ]] ||
+	fail "the fork does not record the image"
+
 # a restarted supervisor takes the image's environment back (its layers found from envs/e1/image)
 kill -KILL "$sv_pid"
 wait "$sv_pid" 2>/dev/null || true
@@ -115,6 +123,8 @@ if err=$(ctl image rm localhost/bb-app:1 2>&1); then fail "rm of an image in use
 [[ $err == *"used by environment"* ]] || fail "rm in use: $err"
 ctl env destroy e1 >/dev/null
 ctl env destroy e2 >/dev/null
+if ctl image rm localhost/bb-app:1 2>/dev/null; then fail "rm of an image a fork uses"; fi
+ctl env destroy e1f >/dev/null
 ctl image rm localhost/bb-app:1 || fail "rm after destroy"
 [[ -z $(find "$dir/state/images/layers" -mindepth 1 -maxdepth 1) ]] || fail "layers left after rm"
 
