@@ -75,6 +75,7 @@ tools/bench/bench-resume            bench-measure.h bench-recovery.h bench.h
 tools/bench/bench-gateway           bench-measure.h bench-recovery.h bench.h
 tools/bench/bench-policy-traj       bench-measure.h bench-path.h bench-policy.h
 tools/bench/bench-policy            bench-measure.h bench-recovery.h bench.h
+tools/bench/bench-sandbox           bench-measure.h bench.h
 tools/bench/bench-shim-overhead     bench-measure.h bench.h
 tools/bench/bench-bpf-overhead      bench-measure.h bench.h
 tools/bench/bench-env-recovery      bench-measure.h bench-path.h bench.h
