@@ -242,10 +242,45 @@ static bool find_entry(char *text, const char *what, bool by_id, char **f, int n
 	return false;
 }
 
-/* Docker's User: "", "user", "uid", "user:group", "uid:gid" (names from the image's files). */
-static int resolve_user(const struct sv_env *e, const char *spec, uid_t *uid, gid_t *gid,
+/* The groups of /etc/group whose member list names user, after gid (as runc sets them). */
+static void supplementary_groups(const struct sv_env *e, const char *user, gid_t gid,
+				 struct env_image_run *run)
+{
+	_cleanup_free_ char *groups = read_in_root(e, "/etc/group");
+
+	run->groups[0] = gid;
+	run->n_groups = 1;
+	if (!groups || !user[0])
+		return;
+	for (char *save = NULL, *line = strtok_r(groups, "\n", &save); line;
+	     line = strtok_r(NULL, "\n", &save)) {
+		char *f[4] = {line, NULL, NULL, NULL}, *msave = NULL;
+		unsigned long id;
+		int k = 1;
+
+		for (char *c = line; *c && k < 4; c++)
+			if (*c == ':') {
+				*c = '\0';
+				f[k++] = c + 1;
+			}
+		if (k < 4 || !parse_id(f[2], &id) || (gid_t)id == gid)
+			continue;
+		for (char *m = strtok_r(f[3], ",", &msave); m; m = strtok_r(NULL, ",", &msave))
+			if (strcmp(m, user) == 0 && run->n_groups < ENV_IMAGE_GROUPS_MAX) {
+				run->groups[run->n_groups++] = (gid_t)id;
+				break;
+			}
+	}
+}
+
+/* Docker's User: "", "user", "uid", "user:group", "uid:gid" (names from the image's files).
+ * Without a group, the user's supplementary groups come from the image's /etc/group. */
+static int resolve_user(const struct sv_env *e, const char *spec, struct env_image_run *run,
 			char *home, size_t cap)
 {
+	uid_t *uid = &run->uid;
+	gid_t *gid = &run->gid;
+	char name[IMAGE_NAME_MAX + 1] = "";
 	char user[IMAGE_NAME_MAX + 1], *group, *f[7];
 	_cleanup_free_ char *passwd = read_in_root(e, "/etc/passwd");
 	unsigned long id;
@@ -266,6 +301,7 @@ static int resolve_user(const struct sv_env *e, const char *spec, uid_t *uid, gi
 			return -EBADMSG;
 		*uid = (uid_t)u;
 		*gid = (gid_t)g;
+		snprintf(name, sizeof(name), "%s", f[0]);
 		if (f[5][0] == '/')
 			snprintf(home, cap, "%s", f[5]);
 	} else if (!numeric)
@@ -273,15 +309,18 @@ static int resolve_user(const struct sv_env *e, const char *spec, uid_t *uid, gi
 	if (group && group[0]) {
 		_cleanup_free_ char *groups = NULL;
 
-		if (parse_id(group, &id)) {
-			*gid = (gid_t)id;
-			return 0;
+		if (!parse_id(group, &id)) {
+			groups = read_in_root(e, "/etc/group");
+			if (!groups || !find_entry(groups, group, false, f, 4) ||
+			    !parse_id(f[2], &id))
+				return -ESRCH;
 		}
-		groups = read_in_root(e, "/etc/group");
-		if (!groups || !find_entry(groups, group, false, f, 4) || !parse_id(f[2], &id))
-			return -ESRCH;
 		*gid = (gid_t)id;
+		run->groups[0] = *gid;
+		run->n_groups = 1;
+		return 0;
 	}
+	supplementary_groups(e, name, *gid, run);
 	return 0;
 }
 
@@ -364,7 +403,7 @@ int env_image_run_prepare(struct sv_env *e, struct env_image_run *ret)
 	image_store_close(s);
 	if (r < 0)
 		return log_debug_errno(r, "Failed to read the config of image %s: %m", e->image);
-	r = resolve_user(e, c.user, &ret->uid, &ret->gid, home, sizeof(home));
+	r = resolve_user(e, c.user, ret, home, sizeof(home));
 	if (r < 0) {
 		snprintf(e->error, sizeof(e->error),
 			 "the image's User \"%s\" is not in its /etc/passwd", c.user);
@@ -424,7 +463,7 @@ int env_image_exec(const struct env_image_run *r)
 	extern char **environ;
 
 	/* a set-id change from root clears the capabilities the sandbox left, as in Docker */
-	if (setgroups(1, &r->gid) < 0 || setresgid(r->gid, r->gid, r->gid) < 0 ||
+	if (setgroups(r->n_groups, r->groups) < 0 || setresgid(r->gid, r->gid, r->gid) < 0 ||
 	    setresuid(r->uid, r->uid, r->uid) < 0)
 		return -1;
 	if (chdir(r->workdir) < 0)

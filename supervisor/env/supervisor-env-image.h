@@ -13,6 +13,8 @@
 
 #include "supervisor-env.h"
 
+#define ENV_IMAGE_GROUPS_MAX 64
+
 /* What the init runs as, resolved before the launch (the user in the image's /etc/passwd
  * and /etc/group, read beneath the mounted root). */
 struct env_image_run {
@@ -20,6 +22,9 @@ struct env_image_run {
 	char workdir[PATH_MAX];
 	uid_t uid;
 	gid_t gid;
+	/* the primary group, then the user's other groups in the image's /etc/group */
+	gid_t groups[ENV_IMAGE_GROUPS_MAX];
+	size_t n_groups;
 };
 
 /* Resolves what (a stored image's name or id, or oci:DIR[:TAG] / docker-archive:FILE[:REF],

@@ -96,7 +96,8 @@ def write(out, layers, config_extra=None, corrupt=None, compress='gzip'):
 BASE = [('bin', 'dir', {'mode': 0o755}), ('etc', 'dir', {'mode': 0o755}),
         ('etc/passwd', 'file', {'data': b'root:x:0:0:root:/root:/bin/sh\n'
                                         b'agent:x:1234:1234::/home/agent:/bin/sh\n'}),
-        ('etc/group', 'file', {'data': b'root:x:0:\nagent:x:1234:\n'}),
+        ('etc/group', 'file', {'data': b'root:x:0:\nagent:x:1234:\nextra:x:2000:other,agent\n'
+                                       b'none:x:2001:other\n'}),
         ('gone', 'file', {'data': b'deleted by layer 2\n'}),
         ('opq', 'dir', {'mode': 0o755}), ('opq/old', 'file', {'data': b'hidden\n'}),
         ('data', 'file', {'data': b'shared bytes\n', 'mode': 0o640})]

@@ -148,6 +148,9 @@ ctl env create e3 --image "oci:$dir/user" >/dev/null || fail "env create e3"
 pid=$(env_pid e3)
 [[ $(awk '/^Uid:/ {print $2}' "/proc/$pid/status") == 1234 ]] ||
 	fail "User agent not honoured: $(grep -E '^(Uid|Gid)' "/proc/$pid/status")"
+[[ $(awk '/^Gid:/ {print $2}' "/proc/$pid/status") == 1234 &&
+	$(awk '/^Groups:/ {$1 = ""; print}' "/proc/$pid/status") == " 1234 2000" ]] ||
+	fail "the user's groups: $(grep -E '^(Gid|Groups)' "/proc/$pid/status")"
 # an image with neither a shell nor a command: refused, saying so
 python3 "$gen" "$dir/noshell" noshell
 if err=$(ctl env create e5 --image "oci:$dir/noshell" 2>&1); then fail "an image without a command ran"; fi
