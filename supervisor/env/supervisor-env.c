@@ -27,6 +27,7 @@
 #include "supervisor-env-fs.h"
 #include "supervisor-env-net.h"
 #include "supervisor-env.h"
+#include "supervisor-env-image.h"
 
 #define KILL_WAIT_MS 10000
 
@@ -188,6 +189,16 @@ int env_create_stopped(const struct env_params *p, struct sv_env **ret)
 		r = -errno;
 		goto fail;
 	}
+	if (p->image) {
+		char why[512] = "";
+
+		r = env_image_attach(e, p->state_dir, p->image, why, sizeof(why));
+		if (r < 0) {
+			if (p->error && p->error_cap)
+				snprintf(p->error, p->error_cap, "%s", why);
+			goto fail;
+		}
+	}
 	r = mkdir_p(p->cgroup_parent, 0755);
 	if (r < 0)
 		goto fail;
@@ -208,6 +219,7 @@ int env_create_stopped(const struct env_params *p, struct sv_env **ret)
 	return 0;
 fail:
 	env_disk_unmount(e);
+	env_image_forget(e, p);
 	free(e);
 	return r;
 }
@@ -231,7 +243,7 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 	struct stat st;
 	int r;
 
-	if (!p->base || stat(p->base, &st) < 0 || !S_ISDIR(st.st_mode))
+	if (!p->image && (!p->base || stat(p->base, &st) < 0 || !S_ISDIR(st.st_mode)))
 		return -ENOTDIR;
 	r = env_create_stopped(p, &e);
 	if (r < 0)
@@ -252,6 +264,9 @@ fail_cg:
 	env_limits_remove(e);
 	env_devices_remove(e);
 	env_disk_unmount(e);
+	if (p->error && p->error_cap && !p->error[0] && e->error[0])
+		snprintf(p->error, p->error_cap, "%s", e->error);
+	env_image_forget(e, p);
 	free(e);
 	return r;
 }
@@ -687,8 +702,8 @@ void env_destroy(struct sv_env *e)
 		return;
 	/* An adopted environment is its runtime's: forgotten, not killed. */
 	if (!e->adopted) {
-		static const char *const identity[] = {"uuid", "base",	 "cmd",
-						       "head", "limits", "net"};
+		static const char *const identity[] = {"uuid",	 "base", "cmd",	 "head",
+						       "limits", "net",	 "image"};
 
 		(void)env_kill(e);
 		if (umount2(e->root, 0) < 0 && errno != EINVAL)
@@ -808,6 +823,10 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 		return -ENOENT; /* not made by env_create (adopted, or older): not ours to take */
 	}
 	(void)read_small(e->dir, "cmd", e->cmd, sizeof(e->cmd));
+	if (strncmp(e->base, "image:", 6) == 0 && env_image_reopen(e) < 0) {
+		free(e);
+		return -ENOENT; /* its image record is gone: not one env_create finished */
+	}
 	/* its own limits (a create's may differ from the configuration's) */
 	{
 		char limits[128];

@@ -533,6 +533,10 @@ static bool key_is_optional(enum proto_type type, const char *key)
 		{PROTO_ENV_REQUEST, "n"},
 		/* A create's disk limit (issue 19). */
 		{PROTO_ENV_REQUEST, "disk"},
+		/* A create's image (issue 20), an image request's reference and name. */
+		{PROTO_ENV_REQUEST, "img"},
+		{PROTO_IMAGE_REQUEST, "ref"},
+		{PROTO_IMAGE_REQUEST, "name"},
 		/* A step event carries what the framework knows of the pending request. */
 		{PROTO_TRAJ_STEP, "turn"},
 		{PROTO_TRAJ_STEP, "plen"},

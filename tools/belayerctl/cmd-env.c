@@ -6,6 +6,9 @@
  *                                             start one (sandboxed: own namespaces, cgroups,
  *                                             overlay root; limits and network other than
  *                                             [env]'s)
+ *   env create ID --image IMAGE [--cmd CMD] ...   the same on a container image's layers
+ *                                             (a stored image, oci:DIR[:TAG] or
+ *                                             docker-archive:FILE[:REF]; see image)
  *   env adopt ID --root ROOT --cgroup CG --pid PID   register another runtime's environment
  *   env checkpoint ID --turn N [--prefix-tokens LEN --prefix-hash H] [--trajectory T]
  *   env restore ID [--checkpoint C]           full restore; prints the manifest (turn, prefix)
@@ -203,6 +206,7 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 		{"as", required_argument, NULL, 'A'},
 		{"count", required_argument, NULL, 'K'},
 		{"disk", required_argument, NULL, 'D'},
+		{"image", required_argument, NULL, 'i'},
 		{},
 	};
 	struct proto_env_request q = {0};
@@ -300,6 +304,9 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 			if (r >= 0 && (v < 1 || v > ENV_FORK_MAX))
 				r = -ERANGE;
 			q.count = (uint32_t)v;
+			break;
+		case 'i':
+			r = image_arg(q.image, sizeof(q.image), optarg);
 			break;
 		default:
 			return 2;
