@@ -1,0 +1,96 @@
+# SPDX-License-Identifier: MIT
+"""belayer.Client against a real supervisor and real environments."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+import belayer
+
+
+def test_exec_files_checkpoint_restore(client: belayer.Client, supervisor) -> None:
+    with client.create("py-sync", root=str(supervisor.base)) as env:
+        r = env.exec("echo out; echo err >&2; exit 3", timeout=20)
+        assert (r.stdout, r.stderr, r.exit_code, r.timed_out) == (b"out\n", b"err\n", 3, False)
+        assert not r.truncated and r.wall_us > 0 and r.status == 3
+
+        r = env.exec(["/bin/cat"], stdin=b"from stdin\x00\xff", timeout=20)
+        assert r.ok and r.stdout == b"from stdin\x00\xff"
+        r = env.exec("pwd; echo $FOO", cwd="/tmp", env_vars={"FOO": "bar"}, timeout=20)
+        assert r.stdout == b"/tmp\nbar\n"
+
+        r = env.exec("sleep 30", timeout=0.5)
+        assert r.timed_out and r.status == 124
+
+        r = env.exec("head -c 100000 /dev/zero", max_output=1000, timeout=20)
+        assert r.stdout_truncated and len(r.stdout) == 1000 and r.stdout_bytes == 100000
+
+        data = bytes(range(256)) * 100
+        assert env.write("/work/blob", data, mode=0o600) == len(data)
+        f = env.read_file("/work/blob")
+        assert f.data == data and f.mode & 0o7777 == 0o600
+        assert env.exec("md5sum < /work/blob | cut -c1-8").stdout.strip()
+
+        env.write("/work/state", "turn-1\n")
+        m1 = env.checkpoint(turn=1, prefix_tokens=10, prefix_hash=0xABCDEF, trajectory="t-sync")
+        assert (m1.env, m1.turn, m1.prefix_tokens, m1.prefix_hash) == ("py-sync", 1, 10, 0xABCDEF)
+        assert m1.checkpoint and m1.trajectory == "t-sync"
+
+        env.exec("echo turn-2 > /work/state")
+        assert env.read("/work/state") == b"turn-2\n"
+        m = env.restore()
+        assert m.checkpoint == m1.checkpoint and m.turn == 1 and m.prefix_hash == 0xABCDEF
+        assert env.read("/work/state") == b"turn-1\n"
+        assert [c.checkpoint for c in env.checkpoints()] == [m1.checkpoint]
+        assert "py-sync" in [e.env for e in client.list()]
+
+        forks = env.fork("py-sync-f", count=2)
+        try:
+            assert [f.id for f in forks] == ["py-sync-f-1", "py-sync-f-2"]
+            for f in forks:
+                assert f.read("/work/state") == b"turn-1\n"
+            forks[0].write("/work/state", "fork-1\n")
+            assert forks[1].read("/work/state") == b"turn-1\n"
+        finally:
+            for f in forks:
+                f.destroy()
+    assert "py-sync" not in [e.env for e in client.list()]
+
+
+def test_supervisor_errors_carry_errno(client: belayer.Client, supervisor) -> None:
+    with pytest.raises(belayer.SupervisorError) as e:
+        client.exec("no-such-env", "true")
+    assert e.value.errno == errno.ENOENT and e.value.supervisor_message
+    with client.create("py-err", root=str(supervisor.base)) as env:
+        with pytest.raises(belayer.SupervisorError) as e:
+            env.read("/no/such/file")
+        assert e.value.errno == errno.ENOENT
+        with pytest.raises(belayer.SupervisorError):
+            client.create("py-err", root=str(supervisor.base))
+    with pytest.raises(NotImplementedError, match="i20-image"):
+        client.create("py-img", image="busybox")
+    with pytest.raises(ValueError):
+        client.create("../bad", root="/")
+
+
+def test_steps_and_supervisor(client: belayer.Client, supervisor) -> None:
+    with client.create("py-step", root=str(supervisor.base)) as env:
+        d = env.step_end("traj-sync", turn=1, prompt_tokens=500)
+        assert d.event == "end" and d.trajectory == "traj-sync" and d.env == "py-step"
+        assert d.action in ("none", "checkpoint", "checkpoint-sync") and d.why
+        d = env.step_begin("traj-sync", turn=1, output_tokens=40)
+        assert d.event == "begin"
+    metrics = client.status()
+    assert metrics and all(isinstance(m.name, str) for m in metrics)
+    assert client.workers() == []
+    ev = client.events(replay=1000, idle_timeout=5)
+    try:
+        first = next(ev)
+        assert first.ts_us > 0 and first.kind
+    finally:
+        ev.close()
+    with pytest.raises(belayer.SupervisorError):
+        client.promote("no-such-engine")
