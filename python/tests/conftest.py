@@ -44,12 +44,13 @@ class Supervisor:
     def start(self) -> None:
         if os.path.exists(self.sock):
             os.unlink(self.sock)
+        start = self.log.stat().st_size if self.log.exists() else 0
         log = open(self.log, "ab")
         self.proc = subprocess.Popen([self.binary, "-c", str(self.dir / "conf.ini")],
                                      stdout=log, stderr=subprocess.STDOUT)
         log.close()
         for _ in range(400):
-            if b"Listening on" in self.log.read_bytes():
+            if b"Listening on" in self.log.read_bytes()[start:]:
                 return
             if self.proc.poll() is not None:
                 break
@@ -97,6 +98,15 @@ class Supervisor:
                     time.sleep(0.05)
                     continue
             break
+        # The v1 cgroups of the environments' limits mirror the v2 parent's name.
+        for hier in Path("/sys/fs/cgroup").iterdir():
+            v1 = hier / self.cg.name
+            if hier.name != "unified" and v1.is_dir():
+                for sub in sorted(v1.glob("**/"), key=lambda p: -len(p.parts)):
+                    try:
+                        sub.rmdir()
+                    except OSError:
+                        pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
