@@ -38,6 +38,10 @@ class FakeSupervisor:
         self.reply = reply
         self.held: List[socket.socket] = []
         self.requests: List[dict] = []
+        # Connections accepted and not yet closed: the fds the tests count are the whole
+        # process's, the server's included.
+        self.busy = 0
+        self.cond = threading.Condition()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -47,6 +51,8 @@ class FakeSupervisor:
                 c, _ = self.srv.accept()
             except OSError:
                 return
+            with self.cond:
+                self.busy += 1
             data, anc, _, _ = c.recvmsg(70000, socket.CMSG_SPACE(16))
             for _, _, cdata in anc:
                 for fd in array.array("i", cdata):
@@ -61,6 +67,14 @@ class FakeSupervisor:
                 anc_out = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
                 c.sendmsg([p], anc_out)
             c.close()
+            with self.cond:
+                self.busy -= 1
+                self.cond.notify_all()
+
+    def idle(self) -> None:
+        """Every answered connection closed (held ones aside)."""
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.busy == len(self.held), 10)
 
     def close(self) -> None:
         self.srv.close()
@@ -91,7 +105,7 @@ MALFORMED = {
     "missing field": pk(14, re=7),
     "bool for int": pk(14, re=True, n=0),
     "trailing bytes": pk(14, **END_OK) + b"\x00",
-    "duplicate key": b"\x84\xa1v\x01\xa1t\x0e\xa2re\x07\xa2re\x07",
+    "duplicate key": b"\x85\xa1v\x01\xa1t\x0e\xa2re\x07\xa2re\x07\xa1n\x00",
     "oversize string": pk(8, name="x" * 300, lbl="", kind=0, val=0, help=""),
     "oversize packet": pk(8, name="x", lbl="", kind=0, val=0, help="", pad=b"\0" * 70000),
     "huge array header": b"\x83\xa1v\x01\xa1t\x0e\xa2re\xdd\xff\xff\xff\xff",
@@ -115,6 +129,7 @@ def test_malformed_reply_raises_protocol_error(name: str) -> None:
                 await belayer.AsyncClient(fake.path, timeout=5).status()
 
         asyncio.run(a())
+        fake.idle()
         assert open_fds() == before
     finally:
         fake.close()
@@ -134,6 +149,7 @@ def test_unexpected_fds_are_closed() -> None:
             c.status()
         with pytest.raises(belayer.ProtocolError, match="fds"):
             c.read("e", "/p")
+        fake.idle()
         assert open_fds() == before
     finally:
         os.close(r)
@@ -172,6 +188,7 @@ def test_file_data_fd_is_read_and_closed() -> None:
         before = open_fds()
         f = belayer.Client(fake.path, timeout=5).read_file("e", "/p")
         assert (f.data, f.mode, f.uid, f.gid) == (content, 0o640, 1, 2)
+        fake.idle()
         assert open_fds() == before
     finally:
         os.close(fd)
