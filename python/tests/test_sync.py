@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 import pytest
 
@@ -94,3 +95,24 @@ def test_steps_and_supervisor(client: belayer.Client, supervisor) -> None:
         ev.close()
     with pytest.raises(belayer.SupervisorError):
         client.promote("no-such-engine")
+
+
+def test_environment_killed_mid_exec_restore_and_rewind(client: belayer.Client, supervisor) -> None:
+    """The README's loop: an environment killed under a command answers SIGKILL, later calls
+    fail, and a restore brings back the checkpointed turn the tracker rewinds to."""
+    tr = belayer.PrefixTracker([1, 2, 3])
+    with client.create("py-killed", root=str(supervisor.base)) as env:
+        env.write("/work/notes", "turn-1\n")
+        tr.add_turn([10, 11])
+        env.checkpoint(**tr.mark().checkpoint_args(), trajectory="tk")
+        env.exec("echo turn-2 >> /work/notes")
+        tr.add_turn([20, 21, 22])
+        threading.Timer(0.5, lambda: (supervisor.cg / "py-killed" / "cgroup.kill").write_text("1")).start()
+        r = env.exec("sleep 20", timeout=30)
+        assert r.signal == 9 and not r.timed_out
+        with pytest.raises(belayer.SupervisorError):
+            env.exec("true")
+        rw = tr.rewind(env.restore())
+        assert (rw.turn, rw.prefix_tokens, rw.turns_dropped, rw.tokens_dropped) == (1, 5, 1, 3)
+        assert env.read("/work/notes") == b"turn-1\n"
+        assert env.exec("cat /work/notes").stdout == b"turn-1\n"
