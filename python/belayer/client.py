@@ -43,7 +43,10 @@ class _Conn:
     def close(self) -> None:
         self.sock.close()
 
-    def _left(self) -> float:
+    def _left(self) -> Optional[float]:
+        """Seconds to the deadline (None: no deadline, an event stream's wait)."""
+        if self.deadline == float("inf"):
+            return None
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise Timeout("the supervisor did not answer in time")

@@ -268,3 +268,34 @@ def test_supervisor_gone_mid_exec(own_supervisor: Supervisor) -> None:
             await ac.exec("py-gone", "sleep 20", timeout=30)
 
     asyncio.run(a())
+
+
+def test_event_stream_live_events_without_idle_timeout() -> None:
+    ev = dict(ts=5, id=1, pid=2, msg="m")
+    fake = FakeSupervisor(lambda req: [(pk(12, kind=16, **ev), []), (pk(14, re=7, n=1), []),
+                                       (pk(12, kind=99, **ev), [])])
+    try:
+        it = belayer.Client(fake.path, timeout=5).events(replay=1)
+        try:
+            assert next(it).kind == "env"  # replayed
+            live = next(it)  # after END: no deadline
+            assert (live.kind, live.ts_us, live.message) == ("kind-99", 5, "m")
+            with pytest.raises(belayer.ConnectionLost):
+                next(it)  # the fake closed the stream
+        finally:
+            it.close()
+        assert fake.requests[0]["cmd"] == 4 and fake.requests[0]["arg"] == 1
+
+        async def a() -> None:
+            it = belayer.AsyncClient(fake.path, timeout=5).events(replay=1)
+            try:
+                assert (await it.__anext__()).kind == "env"
+                assert (await it.__anext__()).kind == "kind-99"
+                with pytest.raises(belayer.ConnectionLost):
+                    await it.__anext__()
+            finally:
+                await it.aclose()
+
+        asyncio.run(a())
+    finally:
+        fake.close()
