@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Generator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Generator, List, Mapping, Optional, Sequence, TypeVar, Union
 
 from . import _proto as P
 from .errors import ProtocolError
@@ -25,7 +25,9 @@ class Send:
 
 
 RECV = object()
-Op = Generator[Any, Any, Any]
+T = TypeVar("T")
+# yields Send or RECV, is sent None or the decoded reply, returns the call's result
+Op = Generator[Any, Any, T]
 
 # An exec's reply comes after the command: the call waits this much longer than its timeout.
 EXEC_MARGIN_S = 10.0
@@ -35,8 +37,8 @@ EXEC_DEFAULT_S = 60.0
 EXEC_OUTPUT_BOUND = 256 << 20
 
 
-def _reply(expect: Sequence[int]) -> Op:
-    m = yield RECV
+def _reply(expect: Sequence[int]) -> Op[P.Message]:
+    m: P.Message = yield RECV
     err = P.error_for(m)
     if err is not None:
         raise err
@@ -46,7 +48,7 @@ def _reply(expect: Sequence[int]) -> Op:
     return m
 
 
-def _items(request: bytes, item: int, reply_to: int) -> Op:
+def _items(request: bytes, item: int, reply_to: int) -> Op[List[Dict[str, Any]]]:
     """Send request, collect item messages until PROTO_END."""
     yield Send(request)
     out: List[Dict[str, Any]] = []
@@ -85,7 +87,7 @@ def _limit(v: Optional[int]) -> int:
 
 
 def create(env: str, root: Optional[str], image: Optional[str], cmd: str,
-           limits: Optional[Limits], net: Optional[str]) -> Op:
+           limits: Optional[Limits], net: Optional[str]) -> Op[Manifest]:
     check_env_id(env)
     if image is not None:
         raise NotImplementedError(
@@ -105,21 +107,21 @@ def create(env: str, root: Optional[str], image: Optional[str], cmd: str,
     return Manifest._from(infos[0])
 
 
-def manifests(op: int, env: str, **kw: Any) -> Op:
+def manifests(op: int, env: str, **kw: Any) -> Op[List[Manifest]]:
     if env:
         check_env_id(env)
     infos = yield from _items(_env_request(op, env, **kw), P.ENV_INFO, P.ENV_REQUEST)
     return [Manifest._from(f) for f in infos]
 
 
-def one_manifest(op: int, env: str, **kw: Any) -> Op:
+def one_manifest(op: int, env: str, **kw: Any) -> Op[Manifest]:
     ms = yield from manifests(op, env, **kw)
     if len(ms) != 1:
         raise ProtocolError(f"expected one manifest, got {len(ms)}")
     return ms[0]
 
 
-def checkpoint(env: str, turn: int, prefix_tokens: int, prefix_hash: int, trajectory: str) -> Op:
+def checkpoint(env: str, turn: int, prefix_tokens: int, prefix_hash: int, trajectory: str) -> Op[Manifest]:
     for name, v in (("turn", turn), ("prefix_tokens", prefix_tokens), ("prefix_hash", prefix_hash)):
         if type(v) is not int or not 0 <= v <= P.U64:
             raise ValueError(f"{name} must be an int in 0..2^64-1")
@@ -127,11 +129,11 @@ def checkpoint(env: str, turn: int, prefix_tokens: int, prefix_hash: int, trajec
                                     phash=prefix_hash, traj=trajectory))
 
 
-def restore(env: str, ckpt: Optional[str]) -> Op:
+def restore(env: str, ckpt: Optional[str]) -> Op[Manifest]:
     return (yield from one_manifest(P.OP_RESTORE, env, ckpt=ckpt or ""))
 
 
-def fork(env: str, dst: str, count: int, ckpt: Optional[str]) -> Op:
+def fork(env: str, dst: str, count: int, ckpt: Optional[str]) -> Op[List[Manifest]]:
     check_env_id(dst)
     if not 1 <= count <= P.ENV_FORK_MAX:
         raise ValueError(f"count must be 1..{P.ENV_FORK_MAX}")
@@ -141,7 +143,7 @@ def fork(env: str, dst: str, count: int, ckpt: Optional[str]) -> Op:
     return ms
 
 
-def destroy(env: str) -> Op:
+def destroy(env: str) -> Op[None]:
     yield from manifests(P.OP_DESTROY, env)
 
 
@@ -166,7 +168,7 @@ def exec_timeout_s(timeout: Optional[float]) -> float:
 
 def exec_(env: str, cmd: Union[str, Sequence[str]], timeout: Optional[float],
           cwd: str, envv: Optional[Mapping[str, str]], user: str,
-          stdin: Union[bytes, str, None], max_output: int) -> Op:
+          stdin: Union[bytes, str, None], max_output: int) -> Op[ExecResult]:
     check_env_id(env)
     argv = _strv("argv", _argv(cmd), P.PROTO_EXEC_ARGV_MAX)
     ev = _strv("env", [f"{k}={v}" for k, v in (envv or {}).items()], P.PROTO_EXEC_ENVV_MAX)
@@ -199,7 +201,7 @@ def exec_(env: str, cmd: Union[str, Sequence[str]], timeout: Optional[float],
                           f["us"], f["pid"])
 
 
-def file_read(env: str, path: str, max_bytes: int) -> Op:
+def file_read(env: str, path: str, max_bytes: int) -> Op[FileData]:
     check_env_id(env)
     P.check_str("path", path, P.PROTO_PATH_MAX - 1)
     if not 0 <= max_bytes <= P.U64:
@@ -215,7 +217,7 @@ def file_read(env: str, path: str, max_bytes: int) -> Op:
         m.close()
 
 
-def file_write(env: str, path: str, data: Union[bytes, str], mode: int, user: str) -> Op:
+def file_write(env: str, path: str, data: Union[bytes, str], mode: int, user: str) -> Op[int]:
     check_env_id(env)
     P.check_str("path", path, P.PROTO_PATH_MAX - 1)
     P.check_str("user", user, 63)
@@ -228,11 +230,12 @@ def file_write(env: str, path: str, data: Union[bytes, str], mode: int, user: st
     finally:
         os.close(fd)
     m = yield from _reply((P.END,))
-    return m.fields["n"]
+    n: int = m.fields["n"]
+    return n
 
 
 def step(ev: int, trajectory: str, env: str, turn: int, prompt_tokens: int,
-         generated_tokens: int, decode_mtps: int, output_tokens: int) -> Op:
+         generated_tokens: int, decode_mtps: int, output_tokens: int) -> Op[Decision]:
     P.check_str("trajectory", trajectory)
     if not trajectory:
         raise ValueError("trajectory must not be empty")
@@ -240,7 +243,8 @@ def step(ev: int, trajectory: str, env: str, turn: int, prompt_tokens: int,
     f = {"ev": ev, "traj": trajectory, "env": env, "turn": turn, "plen": prompt_tokens,
          "gen": generated_tokens, "mtps": decode_mtps, "out": output_tokens}
     for k in ("turn", "plen", "gen", "mtps", "out"):
-        if type(f[k]) is not int or not 0 <= f[k] <= P.U64:
+        v = f[k]
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= P.U64:
             raise ValueError(f"{k} must be an int in 0..2^64-1")
     yield Send(P.encode(P.TRAJ_STEP, f))
     m = yield from _reply((P.TRAJ_DECISION,))
@@ -252,24 +256,24 @@ def ctl_request(cmd: int, arg: int = 0, engine: str = "") -> bytes:
                             "eng": P.check_str("engine", engine)})
 
 
-def status() -> Op:
+def status() -> Op[List[Metric]]:
     items = yield from _items(ctl_request(P.CTL_STATUS), P.METRIC, P.CTL)
     return [Metric._from(f) for f in items]
 
 
-def workers() -> Op:
+def workers() -> Op[List[Worker]]:
     items = yield from _items(ctl_request(P.CTL_WORKERS), P.WORKER_INFO, P.CTL)
     return [Worker._from(f) for f in items]
 
 
-def promote(engine: str) -> Op:
+def promote(engine: str) -> Op[None]:
     if not engine:
         raise ValueError("promote needs an engine id")
     yield Send(ctl_request(P.CTL_PROMOTE, engine=engine))
     yield from _reply((P.END,))
 
 
-def subscribe(replay: int) -> Op:
+def subscribe(replay: int) -> Op[List[Event]]:
     """Subscribe to events; returns the replayed ones (live ones follow, read by the caller
     with event_of)."""
     items = yield from _items(ctl_request(P.CTL_EVENTS, arg=replay), P.EVENT, P.CTL)

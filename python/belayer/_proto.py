@@ -18,7 +18,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import msgpack
+import msgpack  # type: ignore[import]  # Debian's python3-msgpack has no stubs
 
 from .errors import ProtocolError
 
@@ -150,7 +150,7 @@ def encode(mtype: int, fields: Dict[str, Any]) -> bytes:
     here so an oversize request is refused before anything is sent."""
     m: Dict[str, Any] = {"v": PROTO_VERSION, "t": mtype}
     m.update(fields)
-    data = msgpack.packb(m, use_bin_type=True)
+    data: bytes = msgpack.packb(m, use_bin_type=True)
     if len(data) > PROTO_MAX_MSG:
         raise ValueError(f"request of {len(data)} bytes exceeds the protocol's {PROTO_MAX_MSG}")
     return data
@@ -221,7 +221,7 @@ def decode(data: bytes, fds: Sequence[int]) -> Message:
                                 errno.EPROTONOSUPPORT)
         t = m.get("t")
         schema = SCHEMAS.get(t) if type(t) is int else None
-        if schema is None:
+        if schema is None or not isinstance(t, int):
             raise ProtocolError(f"unexpected reply type {t!r}")
         fields: Dict[str, Any] = {}
         for key, spec in schema.items():

@@ -45,7 +45,11 @@ class _AConn:
             except (BlockingIOError, InterruptedError):
                 pass
             fut: asyncio.Future[None] = self.loop.create_future()
-            add(self.sock.fileno(), lambda: fut.done() or fut.set_result(None))
+            def ready() -> None:
+                if not fut.done():
+                    fut.set_result(None)
+
+            add(self.sock.fileno(), ready)
             try:
                 await fut
             finally:
@@ -69,14 +73,18 @@ class _AConn:
         return P.unpack_recvmsg(data, anc, flags)
 
 
-async def _drive(op: _ops.Op, conn: _AConn) -> Any:
+async def _drive(op: "_ops.Op[T]", conn: _AConn) -> T:
     try:
         req = next(op)
         while True:
-            val = await (conn.recv() if req is _ops.RECV else conn.send(req))
-            req = op.send(val)
+            if req is _ops.RECV:
+                req = op.send(await conn.recv())
+            else:
+                await conn.send(req)
+                req = op.send(None)
     except StopIteration as e:
-        return e.value
+        result: T = e.value
+        return result
 
 
 class AsyncClient:
@@ -86,11 +94,11 @@ class AsyncClient:
         self.socket = socket or default_socket()
         self.timeout = timeout
 
-    async def _run(self, op: _ops.Op, timeout: Optional[float]) -> Any:
+    async def _run(self, op: "_ops.Op[T]", timeout: Optional[float]) -> T:
         t = self.timeout if timeout is None else timeout
         conn = _AConn(self.socket)
 
-        async def call() -> Any:
+        async def call() -> T:
             await conn.connect()
             return await _drive(op, conn)
 

@@ -9,12 +9,14 @@ import os
 import select
 import socket
 import time
-from typing import Any, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
 
 from . import _ops
 from . import _proto as P
 from .errors import ConnectionLost, Timeout
 from .types import Decision, Event, ExecResult, FileData, Limits, Manifest, Metric, Worker
+
+T = TypeVar("T")
 
 DEFAULT_SOCKET = "/run/belayer/supervisor.sock"
 DEFAULT_TIMEOUT = 30.0
@@ -81,15 +83,19 @@ class _Conn:
         return P.unpack_recvmsg(data, anc, flags)
 
 
-def _drive(op: _ops.Op, conn: _Conn) -> Any:
+def _drive(op: "_ops.Op[T]", conn: _Conn) -> T:
     try:
         req = next(op)
         while True:
             # On an error the caller's op.close() runs the operation's cleanup (its fds).
-            val = conn.recv() if req is _ops.RECV else conn.send(req)
-            req = op.send(val)
+            if req is _ops.RECV:
+                req = op.send(conn.recv())
+            else:
+                conn.send(req)
+                req = op.send(None)
     except StopIteration as e:
-        return e.value
+        result: T = e.value
+        return result
 
 
 class Client:
@@ -100,7 +106,7 @@ class Client:
         self.socket = socket or default_socket()
         self.timeout = timeout
 
-    def _run(self, op: _ops.Op, timeout: Optional[float]) -> Any:
+    def _run(self, op: "_ops.Op[T]", timeout: Optional[float]) -> T:
         t = self.timeout if timeout is None else timeout
         conn = _Conn(self.socket, time.monotonic() + t)
         try:
