@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +116,21 @@ def test_environment_killed_mid_exec_restore_and_rewind(client: belayer.Client, 
         assert (rw.turn, rw.prefix_tokens, rw.turns_dropped, rw.tokens_dropped) == (1, 5, 1, 3)
         assert env.read("/work/notes") == b"turn-1\n"
         assert env.exec("cat /work/notes").stdout == b"turn-1\n"
+
+
+def test_create_limits_and_network(client: belayer.Client, supervisor) -> None:
+    limits = belayer.Limits(pids=23, memory=256 << 20)
+    with client.create("py-lim", root=str(supervisor.base), limits=limits, net="none") as env:
+        assert env.info is not None and env.info.net == "none"
+        # The v1 cgroups of its init (hybrid hierarchy: pids and memory are v1 here).
+        cgs = dict(line.split(":", 2)[1:] for line in
+                   Path(f"/proc/{env.info.pid}/cgroup").read_text().splitlines())
+        assert (Path("/sys/fs/cgroup/pids" + cgs["pids"]) / "pids.max").read_text() == "23\n"
+        mem = Path("/sys/fs/cgroup/memory" + cgs["memory"]) / "memory.limit_in_bytes"
+        assert int(mem.read_text()) == 256 << 20
+        # Its own network namespace: loopback only.
+        r = env.exec("cat /proc/net/dev")
+        names = [line.split(b":")[0].strip() for line in r.stdout.splitlines()[2:]]
+        assert names == [b"lo"], r.stdout
+    with pytest.raises(ValueError):
+        client.create("py-lim2", root=str(supervisor.base), net="wifi")
