@@ -646,7 +646,7 @@ int env_ckpt_load_verified(const struct sv_env *e, int ckfd, const char *id,
 
 /* CRIU's cgroup roots for e: its own cgroups, whichever environment dumped the images. */
 struct cg_roots {
-	char *v[2 * (_ENV_LIMIT_MAX + 1) + 1];
+	char *v[2 * (_ENV_LIMIT_MAX + 2) + 1]; /* v2, the limits', devices */
 	size_t n;
 };
 

@@ -542,6 +542,9 @@ static void job_report_failure(struct supervisor *s, struct sv_client *c, const 
 			  : ckpt_or_restore && e && e->error[0] ? e->error
 								: NULL;
 
+	if (!why && j->q.op == ENV_OP_CREATE && j->why[0])
+		why = j->why; /* the image store's reason, or the image's missing command */
+
 	if (c)
 		(void)client_send_error(s, c, -j->r, PROTO_ENV_REQUEST, "env %s %s failed: %s%s%s",
 					j->q.env, op, strerror(-j->r), why ? ": " : "", why ?: "");
@@ -676,7 +679,10 @@ struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct en
 	snprintf(j->criu, sizeof(j->criu), "%s", sv_criu_binary(s->config.env_criu) ?: "criu");
 	j->p = (struct env_params){
 		.id = j->q.env,
-		.base = j->q.root,
+		.base = j->q.root[0] ? j->q.root : NULL,
+		.image = j->q.op == ENV_OP_CREATE && j->q.image[0] ? j->q.image : NULL,
+		.error = j->why,
+		.error_cap = sizeof(j->why),
 		.cmd = j->q.cmd,
 		.state_dir = j->state_dir,
 		.cgroup_parent = j->cgroup_parent,
@@ -685,8 +691,8 @@ struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct en
 		.ghost_limit = (uint32_t)s->config.env_ghost_limit,
 		.limits = {.pids = limit_or(j->q.pids, s->config.env_pids_max),
 			   .memory = limit_or(j->q.memory, s->config.env_memory_max),
-			   .cpu_millis =
-				   (uint32_t)limit_or(j->q.cpu_millis, s->config.env_cpu_max)},
+			   .cpu_millis = (uint32_t)limit_or(j->q.cpu_millis, s->config.env_cpu_max),
+			   .disk = limit_or(j->q.disk, s->config.env_disk_max)},
 		.net = j->q.net ? (enum env_net)j->q.net : (enum env_net)s->config.env_net,
 		.slirp4netns = s->config.env_slirp4netns,
 	};
@@ -975,10 +981,11 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 		return do_watch(s, c, q);
 	case ENV_OP_CREATE:
 	case ENV_OP_ADOPT:
-		if (!q->env[0] || !q->root[0] ||
+		if (!q->env[0] || (!q->root[0] && !(q->op == ENV_OP_CREATE && q->image[0])) ||
 		    (q->op == ENV_OP_ADOPT && (!q->cgroup[0] || !q->pid)))
 			return client_send_error(s, c, EINVAL, PROTO_ENV_REQUEST,
-						 "create: env and root; adopt: env, root, cg, pid");
+						 "create: env and root or img; adopt: env, root, "
+						 "cg, pid");
 		if (env_slot_find(es, q->env))
 			return client_send_error(s, c, EEXIST, PROTO_ENV_REQUEST,
 						 "environment %s exists", q->env);

@@ -163,6 +163,10 @@ int env_fork(const struct sv_env *src, const char *ckpt, const struct env_params
 	if (r < 0)
 		return log_debug_errno(r, "Fork of %s: checkpoint %s refused: %m", src->id, want);
 	q.base = src->base;
+	/* an image's environment: its forks record the image too (the layers stay in use) */
+	q.image = src->image[0] ? src->image : NULL;
+	if (q.image)
+		q.base = NULL;
 	q.cmd = src->cmd;
 	/* a group of forks is one environment's copies: its limits and network mode */
 	q.limits = src->limits;

@@ -325,5 +325,14 @@ int env_limits_cgroup_roots(const struct sv_env *e,
 		if (r >= 0)
 			r = fn(controller[k], rel, userdata);
 	}
+	/* and the device rules' (supervisor-env-devices.h), which every environment Belayer
+	 * made has where the host has the hierarchy */
+	if (r >= 0 && !e->adopted && v1_where(e, "devices", NULL, 0, rel, sizeof(rel)) >= 0)
+		r = fn("devices", rel, userdata);
 	return r;
+}
+
+int env_limits_v1_dir(const struct sv_env *e, const char *ctl, char *ret, size_t cap)
+{
+	return v1_dir(e, ctl, ret, cap);
 }

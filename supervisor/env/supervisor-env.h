@@ -50,6 +50,11 @@ struct env_params {
 	struct env_limits limits;  /* processes, memory, CPU (0: none) */
 	enum env_net net;	   /* ENV_NET_DEFAULT: ENV_NET_NONE */
 	const char *slirp4netns;   /* the helper for ENV_NET_SLIRP (a name: on PATH) */
+	/* Issue 20 (supervisor-env-image.h): an image (a stored one's name or id, or
+	 * oci:DIR[:TAG] / docker-archive:FILE[:REF]) as the root instead of base; NULL: base. */
+	const char *image;
+	char *error; /* NULL or where a failed create says why beyond its errno */
+	size_t error_cap;
 };
 
 struct sv_env {
@@ -76,6 +81,8 @@ struct sv_env {
 	enum env_net net; /* never ENV_NET_DEFAULT; kept in <dir>/net */
 	char slirp4netns[PATH_MAX];
 	struct env_net_helper *net_helper; /* slirp4netns while it runs (supervisor-env-net.h) */
+	/* The image's id ("sha256:<hex>") when the root is a container image's layers, else "". */
+	char image[72];
 };
 
 struct env_ckpt_params {

@@ -2,9 +2,13 @@
 /*
  * belayerctl env: agent environments (issue 9 item 3, issue 10).
  *   env create ID --root BASE [--cmd CMD] [--pids N|max] [--memory SIZE|max] [--cpus X|max]
- *                 [--net none|slirp|host]     start one (sandboxed: own namespaces, cgroups,
+ *                 [--net none|slirp|host] [--disk SIZE|max]
+ *                                             start one (sandboxed: own namespaces, cgroups,
  *                                             overlay root; limits and network other than
  *                                             [env]'s)
+ *   env create ID --image IMAGE [--cmd CMD] ...   the same on a container image's layers
+ *                                             (a stored image, oci:DIR[:TAG] or
+ *                                             docker-archive:FILE[:REF]; see image)
  *   env adopt ID --root ROOT --cgroup CG --pid PID   register another runtime's environment
  *   env checkpoint ID --turn N [--prefix-tokens LEN --prefix-hash H] [--trajectory T]
  *   env restore ID [--checkpoint C]           full restore; prints the manifest (turn, prefix)
@@ -201,6 +205,8 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 		{"net", required_argument, NULL, 'N'},
 		{"as", required_argument, NULL, 'A'},
 		{"count", required_argument, NULL, 'K'},
+		{"disk", required_argument, NULL, 'D'},
+		{"image", required_argument, NULL, 'i'},
 		{},
 	};
 	struct proto_env_request q = {0};
@@ -276,6 +282,9 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 		case 'U':
 			r = parse_limit(optarg, "", 1000, &q.cpu_millis);
 			break;
+		case 'D':
+			r = parse_limit(optarg, "kmgt", 1, &q.disk);
+			break;
 		case 'N': {
 			enum env_net net;
 
@@ -295,6 +304,9 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 			if (r >= 0 && (v < 1 || v > ENV_FORK_MAX))
 				r = -ERANGE;
 			q.count = (uint32_t)v;
+			break;
+		case 'i':
+			r = image_arg(q.image, sizeof(q.image), optarg);
 			break;
 		default:
 			return 2;
