@@ -14,11 +14,12 @@ from .client import Client, Environment, default_socket
 from .errors import (BelayerError, ConnectionLost, PrefixMismatch, ProtocolError,
                      SupervisorError, Timeout)
 from .prefix import PrefixTracker, Rewind, TurnMark, prefix_hash
-from .types import Decision, EnvInfo, Event, ExecResult, FileData, Limits, Manifest, Metric, Worker
+from .types import (Decision, EnvInfo, Event, ExecResult, FileData, Image, Limits, Manifest,
+                    Metric, Worker)
 
 __all__ = [
     "AsyncClient", "AsyncEnvironment", "BelayerError", "Client", "ConnectionLost", "Decision",
-    "EnvInfo", "Environment", "Event", "ExecResult", "FileData", "Limits", "Manifest", "Metric",
+    "EnvInfo", "Environment", "Event", "ExecResult", "FileData", "Image", "Limits", "Manifest", "Metric",
     "PrefixMismatch", "PrefixTracker", "ProtocolError", "Rewind", "SupervisorError", "Timeout",
     "TurnMark", "Worker", "default_socket", "prefix_hash",
 ]

@@ -15,7 +15,8 @@ from typing import Any, Dict, Generator, List, Mapping, Optional, Sequence, Type
 
 from . import _proto as P
 from .errors import ProtocolError
-from .types import Decision, Event, ExecResult, FileData, Limits, Manifest, Metric, Worker
+from .types import (Decision, Event, ExecResult, FileData, Image, Limits, Manifest, Metric,
+                    Worker)
 
 
 @dataclass
@@ -33,6 +34,8 @@ Op = Generator[Any, Any, T]
 EXEC_MARGIN_S = 10.0
 # The supervisor's own default exec timeout (tmo 0), for the call's deadline.
 EXEC_DEFAULT_S = 60.0
+# No list reply is longer (environments, checkpoints, metrics, images...).
+ITEMS_MAX = 1 << 20
 # No stream of an exec reply is longer than this (the supervisor's own "max" is far lower).
 EXEC_OUTPUT_BOUND = 256 << 20
 
@@ -54,6 +57,8 @@ def _items(request: bytes, item: int, reply_to: int) -> Op[List[Dict[str, Any]]]
     out: List[Dict[str, Any]] = []
     while True:
         m = yield from _reply((item, P.END))
+        if len(out) >= ITEMS_MAX:
+            raise ProtocolError(f"more than {ITEMS_MAX} items in one reply")
         if m.type == P.END:
             if m.fields["re"] != reply_to:
                 raise ProtocolError(f"END answers type {m.fields['re']}, not {reply_to}")
@@ -72,7 +77,7 @@ def check_env_id(env: str) -> str:
 def _env_request(op: int, env: str, **kw: Any) -> bytes:
     f: Dict[str, Any] = {"op": op, "env": env}
     f.update({k: v for k, v in kw.items() if v is not None})
-    for k in ("root", "cmd", "cg", "ckpt", "traj", "dst"):
+    for k in ("root", "cmd", "cg", "ckpt", "traj", "dst", "img"):
         if k in f:
             P.check_str(k, f[k])
     return P.encode(P.ENV_REQUEST, f)
@@ -86,25 +91,48 @@ def _limit(v: Optional[int]) -> int:
     return v
 
 
+def image_ref(ref: str) -> str:
+    """oci:DIR and docker-archive:FILE made absolute (the supervisor resolves nothing against
+    the client's directory), as belayerctl does; a stored image's name or id as it is."""
+    for t in ("oci:", "docker-archive:"):
+        if ref.startswith(t) and len(ref) > len(t) and ref[len(t)] != "/":
+            return t + os.path.abspath(ref[len(t):])
+    return ref
+
+
 def create(env: str, root: Optional[str], image: Optional[str], cmd: str,
            limits: Optional[Limits], net: Optional[str]) -> Op[Manifest]:
     check_env_id(env)
-    if image is not None:
-        raise NotImplementedError(
-            "create(image=...) needs the supervisor's image support (branch i20-image), not "
-            "in this build's protocol yet; pass root= (a base directory)")
-    if root is None:
-        raise ValueError("create needs root= (a base directory)")
+    if (root is None) == (image is None):
+        raise ValueError("create needs root= (a base directory) or image= (a container image)")
     lim = limits or Limits()
     if net is not None and net not in P.NET_NAMES:
         raise ValueError(f"net must be one of {sorted(P.NET_NAMES)}")
-    req = _env_request(P.OP_CREATE, env, root=root, cmd=cmd, pids=_limit(lim.pids),
-                       mem=_limit(lim.memory), cpu=_limit(lim.cpu_millis),
-                       net=P.NET_NAMES[net] if net else 0)
+    req = _env_request(P.OP_CREATE, env, root=root, img=image_ref(image) if image else None,
+                       cmd=cmd, pids=_limit(lim.pids), mem=_limit(lim.memory),
+                       cpu=_limit(lim.cpu_millis), net=P.NET_NAMES[net] if net else 0,
+                       disk=_limit(lim.disk))
     infos = yield from _items(req, P.ENV_INFO, P.ENV_REQUEST)
     if len(infos) != 1:
         raise ProtocolError(f"create answered {len(infos)} environments")
     return Manifest._from(infos[0])
+
+
+def image_request(op: int, ref: str = "", name: str = "") -> Op[List[Image]]:
+    f: Dict[str, Any] = {"op": op}
+    if ref:
+        f["ref"] = P.check_str("image", image_ref(ref))
+    if name:
+        f["name"] = P.check_str("name", name)
+    infos = yield from _items(P.encode(P.IMAGE_REQUEST, f), P.IMAGE_INFO, P.IMAGE_REQUEST)
+    return [Image._from(i) for i in infos]
+
+
+def image_gc() -> Op[int]:
+    yield Send(P.encode(P.IMAGE_REQUEST, {"op": P.IMAGE_GC}))
+    m = yield from _reply((P.END,))
+    n: int = m.fields["n"]
+    return n
 
 
 def manifests(op: int, env: str, **kw: Any) -> Op[List[Manifest]]:

@@ -58,6 +58,8 @@ ENV_EXEC_DONE = 35
 ENV_FILE_READ = 36
 ENV_FILE_WRITE = 37
 ENV_FILE_DATA = 38
+IMAGE_REQUEST = 40
+IMAGE_INFO = 41
 TRAJ_STEP = 60
 TRAJ_DECISION = 61
 TRAJ_LIST = 62
@@ -70,6 +72,8 @@ CTL_STATUS, CTL_WORKERS, CTL_REGIONS, CTL_CONFIG, CTL_EVENTS, CTL_INJECT, CTL_HE
  OP_REBUILD, OP_FORK) = range(11)
 # enum env_net
 NET_NAMES = {"default": 0, "none": 1, "slirp": 2, "host": 3}
+# enum image_op
+IMAGE_LIST, IMAGE_IMPORT, IMAGE_RM, IMAGE_GC = range(4)
 # enum traj_event, traj_action
 STEP_BEGIN, STEP_END = 0, 1
 ACTION_NAMES = ("none", "checkpoint", "checkpoint-sync")
@@ -115,6 +119,8 @@ SCHEMAS: Dict[int, Dict[str, _Spec]] = {
                     "us": _u(), "nout": _u(), "nerr": _u(), "pid": _u(U32)},
     ENV_FILE_DATA: {"env": _S, "path": _S, "mode": _u(0o7777), "size": _u(), "uid": _u(U32),
                     "gid": _u(U32)},
+    IMAGE_INFO: {"id": _S, "name": _S, "n": _u(U32), "unp": _u(), "cached": _u(), "ent": _u(),
+                 "bytes": _u(), "us": _u()},
     TRAJ_DECISION: {"ev": _u(1), "traj": _S, "env": _S, "act": _u(2), "why": _S,
                     "bub": _u(), "berr": _u(U32), "cost": _u(), "cerr": _u(U32),
                     "held": _u(), "ckpt": _OPT_S, "ckus": _u(opt=True), "abrt": _u(1, opt=True)},

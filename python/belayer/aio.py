@@ -13,9 +13,10 @@ from typing import Any, AsyncIterator, Callable, List, Mapping, Optional, Sequen
 
 from . import _ops
 from . import _proto as P
-from .client import DEFAULT_TIMEOUT, default_socket
-from .errors import ConnectionLost, Timeout
-from .types import Decision, Event, ExecResult, FileData, Limits, Manifest, Metric, Worker
+from .client import DEFAULT_TIMEOUT, IMAGE_TIMEOUT, default_socket
+from .errors import ConnectionLost, ProtocolError, Timeout
+from .types import (Decision, Event, ExecResult, FileData, Image, Limits, Manifest, Metric,
+                    Worker)
 
 T = TypeVar("T")
 
@@ -165,6 +166,29 @@ class AsyncClient:
 
     async def destroy(self, env: str, *, timeout: Optional[float] = None) -> None:
         await self._run(_ops.destroy(env), timeout)
+
+    # ---- container images ------------------------------------------------------------------
+
+    async def images(self, *, timeout: Optional[float] = None) -> List[Image]:
+        """The stored images."""
+        return await self._run(_ops.image_request(P.IMAGE_LIST), timeout)
+
+    async def import_image(self, ref: str, name: str = "", *,
+                     timeout: Optional[float] = IMAGE_TIMEOUT) -> Image:
+        """Import oci:DIR[:TAG] or docker-archive:FILE[:REF] (relative paths are made
+        absolute) under name; the default timeout is belayerctl's, an hour."""
+        infos = await self._run(_ops.image_request(P.IMAGE_IMPORT, ref, name), timeout)
+        if len(infos) != 1:
+            raise ProtocolError(f"import answered {len(infos)} images")
+        return infos[0]
+
+    async def remove_image(self, ref: str, *, timeout: Optional[float] = None) -> None:
+        """Remove a stored image by name or id (EBUSY while an environment uses it)."""
+        await self._run(_ops.image_request(P.IMAGE_RM, ref), timeout)
+
+    async def gc_images(self, *, timeout: Optional[float] = None) -> int:
+        """Remove the layers no image lists; returns how many."""
+        return await self._run(_ops.image_gc(), timeout)
 
     async def step_end(self, trajectory: str, env: str, *, turn: int = 0,
                        prompt_tokens: int = 0, generated_tokens: int = 0, decode_mtps: int = 0,

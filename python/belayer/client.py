@@ -13,13 +13,16 @@ from typing import Any, Iterator, List, Mapping, Optional, Sequence, TypeVar, Un
 
 from . import _ops
 from . import _proto as P
-from .errors import ConnectionLost, Timeout
-from .types import Decision, Event, ExecResult, FileData, Limits, Manifest, Metric, Worker
+from .errors import ConnectionLost, ProtocolError, Timeout
+from .types import (Decision, Event, ExecResult, FileData, Image, Limits, Manifest, Metric,
+                    Worker)
 
 T = TypeVar("T")
 
 DEFAULT_SOCKET = "/run/belayer/supervisor.sock"
 DEFAULT_TIMEOUT = 30.0
+# An import of a several-GiB image takes minutes (belayerctl waits an hour too).
+IMAGE_TIMEOUT = 3600.0
 
 
 def default_socket() -> str:
@@ -120,9 +123,11 @@ class Client:
     def create(self, id: str, root: Optional[str] = None, *, image: Optional[str] = None,
                cmd: str = "", limits: Optional[Limits] = None, net: Optional[str] = None,
                timeout: Optional[float] = None, destroy_on_exit: bool = True) -> "Environment":
-        """Start environment id from a base directory (root=) running cmd (a shell string;
-        "" for the supervisor's idle init). net: "none", "slirp", "host" or None ([env] net).
-        image= is not supported by this build (NotImplementedError)."""
+        """Start environment id from a base directory (root=) or a container image (image=:
+        a stored image's name or id, or oci:DIR[:TAG] / docker-archive:FILE[:REF], imported
+        when not stored: give a timeout to match) running cmd (a shell string; "": the
+        image's Entrypoint/Cmd, or the supervisor's idle init). net: "none", "slirp",
+        "host" or None ([env] net)."""
         _ops.check_env_id(id)
         info = self._run(_ops.create(id, root, image, cmd, limits, net), timeout)
         return Environment(self, info.env, info, destroy_on_exit)
@@ -186,6 +191,29 @@ class Client:
     def destroy(self, env: str, *, timeout: Optional[float] = None) -> None:
         """Kill env, unmount it and forget it (its checkpoints stay on disk)."""
         self._run(_ops.destroy(env), timeout)
+
+    # ---- container images ------------------------------------------------------------------
+
+    def images(self, *, timeout: Optional[float] = None) -> List[Image]:
+        """The stored images."""
+        return self._run(_ops.image_request(P.IMAGE_LIST), timeout)
+
+    def import_image(self, ref: str, name: str = "", *,
+                     timeout: Optional[float] = IMAGE_TIMEOUT) -> Image:
+        """Import oci:DIR[:TAG] or docker-archive:FILE[:REF] (relative paths are made
+        absolute) under name; the default timeout is belayerctl's, an hour."""
+        infos = self._run(_ops.image_request(P.IMAGE_IMPORT, ref, name), timeout)
+        if len(infos) != 1:
+            raise ProtocolError(f"import answered {len(infos)} images")
+        return infos[0]
+
+    def remove_image(self, ref: str, *, timeout: Optional[float] = None) -> None:
+        """Remove a stored image by name or id (EBUSY while an environment uses it)."""
+        self._run(_ops.image_request(P.IMAGE_RM, ref), timeout)
+
+    def gc_images(self, *, timeout: Optional[float] = None) -> int:
+        """Remove the layers no image lists; returns how many."""
+        return self._run(_ops.image_gc(), timeout)
 
     # ---- trajectories ----------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ class Limits:
     pids: Optional[int] = None
     memory: Optional[int] = None  # bytes
     cpu_millis: Optional[int] = None  # thousandths of a CPU
+    disk: Optional[int] = None  # bytes of the writable layer
 
     NO_LIMIT = (1 << 64) - 1
 
@@ -176,6 +177,27 @@ class Event:
         k = f["kind"]
         name = EVENT_KIND_NAMES[k] if k < len(EVENT_KIND_NAMES) else f"kind-{k}"
         return cls(f["ts"], name, f["pid"], f["id"], f["msg"])
+
+
+@dataclass(frozen=True)
+class Image:
+    """A stored container image (images(), import_image()): its id (the config's digest),
+    name, layer count and, for an import, its figures (layers unpacked, layers the store
+    already held, entries, bytes unpacked, µs)."""
+
+    id: str
+    name: str
+    n_layers: int
+    unpacked: int
+    cached: int
+    entries: int
+    bytes: int
+    us: int
+
+    @classmethod
+    def _from(cls, f: Dict[str, Any]) -> "Image":
+        return cls(f["id"], f["name"], f["n"], f["unp"], f["cached"], f["ent"], f["bytes"],
+                   f["us"])
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ def test_async_environment_lifecycle(aclient: belayer.AsyncClient, supervisor) -
             e.env for e in await aclient.list()}
         assert await aclient.status()
         assert await aclient.workers() == []
+        assert isinstance(await aclient.images(), list)
 
     run(main())
 

@@ -168,7 +168,15 @@ def test_requests_are_what_belayerctl_sends() -> None:
             c.fork("e1", "f", count=3)
         with pytest.raises(belayer.SupervisorError):
             c.promote("eng0")
+        with pytest.raises(belayer.SupervisorError):
+            c.import_image("oci:rel/dir:tag", "n")
+        with pytest.raises(belayer.SupervisorError):
+            c.create("e2", image="docker-archive:a.tar", limits=belayer.Limits(disk=1 << 20))
         q = fake.requests
+        assert q[3] == {"v": 1, "t": 40, "op": 1, "ref": "oci:" + os.path.abspath("rel/dir:tag"),
+                        "name": "n"}
+        assert q[4]["img"] == "docker-archive:" + os.path.abspath("a.tar") and "root" not in q[4]
+        assert q[4]["disk"] == 1 << 20
         assert q[0] == {"v": 1, "t": 30, "op": 2, "env": "e1", "turn": 3, "plen": 40,
                         "phash": 1 << 63, "traj": "t"}
         assert q[1] == {"v": 1, "t": 30, "op": 10, "env": "e1", "dst": "f", "n": 3, "ckpt": ""}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import subprocess
 import threading
 from pathlib import Path
 
@@ -71,8 +72,10 @@ def test_supervisor_errors_carry_errno(client: belayer.Client, supervisor) -> No
         assert e.value.errno == errno.ENOENT
         with pytest.raises(belayer.SupervisorError):
             client.create("py-err", root=str(supervisor.base))
-    with pytest.raises(NotImplementedError, match="i20-image"):
-        client.create("py-img", image="busybox")
+    with pytest.raises(ValueError):
+        client.create("py-img", root=str(supervisor.base), image="oci:/x")
+    with pytest.raises(belayer.SupervisorError):
+        client.create("py-img", image="no-such-image")
     with pytest.raises(ValueError):
         client.create("../bad", root="/")
 
@@ -134,3 +137,22 @@ def test_create_limits_and_network(client: belayer.Client, supervisor) -> None:
         assert names == [b"lo"], r.stdout
     with pytest.raises(ValueError):
         client.create("py-lim2", root=str(supervisor.base), net="wifi")
+
+
+def test_image_environment(client: belayer.Client, supervisor, tmp_path) -> None:
+    """An environment from an OCI layout (tests/image/gen-image.py's busybox image), the
+    store's images, rm refused while in use."""
+    gen = Path(__file__).resolve().parents[2] / "tests" / "image" / "gen-image.py"
+    subprocess.run(["/usr/bin/python3", str(gen), str(tmp_path / "oci"), "good"], check=True)
+    img = client.import_image(f"oci:{tmp_path / 'oci'}", "py-busybox", timeout=120)
+    assert img.name == "py-busybox" and img.n_layers == 2 and img.id
+    assert "py-busybox" in [i.name for i in client.images()]
+    with client.create("py-image", image="py-busybox", timeout=120) as env:
+        r = env.exec(["/bin/sh", "-c", "echo from-image; ls /bin/busybox"])
+        assert r.ok and r.stdout == b"from-image\n/bin/busybox\n", r
+        with pytest.raises(belayer.SupervisorError) as e:
+            client.remove_image("py-busybox")
+        assert e.value.errno == errno.EBUSY
+    client.remove_image("py-busybox")
+    assert "py-busybox" not in [i.name for i in client.images()]
+    assert client.gc_images() >= 0
