@@ -82,31 +82,30 @@ class Supervisor:
                         pass
         if envs.is_dir():
             for e in envs.iterdir():
-                subprocess.run(["umount", "-l", str(e / "root")], stderr=subprocess.DEVNULL)
-        # The killed trees leave their cgroups once the kernel has reaped them.
-        for _ in range(100):
-            if self.cg.is_dir():
-                for sub in self.cg.iterdir():
-                    if sub.is_dir():
-                        try:
-                            sub.rmdir()
-                        except OSError:
-                            pass
+                for m in ("root", "disk"):
+                    subprocess.run(["umount", "-l", str(e / m)], stderr=subprocess.DEVNULL)
+        # The killed trees leave their cgroups once the kernel has reaped them: the v2 ones
+        # and their v1 mirrors (limits, device rules: <mount><own cgroup>/<name>/ENV), as
+        # tests/helpers/test-lib.sh's env_fixture_cleanup removes them.
+        for _ in range(50):
+            for d in [*(p for p in (self.cg.iterdir() if self.cg.is_dir() else []) if p.is_dir()),
+                      self.cg]:
                 try:
-                    self.cg.rmdir()
+                    d.rmdir()
                 except OSError:
-                    time.sleep(0.05)
-                    continue
-            break
-        # The v1 cgroups of the environments' limits mirror the v2 parent's name.
-        for hier in Path("/sys/fs/cgroup").iterdir():
-            v1 = hier / self.cg.name
-            if hier.name != "unified" and v1.is_dir():
-                for sub in sorted(v1.glob("**/"), key=lambda p: -len(p.parts)):
+                    pass
+            mirrors = subprocess.run(
+                ["find", "/sys/fs/cgroup", "-mindepth", "2", "-maxdepth", "8", "-type", "d",
+                 "-name", self.cg.name], capture_output=True, text=True).stdout.split()
+            for m in map(Path, mirrors):
+                for d in [*(p for p in m.iterdir() if p.is_dir()), m]:
                     try:
-                        sub.rmdir()
+                        d.rmdir()
                     except OSError:
                         pass
+            if not self.cg.exists() and not mirrors:
+                break
+            time.sleep(0.1)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
