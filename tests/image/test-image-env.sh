@@ -3,7 +3,8 @@
 # Environments from real container images (issue 20 item 1), through the supervisor: podman
 # builds an image here without a registry (podman import of a busybox-static root, then a
 # Containerfile FROM it with COPY, ENV, WORKDIR, CMD) and saves it in both formats;
-# belayerctl env create --image runs it with the image's config and no host /usr or /etc; a
+# belayerctl env create --image runs it with the image's config and no host /usr or /etc, and
+# env exec in it gets that config too (Env, WorkingDir, User and groups, as docker exec); a
 # second environment of the same image (the other format) unpacks nothing; checkpoint and
 # restore bring back the same process and files; the image cannot be removed while used.
 # Usage: test-image-env.sh SUPERVISOR BELAYERCTL GEN_IMAGE

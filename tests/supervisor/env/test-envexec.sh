@@ -5,7 +5,8 @@
 # every namespace, the cgroup, the capabilities and the seccomp filter of the environment, its
 # limits, stdin, bounded output, 16 execs at once in 4 environments while the supervisor
 # answers, a background server that outlives its exec and a checkpoint + restore, and file
-# reads and writes that never leave the environment's root.
+# reads and writes that never leave the environment's root and open nothing but regular files
+# (a FIFO's waiting writer stays waiting; device nodes refused unopened).
 # Usage: test-envexec.sh SUPERVISOR BELAYERCTL
 set -euo pipefail
 
