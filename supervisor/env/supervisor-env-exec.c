@@ -416,8 +416,9 @@ int env_exec_dispatch(struct supervisor *s, struct sv_client *c, struct proto_ms
 		r = env_image_exec_prepare(sl->env, root, q->user, &image);
 		if (r < 0)
 			return refuse(s, c, -r,
-				      r == -ESRCH ? "no such user or group"
-						  : "cannot read its image's config",
+				      r == -ESRCH     ? "no such user or group"
+				      : r == -EBADMSG ? "the user's /etc/passwd entry is malformed"
+						      : "cannot read its image's config",
 				      q->env);
 		sp.uid = image.uid;
 		sp.gid = image.gid;

@@ -169,6 +169,8 @@ pid=$(env_pid e3)
 [[ $(ctl env exec e3 -- sh -c 'echo $HOME') == $(awk -F: '$1 == "agent" {print $6}' \
 	"$dir/state/envs/e3/root/etc/passwd") ]] || fail "exec: not the User's HOME"
 [[ $(ctl env exec e3 --user 0 -- busybox id -u) == 0 ]] || fail "exec --user 0 in an image environment"
+if err=$(ctl env exec e3 --user nosuch -- true 2>&1); then fail "exec as a user the image lacks"; fi
+[[ $err == *"no such user or group"* ]] || fail "exec --user nosuch: $err"
 # an image with neither a shell nor a command: refused, saying so
 python3 "$gen" "$dir/noshell" noshell
 if err=$(ctl env create e5 --image "oci:$dir/noshell" 2>&1); then fail "an image without a command ran"; fi
