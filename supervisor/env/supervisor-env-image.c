@@ -18,6 +18,7 @@
 #include "log.h"
 #include "util.h"
 #include "sv-image.h"
+#include "supervisor-env-files.h"
 #include "supervisor-env-image.h"
 
 #define DEFAULT_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -180,26 +181,22 @@ out:
 	return r;
 }
 
-/* A file of the image's root (/etc/passwd), read beneath it, bounded. */
-static char *read_in_root(const struct sv_env *e, const char *path)
+/* A file of the environment's root (/etc/passwd), read beneath it, bounded: a regular file
+ * only, never opened before it is known to be one (env_file_read: the agent may have made it
+ * a FIFO or a device node). */
+static char *read_in_root(int root, const char *path)
 {
-	struct open_how how = {.flags = O_RDONLY | O_NONBLOCK | O_CLOEXEC,
-			       .resolve =
-				       RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV};
-	_cleanup_close_ int root = open(e->root, O_PATH | O_DIRECTORY | O_CLOEXEC), fd = -1;
+	_cleanup_close_ int fd = -1;
 	struct stat st;
 	char *buf;
 	ssize_t n;
 
-	if (root < 0)
-		return NULL;
-	fd = (int)syscall(SYS_openat2, root, path, &how, sizeof(how));
-	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20))
+	if (env_file_read(root, path, 1u << 20, &fd, &st) < 0)
 		return NULL;
 	buf = calloc(1, (size_t)st.st_size + 1);
 	if (!buf)
 		return NULL;
-	n = read(fd, buf, (size_t)st.st_size);
+	n = pread(fd, buf, (size_t)st.st_size, 0);
 	if (n < 0) {
 		free(buf);
 		return NULL;
@@ -243,10 +240,9 @@ static bool find_entry(char *text, const char *what, bool by_id, char **f, int n
 }
 
 /* The groups of /etc/group whose member list names user, after gid (as runc sets them). */
-static void supplementary_groups(const struct sv_env *e, const char *user, gid_t gid,
-				 struct env_image_run *run)
+static void supplementary_groups(int root, const char *user, gid_t gid, struct env_image_run *run)
 {
-	_cleanup_free_ char *groups = read_in_root(e, "/etc/group");
+	_cleanup_free_ char *groups = read_in_root(root, "/etc/group");
 
 	run->groups[0] = gid;
 	run->n_groups = 1;
@@ -275,14 +271,14 @@ static void supplementary_groups(const struct sv_env *e, const char *user, gid_t
 
 /* Docker's User: "", "user", "uid", "user:group", "uid:gid" (names from the image's files).
  * Without a group, the user's supplementary groups come from the image's /etc/group. */
-static int resolve_user(const struct sv_env *e, const char *spec, struct env_image_run *run,
-			char *home, size_t cap)
+static int resolve_user(int root, const char *spec, struct env_image_run *run, char *home,
+			size_t cap)
 {
 	uid_t *uid = &run->uid;
 	gid_t *gid = &run->gid;
 	char name[IMAGE_NAME_MAX + 1] = "";
 	char user[IMAGE_NAME_MAX + 1], *group, *f[7];
-	_cleanup_free_ char *passwd = read_in_root(e, "/etc/passwd");
+	_cleanup_free_ char *passwd = read_in_root(root, "/etc/passwd");
 	unsigned long id;
 	bool numeric;
 
@@ -310,7 +306,7 @@ static int resolve_user(const struct sv_env *e, const char *spec, struct env_ima
 		_cleanup_free_ char *groups = NULL;
 
 		if (!parse_id(group, &id)) {
-			groups = read_in_root(e, "/etc/group");
+			groups = read_in_root(root, "/etc/group");
 			if (!groups || !find_entry(groups, group, false, f, 4) ||
 			    !parse_id(f[2], &id))
 				return -ESRCH;
@@ -320,7 +316,7 @@ static int resolve_user(const struct sv_env *e, const char *spec, struct env_ima
 		run->n_groups = 1;
 		return 0;
 	}
-	supplementary_groups(e, name, *gid, run);
+	supplementary_groups(root, name, *gid, run);
 	return 0;
 }
 
@@ -387,41 +383,32 @@ static bool image_has_command(const struct sv_env *e, const char *cmd, char **en
 	}
 }
 
-int env_image_run_prepare(struct sv_env *e, struct env_image_run *ret)
+static int load_config(const struct sv_env *e, struct image_config *ret)
 {
-	struct image_config c = {0};
 	struct image_store *s;
-	char home[PATH_MAX], buf[PATH_MAX + 8];
-	size_t nargv = 0, nenv = 0;
-	int r;
+	int r = store_of(e, &s);
 
-	memset(ret, 0, sizeof(*ret));
-	r = store_of(e, &s);
 	if (r < 0)
 		return r;
-	r = image_store_config(s, e->image, &c);
+	r = image_store_config(s, e->image, ret);
 	image_store_close(s);
 	if (r < 0)
 		return log_debug_errno(r, "Failed to read the config of image %s: %m", e->image);
-	r = resolve_user(e, c.user, ret, home, sizeof(home));
-	if (r < 0) {
-		snprintf(e->error, sizeof(e->error),
-			 "the image's User \"%s\" is not in its /etc/passwd", c.user);
-		goto out;
-	}
-	snprintf(ret->workdir, sizeof(ret->workdir), "%s", c.workdir[0] ? c.workdir : "/");
-	/* a --cmd is Docker's shell form; else Entrypoint + Cmd; else an init that waits */
-	if (e->cmd[0] || c.n_argv == 0) {
-		r = push(&ret->argv, &nargv, "/bin/sh");
-		if (r >= 0)
-			r = push(&ret->argv, &nargv, "-c");
-		if (r >= 0)
-			r = push(&ret->argv, &nargv, e->cmd[0] ? e->cmd : "exec sleep infinity");
-	} else
-		for (size_t i = 0; r >= 0 && i < c.n_argv; i++)
-			r = push(&ret->argv, &nargv, c.argv[i]);
-	for (size_t i = 0; r >= 0 && i < c.n_env; i++)
-		r = push(&ret->envp, &nenv, c.env[i]);
+	return 0;
+}
+
+/* The WorkingDir and the environment of c for a process of user's home: the image's Env, and
+ * PATH, HOME, HOSTNAME when it sets none (as runc adds them). */
+static int run_env(const struct sv_env *e, const struct image_config *c, const char *home,
+		   struct env_image_run *ret)
+{
+	char buf[PATH_MAX + 16];
+	size_t nenv = 0;
+	int r = 0;
+
+	snprintf(ret->workdir, sizeof(ret->workdir), "%s", c->workdir[0] ? c->workdir : "/");
+	for (size_t i = 0; r >= 0 && i < c->n_env; i++)
+		r = push(&ret->envp, &nenv, c->env[i]);
 	if (r >= 0 && !has_key(ret->envp, nenv, "PATH"))
 		r = push(&ret->envp, &nenv, DEFAULT_PATH);
 	if (r >= 0 && !has_key(ret->envp, nenv, "HOME")) {
@@ -432,6 +419,40 @@ int env_image_run_prepare(struct sv_env *e, struct env_image_run *ret)
 		snprintf(buf, sizeof(buf), "HOSTNAME=%s", e->id);
 		r = push(&ret->envp, &nenv, buf);
 	}
+	return r;
+}
+
+int env_image_run_prepare(struct sv_env *e, struct env_image_run *ret)
+{
+	_cleanup_close_ int root = -1;
+	struct image_config c = {0};
+	char home[PATH_MAX];
+	size_t nargv = 0;
+	int r;
+
+	memset(ret, 0, sizeof(*ret));
+	r = load_config(e, &c);
+	if (r < 0)
+		return r;
+	root = open(e->root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	r = root < 0 ? -errno : resolve_user(root, c.user, ret, home, sizeof(home));
+	if (r < 0) {
+		snprintf(e->error, sizeof(e->error),
+			 "the image's User \"%s\" is not in its /etc/passwd", c.user);
+		goto out;
+	}
+	/* a --cmd is Docker's shell form; else Entrypoint + Cmd; else an init that waits */
+	if (e->cmd[0] || c.n_argv == 0) {
+		r = push(&ret->argv, &nargv, "/bin/sh");
+		if (r >= 0)
+			r = push(&ret->argv, &nargv, "-c");
+		if (r >= 0)
+			r = push(&ret->argv, &nargv, e->cmd[0] ? e->cmd : "exec sleep infinity");
+	} else
+		for (size_t i = 0; r >= 0 && i < c.n_argv; i++)
+			r = push(&ret->argv, &nargv, c.argv[i]);
+	if (r >= 0)
+		r = run_env(e, &c, home, ret);
 	if (r >= 0 && !image_has_command(e, ret->argv[0], ret->envp)) {
 		snprintf(e->error, sizeof(e->error),
 			 "the image has no %s%s (an image without a shell needs an Entrypoint or "
@@ -441,6 +462,26 @@ int env_image_run_prepare(struct sv_env *e, struct env_image_run *ret)
 		r = -ENOEXEC;
 	}
 out:
+	image_config_finish(&c);
+	if (r < 0)
+		env_image_run_finish(ret);
+	return r;
+}
+
+int env_image_exec_prepare(const struct sv_env *e, int root, const char *user,
+			   struct env_image_run *ret)
+{
+	struct image_config c = {0};
+	char home[PATH_MAX];
+	int r;
+
+	memset(ret, 0, sizeof(*ret));
+	r = load_config(e, &c);
+	if (r < 0)
+		return r;
+	r = resolve_user(root, user[0] ? user : c.user, ret, home, sizeof(home));
+	if (r >= 0)
+		r = run_env(e, &c, home, ret);
 	image_config_finish(&c);
 	if (r < 0)
 		env_image_run_finish(ret);

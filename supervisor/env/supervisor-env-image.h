@@ -43,6 +43,13 @@ int env_image_mount(const struct sv_env *e);
  * or the default, an Entrypoint/Cmd not found in its PATH) or a User it does not know:
  * -ENOEXEC or -ESRCH, e->error says which. */
 int env_image_run_prepare(struct sv_env *e, struct env_image_run *ret);
+/* What an `env exec` in e runs as by default, as `docker exec` (runc) sets it: the image's
+ * Env (PATH, HOME of the user, HOSTNAME added when it sets none), its WorkingDir, and user
+ * (the request's, else the image's User) with its supplementary groups, read beneath root
+ * (the environment's root as its init sees it). No argv, no command looked for. -ESRCH: a
+ * user name the image does not know. */
+int env_image_exec_prepare(const struct sv_env *e, int root, const char *user,
+			   struct env_image_run *ret);
 void env_image_run_finish(struct env_image_run *r);
 /* In the launched child, last: the user, the working directory, exec. Returns on failure
  * (errno set). */

@@ -3,7 +3,8 @@
 # Environments from real container images (issue 20 item 1), through the supervisor: podman
 # builds an image here without a registry (podman import of a busybox-static root, then a
 # Containerfile FROM it with COPY, ENV, WORKDIR, CMD) and saves it in both formats;
-# belayerctl env create --image runs it with the image's config and no host /usr or /etc; a
+# belayerctl env create --image runs it with the image's config and no host /usr or /etc, and
+# env exec in it gets that config too (Env, WorkingDir, User and groups, as docker exec); a
 # second environment of the same image (the other format) unpacks nothing; checkpoint and
 # restore bring back the same process and files; the image cannot be removed while used.
 # Usage: test-image-env.sh SUPERVISOR BELAYERCTL GEN_IMAGE
@@ -78,6 +79,16 @@ tr '\0' '\n' <"/proc/$sleeper/environ" | grep -qx 'GREETING=hello image' ||
 in_env "$pid" 'test ! -e /usr/bin && test ! -e /etc/debian_version' ||
 	fail "host /usr or /etc visible in an image environment"
 
+# env exec, as docker exec: the image's Env (--env over it) and WorkingDir (--cwd over it)
+# shellcheck disable=SC2016 # the environment's shell expands it
+[[ $(ctl env exec e1 -- sh -c 'echo "$GREETING in $PATH"') == "hello image in /bin" ]] ||
+	fail "exec without the image's Env: $(ctl env exec e1 -- env)"
+# shellcheck disable=SC2016 # the environment's shell expands it
+[[ $(ctl env exec e1 --env GREETING=over -- sh -c 'echo "$GREETING"') == over ]] ||
+	fail "exec --env over the image's Env"
+[[ $(ctl env exec e1 -- pwd) == /app ]] || fail "exec not in the WorkingDir: $(ctl env exec e1 -- pwd)"
+[[ $(ctl env exec e1 --cwd /tmp -- pwd) == /tmp ]] || fail "exec --cwd over the WorkingDir"
+
 # the same image from its OCI layout: nothing unpacked again
 touch -d @1 "$dir/state/images/layers"/*
 ctl env create e2 --image "oci:$dir/app-oci" >/dev/null || fail "env create e2"
@@ -151,6 +162,15 @@ pid=$(env_pid e3)
 [[ $(awk '/^Gid:/ {print $2}' "/proc/$pid/status") == 1234 &&
 	$(awk '/^Groups:/ {$1 = ""; print}' "/proc/$pid/status") == " 1234 2000" ]] ||
 	fail "the user's groups: $(grep -E '^(Gid|Groups)' "/proc/$pid/status")"
+# env exec runs as the image's User too, with its groups; --user over it
+[[ $(ctl env exec e3 -- busybox id -u) == 1234 && $(ctl env exec e3 -- busybox id -G) == "1234 2000" ]] ||
+	fail "exec not as the image's User: $(ctl env exec e3 -- busybox id)"
+# shellcheck disable=SC2016 # the environment's shell expands it
+[[ $(ctl env exec e3 -- sh -c 'echo $HOME') == $(awk -F: '$1 == "agent" {print $6}' \
+	"$dir/state/envs/e3/root/etc/passwd") ]] || fail "exec: not the User's HOME"
+[[ $(ctl env exec e3 --user 0 -- busybox id -u) == 0 ]] || fail "exec --user 0 in an image environment"
+if err=$(ctl env exec e3 --user nosuch -- true 2>&1); then fail "exec as a user the image lacks"; fi
+[[ $err == *"no such user or group"* ]] || fail "exec --user nosuch: $err"
 # an image with neither a shell nor a command: refused, saying so
 python3 "$gen" "$dir/noshell" noshell
 if err=$(ctl env create e5 --image "oci:$dir/noshell" 2>&1); then fail "an image without a command ran"; fi
