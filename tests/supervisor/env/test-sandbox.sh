@@ -25,6 +25,7 @@ cleanup_all() {
 }
 trap cleanup_all EXIT
 cp "$probe_bin" "$dir/base/work/probe"
+cp "$(dirname "${BASH_SOURCE[0]}")/env-workload.sh" "$dir/base/work/workload"
 
 # Host services a hostile agent would want: a TCP service and an abstract unix socket on
 # loopback, each answering a secret; the supervisor's metrics. Their ports come back in a file.
@@ -73,11 +74,12 @@ args+=" svpid=$sv_pid hostfile=$dir/host-secret other=$dir/state/envs/e2/upper s
 cat >"$dir/base/work/run-probes" <<SH
 #!/bin/sh
 cd /work
-./probe $args >probes-1.txt 2>&1; touch probes-1.done
+./probe $args >probes-1.txt 2>&1; ./workload /tmp >>probes-1.txt 2>&1; touch probes-1.done
 n=2
 while :; do
 	if [ -e go ]; then
-		rm go; ./probe $args >probes-\$n.txt 2>&1; touch probes-\$n.done; n=\$((n + 1))
+		rm go; ./probe $args >probes-\$n.txt 2>&1; ./workload /tmp >>probes-\$n.txt 2>&1
+		touch probes-\$n.done; n=\$((n + 1))
 	fi
 	sleep 0.05
 done
@@ -86,7 +88,8 @@ chmod +x "$dir/base/work/run-probes"
 ctl env create e1 --root "$dir/base" --cmd 'exec /work/run-probes' >/dev/null
 root=$dir/state/envs/e1/root
 
-# check_probes N WHEN: every probe of round N contained, and each probe present.
+# check_probes N WHEN: every probe of round N contained, and each probe present; the host's
+# programs of the workload ran.
 check_probes() {
 	local out=$root/work/probes-$1.txt n
 	for _ in $(seq 600); do [[ -e $root/work/probes-$1.done ]] && break; sleep 0.05; done
@@ -94,8 +97,11 @@ check_probes() {
 	echo "--- probes $2:"
 	cat "$out"
 	grep -q '^done 0 escaped$' "$out" || fail "probes got out $2: $(grep ESCAPED "$out")"
+	# and what an agent runs still runs: bash, dash, python3, git, make, gcc, pytest
+	grep -q '^workload 0 failed$' "$out" || fail "programs failed $2: $(grep FAILED "$out")"
+	[[ $(grep -c ' ok$' "$out") -ge 5 ]] || fail "the workload did not run $2"
 	n=$(grep -c ' contained ' "$out")
-	[[ $n -ge 54 ]] || fail "only $n probes ran $2"
+	[[ $n -ge 57 ]] || fail "only $n probes ran $2"
 }
 check_probes 1 "at creation"
 
