@@ -133,6 +133,8 @@ struct sv_config {
 	uint32_t env_pids_max;
 	uint64_t env_memory_max;
 	uint32_t env_cpu_max;
+	bool env_userns;
+	uint32_t env_userns_base;
 	/* [nccl] */
 	uint64_t nccl_hang_timeout_ms;
 	uint64_t nccl_stall_timeout_ms;

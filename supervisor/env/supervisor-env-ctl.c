@@ -620,6 +620,7 @@ struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct en
 			   .memory = limit_or(j->q.memory, s->config.env_memory_max),
 			   .cpu_millis =
 				   (uint32_t)limit_or(j->q.cpu_millis, s->config.env_cpu_max)},
+		.userns_base = s->config.env_userns ? s->config.env_userns_base : 0,
 	};
 	sl->busy = true;
 	return j;

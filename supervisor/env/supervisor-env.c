@@ -143,6 +143,7 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 	e->keep = p->keep ? p->keep : ENV_KEEP_DEFAULT;
 	e->ghost_limit = p->ghost_limit ? p->ghost_limit : ENV_GHOST_LIMIT_DEFAULT;
 	e->limits = p->limits;
+	e->userns_base = p->userns_base;
 	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", e->dir);
 	r = mkdir_p(e->dir, 0700);
 	if (r >= 0)

@@ -46,6 +46,7 @@ struct env_params {
 	unsigned keep;		   /* checkpoints kept (0: ENV_KEEP_DEFAULT) */
 	uint32_t ghost_limit;	   /* bytes (0: ENV_GHOST_LIMIT_DEFAULT) */
 	struct env_limits limits;  /* processes, memory, CPU (0: none) */
+	uint32_t userns_base;	   /* [env] userns: root's host uid/gid (0: no user namespace) */
 };
 
 struct sv_env {
@@ -69,6 +70,7 @@ struct sv_env {
 	 * error line, the process that joined from outside, how the fallback to the head went);
 	 * empty: nothing more to say. Cleared when either starts. */
 	char error[ENV_ERROR_MAX];
+	uint32_t userns_base; /* env_params' */
 };
 
 struct env_ckpt_params {
