@@ -48,13 +48,17 @@ int env_write_file(const char *path, const char *text)
 
 int env_mount_overlay(const struct sv_env *e)
 {
-	_cleanup_close_ int lower = open(e->base, O_PATH | O_DIRECTORY | O_CLOEXEC),
+	/* With [env] userns the base is idmapped, its ids those the environment sees */
+	_cleanup_close_ int lower = e->userns_base
+					    ? env_userns_idmapped(e->base, e->userns_base)
+					    : open(e->base, O_PATH | O_DIRECTORY | O_CLOEXEC),
 			    upper = open(e->upper, O_PATH | O_DIRECTORY | O_CLOEXEC),
 			    work = open(e->work, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	char opts[128];
 
 	if (lower < 0 || upper < 0 || work < 0)
-		return log_debug_errno(-errno, "Failed to open the layers of %s: %m", e->id);
+		return log_debug_errno(lower < 0 && e->userns_base ? lower : -errno,
+				       "Failed to open the layers of %s: %m", e->id);
 	/* Through our fds: the options an environment reads in its /proc/self/mountinfo name no
 	 * host path of the supervisor's (its state directory, the base). */
 	snprintf(opts, sizeof(opts),

@@ -4,11 +4,17 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <grp.h>
+#include <linux/sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <sched.h>
 #include <stdio.h>
 #include <unistd.h>
 
 #include "supervisor-env-sandbox.h"
+#include "util.h"
 #include "supervisor-env-userns.h"
 #include "supervisor-env.h"
 
@@ -89,4 +95,49 @@ uint32_t env_userns_marked(int criufd)
 	if (errno || end == text || *end != '\n' || v == 0 || v > UINT32_MAX - ENV_USERNS_IDS)
 		return 0;
 	return (uint32_t)v;
+}
+
+int env_userns_idmapped(const char *dir, uint32_t base)
+{
+	_cleanup_close_ int ns = -1;
+	struct clone_args args = {.flags = CLONE_NEWUSER, .exit_signal = SIGCHLD};
+	struct mount_attr attr = {.attr_set = MOUNT_ATTR_IDMAP};
+	int p[2], tree, r;
+	char path[64];
+	pid_t pid;
+
+	/* A user namespace with the environment's map, held by a child that waits for its pipe
+	 * to close: the map is read from it when the mount is made, after that it may go. */
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -errno;
+	pid = (pid_t)syscall(SYS_clone3, &args, sizeof(args));
+	if (pid == 0) {
+		char c;
+
+		(void)close(p[1]);
+		(void)!read(p[0], &c, 1);
+		_exit(0);
+	}
+	r = pid < 0 ? -errno : env_userns_map(pid, base);
+	if (r >= 0) {
+		snprintf(path, sizeof(path), "/proc/%d/ns/user", (int)pid);
+		ns = open(path, O_RDONLY | O_CLOEXEC);
+		r = ns < 0 ? -errno : 0;
+	}
+	(void)close(p[0]);
+	(void)close(p[1]);
+	if (pid > 0)
+		(void)waitpid(pid, NULL, 0);
+	if (r < 0)
+		return r;
+	tree = open_tree(AT_FDCWD, dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+	if (tree < 0)
+		return -errno;
+	attr.userns_fd = (uint64_t)ns;
+	if (mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof(attr)) < 0) {
+		r = -errno;
+		(void)close(tree);
+		return r;
+	}
+	return tree;
 }

@@ -29,3 +29,8 @@ int env_userns_enter(int ask_fd, int go_fd);
 int env_userns_mark(int criufd, uint32_t base);
 /* The base a checkpoint's mark names; 0: none (no user namespace). */
 uint32_t env_userns_marked(int criufd);
+
+/* A detached mount of dir (recursive) idmapped with the environment's map: files the host sees
+ * as uid N the environment sees as N too (a base image's root-owned files are its root's, not
+ * nobody's). An O_PATH-like fd of it for overlayfs's lowerdir, or -errno. */
+int env_userns_idmapped(const char *dir, uint32_t base);

@@ -1,0 +1,93 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+# [env] userns (issue 19): an environment's root is an unprivileged host uid (userns_base),
+# sees the base image's files as its own (an idmapped lower layer) and the host's /usr as
+# nobody's; the sandbox's probes are all contained in it; CRIU checkpoints and restores it,
+# the restored processes in the same map.
+# Usage: test-env-userns.sh SUPERVISOR BELAYERCTL PROBE
+set -euo pipefail
+
+supervisor=$1
+ctl_bin=$2
+probe_bin=$3
+# shellcheck source=SCRIPTDIR/../../helpers/test-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
+need_root_cgroup_v2
+
+env_fixture userns u1
+cp "$probe_bin" "$dir/base/work/probe"
+echo "from the image" >"$dir/base/work/image-file"
+base=200000
+
+cat >"$dir/conf.ini" <<CONF
+[supervisor]
+socket = $dir/sv.sock
+state_dir = $dir/state
+[journal]
+enabled = no
+[health]
+interval = 0
+[env]
+cgroup = $cg
+pids_max = 200
+memory_max = 128M
+userns = yes
+userns_base = $base
+CONF
+supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
+ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
+
+# Inside: who it is, whose the image's and the host's files are, a file of its own in an
+# image directory; then the probes; then, each time /tmp/go appears, the same again.
+cat >"$dir/base/work/run" <<'SH'
+#!/bin/sh
+report() {
+	{ id -u; id -g; stat -c %u /work/image-file; stat -c %u /usr/bin/env; } >/tmp/id-$1.txt
+	echo "$1" >>/work/image-file && echo written >/work/new-$1
+	./probe >/tmp/probes-$1.txt 2>&1
+	touch /tmp/done-$1
+}
+cd /work
+report 1
+n=2
+while :; do
+	if [ -e /tmp/go ]; then rm /tmp/go; report $n; n=$((n + 1)); fi
+	sleep 0.05
+done
+SH
+chmod +x "$dir/base/work/run"
+ctl env create u1 --root "$dir/base" --cmd 'exec /work/run' >/dev/null
+root=$dir/state/envs/u1/root
+upper=$dir/state/envs/u1/upper
+
+# check N WHEN: the environment's view and the host's of round N
+check() {
+	local pid
+	for _ in $(seq 600); do [[ -e $root/tmp/done-$1 ]] && break; sleep 0.05; done
+	[[ -e $root/tmp/done-$1 ]] || fail "round $1 did not finish ($2)"
+	pid=$(ctl --json env list | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
+	[[ -n $pid ]] || fail "no pid ($2)"
+	read -r inside outside count <"/proc/$pid/uid_map"
+	[[ "$inside $outside $count" == "0 $base 65536" ]] ||
+		fail "uid_map is '$inside $outside $count' ($2)"
+	[[ $(awk '/^Uid:/ {print $2}' "/proc/$pid/status") == "$base" ]] ||
+		fail "the init is not host uid $base ($2)"
+	# root, group root, the image's file root's, the host's /usr nobody's
+	[[ $(tr '\n' ' ' <"$root/tmp/id-$1.txt") == "0 0 0 65534 " ]] ||
+		fail "inside it sees $(tr '\n' ' ' <"$root/tmp/id-$1.txt") ($2)"
+	# what it wrote is the unprivileged uid's on the host, in the upper layer
+	[[ $(stat -c %u "$upper/work/new-$1") == "$base" ]] ||
+		fail "its file is uid $(stat -c %u "$upper/work/new-$1") on the host ($2)"
+	grep -q "^$1\$" "$upper/work/image-file" || fail "it could not write the image's file ($2)"
+	grep -q '^done 0 escaped$' "$root/tmp/probes-$1.txt" ||
+		fail "probes got out ($2): $(grep ESCAPED "$root/tmp/probes-$1.txt")"
+	echo "userns round $1 ($2): pid $pid, uid_map 0 $base 65536, $(grep -c ' contained ' \
+		"$root/tmp/probes-$1.txt") probes contained"
+}
+check 1 "at creation"
+
+ctl env checkpoint u1 --turn 1
+ctl env restore u1
+touch "$root/tmp/go"
+check 2 "after a restore"
+echo "userns: root is host uid $base, checkpointed and restored by CRIU"
