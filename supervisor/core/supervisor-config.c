@@ -193,10 +193,12 @@ static const struct key keys[] = {
 	U32("env", "cpu_max", env_cpu_max, 0, 1024000, "0",
 	    "CPU an environment may use, in thousandths of a CPU (1500: one and a half; 0: no "
 	    "limit). v2's cpu.max, else v1's CFS quota."),
-	TYPED("env", "userns", KEY_BOOL, env_userns, "no",
-	      "Run each environment in a user namespace of its own whose root is host uid and gid "
-	      "userns_base (65536 ids from there): an escape is nobody on the host. Checkpoints of "
-	      "such an environment are refused (README: Environments, user namespace)."),
+	TYPED("env", "userns", KEY_BOOL, env_userns, "yes",
+	      "Run each environment created from now on in a user namespace of its own whose root "
+	      "is host uid and gid userns_base (65536 ids from there; the base image idmapped so "
+	      "that its files are the environment's root's): an escape is an unprivileged user on "
+	      "the host. CRIU checkpoints and restores it (no: the environment's root is host "
+	      "root, less its capabilities)."),
 	U32("env", "userns_base", env_userns_base, 1, UINT32_MAX - 65536, "100000",
 	    "The host uid and gid an environment's root is with userns = yes; its uid N is host "
 	    "userns_base + N. Every environment shares the range."),

@@ -201,6 +201,9 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 		snprintf(limits, sizeof(limits), "%" PRIu64 " %" PRIu64 " %" PRIu32, e->limits.pids,
 			 e->limits.memory, e->limits.cpu_millis);
 		(void)write_small(e->dir, "limits", limits);
+		/* its user namespace's base, 0 without: its layers were made for it */
+		snprintf(limits, sizeof(limits), "%" PRIu32, e->userns_base);
+		(void)write_small(e->dir, "userns", limits);
 	}
 	*ret = e;
 	return 0;
@@ -309,15 +312,15 @@ int env_count_procs(const struct sv_env *e)
 	return walk_procs(e->cgroup, 0, NULL, NULL);
 }
 
-/* The namespaces a restorable tree shares with its init. cgroup and net are checked only
- * when the init has its own (an environment shares the host's otherwise, and a process may
- * have made a nested one). */
+/* The namespaces a restorable tree shares with its init. cgroup, net and user are checked
+ * only when the init has its own (an environment shares the host's otherwise, and a process
+ * may have made a nested one). */
 static const struct {
 	const char *name;
 	bool if_own;
 } env_ns[] = {
 	{"pid", false},	 {"mnt", false},   {"uts", false}, {"ipc", false},
-	{"time", false}, {"cgroup", true}, {"net", true},
+	{"time", false}, {"cgroup", true}, {"net", true},  {"user", true},
 };
 
 struct ns_check {
@@ -568,6 +571,7 @@ int env_adopt(const struct env_params *p, const char *cgroup, const char *root, 
 	snprintf(e->cgroup, sizeof(e->cgroup), "%s", cgroup);
 	e->pid = pid;
 	e->adopted = true;
+	e->userns_base = 0; /* its namespaces are its runtime's, whatever [env] userns says */
 	*ret = e;
 	return 0;
 }
@@ -639,7 +643,8 @@ void env_destroy(struct sv_env *e)
 		return;
 	/* An adopted environment is its runtime's: forgotten, not killed. */
 	if (!e->adopted) {
-		static const char *const identity[] = {"uuid", "base", "cmd", "head", "limits"};
+		static const char *const identity[] = {"uuid", "base",	 "cmd",
+						       "head", "limits", "userns"};
 
 		(void)env_kill(e);
 		if (umount2(e->root, 0) < 0 && errno != EINVAL)
@@ -762,6 +767,9 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 		    sscanf(limits, "%" SCNu64 " %" SCNu64 " %" SCNu32, &l.pids, &l.memory,
 			   &l.cpu_millis) == 3)
 			e->limits = l;
+		/* its own user namespace, or none (whatever [env] userns says now) */
+		if (read_small(e->dir, "userns", limits, sizeof(limits)) >= 0)
+			(void)sscanf(limits, "%" SCNu32, &e->userns_base);
 	}
 	/* A supervisor that died inside a checkpoint left the environment frozen. */
 	snprintf(path, sizeof(path), "%s/cgroup.freeze", e->cgroup);
