@@ -91,8 +91,6 @@ int sv_criu_version(const char *binary)
 	return r;
 }
 
-/* libcriu returns its own negative codes (-EBADE and friends) for its failures; they are
- * passed on as they are: every one is negative and distinct from success. */
 /* The device nodes an environment in a user namespace has bind-mounted from the host. */
 static const char *const dev_binds[] = {"null", "zero", "full", "random", "urandom", "tty"};
 
@@ -113,6 +111,8 @@ static int add_dev_binds(criu_opts *o, bool dump)
 	return r;
 }
 
+/* libcriu returns its own negative codes (-EBADE and friends) for its failures; they are
+ * passed on as they are: every one is negative and distinct from success. */
 int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
 		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino, bool dev_bind)
 {

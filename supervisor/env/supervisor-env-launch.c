@@ -5,7 +5,10 @@
  * (pivot_root), host /usr and /etc are bind-mounted read-only (CRIU's externals), /dev is a
  * tmpfs of its own and /proc its pid namespace's; a new session; stdio on /dev/null and no
  * other fd (CRIU refuses an fd that points outside the environment); last, the sandbox of
- * supervisor-env-sandbox.h (capabilities, no_new_privs, seccomp).
+ * supervisor-env-sandbox.h (capabilities, no_new_privs, seccomp). With [env] userns, before
+ * its stdio the init enters a user namespace of its own and new namespaces made from it
+ * (supervisor-env-userns.h), its /dev nodes are the host's bind-mounted and its base an
+ * idmapped lower layer.
  */
 #include <errno.h>
 #include <fcntl.h>

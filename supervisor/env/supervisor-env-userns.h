@@ -4,10 +4,13 @@
  * root is an unprivileged host uid and gid (base, ENV_USERNS_IDS of them from there), so that
  * what escapes the other namespaces is nobody on the host.
  *
- * The namespace is the last thing the init enters, just before the rest of its sandbox: its
- * mount, network, pid, ipc, uts and cgroup namespaces are made and set up by real root first
- * and stay owned by the host's user namespace, so root in the environment holds no capability
- * over any of them (no mount, no network configuration, whatever the capability sets say).
+ * The init enters it last, before its stdio and its sandbox: real root makes its mount
+ * namespace first (overlay root, /usr, /etc, /dev, /proc and its masks); then the init
+ * unshares the user namespace, the supervisor writes the maps, and the init makes new mount,
+ * uts, ipc, network and cgroup namespaces from inside it, because CRIU dumps a tree in a user
+ * namespace only when those belong to it. The copied mounts are locked together; the pid
+ * namespace stays the host's user namespace's. What root in the environment could do in its
+ * own namespaces the sandbox takes away as before (no CAP_SYS_ADMIN, CAP_NET_ADMIN; seccomp).
  */
 #pragma once
 
