@@ -767,7 +767,9 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 		    sscanf(limits, "%" SCNu64 " %" SCNu64 " %" SCNu32, &l.pids, &l.memory,
 			   &l.cpu_millis) == 3)
 			e->limits = l;
-		/* its own user namespace, or none (whatever [env] userns says now) */
+		/* its own user namespace, or none (whatever [env] userns says now; none when
+		 * made before the option was) */
+		e->userns_base = 0;
 		if (read_small(e->dir, "userns", limits, sizeof(limits)) >= 0)
 			(void)sscanf(limits, "%" SCNu32, &e->userns_base);
 	}

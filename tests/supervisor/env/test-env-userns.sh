@@ -42,7 +42,7 @@ ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
 cat >"$dir/base/work/run" <<'SH'
 #!/bin/sh
 report() {
-	{ id -u; id -g; stat -c %u /work/image-file; stat -c %u /usr/bin/env; } >/tmp/id-$1.txt
+	{ id -u; id -g; stat -c %u /work/probe; stat -c %u /usr/bin/env; } >/tmp/id-$1.txt
 	echo "$1" >>/work/image-file && echo written >/work/new-$1
 	./probe >/tmp/probes-$1.txt 2>&1
 	touch /tmp/done-$1
@@ -72,7 +72,7 @@ check() {
 		fail "uid_map is '$inside $outside $count' ($2)"
 	[[ $(awk '/^Uid:/ {print $2}' "/proc/$pid/status") == "$base" ]] ||
 		fail "the init is not host uid $base ($2)"
-	# root, group root, the image's file root's, the host's /usr nobody's
+	# root, group root, an image file it never wrote root's, the host's /usr nobody's
 	[[ $(tr '\n' ' ' <"$root/tmp/id-$1.txt") == "0 0 0 65534 " ]] ||
 		fail "inside it sees $(tr '\n' ' ' <"$root/tmp/id-$1.txt") ($2)"
 	# what it wrote is the unprivileged uid's on the host, in the upper layer
@@ -90,4 +90,16 @@ ctl env checkpoint u1 --turn 1
 ctl env restore u1
 touch "$root/tmp/go"
 check 2 "after a restore"
+
+# An environment keeps the choice it was created with: a supervisor restarted with userns = no
+# takes it back and restores it in its own map (the checkpoint's: round 2 again, its files
+# rolled back).
+kill -KILL "$sv_pid"
+wait "$sv_pid" 2>/dev/null || true
+sed -i 's/^userns = yes$/userns = no/' "$dir/conf.ini"
+rm -f "$dir/sv.sock"
+supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv2.log"
+ctl env restore u1 >/dev/null
+touch "$root/tmp/go"
+check 2 "restored by a supervisor restarted with userns = no"
 echo "userns: root is host uid $base, checkpointed and restored by CRIU"
