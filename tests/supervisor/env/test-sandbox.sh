@@ -6,12 +6,14 @@
 # the kernel, a fork bomb and a memory hog against [env] pids_max and memory_max). Every probe
 # must be contained: at creation and again after a checkpoint and a
 # restore (the same processes, now CRIU's). A second environment is the victim.
-# Usage: test-sandbox.sh SUPERVISOR BELAYERCTL PROBE
+# USERNS: [env] userns, yes (the default) or no.
+# Usage: test-sandbox.sh SUPERVISOR BELAYERCTL PROBE [USERNS]
 set -euo pipefail
 
 supervisor=$1
 ctl_bin=$2
 probe_bin=$3
+userns=${4:-yes}
 # shellcheck source=SCRIPTDIR/../../helpers/test-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
@@ -62,6 +64,7 @@ http_port = $metrics_port
 cgroup = $cg
 pids_max = 200
 memory_max = 128M
+userns = $userns
 CONF
 supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
@@ -104,6 +107,11 @@ check_probes() {
 	[[ $n -ge 57 ]] || fail "only $n probes ran $2"
 }
 check_probes 1 "at creation"
+pid1=$(ctl --json env list | grep '"env":"e1"' | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
+want_map="0 0 4294967295"
+[[ $userns == yes ]] && want_map="0 100000 65536"
+[[ $(xargs <"/proc/$pid1/uid_map") == "$want_map" ]] ||
+	fail "e1's uid_map is $(xargs <"/proc/$pid1/uid_map"), not $want_map (userns = $userns)"
 
 # Checkpoint and restore keep all of it: the restored processes are probed again.
 ctl env checkpoint e1 --turn 1 >/dev/null
@@ -131,4 +139,4 @@ if ctl env create e4 --root "$dir/base" --cpus 2000 2>"$dir/e4.err"; then
 fi
 grep -q "cpu at most" "$dir/e4.err" || fail "the refusal does not say why: $(cat "$dir/e4.err")"
 ctl env destroy e3 >/dev/null
-echo "sandbox: every probe contained, at creation and after a restore"
+echo "sandbox (userns = $userns): every probe contained, at creation and after a restore"
