@@ -6,6 +6,7 @@
  * encode and decode can never disagree about a field.
  */
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -32,6 +33,8 @@ enum field_kind {
 	FIELD_STR,	 /* char[size], at most size - 1 bytes, no NUL inside */
 	FIELD_UUID,	 /* uint8_t[PROTO_UUID_LEN], sent as bin of exactly that length */
 	FIELD_UUID_LIST, /* uint8_t[size][PROTO_UUID_LEN] with a uint32_t count at count_offset */
+	FIELD_BLOB,	 /* struct proto_blob: bin of min..size bytes */
+	FIELD_STRV,	 /* struct proto_blob: array of min..max str, size bytes with NULs */
 };
 
 struct field {
@@ -83,6 +86,16 @@ struct msg_type {
 	{                                                                                \
 		.key = (k), .kind = FIELD_UUID_LIST, .offset = AT(member),               \
 		.size = MEMBER_SIZE(member) / PROTO_UUID_LEN, .count_offset = AT(count), \
+	}
+
+#define F_BLOB(k, member, lo, cap)                                                               \
+	{                                                                                        \
+		.key = (k), .kind = FIELD_BLOB, .offset = AT(member), .size = (cap), .min = (lo) \
+	}
+#define F_STRV(k, member, lo, hi, cap)                                                            \
+	{                                                                                         \
+		.key = (k), .kind = FIELD_STRV, .offset = AT(member), .size = (cap), .min = (lo), \
+		.max = (hi)                                                                       \
 	}
 
 /* Keys are short because every packet repeats them; proto.h lists them. */
@@ -282,14 +295,23 @@ static const struct field promote_done_fields[] = {
 	}
 
 static const struct field env_request_fields[] = {
-	F_ENUM("op", env_request.op, _ENV_OP_MAX), F_STR("env", env_request.env),
-	OPT_STR("root", env_request.root),	   OPT_STR("cmd", env_request.cmd),
-	OPT_STR("cg", env_request.cgroup),	   OPT_U32("pid", env_request.pid, UINT32_MAX),
-	OPT_U64("turn", env_request.turn),	   OPT_U64("plen", env_request.prefix_tokens),
-	OPT_U64("phash", env_request.prefix_hash), OPT_STR("ckpt", env_request.ckpt),
-	OPT_STR("traj", env_request.trajectory),   OPT_U32("fl", env_request.flags, UINT32_MAX),
-	OPT_U64("pids", env_request.pids),	   OPT_U64("mem", env_request.memory),
+	F_ENUM("op", env_request.op, _ENV_OP_MAX),
+	F_STR("env", env_request.env),
+	OPT_STR("root", env_request.root),
+	OPT_STR("cmd", env_request.cmd),
+	OPT_STR("cg", env_request.cgroup),
+	OPT_U32("pid", env_request.pid, UINT32_MAX),
+	OPT_U64("turn", env_request.turn),
+	OPT_U64("plen", env_request.prefix_tokens),
+	OPT_U64("phash", env_request.prefix_hash),
+	OPT_STR("ckpt", env_request.ckpt),
+	OPT_STR("traj", env_request.trajectory),
+	OPT_U32("fl", env_request.flags, UINT32_MAX),
+	OPT_U64("pids", env_request.pids),
+	OPT_U64("mem", env_request.memory),
 	OPT_U64("cpu", env_request.cpu_millis),
+	/* issue 19: a create's network */
+	OPT_U32("net", env_request.net, _ENV_NET_MAX - 1),
 };
 
 static const struct field env_info_fields[] = {
@@ -312,12 +334,62 @@ static const struct field env_info_fields[] = {
 	F_STR("root", env_info.root),
 	F_STR("cg", env_info.cgroup),
 	F_U32("full", env_info.full_diff, 0, 1),
+	OPT_U32("net", env_info.net, _ENV_NET_MAX - 1),
 };
 
 static const struct field env_item_fields[] = {
 	F_STR("kind", env_item.kind), F_U32("pid", env_item.pid, 0, UINT32_MAX),
 	F_U64("ts", env_item.ts_ns),  F_STR("path", env_item.path),
 	F_STR("p2", env_item.path2),  F_STR("txt", env_item.text),
+};
+
+static const struct field env_exec_fields[] = {
+	F_STR("env", env_exec.env),
+	F_STRV("argv", env_exec.argv, 1, 256, PROTO_EXEC_ARGV_MAX),
+	F_STRV("envv", env_exec.envv, 0, 256, PROTO_EXEC_ENVV_MAX),
+	F_STR("cwd", env_exec.cwd),
+	F_STR("user", env_exec.user),
+	F_U32("tmo", env_exec.timeout_ms, 0, UINT32_MAX),
+	F_U32("max", env_exec.max_output, 0, UINT32_MAX),
+	F_U32("fl", env_exec.flags, 0, UINT32_MAX),
+};
+
+static const struct field exec_out_fields[] = {
+	F_U32("fd", exec_out.stream, 1, 2),
+	F_BLOB("data", exec_out.data, 1, PROTO_EXEC_CHUNK_MAX),
+};
+
+static const struct field exec_done_fields[] = {
+	F_I32("code", exec_done.exit_code, -1, 255),
+	F_U32("sig", exec_done.signal, 0, 64),
+	F_U32("tmo", exec_done.timed_out, 0, 1),
+	F_U32("trunc", exec_done.truncated, 0, 3),
+	F_U64("us", exec_done.wall_us),
+	F_U64("nout", exec_done.out_bytes),
+	F_U64("nerr", exec_done.err_bytes),
+	F_U32("pid", exec_done.pid, 0, UINT32_MAX),
+};
+
+static const struct field file_read_fields[] = {
+	F_STR("env", env_file.env),
+	F_STR("path", env_file.path),
+	F_U64("max", env_file.max),
+};
+
+static const struct field file_write_fields[] = {
+	F_STR("env", env_file.env),
+	F_STR("path", env_file.path),
+	F_U32("mode", env_file.mode, 0, 07777),
+	F_STR("user", env_file.user),
+};
+
+static const struct field file_data_fields[] = {
+	F_STR("env", env_file.env),
+	F_STR("path", env_file.path),
+	F_U32("mode", env_file.mode, 0, 07777),
+	F_U64("size", env_file.size),
+	F_U32("uid", env_file.uid, 0, UINT32_MAX),
+	F_U32("gid", env_file.gid, 0, UINT32_MAX),
 };
 
 static const struct field nccl_comm_fields[] = {
@@ -425,6 +497,15 @@ static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
 	[PROTO_TRAJ_DECISION] = {"traj-decision", FIELDS(traj_decision_fields)},
 	[PROTO_TRAJ_LIST] = {"traj-list", FIELDS(traj_list_fields)},
 	[PROTO_TRAJ_INFO] = {"traj-info", FIELDS(traj_info_fields)},
+	[PROTO_ENV_EXEC] = {"env-exec", FIELDS(env_exec_fields), .nfds = 1,
+			    .fd_offsets = {AT(env_exec.fd)}},
+	[PROTO_ENV_EXEC_OUT] = {"env-exec-out", FIELDS(exec_out_fields)},
+	[PROTO_ENV_EXEC_DONE] = {"env-exec-done", FIELDS(exec_done_fields)},
+	[PROTO_ENV_FILE_READ] = {"env-file-read", FIELDS(file_read_fields)},
+	[PROTO_ENV_FILE_WRITE] = {"env-file-write", FIELDS(file_write_fields), .nfds = 1,
+				  .fd_offsets = {AT(env_file.fd)}},
+	[PROTO_ENV_FILE_DATA] = {"env-file-data", FIELDS(file_data_fields), .nfds = 1,
+				 .fd_offsets = {AT(env_file.fd)}},
 };
 
 static const struct msg_type *msg_type_get(uint64_t type)
@@ -690,6 +771,28 @@ int env_op_from_string(const char *s, enum env_op *ret)
 	return 0;
 }
 
+static const char *const env_net_names[] = {
+	[ENV_NET_DEFAULT] = "default",
+	[ENV_NET_NONE] = "none",
+	[ENV_NET_SLIRP] = "slirp",
+	[ENV_NET_HOST] = "host",
+};
+
+const char *env_net_to_string(enum env_net net)
+{
+	return NAME_OF(env_net_names, net);
+}
+
+int env_net_from_string(const char *s, enum env_net *ret)
+{
+	int i = name_lookup(env_net_names, ARRAY_SIZE(env_net_names), s);
+
+	if (i < 0)
+		return i;
+	*ret = (enum env_net)i;
+	return 0;
+}
+
 int traj_event_from_string(const char *s, enum traj_event *ret)
 {
 	int i = name_lookup(traj_event_names, ARRAY_SIZE(traj_event_names), s);
@@ -724,6 +827,24 @@ static int fixed_buf_write(void *data, const char *buf, size_t len)
 	return 0;
 }
 
+/* count strings, each with its NUL, exactly len bytes, within the field's bounds. */
+static bool strv_valid(const struct proto_blob *b, const struct field *f)
+{
+	const char *q = b->data;
+	size_t off = 0;
+
+	if (b->count < f->min || b->count > f->max || b->len > f->size || (b->len && !q))
+		return false;
+	for (uint32_t i = 0; i < b->count; i++) {
+		const char *nul = off < b->len ? memchr(q + off, '\0', b->len - off) : NULL;
+
+		if (!nul)
+			return false;
+		off = (size_t)(nul - q) + 1;
+	}
+	return off == b->len;
+}
+
 static int field_validate(const struct proto_msg *m, const struct field *f)
 {
 	const void *p = field_at(m, f->offset);
@@ -740,6 +861,13 @@ static int field_validate(const struct proto_msg *m, const struct field *f)
 		return strnlen(p, f->size) < f->size ? 0 : -EINVAL;
 	case FIELD_UUID_LIST:
 		return *(const uint32_t *)field_at(m, f->count_offset) <= f->size ? 0 : -EINVAL;
+	case FIELD_BLOB: {
+		const struct proto_blob *b = p;
+
+		return b->len >= f->min && b->len <= f->size && (b->data || !b->len) ? 0 : -EINVAL;
+	}
+	case FIELD_STRV:
+		return strv_valid(p, f) ? 0 : -EINVAL;
 	case FIELD_U64:
 	case FIELD_UUID:
 		return 0;
@@ -791,6 +919,21 @@ static int field_pack(msgpack_packer *pk, const struct proto_msg *m, const struc
 			r = pack_bin(pk, (const uint8_t *)p + (size_t)i * PROTO_UUID_LEN,
 				     PROTO_UUID_LEN);
 		return r;
+	case FIELD_BLOB:
+		return pack_bin(pk, ((const struct proto_blob *)p)->data,
+				((const struct proto_blob *)p)->len);
+	case FIELD_STRV: {
+		const struct proto_blob *b = p;
+		const char *q = b->data;
+
+		r = msgpack_pack_array(pk, b->count);
+		for (uint32_t i = 0; r == 0 && i < b->count; i++) {
+			n = strlen(q);
+			r = msgpack_pack_str(pk, n) ?: msgpack_pack_str_body(pk, q, n);
+			q += n + 1;
+		}
+		return r;
+	}
 	}
 	return -1;
 }
@@ -897,6 +1040,62 @@ static int get_uuid(const msgpack_object *o, uint8_t *ret)
 	return 0;
 }
 
+static int blob_unpack(const msgpack_object *o, const struct field *f, struct proto_blob *b)
+{
+	if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size < f->min || o->via.bin.size > f->size)
+		return -EBADMSG;
+	b->data = malloc(o->via.bin.size ? o->via.bin.size : 1);
+	if (!b->data)
+		return -EBADMSG;
+	memcpy(b->data, o->via.bin.ptr, o->via.bin.size);
+	b->len = o->via.bin.size;
+	return 0;
+}
+
+/* Each string without a NUL inside (it would cut it), all of them within the field's bytes. */
+static int strv_unpack(const msgpack_object *o, const struct field *f, struct proto_blob *b)
+{
+	size_t total = 0;
+	char *q;
+
+	if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size < f->min ||
+	    o->via.array.size > f->max)
+		return -EBADMSG;
+	for (uint32_t i = 0; i < o->via.array.size; i++) {
+		const msgpack_object *e = &o->via.array.ptr[i];
+
+		if (e->type != MSGPACK_OBJECT_STR ||
+		    memchr(e->via.str.ptr, '\0', e->via.str.size) ||
+		    e->via.str.size >= f->size - total)
+			return -EBADMSG;
+		total += e->via.str.size + 1;
+	}
+	q = b->data = malloc(total ? total : 1);
+	if (!q)
+		return -EBADMSG;
+	for (uint32_t i = 0; i < o->via.array.size; i++) {
+		const msgpack_object *e = &o->via.array.ptr[i];
+
+		memcpy(q, e->via.str.ptr, e->via.str.size);
+		q[e->via.str.size] = '\0';
+		q += e->via.str.size + 1;
+	}
+	b->len = (uint32_t)total;
+	b->count = o->via.array.size;
+	return 0;
+}
+
+static void blobs_free(const struct msg_type *mt, struct proto_msg *m)
+{
+	for (size_t i = 0; i < mt->n_fields; i++)
+		if (mt->fields[i].kind == FIELD_BLOB || mt->fields[i].kind == FIELD_STRV) {
+			struct proto_blob *b = field_at(m, mt->fields[i].offset);
+
+			free(b->data);
+			*b = (struct proto_blob){0};
+		}
+}
+
 static int field_unpack(const msgpack_object *o, const struct field *f, struct proto_msg *m)
 {
 	void *p = field_at(m, f->offset);
@@ -948,6 +1147,10 @@ static int field_unpack(const msgpack_object *o, const struct field *f, struct p
 		}
 		*(uint32_t *)field_at(m, f->count_offset) = o->via.array.size;
 		return 0;
+	case FIELD_BLOB:
+		return blob_unpack(o, f, p);
+	case FIELD_STRV:
+		return strv_unpack(o, f, p);
 	}
 	return -EBADMSG;
 }
@@ -1001,11 +1204,12 @@ static int decode_object(const msgpack_object *root, const int *fds, size_t nfds
 		o = map_get(map, mt->fields[i].key);
 		if (!o && mt->fields[i].optional)
 			continue;
-		if (!o)
-			return -EBADMSG;
-		r = field_unpack(o, &mt->fields[i], m);
-		if (r < 0)
+		/* A failure frees the blobs of the fields decoded so far. */
+		r = o ? field_unpack(o, &mt->fields[i], m) : -EBADMSG;
+		if (r < 0) {
+			blobs_free(mt, m);
 			return r;
+		}
 	}
 
 	m->type = (enum proto_type)type;
@@ -1043,6 +1247,57 @@ int proto_decode(const void *buf, size_t len, const int *fds, size_t nfds, struc
 	return r;
 }
 
+static bool field_equal(const struct proto_msg *a, const struct proto_msg *b, const struct field *f)
+{
+	const void *p = field_at(a, f->offset), *q = field_at(b, f->offset);
+	const struct proto_blob *x = p, *y = q;
+
+	switch (f->kind) {
+	case FIELD_U32:
+		return *(const uint32_t *)p == *(const uint32_t *)q;
+	case FIELD_U64:
+		return *(const uint64_t *)p == *(const uint64_t *)q;
+	case FIELD_I32:
+		return *(const int32_t *)p == *(const int32_t *)q;
+	case FIELD_ENUM:
+		return *(const int *)p == *(const int *)q;
+	case FIELD_STR:
+		return strncmp(p, q, f->size) == 0;
+	case FIELD_UUID:
+		return memcmp(p, q, PROTO_UUID_LEN) == 0;
+	case FIELD_UUID_LIST:
+		return *(const uint32_t *)field_at(a, f->count_offset) ==
+			       *(const uint32_t *)field_at(b, f->count_offset) &&
+		       memcmp(p, q,
+			      (size_t) * (const uint32_t *)field_at(a, f->count_offset) *
+				      PROTO_UUID_LEN) == 0;
+	case FIELD_BLOB:
+	case FIELD_STRV:
+		return x->len == y->len && x->count == y->count &&
+		       (!x->len || memcmp(x->data, y->data, x->len) == 0);
+	}
+	return false;
+}
+
+bool proto_msg_equal(const struct proto_msg *a, const struct proto_msg *b, bool fds)
+{
+	const struct msg_type *mt;
+
+	if (a->type != b->type)
+		return false;
+	mt = msg_type_get((uint64_t)a->type);
+	if (!mt)
+		return false;
+	for (size_t i = 0; i < mt->n_fields; i++)
+		if (!field_equal(a, b, &mt->fields[i]))
+			return false;
+	for (size_t i = 0; fds && i < mt->nfds; i++)
+		if (*(const int *)field_at(a, mt->fd_offsets[i]) !=
+		    *(const int *)field_at(b, mt->fd_offsets[i]))
+			return false;
+	return true;
+}
+
 void proto_msg_finish(struct proto_msg *m)
 {
 	const struct msg_type *mt;
@@ -1057,6 +1312,7 @@ void proto_msg_finish(struct proto_msg *m)
 
 		*fd = safe_close(*fd);
 	}
+	blobs_free(mt, m);
 }
 
 /* ---- transport --------------------------------------------------------------------------- */

@@ -83,15 +83,34 @@
  *     uint64 (checkpoint: the trajectory's turn, token-prefix length and hash), "ckpt": str
  *     (restore: the checkpoint, "" the latest), "traj": str, "fl": uint32 (ENV_FLAG_*),
  *     "pids", "mem", "cpu": uint64 (create: the limits, tasks, bytes, thousandths of a
- *     CPU; 0 or absent: the configured default; ENV_LIMIT_NONE: no limit).
+ *     CPU; 0 or absent: the configured default; ENV_LIMIT_NONE: no limit), "net": uint
+ *     enum env_net (create: its network; 0 or absent: [env] net).
  *     Replies: PROTO_ENV_INFO or PROTO_ENV_ITEM messages closed by PROTO_END, or PROTO_ERROR.
  *   PROTO_ENV_INFO (31), supervisor -> peer: an environment (list, create, adopt) or a
  *     checkpoint's manifest (checkpoint, restore, list of checkpoints): "env", "ckpt",
  *     "par" (parent), "traj": str; "turn", "plen", "phash": uint64; "pid", "nproc": uint32;
  *     "fsb", "fsn", "criub", "frz", "dump", "fs", "tot": uint64 (bytes, files, µs);
- *     "root", "cg": str; "full": uint32 0..1.
+ *     "root", "cg": str; "full": uint32 0..1; optional "net": uint enum env_net (an
+ *     environment's network; 0 for a checkpoint's manifest).
  *   PROTO_ENV_ITEM (32), supervisor -> peer: one dirty path or side-effect log record:
  *     "kind": str, "pid": uint32, "ts": uint64 (ns), "path", "p2", "txt": str.
+ *   PROTO_ENV_EXEC (33), peer -> supervisor, 1 fd (stdin: a regular file, read from offset
+ *     0, at most 16 MiB; an empty one for none): "env": str, "argv": array of 1..256 str
+ *     (PROTO_EXEC_ARGV_MAX bytes with a NUL each), "envv": array of 0..256 "K=V" str (likewise),
+ *     "cwd": str (< PROTO_PATH_MAX), "user": str (< 64), "tmo": uint32 (ms), "max": uint32
+ *     (bytes kept per stream), "fl": uint32 (EXEC_FLAG_*). Replies: EXEC_OUT chunks (as they
+ *     come with EXEC_FLAG_STREAM, else after the command ended), then EXEC_DONE; or ERROR.
+ *   PROTO_ENV_EXEC_OUT (34), supervisor -> peer: "fd": uint32 1..2, "data": bin (1 ..
+ *     PROTO_EXEC_CHUNK_MAX bytes).
+ *   PROTO_ENV_EXEC_DONE (35): "code": int -1..255, "sig": uint32 0..64, "tmo": uint32 0..1,
+ *     "trunc": uint32 0..3, "us", "nout", "nerr": uint64, "pid": uint32.
+ *   PROTO_ENV_FILE_READ (36), peer -> supervisor, no fd: "env", "path": str, "max": uint64.
+ *     Replies FILE_DATA or ERROR.
+ *   PROTO_ENV_FILE_WRITE (37), peer -> supervisor, 1 fd (the content: a regular file, from
+ *     offset 0): "env", "path": str, "mode": uint32 0..07777, "user": str. Replies END
+ *     (in_reply_to 37, "n": the bytes written) or ERROR.
+ *   PROTO_ENV_FILE_DATA (38), supervisor -> peer, 1 fd (a sealed memfd): "env", "path": str,
+ *     "mode": uint32, "size": uint64, "uid", "gid": uint32.
  * NCCL communicators (types 50-59; DESIGN §1.4, issue 12):
  *   PROTO_NCCL_COMM (50), shim -> supervisor, 1 fd -> fd (a memfd holding the communicator's
  *     progress counters, struct nccl_counters of common/nccl-counters.h, read-only to the
@@ -191,6 +210,13 @@ enum proto_type {
 	PROTO_ENV_REQUEST = 30, /* peer -> supervisor: an environment operation */
 	PROTO_ENV_INFO = 31,	/* supervisor -> peer: an environment or a checkpoint */
 	PROTO_ENV_ITEM = 32,	/* supervisor -> peer: a dirty path or side-effect record */
+
+	PROTO_ENV_EXEC = 33,	   /* peer -> supervisor: run a command in an environment */
+	PROTO_ENV_EXEC_OUT = 34,   /* supervisor -> peer: a chunk of its stdout or stderr */
+	PROTO_ENV_EXEC_DONE = 35,  /* supervisor -> peer: how it ended */
+	PROTO_ENV_FILE_READ = 36,  /* peer -> supervisor: read a file of an environment */
+	PROTO_ENV_FILE_WRITE = 37, /* peer -> supervisor: write one (its content in the fd) */
+	PROTO_ENV_FILE_DATA = 38,  /* supervisor -> peer: a file read (its content in the fd) */
 	/* 50-59: NCCL communicators. */
 	PROTO_NCCL_COMM = 50,	  /* shim -> supervisor: a communicator, with its counters' memfd */
 	PROTO_NCCL_COMM_END = 51, /* shim -> supervisor: a communicator finalized or ended */
@@ -235,6 +261,22 @@ enum env_op {
 #define ENV_FLAG_FOLLOW 1u
 /* A create's "pids"/"mem"/"cpu" that asks for no limit (0 asks for the configured one). */
 #define ENV_LIMIT_NONE UINT64_MAX
+
+/* A create's "net": an environment's network (issue 19). 0 asks for [env] net. */
+enum env_net {
+	ENV_NET_DEFAULT = 0,
+	ENV_NET_NONE = 1,  /* its own network namespace, loopback only */
+	ENV_NET_SLIRP = 2, /* its own, with user-mode egress through slirp4netns */
+	ENV_NET_HOST = 3,  /* the host's (only with [env] allow_host_net) */
+	_ENV_NET_MAX,
+};
+
+/* Bounds of exec and file requests (README "env exec", "env read", "env write"). */
+#define PROTO_EXEC_ARGV_MAX  8192  /* "argv": its strings and their NULs */
+#define PROTO_EXEC_ENVV_MAX  8192  /* "envv": likewise */
+#define PROTO_EXEC_CHUNK_MAX 16384 /* "data" of an EXEC_OUT */
+#define PROTO_PATH_MAX	     1024  /* "path" of file requests, "cwd" of exec */
+#define EXEC_FLAG_STREAM     1u	   /* send EXEC_OUT chunks as the output comes */
 
 /* How a PROTO_NCCL_COMM communicator was made. */
 enum nccl_origin {
@@ -527,6 +569,7 @@ struct proto_env_request {
 	uint32_t flags;				   /* optional "fl" */
 	uint64_t pids, memory;			   /* optional "pids", "mem" */
 	uint64_t cpu_millis;			   /* optional "cpu" */
+	uint32_t net;				   /* optional enum env_net */
 };
 
 struct proto_env_info {
@@ -540,6 +583,7 @@ struct proto_env_info {
 	char root[PROTO_MAX_STR + 1];
 	char cgroup[PROTO_MAX_STR + 1];
 	uint32_t full_diff;
+	uint32_t net; /* optional enum env_net */
 };
 
 struct proto_env_item {
@@ -549,6 +593,52 @@ struct proto_env_item {
 	char path[PROTO_MAX_STR + 1];
 	char path2[PROTO_MAX_STR + 1];
 	char text[PROTO_MAX_STR + 1];
+};
+
+/* A variable-length field (FIELD_BLOB, FIELD_STRV): on decode a heap copy that the message
+ * owns (proto_msg_finish frees it); on encode the caller's. STRV: count strings, each followed
+ * by its NUL, len bytes in all. */
+struct proto_blob {
+	void *data;
+	uint32_t len, count;
+};
+
+struct proto_env_exec {
+	char env[64];
+	struct proto_blob argv;	  /* "argv": array of 1..256 str, PROTO_EXEC_ARGV_MAX */
+	struct proto_blob envv;	  /* "envv": array of 0..256 "K=V" str, PROTO_EXEC_ENVV_MAX */
+	char cwd[PROTO_PATH_MAX]; /* "" : the image's working directory, else / */
+	char user[64];		  /* "uid[:gid]" or a name in the environment's /etc/passwd */
+	uint32_t timeout_ms;	  /* "tmo": 0: the supervisor's default */
+	uint32_t max_output;	  /* "max": bytes kept per stream; 0: the default */
+	uint32_t flags;		  /* "fl": EXEC_FLAG_* */
+	int fd;			  /* stdin: a regular file (memfd), read from offset 0 */
+};
+
+struct proto_env_exec_out {
+	uint32_t stream;	/* "fd": 1 stdout, 2 stderr */
+	struct proto_blob data; /* "data": bin of 1..PROTO_EXEC_CHUNK_MAX bytes */
+};
+
+struct proto_env_exec_done {
+	int32_t exit_code;  /* "code": the exit status; -1 when killed by a signal or not run */
+	uint32_t signal;    /* "sig" */
+	uint32_t timed_out; /* "tmo": 0..1 */
+	uint32_t truncated; /* "trunc": bit 0 stdout, bit 1 stderr */
+	uint64_t wall_us;   /* "us" */
+	uint64_t out_bytes, err_bytes; /* "nout", "nerr": what the command wrote, kept or not */
+	uint32_t pid;		       /* "pid": the command's pid in the environment */
+};
+
+struct proto_env_file {
+	char env[64];
+	char path[PROTO_PATH_MAX];
+	uint32_t mode;	   /* "mode": write: permission bits (0: 0644); data: the file's */
+	char user[64];	   /* "user": write: the owner, as exec's --user ("": root) */
+	uint64_t max;	   /* "max": read: refuse a larger file (0: the default) */
+	uint64_t size;	   /* "size": data: its size */
+	uint32_t uid, gid; /* "uid", "gid": data: the owner (as the host sees it) */
+	int fd;		   /* write: the content (regular file); data: a sealed memfd */
 };
 
 struct proto_nccl_comm {
@@ -643,6 +733,10 @@ struct proto_msg {
 		struct proto_env_request env_request;
 		struct proto_env_info env_info;
 		struct proto_env_item env_item;
+		struct proto_env_exec env_exec;
+		struct proto_env_exec_out exec_out;
+		struct proto_env_exec_done exec_done;
+		struct proto_env_file env_file;
 		struct proto_nccl_comm nccl_comm;
 		struct proto_nccl_comm_end nccl_comm_end;
 		struct proto_traj_step traj_step;
@@ -665,6 +759,9 @@ const char *ctl_cmd_to_string(enum ctl_cmd cmd);
 const char *ctl_action_to_string(enum ctl_action act);
 const char *env_op_to_string(enum env_op op);
 int env_op_from_string(const char *s, enum env_op *ret);
+/* "none", "slirp", "host" (ENV_NET_DEFAULT: "default"). */
+const char *env_net_to_string(enum env_net net);
+int env_net_from_string(const char *s, enum env_net *ret);
 int ctl_action_from_string(const char *s, enum ctl_action *ret);
 const char *nccl_origin_to_string(enum nccl_origin o);
 const char *nccl_end_to_string(enum nccl_end how);
@@ -692,7 +789,11 @@ int proto_encode(const struct proto_msg *m, void *buf, size_t cap, size_t *ret_l
  * is a no-op) and the fds are left to the caller. */
 int proto_decode(const void *buf, size_t len, const int *fds, size_t nfds, struct proto_msg *ret);
 
-/* Closes the fds a decoded message owns. Accepts NULL. */
+/* Whether a and b are the same message: every field of their type equal (blobs by content),
+ * and their fd numbers too when fds. */
+bool proto_msg_equal(const struct proto_msg *a, const struct proto_msg *b, bool fds);
+
+/* Closes the fds and frees the blobs a decoded message owns. Accepts NULL. */
 void proto_msg_finish(struct proto_msg *m);
 
 /* Encode + fdpass_send. flags as for send(2) (MSG_DONTWAIT for the shim). */

@@ -56,6 +56,7 @@ enum key_type {
 	KEY_MS,	    /* uint64_t milliseconds, ms/s/m/h suffixes (none: seconds) */
 	KEY_VERIFY, /* enum verify_mode */
 	KEY_POLICY, /* enum policy_mode (supervisor-policy.h) */
+	KEY_NET,    /* uint32_t enum env_net (proto.h), "default" refused */
 };
 
 struct key {
@@ -193,6 +194,18 @@ static const struct key keys[] = {
 	U32("env", "cpu_max", env_cpu_max, 0, 1024000, "0",
 	    "CPU an environment may use, in thousandths of a CPU (1500: one and a half; 0: no "
 	    "limit). v2's cpu.max, else v1's CFS quota."),
+	TYPED("env", "net", KEY_NET, env_net, "none",
+	      "An environment's network unless its create asks for another (belayerctl env "
+	      "create --net): none (its own network namespace, loopback only), slirp (its own, "
+	      "with user-mode egress through slirp4netns; the host's loopback services stay out "
+	      "of reach) or host (the host's network namespace: needs allow_host_net)."),
+	TYPED("env", "allow_host_net", KEY_BOOL, env_allow_host_net, "no",
+	      "Whether an environment may share the host's network namespace (net = host or "
+	      "--net host): it then reaches every service of the host, loopback ones included. "
+	      "Refused otherwise."),
+	STR("env", "slirp4netns", env_slirp4netns, "slirp4netns",
+	    "The slirp4netns binary (Debian's slirp4netns package) that gives net = slirp "
+	    "environments their egress (a name without '/': searched on PATH)."),
 	TYPED("env", "userns", KEY_BOOL, env_userns, "yes",
 	      "Run each environment created from now on in a user namespace of its own whose root "
 	      "is host uid and gid userns_base (65536 ids from there; the base image idmapped so "
@@ -524,6 +537,14 @@ static int key_parse(struct sv_config *c, const struct key *k, const char *value
 	}
 	case KEY_POLICY:
 		return policy_mode_from_string(value, p);
+	case KEY_NET: {
+		enum env_net net;
+
+		if (env_net_from_string(value, &net) < 0 || net == ENV_NET_DEFAULT)
+			return -EINVAL;
+		*(uint32_t *)p = net;
+		return 0;
+	}
 	case KEY_VERIFY:
 		for (size_t i = 0; i < ARRAY_SIZE(verify_names); i++)
 			if (strcmp(value, verify_names[i]) == 0) {
@@ -809,6 +830,9 @@ static void key_format(const struct sv_config *c, const struct key *k, char *buf
 		return;
 	case KEY_POLICY:
 		snprintf(buf, cap, "%s", policy_mode_to_string(*(const enum policy_mode *)p));
+		return;
+	case KEY_NET:
+		snprintf(buf, cap, "%s", env_net_to_string(*(const uint32_t *)p) ?: "?");
 		return;
 	}
 	snprintf(buf, cap, "?");

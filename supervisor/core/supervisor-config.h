@@ -133,6 +133,9 @@ struct sv_config {
 	uint32_t env_pids_max;
 	uint64_t env_memory_max;
 	uint32_t env_cpu_max;
+	uint32_t env_net; /* enum env_net (proto.h), never ENV_NET_DEFAULT */
+	bool env_allow_host_net;
+	char env_slirp4netns[256];
 	bool env_userns;
 	uint32_t env_userns_base;
 	/* [nccl] */

@@ -6,8 +6,9 @@
  * Environments are dumped and restored the way DESIGN §6 verified: the environment's own
  * pid/mount/uts/ipc namespaces, its root an overlay mount, host /usr and /etc bind-mounted
  * read-only into it and declared external (dump: mnt[/usr]:usr, restore: mnt[usr]:/usr).
- * It has a network namespace of its own with loopback only (issue 19), which holds nothing
- * worth dumping: it is declared external (dump: net[INODE]:belayer-net, so CRIU runs no ip
+ * It has a network namespace of its own with loopback only (issue 19), plus slirp4netns's tap0
+ * for a slirp environment (supervisor-env-net.h), which holds nothing worth dumping: it is
+ * declared external (dump: net[INODE]:belayer-net, so CRIU runs no ip
  * or iptables tools), and a restore is given a fresh one (inherit-fd belayer-net). Listening
  * sockets and loopback servers are the processes' and come back in it; established TCP
  * connections are not dumped (no --tcp-established), so a checkpoint is taken between

@@ -38,6 +38,7 @@
 #include "util.h"
 #include "supervisor-criu.h"
 #include "supervisor-env-fs.h"
+#include "supervisor-env-net.h"
 #include "supervisor-env-sandbox.h"
 #include "supervisor-env-userns.h"
 #include "supervisor-env.h"
@@ -368,7 +369,13 @@ static void criu_error(struct sv_env *e, int criufd, const char *log, int r)
 
 	if (sv_criu_log_error(criufd, log, line, sizeof(line)) < 0)
 		snprintf(line, sizeof(line), "CRIU failed without an error line in its %s", log);
-	if (strstr(line, "ghost file") && strstr(line, "increase limit"))
+	/* CRIU's words name its option, not the cause: a connection open across the dump. */
+	if (strstr(line, "Connected TCP socket"))
+		snprintf(e->error, sizeof(e->error),
+			 "an established TCP connection (to the outside, or between two of its "
+			 "processes) cannot be checkpointed: close it first (CRIU: %s)",
+			 line);
+	else if (strstr(line, "ghost file") && strstr(line, "increase limit"))
 		snprintf(e->error, sizeof(e->error), "%s ([env] ghost_limit is %" PRIu32 " bytes)",
 			 line, e->ghost_limit);
 	else
@@ -707,6 +714,11 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 			r = log_debug_errno(netfd, "No network namespace for %s: %m", e->id);
 			goto out;
 		}
+		/* Its egress is there before its processes run again (env_kill stopped the old
+		 * helper with the old namespace). */
+		r = env_net_start(e, netfd);
+		if (r < 0)
+			goto out;
 	}
 	/* CRIU's restored tasks read some of their images themselves, from inside the user
 	 * namespace and before its maps are written (nobody then): the directory searchable by

@@ -16,11 +16,13 @@
 #include "supervisor-criu.h"
 #include "supervisor-dirty.h"
 #include "supervisor-env-ctl.h"
+#include "supervisor-env-exec.h"
 #include "supervisor-env-sandbox.h"
 #include "supervisor-env-slots.h"
 #include "supervisor-env.h"
 #include "supervisor-envtrace.h"
 #include "supervisor-events.h"
+#include "supervisor-env-net.h"
 #include "supervisor-offload.h"
 #include "supervisor-sidelog.h"
 
@@ -217,6 +219,7 @@ static void reopen_all(struct supervisor *s)
 			.cgroup_parent = s->config.env_cgroup,
 			.criu = sv_criu_binary(s->config.env_criu) ?: "criu",
 			.keep = s->config.env_keep,
+			.slirp4netns = s->config.env_slirp4netns,
 		};
 		struct env_slot *sl;
 		struct sv_env *e;
@@ -264,12 +267,15 @@ void envs_stop(struct supervisor *s)
 
 	if (!es)
 		return;
+	env_exec_stop(s);
 	while (es->slots) {
 		struct env_slot *sl = es->slots;
 
 		es->slots = sl->next;
 		slot_unwatch(es, sl);
 		if (sl->env) {
+			/* It would exit with us anyway (its --exit-fd): stopped, its reaper joined. */
+			env_net_stop(sl->env);
 			env_manifest_finish(&sl->env->head_index);
 			free(sl->env);
 		}
@@ -295,6 +301,7 @@ static void info_of_env(const struct env_slot *sl, struct proto_msg *m)
 		snprintf(m->env_info.ckpt, sizeof(m->env_info.ckpt), "%s", sl->env->head);
 		m->env_info.pid = (uint32_t)(sl->env->pid > 0 ? sl->env->pid : 0);
 		m->env_info.nproc = n > 0 ? (uint32_t)n : 0;
+		m->env_info.net = sl->env->net;
 	}
 }
 
@@ -620,6 +627,8 @@ struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct en
 			   .memory = limit_or(j->q.memory, s->config.env_memory_max),
 			   .cpu_millis =
 				   (uint32_t)limit_or(j->q.cpu_millis, s->config.env_cpu_max)},
+		.net = j->q.net ? (enum env_net)j->q.net : (enum env_net)s->config.env_net,
+		.slirp4netns = s->config.env_slirp4netns,
 		.userns_base = s->config.env_userns ? s->config.env_userns_base : 0,
 	};
 	sl->busy = true;
@@ -877,6 +886,23 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 			return client_send_error(s, c, EINVAL, PROTO_ENV_REQUEST,
 						 "pids at most 4194304, cpu at most 1024000 "
 						 "thousandths");
+		/* The host's network namespace only where the operator allows it. */
+		if (q->op == ENV_OP_CREATE &&
+		    (q->net ? q->net : s->config.env_net) == ENV_NET_HOST &&
+		    !s->config.env_allow_host_net)
+			return client_send_error(
+				s, c, EPERM, PROTO_ENV_REQUEST,
+				"env %s: the host's network is not allowed "
+				"([env] allow_host_net = no); use --net none or slirp",
+				q->env);
+		if (q->op == ENV_OP_CREATE &&
+		    (q->net ? q->net : s->config.env_net) == ENV_NET_SLIRP &&
+		    env_net_slirp_available(s->config.env_slirp4netns) < 0)
+			return client_send_error(
+				s, c, ENOENT, PROTO_ENV_REQUEST,
+				"env %s: no slirp4netns for --net slirp (\"%s\": "
+				"install Debian's slirp4netns or set [env] slirp4netns)",
+				q->env, s->config.env_slirp4netns);
 		sl = calloc(1, sizeof(*sl));
 		if (!sl)
 			return client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory");
@@ -904,6 +930,10 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 	if (sl->busy)
 		return client_send_error(s, c, EBUSY, PROTO_ENV_REQUEST,
 					 "%s: another operation runs", q->env);
+	/* An exec's command is the supervisor's child with the supervisor's pipes: no dump then. */
+	if (sl->execs)
+		return client_send_error(s, c, EBUSY, PROTO_ENV_REQUEST,
+					 "%s: %u exec or file operations run", q->env, sl->execs);
 	if (!sl->env) {
 		if (q->op != ENV_OP_DESTROY)
 			return client_send_error(s, c, EOPNOTSUPP, PROTO_ENV_REQUEST,

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Starts an environment's init the way DESIGN §6 verified CRIU can checkpoint it: clone3 into
- * its cgroup with new pid/mount/uts/ipc/network namespaces (loopback only); inside, the overlay becomes the root
+ * its cgroup with new pid/mount/uts/ipc/network namespaces (the network's: loopback only, plus
+ * slirp4netns's tap0 for ENV_NET_SLIRP, started before the init runs anything; none for
+ * ENV_NET_HOST); inside, the overlay becomes the root
  * (pivot_root), host /usr and /etc are bind-mounted read-only (CRIU's externals), /dev is a
  * tmpfs of its own and /proc its pid namespace's; a new session; stdio on /dev/null and no
  * other fd (CRIU refuses an fd that points outside the environment); last, the sandbox of
@@ -29,6 +31,7 @@
 #include "log.h"
 #include "util.h"
 #include "supervisor-env-limits.h"
+#include "supervisor-env-net.h"
 #include "supervisor-env-sandbox.h"
 #include "supervisor-env-userns.h"
 #include "supervisor-env.h"
@@ -228,7 +231,7 @@ static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog
 		child_fail(pipe_fd, 16);
 	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
 		child_fail(pipe_fd, 1);
-	if (env_sandbox_loopback_up() < 0)
+	if (e->net != ENV_NET_HOST && env_sandbox_loopback_up() < 0)
 		child_fail(pipe_fd, 12);
 	if (mkdir_in(e->root, "usr", 0755) < 0 || mkdir_in(e->root, "etc", 0755) < 0 ||
 	    mkdir_in(e->root, "dev", 0755) < 0 || mkdir_in(e->root, "proc", 0555) < 0)
@@ -287,6 +290,8 @@ int env_launch(struct sv_env *e)
 
 	if (!filter)
 		return -errno;
+	if (e->net == ENV_NET_HOST)
+		args.flags &= ~(uint64_t)CLONE_NEWNET;
 	/* The environment's root owns its root directory (the upper layer's) */
 	if (e->userns_base && chown(e->root, e->userns_base, e->userns_base) < 0)
 		return log_debug_errno(-errno, "Failed to give %s to uid %" PRIu32 ": %m", e->root,
@@ -316,8 +321,18 @@ int env_launch(struct sv_env *e)
 	if (pid < 0)
 		return log_debug_errno(-errno, "clone3 for environment %s failed: %m", e->id);
 	r = env_limits_join(e, pid);
+	/* Its egress is there before its command runs. */
+	if (r >= 0 && e->net == ENV_NET_SLIRP) {
+		char ns[64];
+		_cleanup_close_ int netns = -1;
+
+		snprintf(ns, sizeof(ns), "/proc/%d/ns/net", (int)pid);
+		netns = open(ns, O_RDONLY | O_CLOEXEC);
+		r = netns < 0 ? -errno : env_net_start(e, netns);
+	}
 	if (r < 0 || write(go, "g", 1) != 1) {
 		r = r < 0 ? r : -errno;
+		env_net_stop(e);
 		(void)kill(pid, SIGKILL);
 		(void)waitpid(pid, NULL, 0);
 		return r;
@@ -340,6 +355,7 @@ int env_launch(struct sv_env *e)
 		while (n < 0 && errno == EINTR);
 	}
 	if (n == sizeof(msg)) {
+		env_net_stop(e);
 		(void)waitpid(pid, NULL, 0);
 		return log_debug_errno(-msg[0], "Environment %s failed to start (step %d): %m",
 				       e->id, msg[1]);

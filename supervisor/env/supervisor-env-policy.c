@@ -163,7 +163,7 @@ int envs_policy_checkpoint(struct supervisor *s, const char *id, const char *tra
 
 	if (!sl || !sl->env)
 		return -ENOENT;
-	if (sl->busy)
+	if (sl->busy || sl->execs) /* an exec's command and pipes are the supervisor's */
 		return -EBUSY;
 	snprintf(q.env, sizeof(q.env), "%s", id);
 	snprintf(q.trajectory, sizeof(q.trajectory), "%s", trajectory);

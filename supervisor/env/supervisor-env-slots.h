@@ -36,6 +36,8 @@ struct env_slot {
 	struct sv_sidelog *log;
 	char log_path[PATH_MAX];
 	uint64_t followers[MAX_FOLLOWERS]; /* client serials of `env log --follow` */
+	/* execs and file operations running (supervisor-env-exec.h): no job meanwhile */
+	uint32_t execs;
 };
 
 struct sv_envs {
@@ -76,5 +78,9 @@ struct env_slot *env_slot_find(struct sv_envs *es, const char *id);
  * NULL when out of memory. */
 struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct env_slot *sl,
 			    const struct proto_env_request *q);
+/* The slot of an exec or file request (type) from c for env: the client may (root), the
+ * environment exists, runs and has no job; NULL after an error reply (supervisor-env-exec.c). */
+struct env_slot *env_slot_ready(struct supervisor *s, struct sv_client *c, const char *env,
+				enum proto_type type);
 /* Snapshots the dirty set for the checkpoint into j, then starts a new one (loop thread). */
 int env_job_snapshot_dirty(struct supervisor *s, struct env_slot *sl, struct env_job *j);

@@ -6,6 +6,7 @@
 #include "log.h"
 #include "supervisor-criu.h"
 #include "supervisor-env-ctl.h"
+#include "supervisor-env-exec.h"
 #include "supervisor-envtrace.h"
 #include "supervisor-subsystem.h"
 #include "sv-env.h"
@@ -24,6 +25,9 @@ static int on_env_request(struct supervisor *s, struct sv_client *c, struct prot
 
 static const struct sv_message_handler messages[] = {
 	{PROTO_ENV_REQUEST, on_env_request},
+	{PROTO_ENV_EXEC, env_exec_dispatch},
+	{PROTO_ENV_FILE_READ, env_file_dispatch},
+	{PROTO_ENV_FILE_WRITE, env_file_dispatch},
 	{},
 };
 
@@ -53,7 +57,7 @@ static int watch_tracer(struct supervisor *s, int fd)
 
 static int env_start(struct supervisor *s, struct event_base *base)
 {
-	(void)base;
+	env_exec_start(base);
 	return envs_start(s, watch_tracer);
 }
 

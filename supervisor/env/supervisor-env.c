@@ -22,6 +22,7 @@
 #include "log.h"
 #include "util.h"
 #include "supervisor-env-fs.h"
+#include "supervisor-env-net.h"
 #include "supervisor-env.h"
 
 #define KILL_WAIT_MS 10000
@@ -143,7 +144,13 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 	e->keep = p->keep ? p->keep : ENV_KEEP_DEFAULT;
 	e->ghost_limit = p->ghost_limit ? p->ghost_limit : ENV_GHOST_LIMIT_DEFAULT;
 	e->limits = p->limits;
-	e->userns_base = p->userns_base;
+	e->net = p->net > ENV_NET_DEFAULT && p->net < _ENV_NET_MAX ? p->net : ENV_NET_NONE;
+	snprintf(e->slirp4netns, sizeof(e->slirp4netns), "%s",
+		 p->slirp4netns && *p->slirp4netns ? p->slirp4netns : "slirp4netns");
+	/* A user namespace for the network none only: slirp's tap and the host's namespace are
+	 * the host user namespace's, and CRIU dumps a tree in a user namespace only when its
+	 * network namespace belongs to it (a restore's fresh one for slirp could not) */
+	e->userns_base = e->net == ENV_NET_NONE ? p->userns_base : 0;
 	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", e->dir);
 	r = mkdir_p(e->dir, 0700);
 	if (r >= 0)
@@ -205,6 +212,7 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 		snprintf(limits, sizeof(limits), "%" PRIu32, e->userns_base);
 		(void)write_small(e->dir, "userns", limits);
 	}
+	(void)write_small(e->dir, "net", env_net_to_string(e->net));
 	*ret = e;
 	return 0;
 fail_mount:
@@ -616,6 +624,8 @@ int env_kill(struct sv_env *e)
 	char path[PATH_MAX];
 	int r;
 
+	/* Its network goes with it (a restore or a rebuild starts another helper). */
+	env_net_stop(e);
 	snprintf(path, sizeof(path), "%s/cgroup.kill", e->cgroup);
 	r = env_write_file(path, "1");
 	if (r < 0 && r != -ENOENT)
@@ -643,8 +653,8 @@ void env_destroy(struct sv_env *e)
 		return;
 	/* An adopted environment is its runtime's: forgotten, not killed. */
 	if (!e->adopted) {
-		static const char *const identity[] = {"uuid", "base",	 "cmd",
-						       "head", "limits", "userns"};
+		static const char *const identity[] = {"uuid",	 "base", "cmd",	  "head",
+						       "limits", "net",	 "userns"};
 
 		(void)env_kill(e);
 		if (umount2(e->root, 0) < 0 && errno != EINVAL)
@@ -773,11 +783,34 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 		if (read_small(e->dir, "userns", limits, sizeof(limits)) >= 0)
 			(void)sscanf(limits, "%" SCNu32, &e->userns_base);
 	}
+	/* its network (none for one created before networks were kept) */
+	{
+		char net[16];
+		enum env_net n;
+
+		if (read_small(e->dir, "net", net, sizeof(net)) >= 0 &&
+		    env_net_from_string(net, &n) >= 0 && n != ENV_NET_DEFAULT)
+			e->net = n;
+		else
+			e->net = ENV_NET_NONE;
+	}
 	/* A supervisor that died inside a checkpoint left the environment frozen. */
 	snprintf(path, sizeof(path), "%s/cgroup.freeze", e->cgroup);
 	if (access(path, F_OK) == 0)
 		(void)env_write_file(path, "0");
 	e->pid = find_init(e->cgroup);
+	/* The previous supervisor's slirp4netns exited with it (its --exit-fd): another one. */
+	if (e->pid > 0 && e->net == ENV_NET_SLIRP) {
+		_cleanup_close_ int netns = -1;
+
+		snprintf(path, sizeof(path), "/proc/%d/ns/net", (int)e->pid);
+		netns = open(path, O_RDONLY | O_CLOEXEC);
+		if (netns < 0 || env_net_start(e, netns) < 0)
+			log_warning(
+				"Environment %s has no egress until it is restored: %s, ignoring.",
+				e->id, e->error[0] ? e->error : "its network namespace is gone");
+		e->error[0] = '\0';
+	}
 	*ret = e;
 	return 0;
 }

@@ -10,7 +10,8 @@
  * manifest.mpk, data/, criu/) and ckpt/.tmp-* (a checkpoint being written: never visible as
  * a checkpoint, removed at the next one).
  *
- * The environment shares the host's network namespace (see supervisor-criu.h).
+ * Its network: a namespace of its own with loopback only, with slirp4netns egress, or the
+ * host's (supervisor-env-net.h, supervisor-criu.h).
  * Not thread-safe: one caller per environment at a time (the supervisor runs an
  * environment's checkpoint and restore on its offload thread, one job at a time).
  */
@@ -22,6 +23,7 @@
 #include <limits.h>
 #include <sys/types.h>
 
+#include "proto.h"
 #include "supervisor-env-limits.h"
 #include "supervisor-env-manifest.h"
 
@@ -46,6 +48,8 @@ struct env_params {
 	unsigned keep;		   /* checkpoints kept (0: ENV_KEEP_DEFAULT) */
 	uint32_t ghost_limit;	   /* bytes (0: ENV_GHOST_LIMIT_DEFAULT) */
 	struct env_limits limits;  /* processes, memory, CPU (0: none) */
+	enum env_net net;	   /* ENV_NET_DEFAULT: ENV_NET_NONE */
+	const char *slirp4netns;   /* the helper for ENV_NET_SLIRP (a name: on PATH) */
 	uint32_t userns_base;	   /* [env] userns: root's host uid/gid (0: no user namespace) */
 };
 
@@ -70,7 +74,10 @@ struct sv_env {
 	 * error line, the process that joined from outside, how the fallback to the head went);
 	 * empty: nothing more to say. Cleared when either starts. */
 	char error[ENV_ERROR_MAX];
-	uint32_t userns_base; /* env_params' */
+	enum env_net net; /* never ENV_NET_DEFAULT; kept in <dir>/net */
+	char slirp4netns[PATH_MAX];
+	struct env_net_helper *net_helper; /* slirp4netns while it runs (supervisor-env-net.h) */
+	uint32_t userns_base;		   /* env_params' */
 };
 
 struct env_ckpt_params {

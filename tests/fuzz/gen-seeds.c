@@ -177,6 +177,18 @@ static void build_seeds(void)
 	msgpack_object short_uuid = {.type = MSGPACK_OBJECT_BIN,
 				     .via.bin = {.size = PROTO_UUID_LEN - 1, .ptr = long_str}};
 	mutated("bad-short-uuid", sample_index("region-announce"), "dev", MUT_REPLACE, &short_uuid);
+	/* Exec and file messages: a required field missing after argv and envv were decoded
+	 * (their copies must be freed: fuzz-proto found them leaked), an empty output chunk, an
+	 * argv string with a NUL inside. */
+	mutated("bad-exec-missing-field", sample_index("env-exec"), "fl", MUT_REMOVE, NULL);
+	msgpack_object empty_bin = {.type = MSGPACK_OBJECT_BIN, .via.bin = {.size = 0}};
+	mutated("bad-exec-out-empty", sample_index("env-exec-out"), "data", MUT_REPLACE,
+		&empty_bin);
+	msgpack_object nul_str = {.type = MSGPACK_OBJECT_STR,
+				  .via.str = {.size = 3, .ptr = "a\0b"}};
+	msgpack_object nul_argv = {.type = MSGPACK_OBJECT_ARRAY,
+				   .via.array = {.size = 1, .ptr = &nul_str}};
+	mutated("bad-exec-argv-nul", sample_index("env-exec"), "argv", MUT_REPLACE, &nul_argv);
 }
 
 /* The meaning each seed claims must hold, or the corpus lies about what it covers. */

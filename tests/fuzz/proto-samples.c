@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "proto-samples.h"
@@ -287,6 +288,7 @@ static void sample_env_create(struct proto_msg *m)
 	(void)snprintf(m->env_request.env, sizeof(m->env_request.env), "env-7");
 	(void)snprintf(m->env_request.root, sizeof(m->env_request.root), "/srv/bases/py311");
 	(void)snprintf(m->env_request.cmd, sizeof(m->env_request.cmd), "exec sleep infinity");
+	m->env_request.net = ENV_NET_SLIRP;
 }
 
 static void sample_env_info(struct proto_msg *m)
@@ -305,6 +307,7 @@ static void sample_env_info(struct proto_msg *m)
 	m->env_info.criu_bytes = 322560;
 	m->env_info.freeze_us = 77000;
 	m->env_info.full_diff = 1;
+	m->env_info.net = ENV_NET_NONE;
 }
 
 static void sample_env_item(struct proto_msg *m)
@@ -315,6 +318,75 @@ static void sample_env_item(struct proto_msg *m)
 	m->env_item.ts_ns = 123456789;
 	(void)snprintf(m->env_item.path, sizeof(m->env_item.path), "/usr/bin/make");
 	(void)snprintf(m->env_item.text, sizeof(m->env_item.text), "make -j2");
+}
+
+static void sample_env_exec(struct proto_msg *m, int fd)
+{
+	static char argv[] = "sh\0-c\0echo hi; exit 3";
+	static char envv[] = "FOO=bar\0PATH=/bin";
+
+	m->type = PROTO_ENV_EXEC;
+	(void)snprintf(m->env_exec.env, sizeof(m->env_exec.env), "e1");
+	m->env_exec.argv = (struct proto_blob){argv, sizeof(argv), 3};
+	m->env_exec.envv = (struct proto_blob){envv, sizeof(envv), 2};
+	(void)snprintf(m->env_exec.cwd, sizeof(m->env_exec.cwd), "/work");
+	(void)snprintf(m->env_exec.user, sizeof(m->env_exec.user), "1000:1000");
+	m->env_exec.timeout_ms = 30000;
+	m->env_exec.max_output = 65536;
+	m->env_exec.flags = EXEC_FLAG_STREAM;
+	m->env_exec.fd = fd;
+}
+
+static void sample_env_exec_out(struct proto_msg *m)
+{
+	static char data[] = "hello\n\0binary\xff";
+
+	m->type = PROTO_ENV_EXEC_OUT;
+	m->exec_out.stream = 2;
+	m->exec_out.data = (struct proto_blob){data, sizeof(data) - 1, 0};
+}
+
+static void sample_env_exec_done(struct proto_msg *m)
+{
+	m->type = PROTO_ENV_EXEC_DONE;
+	m->exec_done.exit_code = -1;
+	m->exec_done.signal = 9;
+	m->exec_done.timed_out = 1;
+	m->exec_done.truncated = 3;
+	m->exec_done.wall_us = 1000123;
+	m->exec_done.out_bytes = 3000000;
+	m->exec_done.err_bytes = 12;
+	m->exec_done.pid = 25;
+}
+
+static void sample_env_file_read(struct proto_msg *m)
+{
+	m->type = PROTO_ENV_FILE_READ;
+	(void)snprintf(m->env_file.env, sizeof(m->env_file.env), "e1");
+	(void)snprintf(m->env_file.path, sizeof(m->env_file.path), "/work/../etc/passwd");
+	m->env_file.max = 1 << 20;
+}
+
+static void sample_env_file_write(struct proto_msg *m, int fd)
+{
+	m->type = PROTO_ENV_FILE_WRITE;
+	(void)snprintf(m->env_file.env, sizeof(m->env_file.env), "e1");
+	(void)snprintf(m->env_file.path, sizeof(m->env_file.path), "/work/out.txt");
+	m->env_file.mode = 0640;
+	(void)snprintf(m->env_file.user, sizeof(m->env_file.user), "nobody");
+	m->env_file.fd = fd;
+}
+
+static void sample_env_file_data(struct proto_msg *m, int fd)
+{
+	m->type = PROTO_ENV_FILE_DATA;
+	(void)snprintf(m->env_file.env, sizeof(m->env_file.env), "e1");
+	(void)snprintf(m->env_file.path, sizeof(m->env_file.path), "/work/out.txt");
+	m->env_file.mode = 0640;
+	m->env_file.size = 4096;
+	m->env_file.uid = 65534;
+	m->env_file.gid = 65534;
+	m->env_file.fd = fd;
 }
 
 static void sample_nccl_comm(struct proto_msg *m, int fd)
@@ -482,7 +554,18 @@ static const struct {
 	{"traj-list", sample_traj_list, NULL},
 	{"traj-info", sample_traj_info, NULL},
 	{"traj-info-env", sample_traj_info_env, NULL},
+	{"env-exec", NULL, sample_env_exec},
+	{"env-exec-out", sample_env_exec_out, NULL},
+	{"env-exec-done", sample_env_exec_done, NULL},
+	{"env-file-read", sample_env_file_read, NULL},
+	{"env-file-write", NULL, sample_env_file_write},
+	{"env-file-data", NULL, sample_env_file_data},
 };
+
+bool proto_msg_same(const struct proto_msg *a, const struct proto_msg *b)
+{
+	return proto_msg_equal(a, b, true);
+}
 
 size_t proto_sample_count(void)
 {

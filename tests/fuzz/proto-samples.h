@@ -5,6 +5,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -16,6 +17,8 @@
  * Returns the sample's name ("hello", "hello-max", ...) or NULL past the end. */
 const char *proto_sample(size_t i, int fd, struct proto_msg *ret);
 size_t proto_sample_count(void);
+/* a and b are the same message: every field equal, blob fields by content. */
+bool proto_msg_same(const struct proto_msg *a, const struct proto_msg *b);
 
 enum proto_mutation {
 	MUT_REMOVE,    /* drop key */

@@ -54,6 +54,7 @@ int cmd_config(const struct ctl_options *o, int argc, char **argv);
 int cmd_health(const struct ctl_options *o, int argc, char **argv);
 int cmd_promote(const struct ctl_options *o, int argc, char **argv);
 int cmd_env(const struct ctl_options *o, int argc, char **argv);
+int cmd_env_exec(const struct ctl_options *o, int argc, char **argv); /* exec, read, write */
 int cmd_bpf(const struct ctl_options *o, int argc, char **argv);
 int cmd_traj(const struct ctl_options *o, int argc, char **argv);
 int cmd_step(const struct ctl_options *o, int argc, char **argv);

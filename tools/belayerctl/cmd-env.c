@@ -2,8 +2,9 @@
 /*
  * belayerctl env: agent environments (issue 9 item 3, issue 10).
  *   env create ID --root BASE [--cmd CMD] [--pids N|max] [--memory SIZE|max] [--cpus X|max]
- *                                             start one (sandboxed: own namespaces, cgroups,
- *                                             overlay root; limits other than [env]'s)
+ *                 [--net none|slirp|host]     start one (sandboxed: own namespaces, cgroups,
+ *                                             overlay root; limits and network other than
+ *                                             [env]'s)
  *   env adopt ID --root ROOT --cgroup CG --pid PID   register another runtime's environment
  *   env checkpoint ID --turn N [--prefix-tokens LEN --prefix-hash H] [--trajectory T]
  *   env restore ID [--checkpoint C]           full restore; prints the manifest (turn, prefix)
@@ -13,6 +14,7 @@
  *   env watch CGROUP_PATH [--name ID]         trace a cgroup made by someone else
  *   env dirty ID                              paths changed since the last checkpoint
  *   env log ID [--follow]                     what it ran and changed (side-effect log)
+ *   env exec|read|write ...                   cmd-env-exec.c
  */
 #include <errno.h>
 #include <getopt.h>
@@ -52,12 +54,17 @@ static void print_info(const struct ctl_options *o, const struct proto_env_info 
 		json_object_object_add(j, "root", json_object_new_string(i->root));
 		json_object_object_add(j, "cgroup", json_object_new_string(i->cgroup));
 		json_object_object_add(j, "full_diff", json_object_new_boolean(i->full_diff));
+		if (i->net)
+			json_object_object_add(
+				j, "net", json_object_new_string(env_net_to_string(i->net) ?: "?"));
 		json_print(j, true);
 		return;
 	}
 	if (i->root[0] || i->cgroup[0]) {
-		printf("%-16s pid %-8u procs %-4u head %-10s root %s cgroup %s\n", i->env, i->pid,
-		       i->nproc, i->ckpt[0] ? i->ckpt : "-", i->root[0] ? i->root : "-", i->cgroup);
+		printf("%-16s pid %-8u procs %-4u head %-10s net %-5s root %s cgroup %s\n", i->env,
+		       i->pid, i->nproc, i->ckpt[0] ? i->ckpt : "-",
+		       i->net ? env_net_to_string(i->net) ?: "?" : "-", i->root[0] ? i->root : "-",
+		       i->cgroup);
 		return;
 	}
 	printf("%s %s (parent %s) turn %" PRIu64 " prefix %" PRIu64 " tokens hash %016" PRIx64
@@ -188,6 +195,7 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 		{"pids", required_argument, NULL, 'P'},
 		{"memory", required_argument, NULL, 'M'},
 		{"cpus", required_argument, NULL, 'U'},
+		{"net", required_argument, NULL, 'N'},
 		{},
 	};
 	struct proto_env_request q = {0};
@@ -199,10 +207,12 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 	if (argc < 2) {
 		fprintf(stderr,
 			"Usage: belayerctl env create|adopt|checkpoint|restore|rebuild|list|"
-			"destroy|watch|dirty|log ...\n");
+			"destroy|watch|dirty|log|exec|read|write ...\n");
 		return 2;
 	}
 	sub = argv[1];
+	if (strcmp(sub, "exec") == 0 || strcmp(sub, "read") == 0 || strcmp(sub, "write") == 0)
+		return cmd_env_exec(o, argc - 1, argv + 1);
 	if (env_op_from_string(sub, &q.op) < 0) {
 		fprintf(stderr, "belayerctl: unknown env command %s\n", sub);
 		return 2;
@@ -261,6 +271,17 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 		case 'U':
 			r = parse_limit(optarg, "", 1000, &q.cpu_millis);
 			break;
+		case 'N': {
+			enum env_net net;
+
+			r = env_net_from_string(optarg, &net);
+			if (r >= 0 && net == ENV_NET_DEFAULT)
+				r = -EINVAL;
+			q.net = (uint32_t)net;
+			if (r < 0)
+				fprintf(stderr, "belayerctl: --net: none, slirp or host\n");
+			break;
+		}
 		default:
 			return 2;
 		}

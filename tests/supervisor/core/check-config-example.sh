@@ -9,7 +9,7 @@ example=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-"$supervisor" --config /dev/null --dump-config | sed 's/^\([a-z_]* =\)/#\1/' >"$tmp/want"
+"$supervisor" --config /dev/null --dump-config | sed 's/^\([a-z0-9_]* =\)/#\1/' >"$tmp/want"
 if [ "${3:-}" = --write ]; then
 	sed '/^\[/,$d' "$example" >"$tmp/header"
 	cat "$tmp/header" "$tmp/want" >"$example"
