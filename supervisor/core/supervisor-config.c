@@ -207,7 +207,8 @@ static const struct key keys[] = {
 	    "The slirp4netns binary (Debian's slirp4netns package) that gives net = slirp "
 	    "environments their egress (a name without '/': searched on PATH)."),
 	TYPED("env", "userns", KEY_BOOL, env_userns, "yes",
-	      "Run each environment created from now on in a user namespace of its own whose root "
+	      "Run each environment created from now on with net = none in a user namespace of its "
+	      "own whose root "
 	      "is host uid and gid userns_base (65536 ids from there; the base image idmapped so "
 	      "that its files are the environment's root's): an escape is an unprivileged user on "
 	      "the host. CRIU checkpoints and restores it (no: the environment's root is host "
