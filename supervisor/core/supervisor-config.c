@@ -216,6 +216,10 @@ static const struct key keys[] = {
 	U32("env", "userns_base", env_userns_base, 1, UINT32_MAX - 65536, "100000",
 	    "The host uid and gid an environment's root is with userns = yes; its uid N is host "
 	    "userns_base + N. Every environment shares the range."),
+	SIZE("env", "disk_max", env_disk_max, 0, UINT64_MAX, "0",
+	     "Bytes an environment may write into its writable layer; past them a write gets "
+	     "ENOSPC (0: no limit, the layer stays on the state directory's file system). The "
+	     "layer then lives on a tmpfs of that size, whose pages count against memory_max."),
 
 	TYPED("nccl", "hang_timeout", KEY_MS, nccl_hang_timeout_ms, "10s",
 	      "A communicator with a collective in flight and no progress for this long, while "

@@ -138,6 +138,7 @@ struct sv_config {
 	char env_slirp4netns[256];
 	bool env_userns;
 	uint32_t env_userns_base;
+	uint64_t env_disk_max;
 	/* [nccl] */
 	uint64_t nccl_hang_timeout_ms;
 	uint64_t nccl_stall_timeout_ms;

@@ -19,6 +19,7 @@
 
 #include "log.h"
 #include "util.h"
+#include "supervisor-env-devices.h"
 #include "supervisor-env-exec-spawn.h"
 #include "supervisor-env-limits.h"
 #include "supervisor-env-sandbox.h"
@@ -230,6 +231,8 @@ int exec_spawn(const struct sv_env *e, struct exec_spawn *sp, pid_t *ret_pid, in
 		goto out;
 	}
 	r = env_limits_join(e, pid);
+	if (r >= 0)
+		r = env_devices_join(e, pid);
 	if (r < 0 || write(go[1], "g", 1) != 1) {
 		r = r < 0 ? r : -errno;
 		snprintf(why, cap, "%s", exec_step_to_string(EXEC_STEP_GO));

@@ -30,11 +30,13 @@
 
 #include "log.h"
 #include "util.h"
+#include "supervisor-env-devices.h"
 #include "supervisor-env-limits.h"
 #include "supervisor-env-net.h"
 #include "supervisor-env-sandbox.h"
 #include "supervisor-env-userns.h"
 #include "supervisor-env.h"
+#include "supervisor-env-image.h"
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -54,14 +56,16 @@ int env_write_file(const char *path, const char *text)
 
 int env_mount_overlay(const struct sv_env *e)
 {
-	/* With [env] userns the base is idmapped, its ids those the environment sees */
-	_cleanup_close_ int lower = e->userns_base
-					    ? env_userns_idmapped(e->base, e->userns_base)
-					    : open(e->base, O_PATH | O_DIRECTORY | O_CLOEXEC),
-			    upper = open(e->upper, O_PATH | O_DIRECTORY | O_CLOEXEC),
-			    work = open(e->work, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	_cleanup_close_ int lower = -1, upper = -1, work = -1;
 	char opts[128];
 
+	if (e->image[0])
+		return env_image_mount(e);
+	/* With [env] userns the base is idmapped, its ids those the environment sees */
+	lower = e->userns_base ? env_userns_idmapped(e->base, e->userns_base)
+			       : open(e->base, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	upper = open(e->upper, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	work = open(e->work, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (lower < 0 || upper < 0 || work < 0)
 		return log_debug_errno(lower < 0 && e->userns_base ? lower : -errno,
 				       "Failed to open the layers of %s: %m", e->id);
@@ -210,7 +214,7 @@ static int mask_proc(const char *root)
 }
 
 static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog *filter, int go_fd,
-				 int pipe_fd)
+				 int pipe_fd, const struct env_image_run *image)
 {
 	char *const envp[] = {"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root",
 			      "LANG=C.UTF-8", NULL};
@@ -233,10 +237,12 @@ static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog
 		child_fail(pipe_fd, 1);
 	if (e->net != ENV_NET_HOST && env_sandbox_loopback_up() < 0)
 		child_fail(pipe_fd, 12);
-	if (mkdir_in(e->root, "usr", 0755) < 0 || mkdir_in(e->root, "etc", 0755) < 0 ||
+	if ((!image &&
+	     (mkdir_in(e->root, "usr", 0755) < 0 || mkdir_in(e->root, "etc", 0755) < 0)) ||
 	    mkdir_in(e->root, "dev", 0755) < 0 || mkdir_in(e->root, "proc", 0555) < 0)
 		child_fail(pipe_fd, 2);
-	if (bind_ro(e->root, "/usr") < 0 || bind_ro(e->root, "/etc") < 0)
+	/* an image brings its own /usr and /etc */
+	if (!image && (bind_ro(e->root, "/usr") < 0 || bind_ro(e->root, "/etc") < 0))
 		child_fail(pipe_fd, 3);
 	if (make_dev(e->root, e->userns_base != 0) < 0)
 		child_fail(pipe_fd, 4);
@@ -254,7 +260,7 @@ static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog
 		child_fail(pipe_fd, 8);
 	/* before any fd of a file: its mount must be one of the namespace CRIU dumps */
 	if (e->userns_base && env_userns_enter(pipe_fd, go_fd) < 0)
-		child_fail(pipe_fd, 17);
+		child_fail(pipe_fd, 18);
 	null = open("/dev/null", O_RDWR);
 	if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
 		child_fail(pipe_fd, 9);
@@ -271,6 +277,10 @@ static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog
 	}
 	if (env_sandbox_enter(filter) < 0)
 		child_fail(pipe_fd, 13);
+	if (image) {
+		(void)env_image_exec(image);
+		child_fail(pipe_fd, 17);
+	}
 	execve("/bin/sh", argv, envp);
 	child_fail(pipe_fd, 11);
 }
@@ -284,6 +294,7 @@ int env_launch(struct sv_env *e)
 		.exit_signal = SIGCHLD,
 	};
 	const struct sock_fprog *filter = env_sandbox_filter();
+	_cleanup_(env_image_run_finish) struct env_image_run image = {0};
 	int p[2], g[2], msg[2], r;
 	ssize_t n;
 	pid_t pid;
@@ -300,6 +311,11 @@ int env_launch(struct sv_env *e)
 	if (cg < 0)
 		return log_debug_errno(-errno, "Failed to open cgroup %s: %m", e->cgroup);
 	args.cgroup = (uint64_t)cg;
+	if (e->image[0]) {
+		r = env_image_run_prepare(e, &image);
+		if (r < 0)
+			return r;
+	}
 	if (pipe2(p, O_CLOEXEC) < 0)
 		return -errno;
 	if (pipe2(g, O_CLOEXEC) < 0) {
@@ -312,7 +328,7 @@ int env_launch(struct sv_env *e)
 	if (pid == 0) {
 		(void)close(p[0]);
 		(void)close(g[1]);
-		child_main(e, filter, g[0], p[1]);
+		child_main(e, filter, g[0], p[1], e->image[0] ? &image : NULL);
 	}
 	(void)close(p[1]);
 	(void)close(g[0]);
@@ -321,6 +337,8 @@ int env_launch(struct sv_env *e)
 	if (pid < 0)
 		return log_debug_errno(-errno, "clone3 for environment %s failed: %m", e->id);
 	r = env_limits_join(e, pid);
+	if (r >= 0)
+		r = env_devices_join(e, pid);
 	/* Its egress is there before its command runs. */
 	if (r >= 0 && e->net == ENV_NET_SLIRP) {
 		char ns[64];

@@ -97,17 +97,15 @@ uint32_t env_userns_marked(int criufd)
 	return (uint32_t)v;
 }
 
-int env_userns_idmapped(const char *dir, uint32_t base)
+int env_userns_ns(uint32_t base)
 {
-	_cleanup_close_ int ns = -1;
 	struct clone_args args = {.flags = CLONE_NEWUSER, .exit_signal = SIGCHLD};
-	struct mount_attr attr = {.attr_set = MOUNT_ATTR_IDMAP};
-	int p[2], tree, r;
+	int p[2], ns = -1, r;
 	char path[64];
 	pid_t pid;
 
 	/* A user namespace with the environment's map, held by a child that waits for its pipe
-	 * to close: the map is read from it when the mount is made, after that it may go. */
+	 * to close: once we hold its fd, the child may go. */
 	if (pipe2(p, O_CLOEXEC) < 0)
 		return -errno;
 	pid = (pid_t)syscall(SYS_clone3, &args, sizeof(args));
@@ -128,16 +126,29 @@ int env_userns_idmapped(const char *dir, uint32_t base)
 	(void)close(p[1]);
 	if (pid > 0)
 		(void)waitpid(pid, NULL, 0);
-	if (r < 0)
-		return r;
+	return r < 0 ? r : ns;
+}
+
+int env_userns_idmap(const char *dir, int ns)
+{
+	struct mount_attr attr = {.attr_set = MOUNT_ATTR_IDMAP, .userns_fd = (uint64_t)ns};
+	int tree, r;
+
+	/* the map is read from ns when the mount is made; ns may go after */
 	tree = open_tree(AT_FDCWD, dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
 	if (tree < 0)
 		return -errno;
-	attr.userns_fd = (uint64_t)ns;
 	if (mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof(attr)) < 0) {
 		r = -errno;
 		(void)close(tree);
 		return r;
 	}
 	return tree;
+}
+
+int env_userns_idmapped(const char *dir, uint32_t base)
+{
+	_cleanup_close_ int ns = env_userns_ns(base);
+
+	return ns < 0 ? ns : env_userns_idmap(dir, ns);
 }

@@ -37,3 +37,8 @@ uint32_t env_userns_marked(int criufd);
  * as uid N the environment sees as N too (a base image's root-owned files are its root's, not
  * nobody's). An O_PATH-like fd of it for overlayfs's lowerdir, or -errno. */
 int env_userns_idmapped(const char *dir, uint32_t base);
+/* The two steps of env_userns_idmapped, for many directories with one map (an image's
+ * layers): a user namespace fd with the environment's map, or -errno; dir's idmapped detached
+ * mount with ns's map, or -errno. */
+int env_userns_ns(uint32_t base);
+int env_userns_idmap(const char *dir, int ns);

@@ -45,11 +45,17 @@ env_fixture_cleanup() {
 	for e in "${fixture_envs[@]}"; do
 		[[ -d $cg/$e ]] && { echo 1 >"$cg/$e/cgroup.kill" 2>/dev/null || true; }
 		umount -l "$dir/state/envs/$e/root" 2>/dev/null || true
+		umount -l "$dir/state/envs/$e/disk" 2>/dev/null || true
 	done
-	# The killed trees leave their cgroups once the kernel has reaped them.
+	# The killed trees leave their cgroups once the kernel has reaped them, the v2 ones and
+	# their v1 mirrors (limits, device rules: <mount><own cgroup>/<$cg's name>/ENV).
+	local mirrors m
 	for _ in $(seq 50); do
 		rmdir "$cg"/* 2>/dev/null || true
-		rmdir "$cg" 2>/dev/null && break
+		rmdir "$cg" 2>/dev/null || true
+		mirrors=$(find /sys/fs/cgroup -mindepth 2 -maxdepth 8 -type d -name "${cg##*/}" 2>/dev/null)
+		for m in $mirrors; do rmdir "$m"/* "$m" 2>/dev/null || true; done
+		[[ ! -e $cg && -z $mirrors ]] && break
 		sleep 0.1
 	done
 	rm -rf "$dir"

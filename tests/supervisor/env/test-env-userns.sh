@@ -14,9 +14,16 @@ probe_bin=$3
 source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
 
-env_fixture userns u1
+env_fixture userns u1 u2
 cp "$probe_bin" "$dir/base/work/probe"
 echo "from the image" >"$dir/base/work/image-file"
+# device nodes in its file system, made on the host side: the device allow-list refuses them
+# inside the user namespace too (its /dev nodes are the host's, bind-mounted)
+mknod "$dir/base/work/kmsg" c 1 11
+blk=
+for b in /sys/dev/block/*; do blk=${b##*/} && break; done
+[[ $blk == *:* ]] || fail "no block device to make a node of"
+mknod "$dir/base/work/blk" b "${blk%%:*}" "${blk##*:}"
 base=200000
 
 cat >"$dir/conf.ini" <<CONF
@@ -44,7 +51,7 @@ cat >"$dir/base/work/run" <<'SH'
 report() {
 	{ id -u; id -g; stat -c %u /work/probe; stat -c %u /usr/bin/env; } >/tmp/id-$1.txt
 	echo "$1" >>/work/image-file && echo written >/work/new-$1
-	./probe >/tmp/probes-$1.txt 2>&1
+	./probe devnodes=/work/kmsg,/work/blk >/tmp/probes-$1.txt 2>&1
 	touch /tmp/done-$1
 }
 cd /work
@@ -85,6 +92,16 @@ check() {
 		"$root/tmp/probes-$1.txt") probes contained"
 }
 check 1 "at creation"
+
+# With a disk limit the upper layer is on a tmpfs of its own: what the environment writes there
+# is the unprivileged uid's too, its root directory its root's.
+ctl env create u2 --root "$dir/base" --disk 16M --cmd 'echo x >/work/on-disk; exec sleep infinity' >/dev/null
+for _ in $(seq 100); do [[ -e $dir/state/envs/u2/disk/upper/work/on-disk ]] && break; sleep 0.05; done
+[[ $(stat -c %u "$dir/state/envs/u2/disk/upper/work/on-disk") == "$base" ]] ||
+	fail "u2's file on its disk tmpfs: $(stat -c %u "$dir/state/envs/u2/disk/upper/work/on-disk" 2>&1)"
+[[ $(stat -c %u:%g "$dir/state/envs/u2/disk/upper") == "$base:$base" ]] ||
+	fail "u2's upper root is $(stat -c %u:%g "$dir/state/envs/u2/disk/upper")"
+ctl env destroy u2 >/dev/null
 
 ctl env checkpoint u1 --turn 1
 ctl env restore u1
