@@ -14,7 +14,7 @@ probe_bin=$3
 source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
 
-env_fixture userns u1 u2
+env_fixture userns u1 u2 u1f
 cp "$probe_bin" "$dir/base/work/probe"
 echo "from the image" >"$dir/base/work/image-file"
 # device nodes in its file system, made on the host side: the device allow-list refuses them
@@ -119,4 +119,16 @@ supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv2.log"
 ctl env restore u1 >/dev/null
 touch "$root/tmp/go"
 check 2 "restored by a supervisor restarted with userns = no"
+# and a fork of it has its map too (its checkpoint and layers were made for it), not the
+# configuration's; it is the checkpoint's tree, at round 2 again
+ctl env fork u1 --as u1f >/dev/null || fail "fork under userns = no"
+fpid=$(ctl --json env list | grep '"env":"u1f"' | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
+[[ $(xargs <"/proc/$fpid/uid_map") == "0 $base 65536" ]] ||
+	fail "the fork's uid_map: $(xargs <"/proc/$fpid/uid_map")"
+frun=$dir/state/envs/u1f/root
+touch "$frun/tmp/go"
+for _ in $(seq 600); do [[ -e $frun/tmp/done-2 ]] && break; sleep 0.05; done
+[[ $(tr '\n' ' ' <"$frun/tmp/id-2.txt") == "0 0 0 65534 " ]] ||
+	fail "inside the fork: $(tr '\n' ' ' <"$frun/tmp/id-2.txt" 2>&1)"
+ctl env destroy u1f >/dev/null
 echo "userns: root is host uid $base, checkpointed and restored by CRIU"
