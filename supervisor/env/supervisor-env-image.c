@@ -418,6 +418,22 @@ int env_image_run_prepare(struct sv_env *e, struct env_image_run *ret)
 			 "the image's User \"%s\" is not in its /etc/passwd", c.user);
 		goto out;
 	}
+	/* in a user namespace only its 65536 ids exist: setresuid to another would fail in the
+	 * init, after the launch, with no word of why */
+	if (e->userns_base) {
+		bool out_of_map = ret->uid >= ENV_USERNS_IDS || ret->gid >= ENV_USERNS_IDS;
+
+		for (size_t i = 0; i < ret->n_groups; i++)
+			out_of_map = out_of_map || ret->groups[i] >= ENV_USERNS_IDS;
+		if (out_of_map) {
+			snprintf(e->error, sizeof(e->error),
+				 "the image's User \"%s\" (uid %u, gid %u or a group) is past the "
+				 "%u ids of the environment's user namespace ([env] userns)",
+				 c.user, (unsigned)ret->uid, (unsigned)ret->gid, ENV_USERNS_IDS);
+			r = -ERANGE;
+			goto out;
+		}
+	}
 	snprintf(ret->workdir, sizeof(ret->workdir), "%s", c.workdir[0] ? c.workdir : "/");
 	/* a --cmd is Docker's shell form; else Entrypoint + Cmd; else an init that waits */
 	if (e->cmd[0] || c.n_argv == 0) {

@@ -24,7 +24,7 @@ need_root_cgroup_v2
 command -v podman >/dev/null || skip "no podman (tools/dev setup installs it)"
 [[ -x /bin/busybox ]] || skip "no /bin/busybox (apt-get install busybox-static)"
 
-env_fixture image e1 e2 e3 e4 e5 e1f
+env_fixture image e1 e2 e3 e4 e5 e6 e1f
 # podman's own store, private to the test
 export CONTAINERS_STORAGE_CONF=$dir/storage.conf
 printf '[storage]\ndriver = "overlay"\nrunroot = "%s"\ngraphroot = "%s"\n' \
@@ -176,6 +176,17 @@ pid=$(env_pid e3)
 python3 "$gen" "$dir/noshell" noshell
 if err=$(ctl env create e5 --image "oci:$dir/noshell" 2>&1); then fail "an image without a command ran"; fi
 [[ $err == *"the image has no /bin/sh"* ]] || fail "no shell: $err"
+# a User past the user namespace's 65536 ids: refused, saying so; without one it runs
+python3 "$gen" "$dir/bigid" bigid
+if [[ $userns == yes ]]; then
+	if err=$(ctl env create e6 --image "oci:$dir/bigid" 2>&1); then fail "uid 70000 ran in a user namespace"; fi
+	[[ $err == *'User "70000:70000" (uid 70000, gid 70000 or a group) is past the 65536 ids'* ]] ||
+		fail "uid 70000: $err"
+else
+	ctl env create e6 --image "oci:$dir/bigid" >/dev/null || fail "env create e6"
+	[[ $(awk '/^Uid:/ {print $2}' "/proc/$(env_pid e6)/status") == 70000 ]] || fail "e6's uid"
+	ctl env destroy e6 >/dev/null
+fi
 
 # a rebuild (the replay baseline) starts it again from the image alone
 in_env "$pid" 'echo scratch >/work/scratch'
