@@ -206,6 +206,16 @@ static const struct key keys[] = {
 	STR("env", "slirp4netns", env_slirp4netns, "slirp4netns",
 	    "The slirp4netns binary (Debian's slirp4netns package) that gives net = slirp "
 	    "environments their egress (a name without '/': searched on PATH)."),
+	TYPED("env", "userns", KEY_BOOL, env_userns, "yes",
+	      "Run each environment created from now on with net = none in a user namespace of its "
+	      "own whose root "
+	      "is host uid and gid userns_base (65536 ids from there; the base image idmapped so "
+	      "that its files are the environment's root's): an escape is an unprivileged user on "
+	      "the host. CRIU checkpoints and restores it (no: the environment's root is host "
+	      "root, less its capabilities)."),
+	U32("env", "userns_base", env_userns_base, 1, UINT32_MAX - 65536, "100000",
+	    "The host uid and gid an environment's root is with userns = yes; its uid N is host "
+	    "userns_base + N. Every environment shares the range."),
 	SIZE("env", "disk_max", env_disk_max, 0, UINT64_MAX, "0",
 	     "Bytes an environment may write into its writable layer; past them a write gets "
 	     "ENOSPC (0: no limit, the layer stays on the state directory's file system). The "

@@ -136,6 +136,8 @@ struct sv_config {
 	uint32_t env_net; /* enum env_net (proto.h), never ENV_NET_DEFAULT */
 	bool env_allow_host_net;
 	char env_slirp4netns[256];
+	bool env_userns;
+	uint32_t env_userns_base;
 	uint64_t env_disk_max;
 	/* [nccl] */
 	uint64_t nccl_hang_timeout_ms;

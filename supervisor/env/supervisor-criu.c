@@ -91,10 +91,30 @@ int sv_criu_version(const char *binary)
 	return r;
 }
 
+/* The device nodes an environment in a user namespace has bind-mounted from the host. */
+static const char *const dev_binds[] = {"null", "zero", "full", "random", "urandom", "tty"};
+
+static int add_dev_binds(criu_opts *o, bool dump)
+{
+	char ext[64];
+	int r = 0;
+
+	for (size_t i = 0; i < ARRAY_SIZE(dev_binds) && r >= 0; i++) {
+		if (dump)
+			snprintf(ext, sizeof(ext), "mnt[/dev/%s]:dev-%s", dev_binds[i],
+				 dev_binds[i]);
+		else
+			snprintf(ext, sizeof(ext), "mnt[dev-%s]:/dev/%s", dev_binds[i],
+				 dev_binds[i]);
+		r = criu_local_add_external(o, ext);
+	}
+	return r;
+}
+
 /* libcriu returns its own negative codes (-EBADE and friends) for its failures; they are
  * passed on as they are: every one is negative and distinct from success. */
 int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
-		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino)
+		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino, bool dev_bind)
 {
 	char net[64];
 
@@ -122,6 +142,8 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 		snprintf(net, sizeof(net), "net[%" PRIu64 "]:" SV_CRIU_NETNS_KEY, netns_ino);
 		r = criu_local_add_external(o, net);
 	}
+	if (r >= 0 && dev_bind)
+		r = add_dev_binds(o, true);
 	if (r >= 0) {
 		struct sv_criu_watchdog *w =
 			freeze_cgroup ? sv_criu_watchdog_start(pid, freeze_cgroup) : NULL;
@@ -138,7 +160,7 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 }
 
 int sv_criu_restore(const char *binary, int images_fd, const char *root, int netns_fd,
-		    const char *const *cg_roots, pid_t *ret_pid)
+		    const char *const *cg_roots, bool dev_bind, pid_t *ret_pid)
 {
 	criu_opts *o;
 	int r, inherit = -1;
@@ -156,6 +178,8 @@ int sv_criu_restore(const char *binary, int images_fd, const char *root, int net
 		r = criu_local_add_external(o, "mnt[usr]:/usr");
 	if (r >= 0)
 		r = criu_local_add_external(o, "mnt[etc]:/etc");
+	if (r >= 0 && dev_bind)
+		r = add_dev_binds(o, false);
 	for (size_t i = 0; r >= 0 && cg_roots && cg_roots[i] && cg_roots[i + 1]; i += 2)
 		r = criu_local_add_cg_root(o, cg_roots[i], cg_roots[i + 1]);
 	/* CRIU (libcriu's child) inherits it across its exec: a copy without O_CLOEXEC for the

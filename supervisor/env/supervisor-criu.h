@@ -49,16 +49,19 @@ int sv_criu_version(const char *binary);
  * caller already; CRIU seizes the tasks through its freezer (a frozen task cannot run CRIU's
  * parasite otherwise) and leaves it as it found it. ghost_limit: the largest deleted-but-open
  * file CRIU copies into the images, in bytes (0: CRIU's 1 MiB). The log is "dump.log" in
- * images_fd (sv_criu_log_error() reads why it failed). */
+ * images_fd (sv_criu_log_error() reads why it failed). dev_bind: the tree's /dev nodes are
+ * bind mounts of the host's (an environment in a user namespace: env_launch), external to the
+ * dump like /usr and /etc. */
 int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
-		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino);
+		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino, bool dev_bind);
 /* Restores the tree in images_fd with root as the environment's root (the overlay mount);
  * the restored tree's root process becomes the caller's child. *ret_pid: its pid. netns_fd
  * (-1: none): the network namespace the tree gets, for a dump whose netns_ino was given.
  * cg_roots (NULL: none): controller, path pairs ending in NULL, CRIU's --cgroup-root: the
- * cgroup of each hierarchy the tree's root goes to, whichever it was dumped from. */
+ * cgroup of each hierarchy the tree's root goes to, whichever it was dumped from. dev_bind as
+ * the dump's. */
 int sv_criu_restore(const char *binary, int images_fd, const char *root, int netns_fd,
-		    const char *const *cg_roots, pid_t *ret_pid);
+		    const char *const *cg_roots, bool dev_bind, pid_t *ret_pid);
 /* Why CRIU failed, in its own words: the text of the first "Error (file:line): TEXT" line of
  * log ("dump.log", "restore.log") in images_fd, skipping the ones CRIU logs as errors and
  * carries on from. -ENOENT: no log, or no such line. */

@@ -40,6 +40,7 @@
 #include "supervisor-env-fs.h"
 #include "supervisor-env-net.h"
 #include "supervisor-env-sandbox.h"
+#include "supervisor-env-userns.h"
 #include "supervisor-env.h"
 
 #define FREEZE_WAIT_MS 5000
@@ -483,14 +484,20 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	/* An environment's own network namespace (loopback only) is external to the dump; the
 	 * marker tells a restore to give it a fresh one. An adopted one's is its runtime's: CRIU
 	 * dumps whatever it holds. */
-	netns = e->adopted ? 0 : env_sandbox_netns_of(e->pid);
+	netns = e->adopted || e->userns_base ? 0 : env_sandbox_netns_of(e->pid);
 	if (netns && mark_netns(criufd) < 0) {
 		r = -errno;
 		goto out;
 	}
+	if (e->userns_base && !e->adopted) {
+		r = env_userns_mark(criufd, e->userns_base);
+		if (r < 0)
+			goto out;
+	}
 	if (p->dumping)
 		atomic_store_explicit(p->dumping, true, memory_order_relaxed);
-	r = sv_criu_dump(e->criu, e->pid, e->cgroup, criufd, true, e->ghost_limit, netns);
+	r = sv_criu_dump(e->criu, e->pid, e->cgroup, criufd, true, e->ghost_limit, netns,
+			 e->userns_base && !e->adopted);
 	if (p->dumping)
 		atomic_store_explicit(p->dumping, false, memory_order_relaxed);
 	t_dump = mono_us();
@@ -685,6 +692,7 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 	struct env_manifest m = {0};
 	char criu_dir[ENV_ID_MAX + 8];
 	uint64_t t[6] = {0};
+	uint32_t userns;
 	pid_t pid;
 	int r;
 
@@ -757,10 +765,20 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 		if (r < 0)
 			goto out;
 	}
+	/* CRIU's restored tasks read some of their images themselves, from inside the user
+	 * namespace and before its maps are written (nobody then): the directory searchable by
+	 * all (its files are 0644; the state directory above is 0700, so only this fd reaches
+	 * them) */
+	userns = env_userns_marked(criufd);
+	if (userns && fchmod(criufd, 0755) < 0) {
+		r = -errno;
+		goto out;
+	}
 	r = cg_roots_of(e, &roots);
 	if (r < 0)
 		goto out;
-	r = sv_criu_restore(e->criu, criufd, e->root, netfd, (const char *const *)roots.v, &pid);
+	r = sv_criu_restore(e->criu, criufd, e->root, netfd, (const char *const *)roots.v,
+			    userns != 0, &pid);
 	if (r < 0) {
 		criu_error(e, criufd, "restore.log", r);
 		goto out;

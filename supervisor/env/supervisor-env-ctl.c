@@ -695,6 +695,7 @@ struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct en
 			   .disk = limit_or(j->q.disk, s->config.env_disk_max)},
 		.net = j->q.net ? (enum env_net)j->q.net : (enum env_net)s->config.env_net,
 		.slirp4netns = s->config.env_slirp4netns,
+		.userns_base = s->config.env_userns ? s->config.env_userns_base : 0,
 	};
 	sl->busy = true;
 	return j;

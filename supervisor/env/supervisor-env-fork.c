@@ -172,6 +172,8 @@ int env_fork(const struct sv_env *src, const char *ckpt, const struct env_params
 	q.limits = src->limits;
 	q.net = src->net;
 	q.slirp4netns = src->slirp4netns;
+	/* and its user namespace's map: the checkpoint's tree and layers were made for it */
+	q.userns_base = src->userns_base;
 	r = env_create_stopped(&q, &dst);
 	if (r < 0)
 		goto out;

@@ -20,6 +20,7 @@
 #include "sv-image.h"
 #include "supervisor-env-files.h"
 #include "supervisor-env-image.h"
+#include "supervisor-env-userns.h"
 
 #define DEFAULT_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -119,7 +120,7 @@ static int fsconfig_fd(int fs, const char *key, int fd)
 int env_image_mount(const struct sv_env *e)
 {
 	_cleanup_free_ struct image_info *info = malloc(sizeof(*info));
-	_cleanup_close_ int fs = -1, mnt = -1, upper = -1, work = -1;
+	_cleanup_close_ int fs = -1, mnt = -1, upper = -1, work = -1, ns = -1;
 	int fds[IMAGE_LAYERS_MAX], n = 0, r;
 	struct image_store *s;
 	char path[PATH_MAX];
@@ -130,15 +131,23 @@ int env_image_mount(const struct sv_env *e)
 	if (r < 0)
 		return log_debug_errno(r, "Failed to open the image store of %s: %m", e->id);
 	r = image_store_lookup(s, e->image, info);
+	/* With [env] userns each layer is idmapped as a base is (supervisor-env-userns.h): the
+	 * image's files are the environment's users', not nobody's. One map for all of them. */
+	if (r >= 0 && e->userns_base) {
+		ns = env_userns_ns(e->userns_base);
+		r = ns < 0 ? ns : 0;
+	}
 	for (size_t i = 0; r >= 0 && i < info->n_layers; i++) {
 		/* top first, as overlay stacks lowerdir+ */
 		r = image_store_layer_path(s, info->layers[info->n_layers - 1 - i], path,
 					   sizeof(path));
 		if (r < 0)
 			break;
-		fds[n] = open(path, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		fds[n] = ns >= 0 ? env_userns_idmap(path, ns)
+				 : open(path, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (fds[n] < 0) {
-			r = log_debug_errno(-errno, "Layer %s of %s: %m", path, e->id);
+			r = log_debug_errno(ns >= 0 ? fds[n] : -errno, "Layer %s of %s: %m", path,
+					    e->id);
 			break;
 		}
 		n++;
@@ -397,6 +406,27 @@ static int load_config(const struct sv_env *e, struct image_config *ret)
 	return 0;
 }
 
+/* In a user namespace only its ENV_USERNS_IDS ids exist: setresuid to another would fail in
+ * the new process, after the launch, with no word of why. */
+static int user_in_map(const struct sv_env *e, const char *user, const struct env_image_run *r,
+		       char *why, size_t cap)
+{
+	bool out = r->uid >= ENV_USERNS_IDS || r->gid >= ENV_USERNS_IDS;
+
+	if (!e->userns_base)
+		return 0;
+	for (size_t i = 0; i < r->n_groups; i++)
+		out = out || r->groups[i] >= ENV_USERNS_IDS;
+	if (!out)
+		return 0;
+	if (why)
+		snprintf(why, cap,
+			 "the image's User \"%s\" (uid %u, gid %u or a group) is past the %u ids "
+			 "of the environment's user namespace ([env] userns)",
+			 user, (unsigned)r->uid, (unsigned)r->gid, ENV_USERNS_IDS);
+	return -ERANGE;
+}
+
 /* The WorkingDir and the environment of c for a process of user's home: the image's Env, and
  * PATH, HOME, HOSTNAME when it sets none (as runc adds them). */
 static int run_env(const struct sv_env *e, const struct image_config *c, const char *home,
@@ -441,6 +471,9 @@ int env_image_run_prepare(struct sv_env *e, struct env_image_run *ret)
 			 "the image's User \"%s\" is not in its /etc/passwd", c.user);
 		goto out;
 	}
+	r = user_in_map(e, c.user, ret, e->error, sizeof(e->error));
+	if (r < 0)
+		goto out;
 	/* a --cmd is Docker's shell form; else Entrypoint + Cmd; else an init that waits */
 	if (e->cmd[0] || c.n_argv == 0) {
 		r = push(&ret->argv, &nargv, "/bin/sh");
@@ -480,6 +513,8 @@ int env_image_exec_prepare(const struct sv_env *e, int root, const char *user,
 	if (r < 0)
 		return r;
 	r = resolve_user(root, user[0] ? user : c.user, ret, home, sizeof(home));
+	if (r >= 0)
+		r = user_in_map(e, user[0] ? user : c.user, ret, NULL, 0);
 	if (r >= 0)
 		r = run_env(e, &c, home, ret);
 	image_config_finish(&c);

@@ -7,13 +7,18 @@
  * (pivot_root), host /usr and /etc are bind-mounted read-only (CRIU's externals), /dev is a
  * tmpfs of its own and /proc its pid namespace's; a new session; stdio on /dev/null and no
  * other fd (CRIU refuses an fd that points outside the environment); last, the sandbox of
- * supervisor-env-sandbox.h (capabilities, no_new_privs, seccomp).
+ * supervisor-env-sandbox.h (capabilities, no_new_privs, seccomp). With [env] userns, before
+ * its stdio the init enters a user namespace of its own and new namespaces made from it
+ * (supervisor-env-userns.h), its /dev nodes are the host's bind-mounted and its base an
+ * idmapped lower layer.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <linux/sched.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mount.h>
@@ -29,6 +34,7 @@
 #include "supervisor-env-limits.h"
 #include "supervisor-env-net.h"
 #include "supervisor-env-sandbox.h"
+#include "supervisor-env-userns.h"
 #include "supervisor-env.h"
 #include "supervisor-env-image.h"
 
@@ -50,15 +56,19 @@ int env_write_file(const char *path, const char *text)
 
 int env_mount_overlay(const struct sv_env *e)
 {
-	_cleanup_close_ int lower = open(e->base, O_PATH | O_DIRECTORY | O_CLOEXEC),
-			    upper = open(e->upper, O_PATH | O_DIRECTORY | O_CLOEXEC),
-			    work = open(e->work, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	_cleanup_close_ int lower = -1, upper = -1, work = -1;
 	char opts[128];
 
 	if (e->image[0])
 		return env_image_mount(e);
+	/* With [env] userns the base is idmapped, its ids those the environment sees */
+	lower = e->userns_base ? env_userns_idmapped(e->base, e->userns_base)
+			       : open(e->base, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	upper = open(e->upper, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	work = open(e->work, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (lower < 0 || upper < 0 || work < 0)
-		return log_debug_errno(-errno, "Failed to open the layers of %s: %m", e->id);
+		return log_debug_errno(lower < 0 && e->userns_base ? lower : -errno,
+				       "Failed to open the layers of %s: %m", e->id);
 	/* Through our fds: the options an environment reads in its /proc/self/mountinfo name no
 	 * host path of the supervisor's (its state directory, the base). */
 	snprintf(opts, sizeof(opts),
@@ -102,7 +112,38 @@ static int bind_ro(const char *root, const char *dir)
 		     NULL);
 }
 
-static int make_dev(const char *root)
+/* A node of /dev: made, or with [env] userns the host's bind-mounted on an empty file (CRIU
+ * restores a tmpfs's content from inside the user namespace, where mknod is refused; a bind
+ * mount is external to the dump, sv_criu_dump's dev_bind). */
+static int dev_node(const char *path, const char *name, unsigned major, unsigned minor, bool bind)
+{
+	char host[64];
+	int fd;
+
+	if (!bind)
+		return mknod(path, S_IFCHR | 0666, makedev(major, minor)) < 0 ? -1
+									      : chmod(path, 0666);
+	fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+	if (fd < 0)
+		return -1;
+	(void)close(fd);
+	snprintf(host, sizeof(host), "/dev/%s", name);
+	return mount(host, path, NULL, MS_BIND, NULL);
+}
+
+static int make_at(const char *root, const char *name, const char *target, mode_t mode)
+{
+	char path[PATH_MAX];
+
+	snprintf(path, sizeof(path), "%s/dev/%s", root, name);
+	if ((target ? symlink(target, path) : mkdir(path, mode)) < 0 && errno != EEXIST)
+		return -1;
+	return target ? 0 : chmod(path, mode);
+}
+
+/* /dev: a tmpfs of its own; with [env] userns the overlay's own directory (so that no device
+ * node is in a tmpfs CRIU dumps), its /dev/shm a tmpfs. */
+static int make_dev(const char *root, bool bind)
 {
 	static const struct {
 		const char *name;
@@ -114,29 +155,27 @@ static int make_dev(const char *root)
 	char path[PATH_MAX];
 
 	snprintf(path, sizeof(path), "%s/dev", root);
-	if (mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=1m") < 0)
+	if (!bind && mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=1m") < 0)
 		return -1;
 	for (size_t i = 0; i < ARRAY_SIZE(nodes); i++) {
 		snprintf(path, sizeof(path), "%s/dev/%s", root, nodes[i].name);
-		if (mknod(path, S_IFCHR | 0666, makedev(nodes[i].major, nodes[i].minor)) < 0)
-			return -1;
-		if (chmod(path, 0666) < 0)
+		if (dev_node(path, nodes[i].name, nodes[i].major, nodes[i].minor, bind) < 0)
 			return -1;
 	}
-	snprintf(path, sizeof(path), "%s/dev/fd", root);
-	if (symlink("/proc/self/fd", path) < 0)
+	if (make_at(root, "fd", "/proc/self/fd", 0) < 0 || make_at(root, "shm", NULL, 01777) < 0)
 		return -1;
 	snprintf(path, sizeof(path), "%s/dev/shm", root);
-	if (mkdir(path, 01777) < 0)
+	if (bind && mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+			  "mode=1777,size=64m") < 0)
 		return -1;
 	/* Terminals of its own (a private devpts instance: the host's ptys are not there), for
 	 * the tools an agent runs under a pty. */
 	snprintf(path, sizeof(path), "%s/dev/pts", root);
-	if (mkdir(path, 0755) < 0 || mount("devpts", path, "devpts", MS_NOSUID | MS_NOEXEC,
-					   "newinstance,ptmxmode=0666,mode=0620") < 0)
+	if (make_at(root, "pts", NULL, 0755) < 0 ||
+	    mount("devpts", path, "devpts", MS_NOSUID | MS_NOEXEC,
+		  "newinstance,ptmxmode=0666,mode=0620") < 0)
 		return -1;
-	snprintf(path, sizeof(path), "%s/dev/ptmx", root);
-	return symlink("pts/ptmx", path) < 0 ? -1 : 0;
+	return make_at(root, "ptmx", "pts/ptmx", 0);
 }
 
 /* /proc as Docker leaves it to a container: what reaches the host's kernel state read-only
@@ -190,7 +229,8 @@ static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog
 	 * made after, so that every hierarchy's root is the environment's own cgroup. */
 	if (read(go_fd, &go, 1) != 1)
 		child_fail(pipe_fd, 15);
-	(void)close(go_fd);
+	if (!e->userns_base)
+		(void)close(go_fd);
 	if (unshare(CLONE_NEWCGROUP) < 0)
 		child_fail(pipe_fd, 16);
 	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
@@ -204,7 +244,7 @@ static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog
 	/* an image brings its own /usr and /etc */
 	if (!image && (bind_ro(e->root, "/usr") < 0 || bind_ro(e->root, "/etc") < 0))
 		child_fail(pipe_fd, 3);
-	if (make_dev(e->root) < 0)
+	if (make_dev(e->root, e->userns_base != 0) < 0)
 		child_fail(pipe_fd, 4);
 	snprintf(path, sizeof(path), "%s/proc", e->root);
 	if (mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
@@ -218,6 +258,9 @@ static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog
 		child_fail(pipe_fd, 7);
 	if (setsid() < 0)
 		child_fail(pipe_fd, 8);
+	/* before any fd of a file: its mount must be one of the namespace CRIU dumps */
+	if (e->userns_base && env_userns_enter(pipe_fd, go_fd) < 0)
+		child_fail(pipe_fd, 18);
 	null = open("/dev/null", O_RDWR);
 	if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
 		child_fail(pipe_fd, 9);
@@ -260,6 +303,10 @@ int env_launch(struct sv_env *e)
 		return -errno;
 	if (e->net == ENV_NET_HOST)
 		args.flags &= ~(uint64_t)CLONE_NEWNET;
+	/* The environment's root owns its root directory (the upper layer's) */
+	if (e->userns_base && chown(e->root, e->userns_base, e->userns_base) < 0)
+		return log_debug_errno(-errno, "Failed to give %s to uid %" PRIu32 ": %m", e->root,
+				       e->userns_base);
 	cg = open(e->cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (cg < 0)
 		return log_debug_errno(-errno, "Failed to open cgroup %s: %m", e->cgroup);
@@ -311,6 +358,20 @@ int env_launch(struct sv_env *e)
 	do
 		n = read(rd, msg, sizeof(msg));
 	while (n < 0 && errno == EINTR);
+	/* {0, 0}: the child is in its user namespace and waits for its maps */
+	if (n == sizeof(msg) && msg[0] == 0 && msg[1] == 0) {
+		r = env_userns_map(pid, e->userns_base);
+		if (r < 0 || write(go, "m", 1) != 1) {
+			r = r < 0 ? r : -errno;
+			(void)kill(pid, SIGKILL);
+			(void)waitpid(pid, NULL, 0);
+			return log_debug_errno(r, "Failed to map the user namespace of %s: %m",
+					       e->id);
+		}
+		do
+			n = read(rd, msg, sizeof(msg));
+		while (n < 0 && errno == EINTR);
+	}
 	if (n == sizeof(msg)) {
 		env_net_stop(e);
 		(void)waitpid(pid, NULL, 0);

@@ -7,12 +7,10 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdbool.h>
-#include <seccomp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -21,6 +19,7 @@
 
 #include "log.h"
 #include "supervisor-env-sandbox.h"
+#include "supervisor-env-seccomp.h"
 #include "util.h"
 
 #define CAP(c) (1ull << (c))
@@ -33,131 +32,13 @@ uint64_t env_sandbox_caps(void)
 	       CAP(CAP_AUDIT_WRITE);
 }
 
-/* Refused with EPERM: the system calls Docker's default profile blocks because they reach
- * past a container (its documentation's list), and the newer ones of the same kind. */
-static const char *const denied[] = {
-	/* mounts and file handles: the host's files through a bind mount's file handle */
-	"mount",
-	"umount2",
-	"pivot_root",
-	"move_mount",
-	"open_tree",
-	"fsopen",
-	"fsconfig",
-	"fsmount",
-	"fspick",
-	"mount_setattr",
-	"open_by_handle_at",
-	"name_to_handle_at",
-	/* the kernel */
-	"bpf",
-	"perf_event_open",
-	"init_module",
-	"finit_module",
-	"delete_module",
-	"kexec_load",
-	"kexec_file_load",
-	"iopl",
-	"ioperm",
-	"syslog",
-	"lookup_dcookie",
-	"userfaultfd",
-	"fanotify_init",
-	"io_uring_setup",
-	"io_uring_enter",
-	"io_uring_register",
-	"uselib",
-	"ustat",
-	"sysfs",
-	"vhangup",
-	"quotactl",
-	"quotactl_fd",
-	"acct",
-	"swapon",
-	"swapoff",
-	"reboot",
-	/* keys, namespaces, clocks */
-	"keyctl",
-	"add_key",
-	"request_key",
-	"setns",
-	"settimeofday",
-	"clock_settime",
-	"clock_adjtime",
-	"adjtimex",
-	/* NUMA policy of other processes' memory (Docker: only with CAP_SYS_NICE) */
-	"mbind",
-	"migrate_pages",
-	"move_pages",
-	"set_mempolicy",
-};
-
 static struct sock_fprog filter;
 static pthread_once_t filter_once = PTHREAD_ONCE_INIT;
 static int filter_error;
 
-/* libseccomp 2.5 exports a program only to an fd: through a memfd into memory of our own. */
-static int export_filter(scmp_filter_ctx ctx)
-{
-	_cleanup_close_ int fd = memfd_create("belayer-seccomp", MFD_CLOEXEC);
-	off_t size;
-	void *p;
-	int r;
-
-	if (fd < 0)
-		return -errno;
-	r = seccomp_export_bpf(ctx, fd);
-	if (r < 0)
-		return r;
-	size = lseek(fd, 0, SEEK_END);
-	if (size <= 0 || size % sizeof(struct sock_filter) || size > 65536)
-		return -EINVAL;
-	p = malloc((size_t)size);
-	if (!p)
-		return -ENOMEM;
-	if (pread(fd, p, (size_t)size, 0) != size) {
-		free(p);
-		return -EIO;
-	}
-	filter.filter = p;
-	filter.len = (unsigned short)(size / sizeof(struct sock_filter));
-	return 0;
-}
-
-static int build_filter(void)
-{
-	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
-	int r = 0;
-
-	if (!ctx)
-		return -ENOMEM;
-	for (size_t i = 0; i < ARRAY_SIZE(denied) && r >= 0; i++) {
-		int nr = seccomp_syscall_resolve_name(denied[i]);
-
-		/* a name this architecture lacks has nothing to block */
-		if (nr != __NR_SCMP_ERROR)
-			r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
-	}
-	/* New user namespaces (root in one has every capability over what it creates); clone3's
-	 * flags are in memory a filter cannot read: ENOSYS, so that libc falls back to clone,
-	 * as Docker does. */
-	if (r >= 0)
-		r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(unshare), 1,
-				     SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
-	if (r >= 0)
-		r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
-				     SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
-	if (r >= 0)
-		r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
-	if (r >= 0)
-		r = export_filter(ctx);
-	seccomp_release(ctx);
-	return r;
-}
-
 static void filter_init(void)
 {
-	filter_error = build_filter();
+	filter_error = env_seccomp_build(&filter);
 	if (filter_error < 0)
 		log_error_errno(filter_error,
 				"Failed to build the environments' seccomp filter: %m");

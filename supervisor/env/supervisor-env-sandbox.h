@@ -2,9 +2,8 @@
 /*
  * What an environment's init gives up before it runs the agent's command (issue 19): a
  * network namespace with loopback only, capabilities cut to a set smaller than Docker's
- * default, no_new_privs, and a seccomp filter at least as strict as Docker's default profile
- * for what matters to a sandbox (mounts, file handles, BPF, perf, modules, kexec, keys, new
- * user namespaces, clocks, reboot, io_uring).
+ * default, no_new_privs, and a seccomp filter that allows what ordinary programs need and
+ * refuses the rest, at least as strict as Docker's default profile (supervisor-env-seccomp.c).
  *
  * The filter is compiled once in the supervisor (libseccomp allocates) and installed in the
  * child with plain system calls: the child of clone3 in a threaded process must not call

@@ -149,6 +149,10 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 	e->net = p->net > ENV_NET_DEFAULT && p->net < _ENV_NET_MAX ? p->net : ENV_NET_NONE;
 	snprintf(e->slirp4netns, sizeof(e->slirp4netns), "%s",
 		 p->slirp4netns && *p->slirp4netns ? p->slirp4netns : "slirp4netns");
+	/* A user namespace for the network none only: slirp's tap and the host's namespace are
+	 * the host user namespace's, and CRIU dumps a tree in a user namespace only when its
+	 * network namespace belongs to it (a restore's fresh one for slirp could not) */
+	e->userns_base = e->net == ENV_NET_NONE ? p->userns_base : 0;
 	env_disk_layout(e);
 	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", e->dir);
 	r = mkdir_p(e->dir, 0700);
@@ -235,6 +239,9 @@ void env_write_identity(const struct sv_env *e)
 		 e->limits.pids, e->limits.memory, e->limits.cpu_millis, e->limits.disk);
 	(void)write_small(e->dir, "limits", limits);
 	(void)write_small(e->dir, "net", env_net_to_string(e->net));
+	/* its user namespace's base, 0 without: its layers were made for it */
+	snprintf(limits, sizeof(limits), "%" PRIu32, e->userns_base);
+	(void)write_small(e->dir, "userns", limits);
 }
 
 int env_create(const struct env_params *p, struct sv_env **ret)
@@ -366,15 +373,15 @@ int env_count_procs(const struct sv_env *e)
 	return walk_procs(e->cgroup, 0, NULL, NULL);
 }
 
-/* The namespaces a restorable tree shares with its init. cgroup and net are checked only
- * when the init has its own (an environment shares the host's otherwise, and a process may
- * have made a nested one). */
+/* The namespaces a restorable tree shares with its init. cgroup, net and user are checked
+ * only when the init has its own (an environment shares the host's otherwise, and a process
+ * may have made a nested one). */
 static const struct {
 	const char *name;
 	bool if_own;
 } env_ns[] = {
 	{"pid", false},	 {"mnt", false},   {"uts", false}, {"ipc", false},
-	{"time", false}, {"cgroup", true}, {"net", true},
+	{"time", false}, {"cgroup", true}, {"net", true},  {"user", true},
 };
 
 struct ns_check {
@@ -625,6 +632,7 @@ int env_adopt(const struct env_params *p, const char *cgroup, const char *root, 
 	snprintf(e->cgroup, sizeof(e->cgroup), "%s", cgroup);
 	e->pid = pid;
 	e->adopted = true;
+	e->userns_base = 0; /* its namespaces are its runtime's, whatever [env] userns says */
 	*ret = e;
 	return 0;
 }
@@ -702,8 +710,8 @@ void env_destroy(struct sv_env *e)
 		return;
 	/* An adopted environment is its runtime's: forgotten, not killed. */
 	if (!e->adopted) {
-		static const char *const identity[] = {"uuid",	 "base", "cmd",	 "head",
-						       "limits", "net",	 "image"};
+		static const char *const identity[] = {"uuid",	 "base", "cmd",	  "head",
+						       "limits", "net",	 "image", "userns"};
 
 		(void)env_kill(e);
 		if (umount2(e->root, 0) < 0 && errno != EINVAL)
@@ -841,6 +849,11 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 		else
 			e->limits.disk = 0;
 		env_disk_layout(e);
+		/* its own user namespace, or none (whatever [env] userns says now; none when
+		 * made before the option was) */
+		e->userns_base = 0;
+		if (read_small(e->dir, "userns", limits, sizeof(limits)) >= 0)
+			(void)sscanf(limits, "%" SCNu32, &e->userns_base);
 	}
 	/* its network (none for one created before networks were kept) */
 	{

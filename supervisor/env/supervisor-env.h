@@ -55,6 +55,7 @@ struct env_params {
 	const char *image;
 	char *error; /* NULL or where a failed create says why beyond its errno */
 	size_t error_cap;
+	uint32_t userns_base; /* [env] userns: root's host uid/gid (0: no user namespace) */
 };
 
 struct sv_env {
@@ -83,6 +84,7 @@ struct sv_env {
 	struct env_net_helper *net_helper; /* slirp4netns while it runs (supervisor-env-net.h) */
 	/* The image's id ("sha256:<hex>") when the root is a container image's layers, else "". */
 	char image[72];
+	uint32_t userns_base; /* env_params' */
 };
 
 struct env_ckpt_params {

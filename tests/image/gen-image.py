@@ -150,6 +150,9 @@ def main():
         write(out, [layer([('hello', 'file', {'data': b'x'})])], config_extra={'Cmd': None})
     elif kind == 'user':
         write(out, [layer(base)], config_extra={'User': 'agent'})
+    elif kind == 'bigid':
+        # a User past the 65536 ids of an environment's user namespace
+        write(out, [layer(base)], config_extra={'User': '70000:70000'})
     else:
         sys.exit('unknown kind ' + kind)
 

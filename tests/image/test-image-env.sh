@@ -7,19 +7,25 @@
 # env exec in it gets that config too (Env, WorkingDir, User and groups, as docker exec); a
 # second environment of the same image (the other format) unpacks nothing; checkpoint and
 # restore bring back the same process and files; the image cannot be removed while used.
-# Usage: test-image-env.sh SUPERVISOR BELAYERCTL GEN_IMAGE
+# USERNS: [env] userns, yes (the default: the layers idmapped, the image's files its root's)
+# or no.
+# Usage: test-image-env.sh SUPERVISOR BELAYERCTL GEN_IMAGE [USERNS]
 set -euo pipefail
 
 supervisor=$1
 ctl_bin=$2
 gen=$3
+userns=${4:-yes}
+# the host uid of the environment's uid 0
+host0=0
+[[ $userns == yes ]] && host0=100000
 # shellcheck source=SCRIPTDIR/../helpers/test-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../helpers/test-lib.sh"
 need_root_cgroup_v2
 command -v podman >/dev/null || skip "no podman (tools/dev setup installs it)"
 [[ -x /bin/busybox ]] || skip "no /bin/busybox (apt-get install busybox-static)"
 
-env_fixture image e1 e2 e3 e4 e5 e1f
+env_fixture image e1 e2 e3 e4 e5 e6 e1f
 # podman's own store, private to the test
 export CONTAINERS_STORAGE_CONF=$dir/storage.conf
 printf '[storage]\ndriver = "overlay"\nrunroot = "%s"\ngraphroot = "%s"\n' \
@@ -53,6 +59,7 @@ interval = 0
 [env]
 cgroup = $cg
 workers = 2
+userns = $userns
 CONF
 BELAYER_LOG_LEVEL=${BELAYER_LOG_LEVEL:-info} supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
@@ -78,6 +85,17 @@ tr '\0' '\n' <"/proc/$sleeper/environ" | grep -qx 'GREETING=hello image' ||
 [[ $(in_env "$pid" 'cat /app/hello') == 'from the image' ]] || fail "image file missing"
 in_env "$pid" 'test ! -e /usr/bin && test ! -e /etc/debian_version' ||
 	fail "host /usr or /etc visible in an image environment"
+# its user namespace (or none), the image's files its root's (idmapped layers: nobody's,
+# 65534, without), what it writes its root's on the host
+want_map="0 0 4294967295"
+[[ $userns == yes ]] && want_map="0 $host0 65536"
+[[ $(xargs <"/proc/$pid/uid_map") == "$want_map" ]] ||
+	fail "e1's uid_map is $(xargs <"/proc/$pid/uid_map"), not $want_map"
+[[ $(in_env "$pid" 'ls -ln /app/hello /bin/busybox' | awk '{print $3 ":" $4}' | sort -u) == 0:0 ]] ||
+	fail "the image's files inside: $(in_env "$pid" 'ls -ln /app/hello /bin/busybox')"
+in_env "$pid" 'echo mine >/app/mine' || fail "root cannot write the image's directory"
+[[ $(stat -c %u:%g "$dir/state/envs/e1/upper/app/mine") == "$host0:$host0" ]] ||
+	fail "its file on the host: $(stat -c %u:%g "$dir/state/envs/e1/upper/app/mine")"
 
 # env exec, as docker exec: the image's Env (--env over it) and WorkingDir (--cwd over it)
 # shellcheck disable=SC2016 # the environment's shell expands it
@@ -117,6 +135,9 @@ fpid=$(env_pid e1f)
 	fail "the fork's files"
 [[ $(cat "$dir/state/envs/e1f/image") == "$(cat "$dir/state/envs/e1/image")" ]] ||
 	fail "the fork does not record the image"
+[[ $(xargs <"/proc/$fpid/uid_map") == "$want_map" &&
+	$(in_env "$fpid" 'ls -ln /app/hello' | awk '{print $3}') == 0 ]] ||
+	fail "the fork's map $(xargs <"/proc/$fpid/uid_map") or files: $(in_env "$fpid" 'ls -ln /app/hello')"
 
 # a restarted supervisor takes the image's environment back (its layers found from envs/e1/image)
 kill -KILL "$sv_pid"
@@ -157,10 +178,10 @@ mkdir "$dir/state/images/layers/.tmp-left"
 python3 "$gen" "$dir/user" user
 ctl env create e3 --image "oci:$dir/user" >/dev/null || fail "env create e3"
 pid=$(env_pid e3)
-[[ $(awk '/^Uid:/ {print $2}' "/proc/$pid/status") == 1234 ]] ||
+[[ $(awk '/^Uid:/ {print $2}' "/proc/$pid/status") == $((host0 + 1234)) ]] ||
 	fail "User agent not honoured: $(grep -E '^(Uid|Gid)' "/proc/$pid/status")"
-[[ $(awk '/^Gid:/ {print $2}' "/proc/$pid/status") == 1234 &&
-	$(awk '/^Groups:/ {$1 = ""; print}' "/proc/$pid/status") == " 1234 2000" ]] ||
+[[ $(awk '/^Gid:/ {print $2}' "/proc/$pid/status") == $((host0 + 1234)) &&
+	$(awk '/^Groups:/ {$1 = ""; print}' "/proc/$pid/status") == " $((host0 + 1234)) $((host0 + 2000))" ]] ||
 	fail "the user's groups: $(grep -E '^(Gid|Groups)' "/proc/$pid/status")"
 # env exec runs as the image's User too, with its groups; --user over it
 [[ $(ctl env exec e3 -- busybox id -u) == 1234 && $(ctl env exec e3 -- busybox id -G) == "1234 2000" ]] ||
@@ -175,13 +196,24 @@ if err=$(ctl env exec e3 --user nosuch -- true 2>&1); then fail "exec as a user 
 python3 "$gen" "$dir/noshell" noshell
 if err=$(ctl env create e5 --image "oci:$dir/noshell" 2>&1); then fail "an image without a command ran"; fi
 [[ $err == *"the image has no /bin/sh"* ]] || fail "no shell: $err"
+# a User past the user namespace's 65536 ids: refused, saying so; without one it runs
+python3 "$gen" "$dir/bigid" bigid
+if [[ $userns == yes ]]; then
+	if err=$(ctl env create e6 --image "oci:$dir/bigid" 2>&1); then fail "uid 70000 ran in a user namespace"; fi
+	[[ $err == *'User "70000:70000" (uid 70000, gid 70000 or a group) is past the 65536 ids'* ]] ||
+		fail "uid 70000: $err"
+else
+	ctl env create e6 --image "oci:$dir/bigid" >/dev/null || fail "env create e6"
+	[[ $(awk '/^Uid:/ {print $2}' "/proc/$(env_pid e6)/status") == 70000 ]] || fail "e6's uid"
+	ctl env destroy e6 >/dev/null
+fi
 
 # a rebuild (the replay baseline) starts it again from the image alone
 in_env "$pid" 'echo scratch >/work/scratch'
 [[ -e $dir/state/envs/e3/root/work/scratch ]] || fail "no scratch file"
 ctl env rebuild e3 >/dev/null || fail "rebuild of an image environment"
 pid=$(env_pid e3)
-[[ $(awk '/^Uid:/ {print $2}' "/proc/$pid/status") == 1234 ]] || fail "rebuild: not the image's user"
+[[ $(awk '/^Uid:/ {print $2}' "/proc/$pid/status") == $((host0 + 1234)) ]] || fail "rebuild: not the image's user"
 [[ ! -e $dir/state/envs/e3/root/work/scratch ]] || fail "rebuild kept the upper layer"
 ctl env destroy e3 >/dev/null
-echo OK
+echo "OK (userns = $userns)"

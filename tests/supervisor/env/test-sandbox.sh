@@ -6,12 +6,14 @@
 # the kernel, a fork bomb and a memory hog against [env] pids_max and memory_max). Every probe
 # must be contained: at creation and again after a checkpoint and a
 # restore (the same processes, now CRIU's). A second environment is the victim.
-# Usage: test-sandbox.sh SUPERVISOR BELAYERCTL PROBE
+# USERNS: [env] userns, yes (the default) or no.
+# Usage: test-sandbox.sh SUPERVISOR BELAYERCTL PROBE [USERNS]
 set -euo pipefail
 
 supervisor=$1
 ctl_bin=$2
 probe_bin=$3
+userns=${4:-yes}
 # shellcheck source=SCRIPTDIR/../../helpers/test-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
@@ -25,6 +27,7 @@ cleanup_all() {
 }
 trap cleanup_all EXIT
 cp "$probe_bin" "$dir/base/work/probe"
+cp "$(dirname "${BASH_SOURCE[0]}")/env-workload.sh" "$dir/base/work/workload"
 # Device nodes that got into the environment's file system (made here, on the host side, in
 # its base): /dev/kmsg's and this machine's first block device's. The allow-list refuses both.
 mknod "$dir/base/work/kmsg" c 1 11
@@ -68,6 +71,7 @@ http_port = $metrics_port
 cgroup = $cg
 pids_max = 200
 memory_max = 128M
+userns = $userns
 CONF
 supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
@@ -81,11 +85,12 @@ args+=" devnodes=/work/kmsg,/work/blk"
 cat >"$dir/base/work/run-probes" <<SH
 #!/bin/sh
 cd /work
-./probe $args >probes-1.txt 2>&1; touch probes-1.done
+./probe $args >probes-1.txt 2>&1; ./workload /tmp >>probes-1.txt 2>&1; touch probes-1.done
 n=2
 while :; do
 	if [ -e go ]; then
-		rm go; ./probe $args >probes-\$n.txt 2>&1; touch probes-\$n.done; n=\$((n + 1))
+		rm go; ./probe $args >probes-\$n.txt 2>&1; ./workload /tmp >>probes-\$n.txt 2>&1
+		touch probes-\$n.done; n=\$((n + 1))
 	fi
 	sleep 0.05
 done
@@ -94,7 +99,8 @@ chmod +x "$dir/base/work/run-probes"
 ctl env create e1 --root "$dir/base" --cmd 'exec /work/run-probes' >/dev/null
 root=$dir/state/envs/e1/root
 
-# check_probes N WHEN: every probe of round N contained, and each probe present.
+# check_probes N WHEN: every probe of round N contained, and each probe present; the host's
+# programs of the workload ran.
 check_probes() {
 	local out=$root/work/probes-$1.txt n
 	for _ in $(seq 600); do [[ -e $root/work/probes-$1.done ]] && break; sleep 0.05; done
@@ -102,10 +108,18 @@ check_probes() {
 	echo "--- probes $2:"
 	cat "$out"
 	grep -q '^done 0 escaped$' "$out" || fail "probes got out $2: $(grep ESCAPED "$out")"
+	# and what an agent runs still runs: bash, dash, python3, git, make, gcc, pytest
+	grep -q '^workload 0 failed$' "$out" || fail "programs failed $2: $(grep FAILED "$out")"
+	[[ $(grep -c ' ok$' "$out") -ge 5 ]] || fail "the workload did not run $2"
 	n=$(grep -c ' contained ' "$out")
-	[[ $n -ge 61 ]] || fail "only $n probes ran $2"
+	[[ $n -ge 64 ]] || fail "only $n probes ran $2"
 }
 check_probes 1 "at creation"
+pid1=$(ctl --json env list | grep '"env":"e1"' | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
+want_map="0 0 4294967295"
+[[ $userns == yes ]] && want_map="0 100000 65536"
+[[ $(xargs <"/proc/$pid1/uid_map") == "$want_map" ]] ||
+	fail "e1's uid_map is $(xargs <"/proc/$pid1/uid_map"), not $want_map (userns = $userns)"
 
 # check_devices WHEN: e1's device rules, v1 and v2 both (the kernel checks both here).
 check_devices() {
@@ -150,4 +164,4 @@ if ctl env create e4 --root "$dir/base" --cpus 2000 2>"$dir/e4.err"; then
 fi
 grep -q "cpu at most" "$dir/e4.err" || fail "the refusal does not say why: $(cat "$dir/e4.err")"
 ctl env destroy e3 >/dev/null
-echo "sandbox: every probe contained, at creation and after a restore"
+echo "sandbox (userns = $userns): every probe contained, at creation and after a restore"
