@@ -51,7 +51,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable, Dict, List, Optional, Tuple, TypeVar
+from typing import Awaitable, Callable, Dict, List, Optional, Protocol, Tuple, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
@@ -120,6 +120,11 @@ class Gateway:
                     on_first()
                     on_first = None
         raise RuntimeError("gateway: the stream ended without [DONE]")
+
+
+class Model(Protocol):
+    async def generate(self, trajectory: str, ctx: List[int],
+                       on_first: Optional[Callable[[], None]] = None) -> List[int]: ...
 
 
 class LocalModel:
@@ -212,9 +217,10 @@ class Stats:
 @dataclass
 class Run:
     client: belayer.AsyncClient
-    model: object
+    model: Model
     tag: str
-    source: Dict[str, str]  # create()'s image= or root=
+    image: Optional[str]  # the environments' image, else
+    root: Optional[str]  # their base directory
     turns: int
     every: int
     engine: str = ""
@@ -225,7 +231,7 @@ class Run:
 async def trajectory(run: Run, i: int) -> Stats:
     name, st = f"{run.tag}-{i}", Stats()
     faults = dict((turn, kind) for kind, turn in run.faults.get(i, []))
-    env = await run.client.create(name, **run.source)
+    env = await run.client.create(name, run.root, image=run.image)
     async with env:
         assert env.info is not None
         info = env.info
@@ -246,7 +252,7 @@ async def trajectory(run: Run, i: int) -> Stats:
                     st.log.append(f"turn {turn}: rollout worker (rank 1, pid {pid}) killed "
                                   "mid-generation; the stream went on")
                     st.failures += 1
-            action = await run.model.generate(name, ctx, on_first)  # type: ignore[attr-defined]
+            action = await run.model.generate(name, ctx, on_first)
             d = await env.step_begin(name, turn=turn, output_tokens=len(action))
             if d.checkpoint_us and not d.aborted:
                 st.bubble_checkpoints += 1
@@ -332,22 +338,24 @@ async def main() -> int:
     if a.turns < 3 or a.n < 1:
         ap.error("needs --turns >= 3 and -n >= 1")
     client = belayer.AsyncClient(a.socket, timeout=120)
-    source = {"root": a.root}
+    image = None
     if a.image:
         img = await client.import_image(a.image, name="agent-rollout")
-        source = {"image": img.name or img.id}
+        image = img.name or img.id
         print(f"image {a.image}: {img.id[:19]}, {img.n_layers} layer(s)")
-    model = Gateway(a.gateway) if a.gateway else LocalModel()
+    model: Model = LocalModel()
+    if a.gateway:
+        model = Gateway(a.gateway)
 
     t0 = time.monotonic()
-    ref = await rollout(Run(client, model, "ref", source, a.turns, a.every), a.n)
+    ref = await rollout(Run(client, model, "ref", image, a.root, a.turns, a.every), a.n)
     t1 = time.monotonic()
     faults: Dict[int, List[Tuple[str, int]]] = {}
     if a.gateway:
         faults.setdefault(0, []).append(("worker", 2))
     faults.setdefault(1 % a.n, []).append(("env", a.turns - 1))
     faults.setdefault(2 % a.n, []).append(("command", 3))
-    run = Run(client, model, "run", source, a.turns, a.every, a.engine, faults)
+    run = Run(client, model, "run", image, a.root, a.turns, a.every, a.engine, faults)
     got = await rollout(run, a.n)
     t2 = time.monotonic()
 
