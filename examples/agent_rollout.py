@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import belayer  # noqa: E402
 
 T = TypeVar("T")
-GEN_TOKENS = 16  # tokens generated per turn
+GEN_TOKENS = 32  # tokens generated per turn
 OBS_BYTES = 64  # an observation's budget in the context (its first bytes, one token each)
 
 # ---- the model: the engine stand-in behind the gateway ----------------------------------------

@@ -252,7 +252,7 @@ rc=0
 	sed 's/^/    /' || rc=$?
 resumed=$(grep -c "resuming after the engine's recovery" "$tmp/supervisor.log" || true)
 say "    the gateway resumed $resumed in-flight request(s) on the promoted group"
-((rc == 0)) || die "a trajectory differs from its failure-free run"
+((rc == 0)) || die "the rollout failed (exit $rc): a trajectory differs from its failure-free run, or a fault was not survived"
 if ((ci)); then
 	((resumed > 0)) || die "the killed worker's stream was not resumed by the gateway"
 fi
