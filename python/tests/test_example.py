@@ -18,6 +18,6 @@ def test_agent_rollout_small(supervisor) -> None:
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [line.split() for line in r.stdout.splitlines() if line.startswith("run-")]
-    assert len(rows) == 2 and all(row[7] == "yes" for row in rows), r.stdout
+    assert len(rows) == 2 and all(row[8] == "yes" for row in rows), r.stdout
     assert [int(row[2]) for row in rows] == [1, 1], f"each trajectory failed once:\n{r.stdout}"
     assert "every trajectory equals its failure-free run" in r.stdout

@@ -4,6 +4,7 @@ mypy, from tools/dev setup)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -15,4 +16,14 @@ def test_mypy_strict() -> None:
     with tempfile.TemporaryDirectory(prefix="belayer-mypy.") as cache:
         r = subprocess.run(["/usr/bin/python3", "-m", "mypy", "--strict", "--cache-dir", cache,
                             "belayer"], cwd=SRC, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_example_mypy_strict() -> None:
+    """examples/agent_rollout.py, the SDK's showcase, type-checks against it too."""
+    example = SRC.parent / "examples" / "agent_rollout.py"
+    with tempfile.TemporaryDirectory(prefix="belayer-mypy.") as cache:
+        r = subprocess.run(["/usr/bin/python3", "-m", "mypy", "--strict", "--cache-dir", cache,
+                            str(example)], cwd=SRC, capture_output=True, text=True,
+                           env={**os.environ, "MYPYPATH": str(SRC)})
     assert r.returncode == 0, r.stdout + r.stderr
