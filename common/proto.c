@@ -440,6 +440,8 @@ static const struct field traj_step_fields[] = {
 	OPT_U64("gen", traj_step.generated_tokens),
 	OPT_U64("mtps", traj_step.decode_mtps),
 	OPT_U64("out", traj_step.output_tokens),
+	OPT_U64("pfx", traj_step.prefix_tokens),
+	OPT_U64("phash", traj_step.prefix_hash),
 };
 
 static const struct field traj_decision_fields[] = {

@@ -143,6 +143,9 @@
  *     optional: "turn": uint64  "plen": uint64 (the pending request's prompt tokens)
  *     "gen": uint64 (tokens generated so far)  "mtps": uint64 (decode rate, tokens/s x 1000)
  *     "out": uint64 (step-begin: output tokens of the generation that produced the action)
+ *     "pfx", "phash": uint64 (step-end: the trajectory's context so far, its length in tokens
+ *     and hash as the Python SDK's PrefixTracker computes them; a checkpoint the policy takes
+ *     in the bubble records them, so that a restore to it says how to truncate the context)
  *     Answered with PROTO_TRAJ_DECISION, or PROTO_ERROR.
  *   PROTO_TRAJ_DECISION (61), supervisor -> framework: what the checkpoint policy did:
  *     "ev": uint enum traj_event (the event answered)  "traj", "env": str
@@ -715,6 +718,8 @@ struct proto_traj_step {
 	uint64_t generated_tokens; /* "gen" */
 	uint64_t decode_mtps;	   /* "mtps": tokens/s x 1000 */
 	uint64_t output_tokens;	   /* "out" */
+	uint64_t prefix_tokens;	   /* "pfx" */
+	uint64_t prefix_hash;	   /* "phash" */
 };
 
 struct proto_traj_decision {

@@ -269,12 +269,9 @@ async def trajectory(run: Run, i: int) -> Stats:
                 await injector
             if lost:
                 st.failures += 1
+                # The checkpoint restored is ours or the policy's in a bubble: both carry the
+                # turn's prefix (step_end gave it), so the tracker checks and rewinds either.
                 m = await when_idle(env.restore)
-                if m.prefix_tokens == 0 and m.turn > 0:
-                    # A checkpoint the supervisor took in a bubble: it knows the trajectory's
-                    # turn (step_end's), the tracker knows that turn's prefix.
-                    assert m.trajectory == name, m
-                    m = tracker.mark(m.turn)  # type: ignore[assignment]
                 rw = tracker.rewind(m)
                 del ctx[rw.prefix_tokens:]
                 st.turns_redone += rw.turns_dropped + 1  # the dropped turns and this one
@@ -289,8 +286,9 @@ async def trajectory(run: Run, i: int) -> Stats:
             if turn == run.turns:
                 break  # the trajectory ends: no next generation, no bubble
             # The bubble starts: the gateway knows the trajectory's pending request (the
-            # header), so the step-end gives no figures of its own.
-            await env.step_end(name, turn=turn)
+            # header), so the step-end gives no figures of its own but the context's prefix,
+            # which a checkpoint the policy takes in this bubble records.
+            await env.step_end(name, **mark.step_args())
             if run.every and turn % run.every == 0 and turn < run.turns:
                 await env.checkpoint(**mark.checkpoint_args(), trajectory=name)
                 st.checkpoints += 1

@@ -263,14 +263,16 @@ def file_write(env: str, path: str, data: Union[bytes, str], mode: int, user: st
 
 
 def step(ev: int, trajectory: str, env: str, turn: int, prompt_tokens: int,
-         generated_tokens: int, decode_mtps: int, output_tokens: int) -> Op[Decision]:
+         generated_tokens: int, decode_mtps: int, output_tokens: int,
+         prefix_tokens: int = 0, prefix_hash: int = 0) -> Op[Decision]:
     P.check_str("trajectory", trajectory)
     if not trajectory:
         raise ValueError("trajectory must not be empty")
     check_env_id(env)
     f = {"ev": ev, "traj": trajectory, "env": env, "turn": turn, "plen": prompt_tokens,
-         "gen": generated_tokens, "mtps": decode_mtps, "out": output_tokens}
-    for k in ("turn", "plen", "gen", "mtps", "out"):
+         "gen": generated_tokens, "mtps": decode_mtps, "out": output_tokens,
+         "pfx": prefix_tokens, "phash": prefix_hash}
+    for k in ("turn", "plen", "gen", "mtps", "out", "pfx", "phash"):
         v = f[k]
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= P.U64:
             raise ValueError(f"{k} must be an int in 0..2^64-1")

@@ -192,9 +192,11 @@ class AsyncClient:
 
     async def step_end(self, trajectory: str, env: str, *, turn: int = 0,
                        prompt_tokens: int = 0, generated_tokens: int = 0, decode_mtps: int = 0,
+                       prefix_tokens: int = 0, prefix_hash: int = 0,
                        timeout: Optional[float] = None) -> Decision:
         return await self._run(_ops.step(P.STEP_END, trajectory, env, turn, prompt_tokens,
-                                         generated_tokens, decode_mtps, 0), timeout)
+                                         generated_tokens, decode_mtps, 0, prefix_tokens,
+                                         prefix_hash), timeout)
 
     async def step_begin(self, trajectory: str, env: str, *, turn: int = 0,
                          output_tokens: int = 0, timeout: Optional[float] = None) -> Decision:

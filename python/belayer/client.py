@@ -218,12 +218,15 @@ class Client:
     # ---- trajectories ----------------------------------------------------------------------
 
     def step_end(self, trajectory: str, env: str, *, turn: int = 0, prompt_tokens: int = 0,
-                 generated_tokens: int = 0, decode_mtps: int = 0,
-                 timeout: Optional[float] = None) -> Decision:
+                 generated_tokens: int = 0, decode_mtps: int = 0, prefix_tokens: int = 0,
+                 prefix_hash: int = 0, timeout: Optional[float] = None) -> Decision:
         """The observation of turn went back to the model: an inference bubble starts, and the
-        policy may checkpoint env in it."""
+        policy may checkpoint env in it. prefix_tokens/prefix_hash (a PrefixTracker mark's:
+        ``**mark.step_args()``) are recorded by that checkpoint, so that a restore to it can be
+        rewound like one the framework took itself."""
         return self._run(_ops.step(P.STEP_END, trajectory, env, turn, prompt_tokens,
-                                   generated_tokens, decode_mtps, 0), timeout)
+                                   generated_tokens, decode_mtps, 0, prefix_tokens,
+                                   prefix_hash), timeout)
 
     def step_begin(self, trajectory: str, env: str, *, turn: int = 0, output_tokens: int = 0,
                    timeout: Optional[float] = None) -> Decision:

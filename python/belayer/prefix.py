@@ -56,6 +56,10 @@ class TurnMark:
         return {"turn": self.turn, "prefix_tokens": self.prefix_tokens,
                 "prefix_hash": self.prefix_hash}
 
+    def step_args(self) -> Dict[str, int]:
+        """Keyword arguments for step_end: the policy's checkpoint in the bubble records them."""
+        return self.checkpoint_args()
+
 
 @dataclass(frozen=True)
 class Rewind:

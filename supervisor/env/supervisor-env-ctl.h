@@ -55,4 +55,5 @@ int envs_view(struct supervisor *s, const char *id, struct traj_env_view *ret);
  * job a framework's `env checkpoint` runs, with the dirty set snapshot), cancellable through
  * pc. -ENOENT (not managed), -EBUSY (another job of that environment runs), -ENOMEM. */
 int envs_policy_checkpoint(struct supervisor *s, const char *id, const char *trajectory,
-			   uint64_t turn, struct envs_policy_ckpt *pc);
+			   uint64_t turn, uint64_t prefix_tokens, uint64_t prefix_hash,
+			   struct envs_policy_ckpt *pc);

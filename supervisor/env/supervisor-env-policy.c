@@ -155,9 +155,13 @@ int envs_view(struct supervisor *s, const char *id, struct traj_env_view *ret)
 }
 
 int envs_policy_checkpoint(struct supervisor *s, const char *id, const char *trajectory,
-			   uint64_t turn, struct envs_policy_ckpt *pc)
+			   uint64_t turn, uint64_t prefix_tokens, uint64_t prefix_hash,
+			   struct envs_policy_ckpt *pc)
 {
-	struct proto_env_request q = {.op = ENV_OP_CHECKPOINT, .turn = turn};
+	struct proto_env_request q = {.op = ENV_OP_CHECKPOINT,
+				      .turn = turn,
+				      .prefix_tokens = prefix_tokens,
+				      .prefix_hash = prefix_hash};
 	struct env_slot *sl = env_slot_find(s->envs, id);
 	struct env_job *j;
 

@@ -387,7 +387,8 @@ static void start_checkpoint(struct supervisor *s, struct sv_traj_ctl *tc,
 	pc->running = true;
 	pc->next = tc->ckpts;
 	tc->ckpts = pc;
-	r = env_ops->checkpoint(s, q->env, q->trajectory, q->turn, &pc->h);
+	r = env_ops->checkpoint(s, q->env, q->trajectory, q->turn, q->prefix_tokens, q->prefix_hash,
+				&pc->h);
 	if (r < 0) {
 		tc->ckpts = pc->next;
 		free(pc);

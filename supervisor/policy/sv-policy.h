@@ -58,9 +58,11 @@ struct envs_policy_ckpt {
 struct traj_env_ops {
 	/* The view of environment id at a step end; < 0: not an environment the daemon manages. */
 	int (*view)(struct supervisor *s, const char *id, struct traj_env_view *ret);
-	/* Runs a checkpoint of environment id for trajectory, turn; pc->on_done follows. */
+	/* Runs a checkpoint of environment id for trajectory, turn and the context's prefix (the
+	 * step end's; 0, 0: none given); pc->on_done follows. */
 	int (*checkpoint)(struct supervisor *s, const char *id, const char *trajectory,
-			  uint64_t turn, struct envs_policy_ckpt *pc);
+			  uint64_t turn, uint64_t prefix_tokens, uint64_t prefix_hash,
+			  struct envs_policy_ckpt *pc);
 };
 
 /* Sets the environments' side (the env subsystem's init); NULL or unset: no environments. */

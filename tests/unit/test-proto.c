@@ -531,6 +531,9 @@ static bool key_is_optional(enum proto_type type, const char *key)
 		/* A fork's new environment and count (issue 20 item 4). */
 		{PROTO_ENV_REQUEST, "dst"},
 		{PROTO_ENV_REQUEST, "n"},
+		/* A step end's context prefix, for the policy's checkpoint (issue 21). */
+		{PROTO_TRAJ_STEP, "pfx"},
+		{PROTO_TRAJ_STEP, "phash"},
 		/* A create's disk limit (issue 19). */
 		{PROTO_ENV_REQUEST, "disk"},
 		/* A create's image (issue 20), an image request's reference and name. */
