@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "envckpt-fixture.h"
@@ -30,8 +31,10 @@ int envckpt_fx_teardown(void **state)
 
 	if (f->env)
 		env_destroy(f->env);
-	if (f->cgparent[0])
+	if (f->cgparent[0]) {
 		(void)rmdir(f->cgparent);
+		fixture_rmdir_v1(strrchr(f->cgparent, '/') + 1);
+	}
 	if (f->dir && !getenv("ENVCKPT_KEEP"))
 		(void)test_rmtree(f->dir);
 	free(f->dir);
