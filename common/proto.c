@@ -312,6 +312,29 @@ static const struct field env_request_fields[] = {
 	OPT_U64("cpu", env_request.cpu_millis),
 	/* issue 19: a create's network */
 	OPT_U32("net", env_request.net, _ENV_NET_MAX - 1),
+	OPT_STR("dst", env_request.dst),
+	OPT_U32("n", env_request.count, ENV_FORK_MAX),
+	/* issue 19: a create's disk limit */
+	OPT_U64("disk", env_request.disk),
+	OPT_STR("img", env_request.image),
+};
+
+/* Container images (types 40-49). */
+static const struct field image_request_fields[] = {
+	F_ENUM("op", image_request.op, _IMAGE_OP_MAX),
+	OPT_STR("ref", image_request.ref),
+	OPT_STR("name", image_request.name),
+};
+
+static const struct field image_info_fields[] = {
+	F_STR("id", image_info.id),
+	F_STR("name", image_info.name),
+	F_U32("n", image_info.n_layers, 0, UINT32_MAX),
+	F_U64("unp", image_info.unpacked),
+	F_U64("cached", image_info.cached),
+	F_U64("ent", image_info.entries),
+	F_U64("bytes", image_info.bytes),
+	F_U64("us", image_info.us),
 };
 
 static const struct field env_info_fields[] = {
@@ -490,6 +513,8 @@ static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
 	[PROTO_ENV_REQUEST] = {"env-request", FIELDS(env_request_fields)},
 	[PROTO_ENV_INFO] = {"env-info", FIELDS(env_info_fields)},
 	[PROTO_ENV_ITEM] = {"env-item", FIELDS(env_item_fields)},
+	[PROTO_IMAGE_REQUEST] = {"image-request", FIELDS(image_request_fields)},
+	[PROTO_IMAGE_INFO] = {"image-info", FIELDS(image_info_fields)},
 	[PROTO_NCCL_COMM] = {"nccl-comm", FIELDS(nccl_comm_fields), .nfds = 1,
 			     .fd_offsets = {AT(nccl_comm.fd)}},
 	[PROTO_NCCL_COMM_END] = {"nccl-comm-end", FIELDS(nccl_comm_end_fields)},
@@ -551,7 +576,7 @@ static const char *const env_op_names[_ENV_OP_MAX] = {
 	[ENV_OP_CREATE] = "create",   [ENV_OP_ADOPT] = "adopt", [ENV_OP_CHECKPOINT] = "checkpoint",
 	[ENV_OP_RESTORE] = "restore", [ENV_OP_LIST] = "list",	[ENV_OP_DESTROY] = "destroy",
 	[ENV_OP_WATCH] = "watch",     [ENV_OP_DIRTY] = "dirty", [ENV_OP_LOG] = "log",
-	[ENV_OP_REBUILD] = "rebuild",
+	[ENV_OP_REBUILD] = "rebuild", [ENV_OP_FORK] = "fork",
 };
 
 static const char *const ctl_action_names[_CTL_ACT_MAX] = {
@@ -753,6 +778,28 @@ int ctl_action_from_string(const char *s, enum ctl_action *ret)
 	if (i < 0)
 		return i;
 	*ret = (enum ctl_action)i;
+	return 0;
+}
+
+static const char *const image_op_names[_IMAGE_OP_MAX] = {
+	[IMAGE_OP_LIST] = "list",
+	[IMAGE_OP_IMPORT] = "import",
+	[IMAGE_OP_RM] = "rm",
+	[IMAGE_OP_GC] = "gc",
+};
+
+const char *image_op_to_string(enum image_op op)
+{
+	return NAME_OF(image_op_names, op);
+}
+
+int image_op_from_string(const char *s, enum image_op *ret)
+{
+	int i = name_lookup(image_op_names, ARRAY_SIZE(image_op_names), s);
+
+	if (i < 0)
+		return i;
+	*ret = (enum image_op)i;
 	return 0;
 }
 

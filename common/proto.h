@@ -84,7 +84,13 @@
  *     (restore: the checkpoint, "" the latest), "traj": str, "fl": uint32 (ENV_FLAG_*),
  *     "pids", "mem", "cpu": uint64 (create: the limits, tasks, bytes, thousandths of a
  *     CPU; 0 or absent: the configured default; ENV_LIMIT_NONE: no limit), "net": uint
- *     enum env_net (create: its network; 0 or absent: [env] net).
+ *     enum env_net (create: its network; 0 or absent: [env] net), "dst": str (fork: the new
+ *     environment's id; with "n" > 1 the forks are DST-1 .. DST-N), "n": uint32 1..64 (fork:
+ *     how many; 0 or absent: 1), "disk": uint64 (create: bytes of the writable layer; 0 or
+ *     absent: [env] disk_max; ENV_LIMIT_NONE: no limit). A fork is answered with one
+ *     PROTO_ENV_INFO per fork.
+ *     "img": str (create: a container image instead of root: a stored image's name or id,
+ *     or oci:DIR[:TAG] / docker-archive:FILE[:REF], imported when not stored).
  *     Replies: PROTO_ENV_INFO or PROTO_ENV_ITEM messages closed by PROTO_END, or PROTO_ERROR.
  *   PROTO_ENV_INFO (31), supervisor -> peer: an environment (list, create, adopt) or a
  *     checkpoint's manifest (checkpoint, restore, list of checkpoints): "env", "ckpt",
@@ -111,6 +117,13 @@
  *     (in_reply_to 37, "n": the bytes written) or ERROR.
  *   PROTO_ENV_FILE_DATA (38), supervisor -> peer, 1 fd (a sealed memfd): "env", "path": str,
  *     "mode": uint32, "size": uint64, "uid", "gid": uint32.
+ * Container images (types 40-49; issue 20), no fds:
+ *   PROTO_IMAGE_REQUEST (40), belayerctl -> supervisor: "op": uint enum image_op, optional
+ *     "ref": str (import: the reference; rm: a name or id), "name": str (import: the name).
+ *     Replies: PROTO_IMAGE_INFO messages closed by PROTO_END (gc: END, count = the layers
+ *     removed), or PROTO_ERROR.
+ *   PROTO_IMAGE_INFO (41), supervisor -> belayerctl: "id", "name": str, "n": uint32
+ *     (layers), "unp", "cached", "ent", "bytes", "us": uint64 (an import's figures).
  * NCCL communicators (types 50-59; DESIGN §1.4, issue 12):
  *   PROTO_NCCL_COMM (50), shim -> supervisor, 1 fd -> fd (a memfd holding the communicator's
  *     progress counters, struct nccl_counters of common/nccl-counters.h, read-only to the
@@ -217,6 +230,9 @@ enum proto_type {
 	PROTO_ENV_FILE_READ = 36,  /* peer -> supervisor: read a file of an environment */
 	PROTO_ENV_FILE_WRITE = 37, /* peer -> supervisor: write one (its content in the fd) */
 	PROTO_ENV_FILE_DATA = 38,  /* supervisor -> peer: a file read (its content in the fd) */
+	/* 40-49: container images (issue 20). */
+	PROTO_IMAGE_REQUEST = 40, /* belayerctl -> supervisor: list, import, rm, gc images */
+	PROTO_IMAGE_INFO = 41,	  /* supervisor -> belayerctl: one stored image */
 	/* 50-59: NCCL communicators. */
 	PROTO_NCCL_COMM = 50,	  /* shim -> supervisor: a communicator, with its counters' memfd */
 	PROTO_NCCL_COMM_END = 51, /* shim -> supervisor: a communicator finalized or ended */
@@ -255,12 +271,25 @@ enum env_op {
 	ENV_OP_DIRTY = 7,      /* env: the paths changed since its last checkpoint */
 	ENV_OP_LOG = 8,	       /* env: its side-effect log (fl ENV_FLAG_FOLLOW: then stream) */
 	ENV_OP_REBUILD = 9,    /* env: rebuild from the base, run cmd again (replay baseline) */
+	ENV_OP_FORK = 10,      /* env, ckpt, dst, n: n new environments from a checkpoint */
 	_ENV_OP_MAX,
 };
 
+/* What a PROTO_IMAGE_REQUEST asks for. */
+enum image_op {
+	IMAGE_OP_LIST = 0,   /* every stored image */
+	IMAGE_OP_IMPORT = 1, /* ref (oci:DIR[:TAG], docker-archive:FILE[:REF]), name (optional) */
+	IMAGE_OP_RM = 2,     /* ref: a name or id; refused (EBUSY) while an environment uses it */
+	IMAGE_OP_GC = 3,     /* remove layers no image lists; replies END with their count */
+	_IMAGE_OP_MAX,
+};
+
 #define ENV_FLAG_FOLLOW 1u
-/* A create's "pids"/"mem"/"cpu" that asks for no limit (0 asks for the configured one). */
+/* A create's "pids"/"mem"/"cpu"/"disk" that asks for no limit (0 asks for the configured one). */
 #define ENV_LIMIT_NONE UINT64_MAX
+
+/* The most forks one request makes. */
+#define ENV_FORK_MAX 64
 
 /* A create's "net": an environment's network (issue 19). 0 asks for [env] net. */
 enum env_net {
@@ -570,6 +599,10 @@ struct proto_env_request {
 	uint64_t pids, memory;			   /* optional "pids", "mem" */
 	uint64_t cpu_millis;			   /* optional "cpu" */
 	uint32_t net;				   /* optional enum env_net */
+	char dst[64];				   /* optional: fork */
+	uint32_t count;				   /* optional "n": fork, 0..ENV_FORK_MAX */
+	uint64_t disk;				   /* optional "disk" */
+	char image[PROTO_MAX_STR + 1];		   /* optional "img" (create) */
 };
 
 struct proto_env_info {
@@ -639,6 +672,20 @@ struct proto_env_file {
 	uint64_t size;	   /* "size": data: its size */
 	uint32_t uid, gid; /* "uid", "gid": data: the owner (as the host sees it) */
 	int fd;		   /* write: the content (regular file); data: a sealed memfd */
+};
+
+struct proto_image_request {
+	enum image_op op;
+	char ref[PROTO_MAX_STR + 1];  /* optional */
+	char name[PROTO_MAX_STR + 1]; /* optional */
+};
+
+struct proto_image_info {
+	char id[80];		      /* sha256:<64 hex> */
+	char name[PROTO_MAX_STR + 1]; /* "" when it has none */
+	uint32_t n_layers;
+	/* an import's: layers unpacked and found in the store, entries, bytes, µs */
+	uint64_t unpacked, cached, entries, bytes, us;
 };
 
 struct proto_nccl_comm {
@@ -743,6 +790,8 @@ struct proto_msg {
 		struct proto_traj_decision traj_decision;
 		struct proto_traj_list traj_list;
 		struct proto_traj_info traj_info;
+		struct proto_image_request image_request;
+		struct proto_image_info image_info;
 	};
 };
 
@@ -762,6 +811,8 @@ int env_op_from_string(const char *s, enum env_op *ret);
 /* "none", "slirp", "host" (ENV_NET_DEFAULT: "default"). */
 const char *env_net_to_string(enum env_net net);
 int env_net_from_string(const char *s, enum env_net *ret);
+const char *image_op_to_string(enum image_op op);
+int image_op_from_string(const char *s, enum image_op *ret);
 int ctl_action_from_string(const char *s, enum ctl_action *ret);
 const char *nccl_origin_to_string(enum nccl_origin o);
 const char *nccl_end_to_string(enum nccl_end how);

@@ -18,17 +18,19 @@ cd "${1:-$(dirname "$0")/..}"
 rules='
 core        supervisor/core           *              -
 policy      supervisor/policy         sv-policy.h    core
-env         supervisor/env            sv-env.h       core policy
+image       supervisor/image          sv-image.h     -
+env         supervisor/env            sv-env.h       core policy image
 recovery    supervisor/recovery       sv-recovery.h  core
 gateway     supervisor/gateway        sv-gateway.h   core recovery policy
-main        supervisor                -              core env recovery policy gateway
+main        supervisor                -              core env recovery policy gateway image
 t-sv        tests/supervisor          -              core
 t-core      tests/supervisor/core     -              core
 t-env       tests/supervisor/env      -              core env+
 t-recovery  tests/supervisor/recovery -              core recovery+ t-sv+
 t-gateway   tests/supervisor/gateway  -              core gateway+ t-sv+
 t-policy    tests/supervisor/policy   -              core policy+ env+ t-sv+ t-env+
-t-fuzz      tests/fuzz                -              core recovery+ policy+ env+ gateway+
+t-fuzz      tests/fuzz                -              core recovery+ policy+ env+ gateway+ image+
+t-image     tests/image               -              image+
 bench       tools/bench               -              env+ t-env+
 shim        shim                      belayer.h      -
 t-shim      tests/shim                -              shim+
@@ -73,6 +75,7 @@ tools/bench/bench-resume            bench-measure.h bench-recovery.h bench.h
 tools/bench/bench-gateway           bench-measure.h bench-recovery.h bench.h
 tools/bench/bench-policy-traj       bench-measure.h bench-path.h bench-policy.h
 tools/bench/bench-policy            bench-measure.h bench-recovery.h bench.h
+tools/bench/bench-sandbox           bench-measure.h bench.h
 tools/bench/bench-shim-overhead     bench-measure.h bench.h
 tools/bench/bench-bpf-overhead      bench-measure.h bench.h
 tools/bench/bench-env-recovery      bench-measure.h bench-path.h bench.h

@@ -206,6 +206,10 @@ static const struct key keys[] = {
 	STR("env", "slirp4netns", env_slirp4netns, "slirp4netns",
 	    "The slirp4netns binary (Debian's slirp4netns package) that gives net = slirp "
 	    "environments their egress (a name without '/': searched on PATH)."),
+	SIZE("env", "disk_max", env_disk_max, 0, UINT64_MAX, "0",
+	     "Bytes an environment may write into its writable layer; past them a write gets "
+	     "ENOSPC (0: no limit, the layer stays on the state directory's file system). The "
+	     "layer then lives on a tmpfs of that size, whose pages count against memory_max."),
 
 	TYPED("nccl", "hang_timeout", KEY_MS, nccl_hang_timeout_ms, "10s",
 	      "A communicator with a collective in flight and no progress for this long, while "

@@ -136,6 +136,7 @@ struct sv_config {
 	uint32_t env_net; /* enum env_net (proto.h), never ENV_NET_DEFAULT */
 	bool env_allow_host_net;
 	char env_slirp4netns[256];
+	uint64_t env_disk_max;
 	/* [nccl] */
 	uint64_t nccl_hang_timeout_ms;
 	uint64_t nccl_stall_timeout_ms;

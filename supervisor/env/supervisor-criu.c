@@ -138,7 +138,7 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 }
 
 int sv_criu_restore(const char *binary, int images_fd, const char *root, int netns_fd,
-		    pid_t *ret_pid)
+		    const char *const *cg_roots, pid_t *ret_pid)
 {
 	criu_opts *o;
 	int r, inherit = -1;
@@ -156,6 +156,8 @@ int sv_criu_restore(const char *binary, int images_fd, const char *root, int net
 		r = criu_local_add_external(o, "mnt[usr]:/usr");
 	if (r >= 0)
 		r = criu_local_add_external(o, "mnt[etc]:/etc");
+	for (size_t i = 0; r >= 0 && cg_roots && cg_roots[i] && cg_roots[i + 1]; i += 2)
+		r = criu_local_add_cg_root(o, cg_roots[i], cg_roots[i + 1]);
 	/* CRIU (libcriu's child) inherits it across its exec: a copy without O_CLOEXEC for the
 	 * call's length (another child started meanwhile gets it too, a harmless namespace fd) */
 	if (r >= 0 && netns_fd >= 0) {

@@ -54,9 +54,11 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino);
 /* Restores the tree in images_fd with root as the environment's root (the overlay mount);
  * the restored tree's root process becomes the caller's child. *ret_pid: its pid. netns_fd
- * (-1: none): the network namespace the tree gets, for a dump whose netns_ino was given. */
+ * (-1: none): the network namespace the tree gets, for a dump whose netns_ino was given.
+ * cg_roots (NULL: none): controller, path pairs ending in NULL, CRIU's --cgroup-root: the
+ * cgroup of each hierarchy the tree's root goes to, whichever it was dumped from. */
 int sv_criu_restore(const char *binary, int images_fd, const char *root, int netns_fd,
-		    pid_t *ret_pid);
+		    const char *const *cg_roots, pid_t *ret_pid);
 /* Why CRIU failed, in its own words: the text of the first "Error (file:line): TEXT" line of
  * log ("dump.log", "restore.log") in images_fd, skipping the ones CRIU logs as errors and
  * carries on from. -ENOENT: no log, or no such line. */

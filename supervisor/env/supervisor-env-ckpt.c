@@ -67,7 +67,7 @@ static uint64_t real_us(void)
 	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
-static int ckpts_open(const struct sv_env *e)
+int env_ckpts_open(const struct sv_env *e)
 {
 	char path[PATH_MAX];
 	int fd;
@@ -252,7 +252,7 @@ static int cmp_str(const void *a, const void *b)
 
 int env_checkpoints(const struct sv_env *e, char ***ret, size_t *ret_n)
 {
-	_cleanup_close_ int ckfd = ckpts_open(e);
+	_cleanup_close_ int ckfd = env_ckpts_open(e);
 	char **ids = NULL;
 	size_t n = 0, cap = 0;
 	struct dirent *de;
@@ -299,7 +299,7 @@ static void free_ids(char **ids, size_t n)
 	free(ids);
 }
 
-static int next_id(const struct sv_env *e, char *buf, size_t cap)
+int env_ckpt_next_id(const struct sv_env *e, char *buf, size_t cap)
 {
 	char **ids;
 	size_t n;
@@ -399,11 +399,11 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 		return -ESRCH;
 	if (cancelled(p))
 		return -ECANCELED;
-	ckfd = ckpts_open(e);
+	ckfd = env_ckpts_open(e);
 	if (ckfd < 0)
 		return ckfd;
 	remove_partial(ckfd);
-	r = next_id(e, m.id, sizeof(m.id));
+	r = env_ckpt_next_id(e, m.id, sizeof(m.id));
 	if (r < 0)
 		return r;
 	snprintf(m.parent, sizeof(m.parent), "%s", e->head);
@@ -631,11 +631,56 @@ out:
 	return r;
 }
 
+int env_ckpt_load_verified(const struct sv_env *e, int ckfd, const char *id,
+			   struct env_manifest *ret)
+{
+	int r = load_checkpoint(e, ckfd, id, ret);
+
+	if (r < 0)
+		return r;
+	r = verify_chain(e, ckfd, ret);
+	if (r < 0)
+		env_manifest_finish(ret);
+	return r;
+}
+
+/* CRIU's cgroup roots for e: its own cgroups, whichever environment dumped the images. */
+struct cg_roots {
+	char *v[2 * (_ENV_LIMIT_MAX + 2) + 1]; /* v2, the limits', devices */
+	size_t n;
+};
+
+static void cg_roots_finish(struct cg_roots *c)
+{
+	for (size_t i = 0; i < c->n; i++)
+		free(c->v[i]);
+}
+
+static int cg_root_add(const char *ctl, const char *path, void *userdata)
+{
+	struct cg_roots *c = userdata;
+
+	if (c->n + 2 >= ARRAY_SIZE(c->v))
+		return -E2BIG;
+	c->v[c->n] = strdup(ctl);
+	c->v[c->n + 1] = strdup(path);
+	c->n += 2;
+	return c->v[c->n - 2] && c->v[c->n - 1] ? 0 : -ENOMEM;
+}
+
+static int cg_roots_of(const struct sv_env *e, struct cg_roots *c)
+{
+	int r = env_limits_cgroup_roots(e, cg_root_add, c);
+
+	return r < 0 ? log_debug_errno(r, "No cgroup roots for %s: %m", e->id) : 0;
+}
+
 /* One restore of id. *stopped: the environment was killed (what ran is gone; a failure from
  * there on leaves it down and its upper layer in between). */
 static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 		      struct env_manifest *ret)
 {
+	_cleanup_(cg_roots_finish) struct cg_roots roots = {0};
 	_cleanup_close_ int upperfd = -1, workfd = -1, criufd = -1, netfd = -1;
 	struct env_manifest m = {0};
 	char criu_dir[ENV_ID_MAX + 8];
@@ -712,7 +757,10 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 		if (r < 0)
 			goto out;
 	}
-	r = sv_criu_restore(e->criu, criufd, e->root, netfd, &pid);
+	r = cg_roots_of(e, &roots);
+	if (r < 0)
+		goto out;
+	r = sv_criu_restore(e->criu, criufd, e->root, netfd, (const char *const *)roots.v, &pid);
 	if (r < 0) {
 		criu_error(e, criufd, "restore.log", r);
 		goto out;
@@ -760,7 +808,7 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 	snprintf(head, sizeof(head), "%s", e->head);
 	if (!want[0])
 		return -ENOENT;
-	ckfd = ckpts_open(e);
+	ckfd = env_ckpts_open(e);
 	if (ckfd < 0)
 		return ckfd;
 	r = restore_at(e, ckfd, want, &stopped, ret);
@@ -864,7 +912,7 @@ out:
 
 int env_gc(struct sv_env *e, unsigned keep)
 {
-	_cleanup_close_ int ckfd = ckpts_open(e);
+	_cleanup_close_ int ckfd = env_ckpts_open(e);
 	char **ids = NULL, **drop = NULL;
 	size_t n = 0, n_drop = 0, first_kept;
 	int r;

@@ -464,6 +464,24 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 		j->slot->env = NULL;
 		j->r = 0;
 		break;
+	case ENV_OP_FORK:
+		j->r = 0;
+		for (size_t i = 0; i < j->n_forks && j->r >= 0; i++) {
+			struct env_params p = j->p;
+			struct env_manifest fm;
+
+			p.id = j->fork_slots[i]->id;
+			j->r = env_fork(e, j->q.ckpt, &p, &j->forks[i], &fm, j->why,
+					sizeof(j->why));
+			if (j->r >= 0)
+				env_manifest_finish(&fm);
+		}
+		/* all or none: a group of K rollouts is of no use with K - 1 */
+		for (size_t i = 0; j->r < 0 && i < j->n_forks; i++) {
+			env_destroy(j->forks[i]);
+			j->forks[i] = NULL;
+		}
+		break;
 	default:
 		j->r = -EOPNOTSUPP;
 	}
@@ -520,7 +538,12 @@ static void job_report_failure(struct supervisor *s, struct sv_client *c, const 
 	const char *op = env_op_to_string(j->q.op);
 	const struct sv_env *e = j->slot->env;
 	bool ckpt_or_restore = j->q.op == ENV_OP_CHECKPOINT || j->q.op == ENV_OP_RESTORE;
-	const char *why = ckpt_or_restore && e && e->error[0] ? e->error : NULL;
+	const char *why = j->q.op == ENV_OP_FORK		? (j->why[0] ? j->why : NULL)
+			  : ckpt_or_restore && e && e->error[0] ? e->error
+								: NULL;
+
+	if (!why && j->q.op == ENV_OP_CREATE && j->why[0])
+		why = j->why; /* the image store's reason, or the image's missing command */
 
 	if (c)
 		(void)client_send_error(s, c, -j->r, PROTO_ENV_REQUEST, "env %s %s failed: %s%s%s",
@@ -536,6 +559,42 @@ static void job_report_failure(struct supervisor *s, struct sv_client *c, const 
 		supervisor_emit(s, EVENT_ENV, e && e->pid > 0 ? (uint32_t)e->pid : 0, 0,
 				"%s %s failed: %s%s%s", j->q.env, op, strerror(-j->r),
 				why ? ": " : "", why ?: "");
+}
+
+/* The new environments join their slots (or the slots go), one reply item each. */
+static void forks_done(struct supervisor *s, struct sv_client *c, struct env_job *j)
+{
+	struct proto_msg m;
+
+	for (size_t i = 0; i < j->n_forks; i++) {
+		struct env_slot *sl = j->fork_slots[i];
+
+		sl->busy = false;
+		if (j->r < 0) {
+			slot_remove(s->envs, sl);
+			continue;
+		}
+		sl->env = j->forks[i];
+		snprintf(sl->root, sizeof(sl->root), "%s", sl->env->root);
+		snprintf(sl->cgroup, sizeof(sl->cgroup), "%s", sl->env->cgroup);
+		snprintf(sl->log_path, sizeof(sl->log_path), "%s/sidelog.mpk", sl->env->dir);
+		(void)slot_watch(s, sl);
+	}
+	if (j->r < 0) {
+		job_report_failure(s, c, j);
+		return;
+	}
+	log_info("Environment %s: %zu fork%s done in %" PRIu64 " ms.", j->q.env, j->n_forks,
+		 j->n_forks == 1 ? "" : "s", j->us / 1000);
+	supervisor_emit(s, EVENT_ENV, 0, 0, "%s forked into %zu environment%s", j->q.env,
+			j->n_forks, j->n_forks == 1 ? "" : "s");
+	if (!c)
+		return;
+	for (size_t i = 0; i < j->n_forks; i++) {
+		info_of_env(j->fork_slots[i], &m);
+		(void)client_send(s, c, &m);
+	}
+	(void)send_end(s, c, (uint32_t)j->n_forks);
 }
 
 static void job_done(struct supervisor *s, struct sv_job *jb)
@@ -559,6 +618,10 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 		snprintf(sl->cgroup, sizeof(sl->cgroup), "%s", sl->env->cgroup);
 		snprintf(sl->log_path, sizeof(sl->log_path), "%s/sidelog.mpk", sl->env->dir);
 		(void)slot_watch(s, sl);
+	}
+	if (j->q.op == ENV_OP_FORK) {
+		forks_done(s, c, j);
+		return;
 	}
 	if (j->r < 0) {
 		if (!sl->env && (j->q.op == ENV_OP_CREATE || j->q.op == ENV_OP_ADOPT))
@@ -616,7 +679,10 @@ struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct en
 	snprintf(j->criu, sizeof(j->criu), "%s", sv_criu_binary(s->config.env_criu) ?: "criu");
 	j->p = (struct env_params){
 		.id = j->q.env,
-		.base = j->q.root,
+		.base = j->q.root[0] ? j->q.root : NULL,
+		.image = j->q.op == ENV_OP_CREATE && j->q.image[0] ? j->q.image : NULL,
+		.error = j->why,
+		.error_cap = sizeof(j->why),
 		.cmd = j->q.cmd,
 		.state_dir = j->state_dir,
 		.cgroup_parent = j->cgroup_parent,
@@ -625,8 +691,8 @@ struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct en
 		.ghost_limit = (uint32_t)s->config.env_ghost_limit,
 		.limits = {.pids = limit_or(j->q.pids, s->config.env_pids_max),
 			   .memory = limit_or(j->q.memory, s->config.env_memory_max),
-			   .cpu_millis =
-				   (uint32_t)limit_or(j->q.cpu_millis, s->config.env_cpu_max)},
+			   .cpu_millis = (uint32_t)limit_or(j->q.cpu_millis, s->config.env_cpu_max),
+			   .disk = limit_or(j->q.disk, s->config.env_disk_max)},
 		.net = j->q.net ? (enum env_net)j->q.net : (enum env_net)s->config.env_net,
 		.slirp4netns = s->config.env_slirp4netns,
 	};
@@ -850,6 +916,49 @@ static int do_watch(struct supervisor *s, struct sv_client *c, const struct prot
 	return send_end(s, c, 1);
 }
 
+/* A fork's new slots, busy (refused when a name is taken or invalid: the source's slot freed
+ * again and the job dropped, the client answered). */
+static int fork_slots(struct supervisor *s, struct sv_client *c, struct env_job *j)
+{
+	uint32_t n = j->q.count ? j->q.count : 1;
+	int r = 0;
+
+	for (uint32_t i = 0; i < n && r == 0; i++) {
+		char id[80];
+		struct env_slot *sl;
+
+		if (n == 1)
+			snprintf(id, sizeof(id), "%s", j->q.dst);
+		else
+			snprintf(id, sizeof(id), "%s-%" PRIu32, j->q.dst, i + 1);
+		if (!env_id_valid(id))
+			r = client_send_error(s, c, EINVAL, PROTO_ENV_REQUEST,
+					      "fork: invalid id \"%s\"", id)
+				    ?: -1;
+		else if (env_slot_find(s->envs, id))
+			r = client_send_error(s, c, EEXIST, PROTO_ENV_REQUEST,
+					      "fork: environment %s exists", id)
+				    ?: -1;
+		else if (!(sl = calloc(1, sizeof(*sl))))
+			r = client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory")
+				    ?: -1;
+		if (r)
+			break;
+		snprintf(sl->id, sizeof(sl->id), "%s", id);
+		sl->busy = true;
+		sl->next = s->envs->slots;
+		s->envs->slots = sl;
+		j->fork_slots[j->n_forks++] = sl;
+	}
+	if (r == 0)
+		return 0;
+	for (size_t i = 0; i < j->n_forks; i++)
+		slot_remove(s->envs, j->fork_slots[i]);
+	j->slot->busy = false;
+	job_free(&j->job);
+	return -1;
+}
+
 int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_env_request *q)
 {
 	struct sv_envs *es = s->envs;
@@ -872,10 +981,11 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 		return do_watch(s, c, q);
 	case ENV_OP_CREATE:
 	case ENV_OP_ADOPT:
-		if (!q->env[0] || !q->root[0] ||
+		if (!q->env[0] || (!q->root[0] && !(q->op == ENV_OP_CREATE && q->image[0])) ||
 		    (q->op == ENV_OP_ADOPT && (!q->cgroup[0] || !q->pid)))
 			return client_send_error(s, c, EINVAL, PROTO_ENV_REQUEST,
-						 "create: env and root; adopt: env, root, cg, pid");
+						 "create: env and root or img; adopt: env, root, "
+						 "cg, pid");
 		if (env_slot_find(es, q->env))
 			return client_send_error(s, c, EEXIST, PROTO_ENV_REQUEST,
 						 "environment %s exists", q->env);
@@ -943,6 +1053,8 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 	j = env_job_new(s, c, sl, q);
 	if (!j)
 		return client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory");
+	if (q->op == ENV_OP_FORK && fork_slots(s, c, j) < 0)
+		return 0; /* answered */
 	/* The tracer holds the environment's root open (O_PATH, to resolve its paths): a rebuild
 	 * or a destroy unmounts it, so tracing stops first (a rebuild's restarts when done). */
 	if (q->op == ENV_OP_REBUILD || q->op == ENV_OP_DESTROY)

@@ -38,6 +38,8 @@ void envs_drain(struct supervisor *s);
 void envs_stop(struct supervisor *s);
 
 int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_env_request *q);
+/* PROTO_IMAGE_REQUEST (supervisor-env-image-ctl.c): answered from the offload thread's result. */
+int images_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_image_request *q);
 
 /* --- the checkpoint policy's side (issue 11): struct traj_env_ops of sv-policy.h ---------- */
 

@@ -19,6 +19,7 @@
 
 #include "log.h"
 #include "util.h"
+#include "supervisor-env-devices.h"
 #include "supervisor-env-exec-spawn.h"
 #include "supervisor-env-limits.h"
 #include "supervisor-env-sandbox.h"
@@ -118,9 +119,10 @@ static _Noreturn void command_main(const struct exec_spawn *sp, int go_fd, int e
 		fail(err_fd, EXEC_STEP_SANDBOX);
 	/* After the capabilities are cut (CAP_SETUID, CAP_SETGID are kept): a user other than
 	 * root ends with none, as under Docker. Root too sets its ids: the supervisor's groups go,
-	 * and in an environment with a user namespace the ids become the namespace's own. */
-	if (setgroups(0, NULL) < 0 || setresgid(sp->gid, sp->gid, sp->gid) < 0 ||
-	    setresuid(sp->uid, sp->uid, sp->uid) < 0)
+	 * and in an environment with a user namespace the ids become the namespace's own. An
+	 * image's user has its groups of the image's /etc/group, as its init has. */
+	if (setgroups(sp->n_groups, sp->n_groups ? sp->groups : NULL) < 0 ||
+	    setresgid(sp->gid, sp->gid, sp->gid) < 0 || setresuid(sp->uid, sp->uid, sp->uid) < 0)
 		fail(err_fd, EXEC_STEP_USER);
 	exec_search(sp);
 	fail(err_fd, EXEC_STEP_EXEC);
@@ -230,6 +232,8 @@ int exec_spawn(const struct sv_env *e, struct exec_spawn *sp, pid_t *ret_pid, in
 		goto out;
 	}
 	r = env_limits_join(e, pid);
+	if (r >= 0)
+		r = env_devices_join(e, pid);
 	if (r < 0 || write(go[1], "g", 1) != 1) {
 		r = r < 0 ? r : -errno;
 		snprintf(why, cap, "%s", exec_step_to_string(EXEC_STEP_GO));

@@ -31,7 +31,9 @@ struct exec_spawn {
 	int init_pidfd, cgroup_fd;
 	int stdin_fd, out_fd, err_fd; /* the command's 0, 1, 2 */
 	const struct sock_fprog *filter;
-	int ns_flags; /* set by exec_spawn */
+	int ns_flags;	     /* set by exec_spawn */
+	const gid_t *groups; /* supplementary groups (an image's user's); none when n_groups 0 */
+	size_t n_groups;
 };
 
 const char *exec_step_to_string(int step);

@@ -21,6 +21,7 @@
 #include "supervisor-env-exec-spawn.h"
 #include "supervisor-env-exec.h"
 #include "supervisor-env-files.h"
+#include "supervisor-env-image.h"
 #include "supervisor-env-sandbox.h"
 #include "supervisor-env-slots.h"
 
@@ -274,20 +275,29 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
 	maybe_finish(x);
 }
 
-/* The command's environment: PATH, HOME, LANG defaults, then the request's K=V (a key given
- * twice: the last wins). Allocated in one block (argv-style array, then strings). */
-static char **envp_build(const struct proto_blob *envv, const char **ret_path)
+/* The command's environment: base (an image's: its Env), else PATH, HOME, LANG defaults,
+ * then the request's K=V over it (a key given twice: the last wins). The array is allocated
+ * (argv-style), its strings are base's and the request's. */
+static char **envp_build(const struct proto_blob *envv, char *const *base, const char **ret_path)
 {
 	static const char *const defaults[] = {"PATH=" DEFAULT_PATH, "HOME=/root", "LANG=C.UTF-8",
 					       "TERM=dumb"};
-	size_t n = ARRAY_SIZE(defaults) + envv->count, k = 0;
+	size_t nbase = 0, n, k = 0;
 	const char *p = envv->data;
-	char **envp = calloc(n + 1, sizeof(char *));
+	char **envp;
 
+	while (base && base[nbase])
+		nbase++;
+	n = (base ? nbase : ARRAY_SIZE(defaults)) + envv->count;
+	envp = calloc(n + 1, sizeof(char *));
 	if (!envp)
 		return NULL;
-	for (size_t i = 0; i < ARRAY_SIZE(defaults); i++)
-		envp[k++] = (char *)defaults[i];
+	if (base)
+		for (size_t i = 0; i < nbase; i++)
+			envp[k++] = base[i];
+	else
+		for (size_t i = 0; i < ARRAY_SIZE(defaults); i++)
+			envp[k++] = (char *)defaults[i];
 	for (uint32_t i = 0; i < envv->count; i++, p += strlen(p) + 1) {
 		const char *eq = strchr(p, '=');
 		size_t klen = eq ? (size_t)(eq - p) : 0;
@@ -380,6 +390,7 @@ int env_exec_dispatch(struct supervisor *s, struct sv_client *c, struct proto_ms
 {
 	const struct proto_env_exec *q = &m->env_exec;
 	_cleanup_free_ char **argv = NULL, **envp = NULL;
+	_cleanup_(env_image_run_finish) struct env_image_run image = {0};
 	_cleanup_close_ int root = -1, in = -1, init = -1, cg = -1;
 	int po[2] = {-1, -1}, pe[2] = {-1, -1}, pidfd = -1, r;
 	struct exec_spawn sp = {0};
@@ -397,17 +408,32 @@ int env_exec_dispatch(struct supervisor *s, struct sv_client *c, struct proto_ms
 		return refuse(s, c, EAGAIN, "too many execs running", q->env);
 	if (q->timeout_ms > ENV_EXEC_TIMEOUT_MAX_MS || q->max_output > ENV_EXEC_OUTPUT_MAX)
 		return refuse(s, c, EINVAL, "timeout at most 24 h, output at most 2 MiB", q->env);
-	argv = argv_build(&q->argv);
-	envp = envp_build(&q->envv, &sp.path);
-	if (!argv || !envp)
-		return refuse(s, c, errno == EINVAL ? EINVAL : ENOMEM,
-			      errno == EINVAL ? "--env needs K=V" : "out of memory", q->env);
 	root = env_files_root(sl->env->pid);
 	if (root < 0)
 		return refuse(s, c, -root, "cannot reach its root", q->env);
-	r = env_user_lookup(root, q->user, &sp.uid, &sp.gid);
-	if (r < 0)
-		return refuse(s, c, -r, "no such user or group", q->env);
+	if (sl->env->image[0]) {
+		/* as `docker exec`: the image's Env, WorkingDir and User (with its groups) */
+		r = env_image_exec_prepare(sl->env, root, q->user, &image);
+		if (r < 0)
+			return refuse(s, c, -r,
+				      r == -ESRCH     ? "no such user or group"
+				      : r == -EBADMSG ? "the user's /etc/passwd entry is malformed"
+						      : "cannot read its image's config",
+				      q->env);
+		sp.uid = image.uid;
+		sp.gid = image.gid;
+		sp.groups = image.groups;
+		sp.n_groups = image.n_groups;
+	} else {
+		r = env_user_lookup(root, q->user, &sp.uid, &sp.gid);
+		if (r < 0)
+			return refuse(s, c, -r, "no such user or group", q->env);
+	}
+	argv = argv_build(&q->argv);
+	envp = envp_build(&q->envv, image.envp, &sp.path);
+	if (!argv || !envp)
+		return refuse(s, c, errno == EINVAL ? EINVAL : ENOMEM,
+			      errno == EINVAL ? "--env needs K=V" : "out of memory", q->env);
 	in = stdin_copy(q->fd);
 	if (in < 0)
 		return refuse(s, c, -in, in == -EFBIG ? "stdin over 16 MiB" : "bad stdin", q->env);
@@ -427,7 +453,7 @@ int env_exec_dispatch(struct supervisor *s, struct sv_client *c, struct proto_ms
 	}
 	sp.argv = argv;
 	sp.envp = envp;
-	sp.cwd = q->cwd[0] ? q->cwd : "/";
+	sp.cwd = q->cwd[0] ? q->cwd : sl->env->image[0] ? image.workdir : "/";
 	sp.init_pidfd = init;
 	sp.cgroup_fd = cg;
 	sp.stdin_fd = in;

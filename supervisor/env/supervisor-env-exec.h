@@ -13,7 +13,9 @@
  * a session of its own (so its process group is the one a timeout kills), takes its stdio
  * (stdin: a sealed memfd copy of what the client sent; stdout, stderr: pipes to the
  * supervisor), its directory and user, gives up what the environment's init gave up
- * (env_sandbox_enter: capabilities, no_new_privs, seccomp) and execs.
+ * (env_sandbox_enter: capabilities, no_new_privs, seccomp) and execs. In an environment of
+ * a container image, the environment, directory and user default to the image's Env,
+ * WorkingDir and User (with its groups), as under `docker exec` (env_image_exec_prepare).
  *
  * Output is read on the loop, bounded per stream (max_output; what is past it is counted and
  * dropped, the reply says truncated). The reply goes when the command has exited and both

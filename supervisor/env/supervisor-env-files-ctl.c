@@ -72,6 +72,13 @@ static void file_done(struct supervisor *s, struct sv_job *jb)
 		j->slot->execs--;
 	if (!c)
 		return;
+	if (j->r == -EINVAL && j->type == PROTO_ENV_FILE_READ && (j->st.st_mode & S_IFMT) &&
+	    !S_ISREG(j->st.st_mode)) {
+		(void)client_send_error(s, c, EINVAL, j->type,
+					"env %s read %s: not a regular file but %s", j->q.env,
+					j->q.path, env_file_kind(j->st.st_mode));
+		return;
+	}
 	if (j->r < 0) {
 		(void)client_send_error(s, c, -j->r, j->type, "env %s %s %s: %s", j->q.env,
 					j->type == PROTO_ENV_FILE_READ ? "read" : "write",

@@ -105,21 +105,46 @@ int env_file_sealed_copy(int from, uint64_t max, uint64_t *ret_n)
 	return r;
 }
 
+/* The file of an O_PATH fd opened for reading: through /proc/self/fd, the same inode (no
+ * new lookup of its path, which the environment could change meanwhile). */
+static int reopen_read(int pfd, const struct stat *st)
+{
+	_cleanup_close_ int fd = -1;
+	char path[64];
+	struct stat now;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", pfd);
+	fd = open(path, O_RDONLY | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &now) < 0)
+		return -errno;
+	if (now.st_dev != st->st_dev || now.st_ino != st->st_ino || !S_ISREG(now.st_mode))
+		return -ESTALE;
+	return TAKE_FD(fd);
+}
+
 int env_file_read(int root, const char *path, uint64_t max, int *ret_fd, struct stat *ret_st)
 {
-	_cleanup_close_ int fd = -1, mfd = -1;
+	_cleanup_close_ int pfd = -1, fd = -1, mfd = -1;
 	uint64_t n;
 	int r;
 
-	/* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused next). */
-	fd = open_in(root, path, O_RDONLY | O_NOCTTY | O_NONBLOCK);
-	if (fd < 0)
-		return fd;
-	r = check_regular(fd, ret_st);
+	/* O_PATH first: nothing but a regular file is ever opened. A FIFO opened for reading
+	 * wakes a writer waiting on it (a side effect in the environment); a device node opened
+	 * by the supervisor is outside the environment's device allow-list (that is its cgroup's,
+	 * not ours), and a tty one would become our controlling terminal. */
+	pfd = open_in(root, path, O_PATH);
+	if (pfd < 0)
+		return pfd;
+	r = check_regular(pfd, ret_st);
 	if (r < 0)
 		return r;
 	if ((uint64_t)ret_st->st_size > max)
 		return -EFBIG;
+	fd = reopen_read(pfd, ret_st);
+	if (fd < 0)
+		return fd;
 	mfd = env_file_sealed_copy(fd, max, &n);
 	if (mfd < 0)
 		return mfd;
@@ -127,6 +152,28 @@ int env_file_read(int root, const char *path, uint64_t max, int *ret_fd, struct 
 	*ret_fd = mfd;
 	mfd = -1;
 	return 0;
+}
+
+const char *env_file_kind(mode_t mode)
+{
+	switch (mode & S_IFMT) {
+	case S_IFREG:
+		return "a regular file";
+	case S_IFDIR:
+		return "a directory";
+	case S_IFIFO:
+		return "a FIFO";
+	case S_IFCHR:
+		return "a character device";
+	case S_IFBLK:
+		return "a block device";
+	case S_IFSOCK:
+		return "a socket";
+	case S_IFLNK:
+		return "a symbolic link";
+	default:
+		return "an unknown kind of file";
+	}
 }
 
 /* path's last component into base (a plain name), the rest into dir ("." for none). */

@@ -32,8 +32,12 @@
 /* The environment's root as its init sees it: an O_PATH fd of /proc/PID/root, or -errno. */
 int env_files_root(pid_t init);
 /* path's content (at most max bytes, else -EFBIG) in a new sealed memfd (*ret_fd) and its
- * stat (*ret_st). -EINVAL: not a regular file; -EPERM: on procfs/sysfs. */
+ * stat (*ret_st). The path is resolved to an O_PATH fd and opened (O_NOCTTY, O_NONBLOCK,
+ * through that fd: the same inode) only once known to be a regular file. -EINVAL: not a
+ * regular file (-EISDIR: a directory; *ret_st says what it is); -EPERM: on procfs/sysfs. */
 int env_file_read(int root, const char *path, uint64_t max, int *ret_fd, struct stat *ret_st);
+/* "a FIFO", "a character device", ...: the kind of file mode's type names, for errors. */
+const char *env_file_kind(mode_t mode);
 /* Replaces path with the first bytes of data_fd (a regular file; more than max: -EFBIG),
  * owned by uid:gid (host ids) with mode. *ret_n: the bytes written. */
 int env_file_write(int root, const char *path, int data_fd, uint64_t max, mode_t mode, uid_t uid,

@@ -26,11 +26,13 @@
 
 #include "log.h"
 #include "util.h"
+#include "supervisor-env-devices.h"
 #include "supervisor-env-etc.h"
 #include "supervisor-env-limits.h"
 #include "supervisor-env-net.h"
 #include "supervisor-env-sandbox.h"
 #include "supervisor-env.h"
+#include "supervisor-env-image.h"
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -55,6 +57,8 @@ int env_mount_overlay(const struct sv_env *e)
 			    work = open(e->work, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	char opts[128];
 
+	if (e->image[0])
+		return env_image_mount(e);
 	if (lower < 0 || upper < 0 || work < 0)
 		return log_debug_errno(-errno, "Failed to open the layers of %s: %m", e->id);
 	/* Through our fds: the options an environment reads in its /proc/self/mountinfo name no
@@ -172,8 +176,9 @@ static int mask_proc(const char *root)
 	return 0;
 }
 
-static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog *filter,
-				 const struct env_etc_masks *etc, int go_fd, int pipe_fd)
+static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog *filter, int go_fd,
+				 int pipe_fd, const struct env_image_run *image,
+				 const struct env_etc_masks *etc)
 {
 	char *const envp[] = {"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root",
 			      "LANG=C.UTF-8", NULL};
@@ -195,10 +200,12 @@ static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog
 		child_fail(pipe_fd, 1);
 	if (e->net != ENV_NET_HOST && env_sandbox_loopback_up() < 0)
 		child_fail(pipe_fd, 12);
-	if (mkdir_in(e->root, "usr", 0755) < 0 || mkdir_in(e->root, "etc", 0755) < 0 ||
+	if ((!image &&
+	     (mkdir_in(e->root, "usr", 0755) < 0 || mkdir_in(e->root, "etc", 0755) < 0)) ||
 	    mkdir_in(e->root, "dev", 0755) < 0 || mkdir_in(e->root, "proc", 0555) < 0)
 		child_fail(pipe_fd, 2);
-	if (bind_ro(e->root, "/usr") < 0 || bind_ro(e->root, "/etc") < 0)
+	/* an image brings its own /usr and /etc */
+	if (!image && (bind_ro(e->root, "/usr") < 0 || bind_ro(e->root, "/etc") < 0))
 		child_fail(pipe_fd, 3);
 	if (make_dev(e->root) < 0)
 		child_fail(pipe_fd, 4);
@@ -207,7 +214,7 @@ static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog
 		child_fail(pipe_fd, 5);
 	if (mask_proc(e->root) < 0)
 		child_fail(pipe_fd, 14);
-	if (env_etc_mask(e->root, etc) < 0)
+	if (!image && env_etc_mask(e->root, etc) < 0)
 		child_fail(pipe_fd, 17);
 	if (chdir(e->root) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
 	    umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)
@@ -232,6 +239,10 @@ static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog
 	}
 	if (env_sandbox_enter(filter) < 0)
 		child_fail(pipe_fd, 13);
+	if (image) {
+		(void)env_image_exec(image);
+		child_fail(pipe_fd, 17);
+	}
 	execve("/bin/sh", argv, envp);
 	child_fail(pipe_fd, 11);
 }
@@ -245,6 +256,7 @@ int env_launch(struct sv_env *e)
 		.exit_signal = SIGCHLD,
 	};
 	const struct sock_fprog *filter = env_sandbox_filter();
+	_cleanup_(env_image_run_finish) struct env_image_run image = {0};
 	_cleanup_(env_etc_masks_finish) struct env_etc_masks etc = {0};
 	int p[2], g[2], msg[2], r;
 	ssize_t n;
@@ -253,8 +265,9 @@ int env_launch(struct sv_env *e)
 	if (!filter)
 		return -errno;
 	/* Once per launch: a host file whose mode changed since the last one is seen (a scan of
-	 * Debian's /etc takes about a millisecond; README "Sandbox"). */
-	r = env_etc_scan("/etc", &etc);
+	 * Debian's /etc takes about a millisecond; README "Sandbox"). An image's environment has
+	 * its own /etc, not the host's: nothing to hide. */
+	r = e->image[0] ? 0 : env_etc_scan("/etc", &etc);
 	if (r < 0)
 		return log_error_errno(r,
 				       "Refusing to start environment %s: cannot tell what to "
@@ -266,6 +279,11 @@ int env_launch(struct sv_env *e)
 	if (cg < 0)
 		return log_debug_errno(-errno, "Failed to open cgroup %s: %m", e->cgroup);
 	args.cgroup = (uint64_t)cg;
+	if (e->image[0]) {
+		r = env_image_run_prepare(e, &image);
+		if (r < 0)
+			return r;
+	}
 	if (pipe2(p, O_CLOEXEC) < 0)
 		return -errno;
 	if (pipe2(g, O_CLOEXEC) < 0) {
@@ -278,7 +296,7 @@ int env_launch(struct sv_env *e)
 	if (pid == 0) {
 		(void)close(p[0]);
 		(void)close(g[1]);
-		child_main(e, filter, &etc, g[0], p[1]);
+		child_main(e, filter, g[0], p[1], e->image[0] ? &image : NULL, &etc);
 	}
 	(void)close(p[1]);
 	(void)close(g[0]);
@@ -287,6 +305,8 @@ int env_launch(struct sv_env *e)
 	if (pid < 0)
 		return log_debug_errno(-errno, "clone3 for environment %s failed: %m", e->id);
 	r = env_limits_join(e, pid);
+	if (r >= 0)
+		r = env_devices_join(e, pid);
 	/* Its egress is there before its command runs. */
 	if (r >= 0 && e->net == ENV_NET_SLIRP) {
 		char ns[64];

@@ -99,8 +99,10 @@ static int v1_find(const char *ctl, char *mnt, size_t mcap, char *own, size_t oc
 	return found ? 0 : -ENOENT;
 }
 
-/* e's cgroup in ctl's v1 hierarchy. -ENOENT: no such hierarchy. */
-static int v1_dir(const struct sv_env *e, const char *ctl, char *ret, size_t cap)
+/* e's cgroup in ctl's v1 hierarchy: its mount point (NULL: not wanted) and its path below it.
+ * -ENOENT: no such hierarchy. */
+static int v1_where(const struct sv_env *e, const char *ctl, char *ret_mnt, size_t mcap,
+		    char *ret_rel, size_t cap)
 {
 	char mnt[PATH_MAX], own[PATH_MAX], parent[PATH_MAX];
 	const char *slash;
@@ -111,10 +113,46 @@ static int v1_dir(const struct sv_env *e, const char *ctl, char *ret, size_t cap
 	snprintf(parent, sizeof(parent), "%s", e->cgroup);
 	parent[strlen(parent) - strlen(e->id) - 1] = 0;
 	slash = strrchr(parent, '/');
-	if (snprintf(ret, cap, "%s%s/%s/%s", mnt, own, slash ? slash + 1 : parent, e->id) >=
-	    (int)cap)
+	if (snprintf(ret_rel, cap, "%s/%s/%s", own, slash ? slash + 1 : parent, e->id) >= (int)cap)
+		return -ENAMETOOLONG;
+	if (ret_mnt)
+		snprintf(ret_mnt, mcap, "%s", mnt);
+	return 0;
+}
+
+static int v1_dir(const struct sv_env *e, const char *ctl, char *ret, size_t cap)
+{
+	char mnt[PATH_MAX], rel[PATH_MAX];
+	int r = v1_where(e, ctl, mnt, sizeof(mnt), rel, sizeof(rel));
+
+	if (r < 0)
+		return r;
+	if (snprintf(ret, cap, "%s%s", mnt, rel) >= (int)cap)
 		return -ENAMETOOLONG;
 	return 0;
+}
+
+/* The cgroup v2 mount that holds path (the longest one that is its prefix): its length. */
+static size_t v2_mount_len(const char *path)
+{
+	char line[4096], mp[PATH_MAX];
+	size_t best = 0;
+	FILE *mi = fopen("/proc/self/mountinfo", "re");
+
+	while (mi && fgets(line, sizeof(line), mi)) {
+		char *dash = strstr(line, " - ");
+		size_t n;
+
+		if (!dash || strncmp(dash + 3, "cgroup2 ", 8) != 0 ||
+		    sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1)
+			continue;
+		n = strcmp(mp, "/") == 0 ? 0 : strlen(mp);
+		if (strncmp(path, mp, n) == 0 && path[n] == '/' && n > best)
+			best = n;
+	}
+	if (mi)
+		fclose(mi);
+	return best;
 }
 
 static int write_value(const char *dir, const char *file, const char *value)
@@ -265,4 +303,36 @@ void env_limits_remove(const struct sv_env *e)
 	for (int k = 0; k < _ENV_LIMIT_MAX; k++)
 		if (limit_dir(e, k, dir, sizeof(dir), &v2) >= 0 && !v2)
 			(void)rmdir(dir);
+}
+
+int env_limits_cgroup_roots(const struct sv_env *e,
+			    int (*fn)(const char *ctl, const char *path, void *userdata),
+			    void *userdata)
+{
+	char dir[PATH_MAX], rel[PATH_MAX];
+	size_t n = v2_mount_len(e->cgroup);
+	bool v2;
+	int r;
+
+	if (!n)
+		return -ENOENT;
+	/* CRIU names the v2 hierarchy "" (its cnames in cgroup.img) */
+	r = fn("", e->cgroup + n, userdata);
+	for (int k = 0; r >= 0 && k < _ENV_LIMIT_MAX; k++) {
+		if (limit_dir(e, k, dir, sizeof(dir), &v2) < 0 || v2)
+			continue;
+		r = v1_where(e, controller[k], NULL, 0, rel, sizeof(rel));
+		if (r >= 0)
+			r = fn(controller[k], rel, userdata);
+	}
+	/* and the device rules' (supervisor-env-devices.h), which every environment Belayer
+	 * made has where the host has the hierarchy */
+	if (r >= 0 && !e->adopted && v1_where(e, "devices", NULL, 0, rel, sizeof(rel)) >= 0)
+		r = fn("devices", rel, userdata);
+	return r;
+}
+
+int env_limits_v1_dir(const struct sv_env *e, const char *ctl, char *ret, size_t cap)
+{
+	return v1_dir(e, ctl, ret, cap);
 }

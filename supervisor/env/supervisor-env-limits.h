@@ -10,6 +10,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -20,6 +21,7 @@ struct env_limits {
 	uint64_t pids;	     /* tasks */
 	uint64_t memory;     /* bytes, swap included where the controller counts it */
 	uint32_t cpu_millis; /* thousandths of a CPU (1500: one and a half) */
+	uint64_t disk;	     /* bytes of the writable layer (supervisor-env-disk.h) */
 };
 
 enum env_limit_kind {
@@ -37,6 +39,17 @@ int env_limits_setup(const struct sv_env *e);
 int env_limits_join(const struct sv_env *e, pid_t pid);
 /* Removes the v1 cgroups (once the environment's processes are gone). */
 void env_limits_remove(const struct sv_env *e);
+/* The environment's own cgroups, as CRIU's --cgroup-root names them: fn(controller, path below
+ * the hierarchy's mount) for its v2 cgroup (CRIU's name for it: "") and each v1 cgroup of its limits
+ * and of its device rules (supervisor-env-devices.h). A
+ * restore puts the dumped tree's root there, whichever environment the images came from (a
+ * fork restores another's). The first error fn returns, else 0. */
+int env_limits_cgroup_roots(const struct sv_env *e,
+			    int (*fn)(const char *ctl, const char *path, void *userdata),
+			    void *userdata);
 /* How kind is enforced for e: "v2", "v1", "none" (no controller for it), or "unlimited". An
  * environment has v1 cgroups only for the limits it has. */
 const char *env_limits_where(const struct sv_env *e, enum env_limit_kind kind);
+/* e's cgroup in the v1 hierarchy holding controller ctl (whether or not it exists yet).
+ * -ENOENT: the host has no such hierarchy. */
+int env_limits_v1_dir(const struct sv_env *e, const char *ctl, char *ret, size_t cap);

@@ -261,7 +261,7 @@ int env_manifest_encode(const struct env_manifest *m, char **ret_buf, size_t *re
 
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 22);
+	msgpack_pack_map(&pk, m->from[0] ? 23 : 22);
 	pack_ku64(&pk, "v", ENV_MANIFEST_VERSION);
 	pack_kstr(&pk, "id", m->id);
 	pack_kstr(&pk, "parent", m->parent);
@@ -285,6 +285,8 @@ int env_manifest_encode(const struct env_manifest *m, char **ret_buf, size_t *re
 	pack_ku64(&pk, "dump", m->dump_us);
 	pack_ku64(&pk, "fs", m->fs_us);
 	pack_ku64(&pk, "commit", m->commit_us);
+	if (m->from[0])
+		pack_kstr(&pk, "from", m->from);
 	pack_str(&pk, "fs_index");
 	msgpack_pack_array(&pk, m->n_entries);
 	for (size_t i = 0; i < m->n_entries; i++)
@@ -614,6 +616,8 @@ static int decode_map(const msgpack_object *o, struct env_manifest *m)
 			r = get_u64(val, UINT64_MAX, &m->fs_us);
 		else if (key_is(k, "commit"))
 			r = get_u64(val, UINT64_MAX, &m->commit_us);
+		else if (key_is(k, "from"))
+			r = get_str(val, m->from, ENV_STR_MAX);
 		else if (key_is(k, "fs_index")) {
 			bit = M_INDEX;
 			if (!(seen & M_INDEX))

@@ -7,7 +7,8 @@
  *   realtime), "full" (the FS delta came from a full diff), "why" (why a full diff),
  *   sizes: "fsb" (bytes copied), "fsn" (files copied), "fsrm" (paths removed since the parent),
  *   "criub" (CRIU image bytes), "nproc" (processes dumped), timings (µs): "frz" (frozen),
- *   "dump" (CRIU), "fs" (delta copy), "commit" (fsync + rename),
+ *   "dump" (CRIU), "fs" (delta copy), "commit" (fsync + rename), "from" (optional: a fork's
+ *   first checkpoint, "ENV/CHECKPOINT" it was forked from; issue 20 item 4),
  *   "fs_index": array of the upper layer's entries at this checkpoint, in walk order (a
  *   directory before what it holds), each a map: "p" path (relative, no "."/".." or empty
  *   components), "k" kind (enum env_entry_kind), "m" mode, "u" uid, "g" gid, "s" size,
@@ -85,6 +86,7 @@ struct env_manifest {
 	char full_diff_reason[ENV_STR_MAX + 1];
 	uint64_t fs_bytes, fs_files, fs_removed, criu_bytes, nproc;
 	uint64_t freeze_us, dump_us, fs_us, commit_us;
+	char from[ENV_STR_MAX + 1]; /* "" or "ENV/CHECKPOINT": the fork's source */
 	struct env_entry *entries;
 	size_t n_entries, cap_entries;
 	size_t xattr_bytes; /* names and values of every entry's xattrs */

@@ -29,7 +29,10 @@
  * the build machines run five test suites on two cores). */
 #define SLIRP_READY_MS 15000
 
-#define REAPER_STACK (64u << 10)
+/* The reaper thread's stack: it only formats a line, but glibc's pthread_create refuses a stack
+ * that the process's static TLS and guard page leave too little of (EINVAL): 64 KiB failed
+ * every slirp create once the supervisor linked a few more libraries. */
+#define REAPER_STACK (256u << 10)
 
 /* The fds slirp4netns gets, in this order from 3 on: --ready-fd, --exit-fd, the namespace. */
 enum {

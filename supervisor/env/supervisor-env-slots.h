@@ -71,6 +71,12 @@ struct env_job {
 	 * thaw on the offload thread's clock (thaw 0: never froze). */
 	struct envs_policy_ckpt *policy;
 	uint64_t run_start_us, thaw_at_us;
+	/* A fork (ENV_OP_FORK): the new environments' slots (busy until done), the forks made
+	 * (all or none), why one failed. */
+	struct env_slot *fork_slots[ENV_FORK_MAX];
+	struct sv_env *forks[ENV_FORK_MAX];
+	size_t n_forks;
+	char why[ENV_ERROR_MAX];
 };
 
 struct env_slot *env_slot_find(struct sv_envs *es, const char *id);

@@ -23,12 +23,15 @@ static int on_env_request(struct supervisor *s, struct sv_client *c, struct prot
 	return envs_dispatch(s, c, &m->env_request);
 }
 
+static int on_image_request(struct supervisor *s, struct sv_client *c, struct proto_msg *m)
+{
+	return images_dispatch(s, c, &m->image_request);
+}
+
 static const struct sv_message_handler messages[] = {
-	{PROTO_ENV_REQUEST, on_env_request},
-	{PROTO_ENV_EXEC, env_exec_dispatch},
-	{PROTO_ENV_FILE_READ, env_file_dispatch},
-	{PROTO_ENV_FILE_WRITE, env_file_dispatch},
-	{},
+	{PROTO_ENV_REQUEST, on_env_request},	  {PROTO_ENV_EXEC, env_exec_dispatch},
+	{PROTO_ENV_FILE_READ, env_file_dispatch}, {PROTO_ENV_FILE_WRITE, env_file_dispatch},
+	{PROTO_IMAGE_REQUEST, on_image_request},  {},
 };
 
 static void env_init(struct supervisor *s)

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,9 +22,12 @@
 
 #include "log.h"
 #include "util.h"
+#include "supervisor-env-devices.h"
+#include "supervisor-env-disk.h"
 #include "supervisor-env-fs.h"
 #include "supervisor-env-net.h"
 #include "supervisor-env.h"
+#include "supervisor-env-image.h"
 
 #define KILL_WAIT_MS 10000
 
@@ -133,8 +137,6 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 		return -ENOMEM;
 	snprintf(e->id, sizeof(e->id), "%s", p->id);
 	snprintf(e->dir, sizeof(e->dir), "%s/envs/%s", p->state_dir, p->id);
-	snprintf(e->upper, sizeof(e->upper), "%s/upper", e->dir);
-	snprintf(e->work, sizeof(e->work), "%s/work", e->dir);
 	snprintf(e->root, sizeof(e->root), "%s/root", e->dir);
 	snprintf(e->cgroup, sizeof(e->cgroup), "%s/%s", p->cgroup_parent, p->id);
 	snprintf(e->cmd, sizeof(e->cmd), "%s", p->cmd ? p->cmd : "");
@@ -147,6 +149,7 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 	e->net = p->net > ENV_NET_DEFAULT && p->net < _ENV_NET_MAX ? p->net : ENV_NET_NONE;
 	snprintf(e->slirp4netns, sizeof(e->slirp4netns), "%s",
 		 p->slirp4netns && *p->slirp4netns ? p->slirp4netns : "slirp4netns");
+	env_disk_layout(e);
 	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", e->dir);
 	r = mkdir_p(e->dir, 0700);
 	if (r >= 0)
@@ -162,22 +165,39 @@ static int env_prepare(const struct env_params *p, struct sv_env **ret)
 	return 0;
 }
 
-int env_create(const struct env_params *p, struct sv_env **ret)
+int env_create_stopped(const struct env_params *p, struct sv_env **ret)
 {
 	struct sv_env *e;
-	struct stat st;
 	int r;
 
-	if (!p->base || stat(p->base, &st) < 0 || !S_ISDIR(st.st_mode))
-		return -ENOTDIR;
 	r = env_prepare(p, &e);
 	if (r < 0)
 		return r;
+	/* The layer's tmpfs pages are the environment's memory: past memory_max a big write is
+	 * killed before it gets ENOSPC. */
+	if (e->limits.disk && e->limits.memory && e->limits.disk >= e->limits.memory)
+		log_warning("Environment %s: its disk limit (%" PRIu64 " bytes) is not below its "
+			    "memory limit (%" PRIu64 " bytes), which its writable layer counts "
+			    "against: a large write is OOM-killed rather than refused with ENOSPC.",
+			    e->id, e->limits.disk, e->limits.memory);
+	r = env_disk_mount(e);
+	if (r < 0)
+		goto fail;
 	if ((mkdir(e->upper, 0755) < 0 && errno != EEXIST) ||
 	    (mkdir(e->work, 0700) < 0 && errno != EEXIST) ||
 	    (mkdir(e->root, 0755) < 0 && errno != EEXIST)) {
 		r = -errno;
 		goto fail;
+	}
+	if (p->image) {
+		char why[512] = "";
+
+		r = env_image_attach(e, p->state_dir, p->image, why, sizeof(why));
+		if (r < 0) {
+			if (p->error && p->error_cap)
+				snprintf(p->error, p->error_cap, "%s", why);
+			goto fail;
+		}
 	}
 	r = mkdir_p(p->cgroup_parent, 0755);
 	if (r < 0)
@@ -187,25 +207,54 @@ int env_create(const struct env_params *p, struct sv_env **ret)
 		goto fail;
 	}
 	r = env_limits_setup(e);
+	if (r >= 0)
+		r = env_devices_setup(e);
+	if (r < 0) {
+		(void)rmdir(e->cgroup);
+		env_limits_remove(e);
+		env_devices_remove(e);
+		goto fail;
+	}
+	*ret = e;
+	return 0;
+fail:
+	env_disk_unmount(e);
+	env_image_forget(e, p);
+	free(e);
+	return r;
+}
+
+void env_write_identity(const struct sv_env *e)
+{
+	char limits[128];
+
+	/* What a restarted supervisor needs to take the environment back (env_reopen). */
+	(void)write_small(e->dir, "base", e->base);
+	(void)write_small(e->dir, "cmd", e->cmd);
+	snprintf(limits, sizeof(limits), "%" PRIu64 " %" PRIu64 " %" PRIu32 " %" PRIu64,
+		 e->limits.pids, e->limits.memory, e->limits.cpu_millis, e->limits.disk);
+	(void)write_small(e->dir, "limits", limits);
+	(void)write_small(e->dir, "net", env_net_to_string(e->net));
+}
+
+int env_create(const struct env_params *p, struct sv_env **ret)
+{
+	struct sv_env *e;
+	struct stat st;
+	int r;
+
+	if (!p->image && (!p->base || stat(p->base, &st) < 0 || !S_ISDIR(st.st_mode)))
+		return -ENOTDIR;
+	r = env_create_stopped(p, &e);
 	if (r < 0)
-		goto fail_cg;
+		return r;
 	r = env_mount_overlay(e);
 	if (r < 0)
 		goto fail_cg;
 	r = env_launch(e);
 	if (r < 0)
 		goto fail_mount;
-	/* What a restarted supervisor needs to take the environment back (env_reopen). */
-	(void)write_small(e->dir, "base", e->base);
-	(void)write_small(e->dir, "cmd", e->cmd);
-	{
-		char limits[96];
-
-		snprintf(limits, sizeof(limits), "%" PRIu64 " %" PRIu64 " %" PRIu32, e->limits.pids,
-			 e->limits.memory, e->limits.cpu_millis);
-		(void)write_small(e->dir, "limits", limits);
-	}
-	(void)write_small(e->dir, "net", env_net_to_string(e->net));
+	env_write_identity(e);
 	*ret = e;
 	return 0;
 fail_mount:
@@ -213,7 +262,11 @@ fail_mount:
 fail_cg:
 	(void)rmdir(e->cgroup);
 	env_limits_remove(e);
-fail:
+	env_devices_remove(e);
+	env_disk_unmount(e);
+	if (p->error && p->error_cap && !p->error[0] && e->error[0])
+		snprintf(p->error, p->error_cap, "%s", e->error);
+	env_image_forget(e, p);
 	free(e);
 	return r;
 }
@@ -625,8 +678,12 @@ int env_kill(struct sv_env *e)
 	r = wait_unpopulated(e->cgroup);
 	if (r < 0)
 		return log_debug_errno(r, "Environment %s did not die: %m", e->id);
-	if (e->pid > 0 && !e->adopted)
+	if (e->pid > 0 && !e->adopted) {
+		/* Our child, not reaped, so the pid is still its: killed even when it is not in
+		 * the cgroup (a restore that put it elsewhere), so that the wait cannot hang. */
+		(void)kill(e->pid, SIGKILL);
 		(void)waitpid(e->pid, NULL, 0);
+	}
 	e->pid = 0;
 	return 0;
 }
@@ -645,18 +702,20 @@ void env_destroy(struct sv_env *e)
 		return;
 	/* An adopted environment is its runtime's: forgotten, not killed. */
 	if (!e->adopted) {
-		static const char *const identity[] = {"uuid", "base",	 "cmd",
-						       "head", "limits", "net"};
+		static const char *const identity[] = {"uuid",	 "base", "cmd",	 "head",
+						       "limits", "net",	 "image"};
 
 		(void)env_kill(e);
 		if (umount2(e->root, 0) < 0 && errno != EINVAL)
 			(void)umount2(e->root, MNT_DETACH);
 		(void)rmdir(e->cgroup);
 		env_limits_remove(e);
+		env_devices_remove(e);
 		/* Its writable layer goes with it: an environment created later under the same id
 		 * starts from its base. */
 		wipe_dir(e->upper);
 		wipe_dir(e->work);
+		env_disk_unmount(e);
 		/* Forgotten for good: not taken back after a restart, and an environment created
 		 * later under the same id gets a new identity, so these checkpoints (kept on disk)
 		 * are foreign to it. */
@@ -673,12 +732,16 @@ void env_destroy(struct sv_env *e)
 
 int env_fresh_cgroup(struct sv_env *e)
 {
+	int r;
+
 	if (rmdir(e->cgroup) < 0 && errno != ENOENT)
 		return -errno;
 	if (mkdir(e->cgroup, 0755) < 0)
 		return -errno;
-	/* its limits again (v2: the new directory has none; v1: CRIU and the launch join them) */
-	return env_limits_setup(e);
+	/* its limits and device rules again (v2: the new directory has none; v1: CRIU and the
+	 * launch join them); an adopted environment keeps the devices its runtime gave it */
+	r = env_limits_setup(e);
+	return r < 0 || e->adopted ? r : env_devices_setup(e);
 }
 
 int env_rebuild(struct sv_env *e)
@@ -760,15 +823,24 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 		return -ENOENT; /* not made by env_create (adopted, or older): not ours to take */
 	}
 	(void)read_small(e->dir, "cmd", e->cmd, sizeof(e->cmd));
+	if (strncmp(e->base, "image:", 6) == 0 && env_image_reopen(e) < 0) {
+		free(e);
+		return -ENOENT; /* its image record is gone: not one env_create finished */
+	}
 	/* its own limits (a create's may differ from the configuration's) */
 	{
-		char limits[96];
-		struct env_limits l;
+		char limits[128];
+		struct env_limits l = {0};
 
+		/* the disk limit is the fourth; an environment whose file lacks it was made
+		 * before disk limits existed: its layer is on the state directory */
 		if (read_small(e->dir, "limits", limits, sizeof(limits)) >= 0 &&
-		    sscanf(limits, "%" SCNu64 " %" SCNu64 " %" SCNu32, &l.pids, &l.memory,
-			   &l.cpu_millis) == 3)
+		    sscanf(limits, "%" SCNu64 " %" SCNu64 " %" SCNu32 " %" SCNu64, &l.pids,
+			   &l.memory, &l.cpu_millis, &l.disk) >= 3)
 			e->limits = l;
+		else
+			e->limits.disk = 0;
+		env_disk_layout(e);
 	}
 	/* its network (none for one created before networks were kept) */
 	{
@@ -786,6 +858,32 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 	if (access(path, F_OK) == 0)
 		(void)env_write_file(path, "0");
 	e->pid = find_init(e->cgroup);
+	/* The writable layer's tmpfs is mounted in our mount namespace, which a supervisor
+	 * restarted in a namespace of its own (systemd's ProtectSystem) or a reboot does not
+	 * have: a running environment's layer is then out of reach (a checkpoint would see it
+	 * empty), so the environment stops and comes back from its head, by a restore. */
+	if (!env_disk_mounted(e)) {
+		if (e->pid > 0) {
+			log_warning("Environment %s's writable layer (a tmpfs: disk limit) is not "
+				    "mounted here: stopped, restore it from its head.",
+				    e->id);
+			(void)env_kill(e);
+		}
+		r = env_disk_mount(e);
+		if (r < 0) {
+			free(e);
+			return r;
+		}
+	}
+	/* Attached to the cgroup, the device program outlives us; a cgroup made by someone
+	 * else since (or an older Belayer's) gets it now. */
+	if (e->pid > 0) {
+		r = env_devices_ensure(e);
+		if (r < 0)
+			log_warning_errno(
+				r, "Environment %s has no device program on %s: %m, ignoring.",
+				e->id, e->cgroup);
+	}
 	/* The previous supervisor's slirp4netns exited with it (its --exit-fd): another one. */
 	if (e->pid > 0 && e->net == ENV_NET_SLIRP) {
 		_cleanup_close_ int netns = -1;

@@ -50,6 +50,11 @@ struct env_params {
 	struct env_limits limits;  /* processes, memory, CPU (0: none) */
 	enum env_net net;	   /* ENV_NET_DEFAULT: ENV_NET_NONE */
 	const char *slirp4netns;   /* the helper for ENV_NET_SLIRP (a name: on PATH) */
+	/* Issue 20 (supervisor-env-image.h): an image (a stored one's name or id, or
+	 * oci:DIR[:TAG] / docker-archive:FILE[:REF]) as the root instead of base; NULL: base. */
+	const char *image;
+	char *error; /* NULL or where a failed create says why beyond its errno */
+	size_t error_cap;
 };
 
 struct sv_env {
@@ -76,6 +81,8 @@ struct sv_env {
 	enum env_net net; /* never ENV_NET_DEFAULT; kept in <dir>/net */
 	char slirp4netns[PATH_MAX];
 	struct env_net_helper *net_helper; /* slirp4netns while it runs (supervisor-env-net.h) */
+	/* The image's id ("sha256:<hex>") when the root is a container image's layers, else "". */
+	char image[72];
 };
 
 struct env_ckpt_params {
@@ -175,6 +182,30 @@ int env_checkpoints(const struct sv_env *e, char ***ret, size_t *ret_n);
  * needs from deleted ancestors (hard links) and becomes the root of the chain. */
 int env_gc(struct sv_env *e, unsigned keep);
 
+/* A new environment dst from src's checkpoint ckpt (NULL or "": its head), issue 20 item 4:
+ * p names it and gives its limits (its base and command are src's); its file system is the
+ * checkpoint's (the base shared, the upper layer rebuilt) and its processes the checkpoint's,
+ * restored by CRIU into its own cgroup and a network namespace of its own, so servers listen
+ * on the same ports in every fork. Its first checkpoint is a copy of src's (data and CRIU
+ * images hard-linked, so it costs no copy; a chain root of its own, its manifest's "from"
+ * names src and the checkpoint): it restores, forks and GCs independently of src. src keeps
+ * running, untouched. *ret: the fork (running), ret_m: its first checkpoint's manifest. On
+ * failure nothing of the fork is left but its copy (foreign, as a destroyed environment's)
+ * and why (may be NULL) says what CRIU or the restore said, when they said more. */
+int env_fork(const struct sv_env *src, const char *ckpt, const struct env_params *p,
+	     struct sv_env **ret, struct env_manifest *ret_m, char *why, size_t cap);
+
+/* Internal (supervisor-env.c): env_create without the overlay and the init: the state
+ * directory (a new identity unless it has one), upper/, work/, root/, the cgroup and its
+ * limits; and what env_reopen reads back of it. */
+int env_create_stopped(const struct env_params *p, struct sv_env **ret);
+void env_write_identity(const struct sv_env *e);
+/* Internal (supervisor-env-ckpt.c): the checkpoints directory (an fd), a checkpoint of e
+ * loaded and its chain verified (-EXDEV: another environment's), the next free id. */
+int env_ckpts_open(const struct sv_env *e);
+int env_ckpt_load_verified(const struct sv_env *e, int ckfd, const char *id,
+			   struct env_manifest *ret);
+int env_ckpt_next_id(const struct sv_env *e, char *buf, size_t cap);
 /* Internal (supervisor-env-launch.c): starts the init in the namespaces, into the cgroup. */
 int env_launch(struct sv_env *e);
 int env_mount_overlay(const struct sv_env *e);

@@ -43,7 +43,7 @@
 #include "supervisor-sidelog.h"
 #include "util.h"
 
-#define MAX_SEEDS 64
+#define MAX_SEEDS 96
 #define SEED_MAX  (PROTO_MAX_MSG + 1)
 
 struct seed {

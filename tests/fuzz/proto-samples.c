@@ -288,7 +288,34 @@ static void sample_env_create(struct proto_msg *m)
 	(void)snprintf(m->env_request.env, sizeof(m->env_request.env), "env-7");
 	(void)snprintf(m->env_request.root, sizeof(m->env_request.root), "/srv/bases/py311");
 	(void)snprintf(m->env_request.cmd, sizeof(m->env_request.cmd), "exec sleep infinity");
+	m->env_request.pids = 256;
+	m->env_request.memory = ENV_LIMIT_NONE;
+	m->env_request.cpu_millis = 1500;
+	m->env_request.disk = 8u << 20;
 	m->env_request.net = ENV_NET_SLIRP;
+}
+
+static void sample_image_import(struct proto_msg *m)
+{
+	m->type = PROTO_IMAGE_REQUEST;
+	m->image_request.op = IMAGE_OP_IMPORT;
+	(void)snprintf(m->image_request.ref, sizeof(m->image_request.ref),
+		       "docker-archive:/srv/images/py311.tar:localhost/py:3.11");
+	(void)snprintf(m->image_request.name, sizeof(m->image_request.name), "py");
+}
+
+static void sample_image_info(struct proto_msg *m)
+{
+	m->type = PROTO_IMAGE_INFO;
+	(void)snprintf(m->image_info.id, sizeof(m->image_info.id),
+		       "sha256:a10a8f7cd0f69fd862add0720439221fee12d2ea9ca7fe158fd8fe0701d4aa40");
+	(void)snprintf(m->image_info.name, sizeof(m->image_info.name), "localhost/py:3.11");
+	m->image_info.n_layers = 12;
+	m->image_info.unpacked = 11;
+	m->image_info.cached = 1;
+	m->image_info.entries = 48213;
+	m->image_info.bytes = 3ull << 30;
+	m->image_info.us = 41000000;
 }
 
 static void sample_env_info(struct proto_msg *m)
@@ -545,6 +572,8 @@ static const struct {
 	{"nccl-comm-end", sample_nccl_comm_end, NULL},
 	{"env-checkpoint", sample_env_checkpoint, NULL},
 	{"env-create", sample_env_create, NULL},
+	{"image-import", sample_image_import, NULL},
+	{"image-info", sample_image_info, NULL},
 	{"env-info", sample_env_info, NULL},
 	{"env-item", sample_env_item, NULL},
 	{"traj-step-end", sample_traj_step_end, NULL},

@@ -45,35 +45,20 @@ env_fixture_cleanup() {
 	for e in "${fixture_envs[@]}"; do
 		[[ -d $cg/$e ]] && { echo 1 >"$cg/$e/cgroup.kill" 2>/dev/null || true; }
 		umount -l "$dir/state/envs/$e/root" 2>/dev/null || true
+		umount -l "$dir/state/envs/$e/disk" 2>/dev/null || true
 	done
-	# The killed trees leave their cgroups once the kernel has reaped them: the v2 parent and,
-	# on a hybrid host, the v1 ones the limits made (env_fixture_v1_dirs).
-	local left d v1
-	mapfile -t v1 < <(env_fixture_v1_dirs)
+	# The killed trees leave their cgroups once the kernel has reaped them, the v2 ones and
+	# their v1 mirrors (limits, device rules: <mount><own cgroup>/<$cg's name>/ENV).
+	local mirrors m
 	for _ in $(seq 50); do
-		left=0
-		for d in "$cg" "${v1[@]}"; do
-			[[ -d $d ]] || continue
-			rmdir "$d"/* 2>/dev/null || true
-			rmdir "$d" 2>/dev/null || left=1
-		done
-		((left)) || break
+		rmdir "$cg"/* 2>/dev/null || true
+		rmdir "$cg" 2>/dev/null || true
+		mirrors=$(find /sys/fs/cgroup -mindepth 2 -maxdepth 8 -type d -name "${cg##*/}" 2>/dev/null)
+		for m in $mirrors; do rmdir "$m"/* "$m" 2>/dev/null || true; done
+		[[ ! -e $cg && -z $mirrors ]] && break
 		sleep 0.1
 	done
 	rm -rf "$dir"
-}
-
-# The parents supervisor-env-limits.c makes for the environments' v1 cgroups, one per v1
-# hierarchy (those holding pids, memory, cpu are used; every one is named):
-# <mount><this shell's cgroup there>/<basename of $cg> (the supervisor is our child: its
-# cgroups are ours).
-env_fixture_v1_dirs() {
-	local ctls path mnt
-	while IFS=: read -r _ ctls path; do
-		[[ -z $ctls ]] && continue
-		mnt=$(cgroup_mount "$ctls")
-		[[ -n $mnt ]] && echo "$mnt${path%/}/${cg##*/}"
-	done <"/proc/$$/cgroup"
 }
 
 # cgroup_mount CONTROLLERS: the mount point of the cgroup hierarchy a /proc/PID/cgroup line's

@@ -528,6 +528,15 @@ static bool key_is_optional(enum proto_type type, const char *key)
 		/* A create's network and an environment's (issue 19). */
 		{PROTO_ENV_REQUEST, "net"},
 		{PROTO_ENV_INFO, "net"},
+		/* A fork's new environment and count (issue 20 item 4). */
+		{PROTO_ENV_REQUEST, "dst"},
+		{PROTO_ENV_REQUEST, "n"},
+		/* A create's disk limit (issue 19). */
+		{PROTO_ENV_REQUEST, "disk"},
+		/* A create's image (issue 20), an image request's reference and name. */
+		{PROTO_ENV_REQUEST, "img"},
+		{PROTO_IMAGE_REQUEST, "ref"},
+		{PROTO_IMAGE_REQUEST, "name"},
 		/* A step event carries what the framework knows of the pending request. */
 		{PROTO_TRAJ_STEP, "turn"},
 		{PROTO_TRAJ_STEP, "plen"},
@@ -917,17 +926,23 @@ static void env_messages(void **state)
 	assert_string_equal(d.env_request.ckpt, "c00000003");
 	assert_string_equal(d.env_request.root, "");
 	assert_true(d.env_request.pids == 0 && d.env_request.memory == 0 &&
-		    d.env_request.cpu_millis == 0);
+		    d.env_request.cpu_millis == 0 && d.env_request.disk == 0);
 	/* a create's limits, "no limit" included */
 	m.env_request.op = ENV_OP_CREATE;
 	m.env_request.pids = 256;
 	m.env_request.memory = ENV_LIMIT_NONE;
 	m.env_request.cpu_millis = 1500;
+	m.env_request.disk = 8 << 20;
 	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), 0);
 	assert_int_equal(proto_decode(out, len, NULL, 0, &d), 0);
 	assert_true(d.env_request.pids == 256 && d.env_request.memory == ENV_LIMIT_NONE &&
-		    d.env_request.cpu_millis == 1500);
+		    d.env_request.cpu_millis == 1500 && d.env_request.disk == 8 << 20);
+	m.env_request.disk = ENV_LIMIT_NONE;
+	assert_int_equal(proto_encode(&m, out, sizeof(out), &len, NULL, NULL), 0);
+	assert_int_equal(proto_decode(out, len, NULL, 0, &d), 0);
+	assert_true(d.env_request.disk == ENV_LIMIT_NONE);
 	m.env_request.pids = m.env_request.memory = m.env_request.cpu_millis = 0;
+	m.env_request.disk = 0;
 	/* A minimal request: "v", "t", "op", "env" only. */
 	{
 		static const uint8_t minimal[] = {0x84, 0xa1, 'v',  0x01, 0xa1, 't', 30,  0xa2,

@@ -36,6 +36,8 @@ static const struct {
 	{"step", cmd_step,
 	 "step end|begin TRAJECTORY ENV [--turn N] ...  report an environment step, print the "
 	 "checkpoint policy's decision"},
+	{"image", cmd_image,
+	 "image list|import REF [--name N]|rm IMAGE|gc  container images for env create --image"},
 };
 
 static void help(FILE *f)

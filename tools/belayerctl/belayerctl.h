@@ -58,3 +58,6 @@ int cmd_env_exec(const struct ctl_options *o, int argc, char **argv); /* exec, r
 int cmd_bpf(const struct ctl_options *o, int argc, char **argv);
 int cmd_traj(const struct ctl_options *o, int argc, char **argv);
 int cmd_step(const struct ctl_options *o, int argc, char **argv);
+int cmd_image(const struct ctl_options *o, int argc, char **argv);
+/* An image reference for the supervisor: oci:DIR / docker-archive:FILE made absolute. */
+int image_arg(char *dst, size_t cap, const char *src);

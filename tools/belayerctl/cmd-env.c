@@ -2,12 +2,19 @@
 /*
  * belayerctl env: agent environments (issue 9 item 3, issue 10).
  *   env create ID --root BASE [--cmd CMD] [--pids N|max] [--memory SIZE|max] [--cpus X|max]
- *                 [--net none|slirp|host]     start one (sandboxed: own namespaces, cgroups,
+ *                 [--net none|slirp|host] [--disk SIZE|max]
+ *                                             start one (sandboxed: own namespaces, cgroups,
  *                                             overlay root; limits and network other than
  *                                             [env]'s)
+ *   env create ID --image IMAGE [--cmd CMD] ...   the same on a container image's layers
+ *                                             (a stored image, oci:DIR[:TAG] or
+ *                                             docker-archive:FILE[:REF]; see image)
  *   env adopt ID --root ROOT --cgroup CG --pid PID   register another runtime's environment
  *   env checkpoint ID --turn N [--prefix-tokens LEN --prefix-hash H] [--trajectory T]
  *   env restore ID [--checkpoint C]           full restore; prints the manifest (turn, prefix)
+ *   env fork SRC [--checkpoint C] --as NEW [--count K]
+ *                                             K environments (NEW, or NEW-1..NEW-K) from
+ *                                             SRC's checkpoint C (default: its latest)
  *   env rebuild ID                            rebuild from the base (the replay baseline)
  *   env list [ID]                             environments, or ID's checkpoints
  *   env destroy ID
@@ -196,6 +203,10 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 		{"memory", required_argument, NULL, 'M'},
 		{"cpus", required_argument, NULL, 'U'},
 		{"net", required_argument, NULL, 'N'},
+		{"as", required_argument, NULL, 'A'},
+		{"count", required_argument, NULL, 'K'},
+		{"disk", required_argument, NULL, 'D'},
+		{"image", required_argument, NULL, 'i'},
 		{},
 	};
 	struct proto_env_request q = {0};
@@ -206,7 +217,7 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 
 	if (argc < 2) {
 		fprintf(stderr,
-			"Usage: belayerctl env create|adopt|checkpoint|restore|rebuild|list|"
+			"Usage: belayerctl env create|adopt|checkpoint|restore|fork|rebuild|list|"
 			"destroy|watch|dirty|log|exec|read|write ...\n");
 		return 2;
 	}
@@ -271,6 +282,9 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 		case 'U':
 			r = parse_limit(optarg, "", 1000, &q.cpu_millis);
 			break;
+		case 'D':
+			r = parse_limit(optarg, "kmgt", 1, &q.disk);
+			break;
 		case 'N': {
 			enum env_net net;
 
@@ -282,6 +296,18 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 				fprintf(stderr, "belayerctl: --net: none, slirp or host\n");
 			break;
 		}
+		case 'A':
+			r = copy_arg(q.dst, sizeof(q.dst), optarg, "--as");
+			break;
+		case 'K':
+			r = parse_u64(optarg, &v);
+			if (r >= 0 && (v < 1 || v > ENV_FORK_MAX))
+				r = -ERANGE;
+			q.count = (uint32_t)v;
+			break;
+		case 'i':
+			r = image_arg(q.image, sizeof(q.image), optarg);
+			break;
 		default:
 			return 2;
 		}
@@ -300,11 +326,13 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 			return 2;
 	}
 	if ((q.op != ENV_OP_LIST && q.op != ENV_OP_WATCH && !q.env[0]) ||
-	    (q.op == ENV_OP_WATCH && !q.root[0]) || (q.op == ENV_OP_CHECKPOINT && !have_turn)) {
+	    (q.op == ENV_OP_WATCH && !q.root[0]) || (q.op == ENV_OP_CHECKPOINT && !have_turn) ||
+	    (q.op == ENV_OP_FORK && !q.dst[0])) {
 		fprintf(stderr, "belayerctl: env %s: missing %s\n", sub,
-			q.op == ENV_OP_WATCH			? "CGROUP_PATH"
-			: q.op == ENV_OP_CHECKPOINT && q.env[0] ? "--turn N"
-								: "ID");
+			!q.env[0] && q.op != ENV_OP_WATCH ? "ID"
+			: q.op == ENV_OP_WATCH		  ? "CGROUP_PATH"
+			: q.op == ENV_OP_CHECKPOINT	  ? "--turn N"
+							  : "--as NEW");
 		return 2;
 	}
 	return request(o, &q, follow && q.op == ENV_OP_LOG);

@@ -32,6 +32,8 @@ static const struct subcommand subcommands[] = {
 	 "environment recovery: full checkpoint/restore vs rebuild + replay"},
 	{"policy", bench_policy,
 	 "checkpoint policies never / every-turn / adaptive: slowdown, hidden, work lost"},
+	{"sandbox", bench_sandbox,
+	 "environments vs podman on one image: create, exec, checkpoint, restore, fork of 8"},
 };
 
 static void usage(FILE *f)

@@ -469,22 +469,3 @@ int fixture_free_port(uint16_t *ret)
 	close(s);
 	return 0;
 }
-
-void fixture_rmdir_v1(const char *name)
-{
-	char line[PATH_MAX], mnt[PATH_MAX], path[PATH_MAX * 2];
-	_cleanup_fclose_ FILE *f = fopen("/proc/self/cgroup", "re");
-
-	while (f && fgets(line, sizeof(line), f)) {
-		char *c = strchr(line, ':'), *p = c ? strchr(c + 1, ':') : NULL;
-
-		if (!p || p == c + 1)
-			continue; /* v2's line has no controllers */
-		*p++ = 0;
-		p[strcspn(p, "\n")] = 0;
-		if (hierarchy_mount(c + 1, mnt, sizeof(mnt)) < 0)
-			continue;
-		snprintf(path, sizeof(path), "%s%s/%s", mnt, strcmp(p, "/") == 0 ? "" : p, name);
-		(void)rmdir(path);
-	}
-}

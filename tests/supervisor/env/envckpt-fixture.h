@@ -49,8 +49,3 @@ int fixture_wait_file(const char *path, int timeout_ms);
 /* A free loopback TCP port. */
 int fixture_free_port(uint16_t *ret);
 uint64_t fixture_now_us(void);
-
-/* Removes the empty parent <mount><our cgroup>/<name> of environments' v1 limit cgroups
- * (supervisor-env-limits.c) in every v1 hierarchy; env_destroy removes only the environment's
- * own. */
-void fixture_rmdir_v1(const char *name);

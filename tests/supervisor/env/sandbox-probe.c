@@ -11,6 +11,7 @@
  *   metrics=PORT    the supervisor's /metrics         svsock=PATH    the supervisor's socket
  *   svpid=PID       the supervisor                    hostfile=PATH  a host-only file
  *   other=PATH      another environment's upper layer  state=PATH     the state directory
+ *   devnodes=PATH,... device nodes the test made inside that must not open
  *   etcfile=PATH    a host file of /etc, mode 0600     etcdir=PATH    a host directory of /etc,
  *                                                                    0700, holding a file "key"
  */
@@ -310,11 +311,49 @@ static void devices_and_proc(void)
 		if (fd >= 0)
 			close(fd);
 	}
+	/* what an agent needs of /dev keeps working under the device allow-list */
+	{
+		static const char *const usable[] = {"/dev/null", "/dev/zero", "/dev/full",
+						     "/dev/random", "/dev/urandom"};
+
+		for (size_t i = 0; i < sizeof(usable) / sizeof(usable[0]); i++) {
+			errno = 0;
+			fd = open(usable[i], O_RDWR | O_CLOEXEC);
+			verdict("dev_usable", fd < 0, 0, "%s opens%s%s", usable[i],
+				fd < 0 ? ": " : "", fd < 0 ? strerror(errno) : "");
+			if (fd >= 0)
+				close(fd);
+		}
+	}
 	fd = open("/proc/keys", O_RDONLY | O_CLOEXEC);
 	n = fd >= 0 ? read(fd, buf, sizeof(buf)) : -1;
 	if (fd >= 0)
 		close(fd);
 	verdict("proc_keys", n > 0, 0, "/proc/keys gives %zd bytes", n);
+}
+
+/* Device nodes the test put into the environment's file system (devnodes=PATH,...: a block
+ * device and /dev/kmsg, made on the host side): the device allow-list refuses them. kmsg opens
+ * write-only, which needs no capability; a block device read-only. */
+static void foreign_nodes(const char *list)
+{
+	char copy[1024], *save = NULL;
+
+	if (!list) {
+		verdict("devnodes", true, 0, "no devnodes= given");
+		return;
+	}
+	snprintf(copy, sizeof(copy), "%s", list);
+	for (char *p = strtok_r(copy, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+		struct stat st;
+
+		if (stat(p, &st) < 0) {
+			verdict("devnode", true, errno, "%s is not there", p);
+			continue;
+		}
+		TRY("devnode",
+		    open(p, (S_ISBLK(st.st_mode) ? O_RDONLY : O_WRONLY) | O_NOCTTY | O_CLOEXEC), p);
+	}
 }
 
 static int tcp_connect(const char *port)
@@ -514,6 +553,7 @@ int main(int argc, char **argv)
 	host_etc(argc, argv);
 	mounts();
 	devices_and_proc();
+	foreign_nodes(arg(argc, argv, "devnodes"));
 	network(argc, argv);
 	supervisor_and_others(argc, argv);
 	kernel();

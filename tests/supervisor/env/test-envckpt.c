@@ -33,6 +33,7 @@
 #include "envckpt-fixture.h"
 #include "envckpt-test.h"
 #include "supervisor-criu.h"
+#include "supervisor-env-devices.h"
 #include "supervisor-env-sandbox.h"
 #include "supervisor-env.h"
 #include "test-util.h"
@@ -674,6 +675,8 @@ static void test_adopt(void **state)
 	assert_int_equal(fixture_tree_hash(root, skip, &h2), 0);
 	assert_true(h2 == h);
 	assert_int_equal(access(mark, F_OK), 0);
+	/* its fresh cgroup has no device allow-list of Belayer's: its runtime's devices stay */
+	assert_int_equal(env_devices_attached(cg), 0);
 	/* the restored tree runs, the adopter's child now */
 	assert_int_equal(fixture_env_exec(cg, a->pid, "test -e /work/ready"), 0);
 	env_manifest_finish(&m);

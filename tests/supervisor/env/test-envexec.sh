@@ -5,7 +5,8 @@
 # every namespace, the cgroup, the capabilities and the seccomp filter of the environment, its
 # limits, stdin, bounded output, 16 execs at once in 4 environments while the supervisor
 # answers, a background server that outlives its exec and a checkpoint + restore, and file
-# reads and writes that never leave the environment's root.
+# reads and writes that never leave the environment's root and open nothing but regular files
+# (a FIFO's waiting writer stays waiting; device nodes refused unopened).
 # Usage: test-envexec.sh SUPERVISOR BELAYERCTL
 set -euo pipefail
 
@@ -210,6 +211,29 @@ for p in /dev/null /tmp /proc/self/status /proc/1/environ; do
 done
 if echo x | ctl env write e1 /usr/evil 2>/dev/null; then fail "write into the read-only /usr"; fi
 [[ ! -e /usr/evil ]] || fail "/usr/evil on the host"
+# Nothing but a regular file is opened. A FIFO the agent made: a writer waits in its open;
+# a read is refused promptly and leaves it waiting (an open for reading would have woken it).
+w=$(ctl env exec e1 -- sh -c 'mkfifo /tmp/fifo; (exec 3>/tmp/fifo; echo opened >/tmp/fifo-opened) \
+	</dev/null >/dev/null 2>&1 & echo $!')
+waiting() { ctl env exec e1 -- sh -c "[ \"\$(cat /proc/$w/wchan)\" = wait_for_partner ] && echo waiting"; }
+for _ in $(seq 100); do [[ $(waiting) == waiting ]] && break; done
+[[ $(waiting) == waiting ]] || fail "the FIFO's writer is not waiting in its open"
+if err=$(timeout 20 "$ctl_bin" -s "$dir/sv.sock" env read e1 tmp/fifo 2>&1); then
+	fail "read of a FIFO"
+fi
+[[ $err == *"not a regular file but a FIFO"* ]] || fail "read of a FIFO: $err"
+[[ $(waiting) == waiting ]] || fail "a read of a FIFO opened it (its writer went on)"
+[[ $(ctl env read e1 /tmp/f) == hello ]] || fail "a read after the FIFO's"
+ctl env exec e1 -- sh -c "kill $w; rm /tmp/fifo"
+# Device nodes (made from the host in the upper layer): refused before any open, which is
+# outside the environment's device allow-list (a tty's would fail with ENXIO, or make it our
+# controlling terminal).
+mknod "$dir/state/envs/e1/upper/work/nul" c 1 3
+mknod "$dir/state/envs/e1/upper/work/tty" c 5 0
+for p in work/nul /work/tty; do
+	if err=$(timeout 20 "$ctl_bin" -s "$dir/sv.sock" env read e1 $p 2>&1); then fail "read of $p"; fi
+	[[ $err == *"not a regular file but a character device"* ]] || fail "read of $p: $err"
+done
 
 # Only root (or the supervisor's user) may exec, read or write.
 chmod 755 "$dir"

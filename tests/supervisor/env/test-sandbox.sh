@@ -37,6 +37,13 @@ echo "dir secret $$" >"$etc_dir/key"
 chmod 0644 "$etc_dir/key"
 [[ -s /etc/shadow ]] || fail "the host has no /etc/shadow to hide"
 cp "$probe_bin" "$dir/base/work/probe"
+# Device nodes that got into the environment's file system (made here, on the host side, in
+# its base): /dev/kmsg's and this machine's first block device's. The allow-list refuses both.
+mknod "$dir/base/work/kmsg" c 1 11
+blk=
+for b in /sys/dev/block/*; do blk=${b##*/} && break; done
+[[ $blk == *:* ]] || fail "no block device to make a node of"
+mknod "$dir/base/work/blk" b "${blk%%:*}" "${blk##*:}"
 
 # Host services a hostile agent would want: a TCP service and an abstract unix socket on
 # loopback, each answering a secret; the supervisor's metrics. Their ports come back in a file.
@@ -80,6 +87,7 @@ ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
 ctl env create e2 --root "$dir/base" --cmd 'echo mine >/work/victim; exec sleep infinity' >/dev/null
 args="tcp=$tcp_port abstract=$abstract metrics=$metrics_port svsock=$dir/sv.sock"
 args+=" svpid=$sv_pid hostfile=$dir/host-secret other=$dir/state/envs/e2/upper state=$dir/state"
+args+=" devnodes=/work/kmsg,/work/blk"
 args+=" etcfile=$etc_file etcdir=$etc_dir"
 # The probes run at start, then again each time /work/go appears (after the restore): the same
 # shell, checkpointed and restored by CRIU, starts them.
@@ -108,7 +116,7 @@ check_probes() {
 	cat "$out"
 	grep -q '^done 0 escaped$' "$out" || fail "probes got out $2: $(grep ESCAPED "$out")"
 	n=$(grep -c ' contained ' "$out")
-	[[ $n -ge 64 ]] || fail "only $n probes ran $2"
+	[[ $n -ge 71 ]] || fail "only $n probes ran $2"
 }
 
 # check_etc_read WHEN: env read (the supervisor's openat2 in the environment's root) gives
@@ -127,12 +135,29 @@ check_etc_read() {
 check_etc_read "at creation"
 check_probes 1 "at creation"
 
+# check_devices WHEN: e1's device rules, v1 and v2 both (the kernel checks both here).
+check_devices() {
+	local pid1 devs
+	pid1=$(ctl --json env list | grep '"env":"e1"' | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
+	devs=$(cgroup_dir "$pid1" devices)
+	if [[ -e $devs/devices.list ]]; then
+		[[ "$(sort "$devs/devices.list" | tr '\n' ' ')" == "c 136:* rw c 1:3 rwm c 1:5 rwm c 1:7 rwm c 1:8 rwm c 1:9 rwm c 5:0 rwm c 5:2 rw " ]] ||
+			fail "e1's v1 device rules $1: $(cat "$devs/devices.list")"
+	fi
+	if command -v bpftool >/dev/null; then
+		[[ $(bpftool cgroup list "$cg/e1") == *cgroup_device* ]] ||
+			fail "no device program on e1's cgroup $1: $(bpftool cgroup list "$cg/e1")"
+	fi
+}
+check_devices "at creation"
+
 # Checkpoint and restore keep all of it: the restored processes are probed again.
 ctl env checkpoint e1 --turn 1 >/dev/null
 ctl env restore e1 >/dev/null
 touch "$root/work/go"
 check_etc_read "after a restore"
 check_probes 2 "after a restore"
+check_devices "after a restore"
 [[ $(cat "$dir/state/envs/e2/root/work/victim") == mine ]] || fail "the victim's file changed"
 
 # A create's own limits, where the kernel enforces them (v1 here, v2 on a pure v2 host); bad
