@@ -4,8 +4,9 @@
  * its cgroup with new pid/mount/uts/ipc/network namespaces (the network's: loopback only, plus
  * slirp4netns's tap0 for ENV_NET_SLIRP, started before the init runs anything; none for
  * ENV_NET_HOST); inside, the overlay becomes the root
- * (pivot_root), host /usr and /etc are bind-mounted read-only (CRIU's externals), /dev is a
- * tmpfs of its own and /proc its pid namespace's; a new session; stdio on /dev/null and no
+ * (pivot_root), host /usr and /etc are bind-mounted read-only (CRIU's externals; of /etc, what
+ * an unprivileged host user could not read is masked: supervisor-env-etc.h), /dev is a tmpfs
+ * of its own and /proc its pid namespace's; a new session; stdio on /dev/null and no
  * other fd (CRIU refuses an fd that points outside the environment); last, the sandbox of
  * supervisor-env-sandbox.h (capabilities, no_new_privs, seccomp). With [env] userns, before
  * its stdio the init enters a user namespace of its own and new namespaces made from it
@@ -31,6 +32,7 @@
 #include "log.h"
 #include "util.h"
 #include "supervisor-env-devices.h"
+#include "supervisor-env-etc.h"
 #include "supervisor-env-limits.h"
 #include "supervisor-env-net.h"
 #include "supervisor-env-sandbox.h"
@@ -214,7 +216,8 @@ static int mask_proc(const char *root)
 }
 
 static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog *filter, int go_fd,
-				 int pipe_fd, const struct env_image_run *image)
+				 int pipe_fd, const struct env_image_run *image,
+				 const struct env_etc_masks *etc)
 {
 	char *const envp[] = {"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root",
 			      "LANG=C.UTF-8", NULL};
@@ -251,6 +254,8 @@ static _Noreturn void child_main(const struct sv_env *e, const struct sock_fprog
 		child_fail(pipe_fd, 5);
 	if (mask_proc(e->root) < 0)
 		child_fail(pipe_fd, 14);
+	if (!image && env_etc_mask(e->root, etc) < 0)
+		child_fail(pipe_fd, 17);
 	if (chdir(e->root) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
 	    umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)
 		child_fail(pipe_fd, 6);
@@ -295,12 +300,22 @@ int env_launch(struct sv_env *e)
 	};
 	const struct sock_fprog *filter = env_sandbox_filter();
 	_cleanup_(env_image_run_finish) struct env_image_run image = {0};
+	_cleanup_(env_etc_masks_finish) struct env_etc_masks etc = {0};
 	int p[2], g[2], msg[2], r;
 	ssize_t n;
 	pid_t pid;
 
 	if (!filter)
 		return -errno;
+	/* Once per launch: a host file whose mode changed since the last one is seen (a scan of
+	 * Debian's /etc takes about a millisecond; README "Sandbox"). An image's environment has
+	 * its own /etc, not the host's: nothing to hide. */
+	r = e->image[0] ? 0 : env_etc_scan("/etc", &etc);
+	if (r < 0)
+		return log_error_errno(r,
+				       "Refusing to start environment %s: cannot tell what to "
+				       "hide of the host's /etc: %m",
+				       e->id);
 	if (e->net == ENV_NET_HOST)
 		args.flags &= ~(uint64_t)CLONE_NEWNET;
 	/* The environment's root owns its root directory (the upper layer's) */
@@ -328,7 +343,7 @@ int env_launch(struct sv_env *e)
 	if (pid == 0) {
 		(void)close(p[0]);
 		(void)close(g[1]);
-		child_main(e, filter, g[0], p[1], e->image[0] ? &image : NULL);
+		child_main(e, filter, g[0], p[1], e->image[0] ? &image : NULL, &etc);
 	}
 	(void)close(p[1]);
 	(void)close(g[0]);

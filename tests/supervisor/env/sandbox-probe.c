@@ -12,6 +12,8 @@
  *   svpid=PID       the supervisor                    hostfile=PATH  a host-only file
  *   other=PATH      another environment's upper layer  state=PATH     the state directory
  *   devnodes=PATH,... device nodes the test made inside that must not open
+ *   etcfile=PATH    a host file of /etc, mode 0600     etcdir=PATH    a host directory of /etc,
+ *                                                                    0700, holding a file "key"
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +23,7 @@
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -175,6 +178,78 @@ static void host_files(const char *hostfile)
 		_exit(0);
 	}
 	(void)wait(NULL);
+}
+
+/* Bytes read from path (up to 64 KiB), -1 when it cannot be opened or read. */
+static ssize_t read_bytes(const char *path)
+{
+	static char buf[1 << 16];
+	int fd = open(path, O_RDONLY | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+	ssize_t n, total = 0;
+
+	if (fd < 0)
+		return -1;
+	while ((n = read(fd, buf, sizeof(buf))) > 0 && total < (ssize_t)sizeof(buf))
+		total += n;
+	close(fd);
+	return n < 0 ? -1 : total;
+}
+
+/* The host's /etc is there read-only less what an unprivileged host user could not read:
+ * secrets give nothing (an empty file, an empty directory, or EACCES), the rest reads as on
+ * the host, and the host's programs still run on it. */
+static void host_etc(int argc, char **argv)
+{
+	static const char *const secret[] = {"/etc/shadow", "/etc/gshadow"};
+	static const char *const public[] = {"/etc/passwd", "/etc/os-release", "/etc/ld.so.cache"};
+	const char *v;
+	char name[64], line[128] = "";
+	ssize_t n;
+	FILE *p;
+
+	for (size_t i = 0; i < sizeof(secret) / sizeof(secret[0]); i++) {
+		snprintf(name, sizeof(name), "etc_%s", secret[i] + 5);
+		n = read_bytes(secret[i]);
+		verdict(name, n > 0, 0, "%s gives %zd bytes", secret[i], n);
+	}
+	if ((v = arg(argc, argv, "etcfile"))) {
+		n = read_bytes(v);
+		verdict("etc_secret_file", n > 0, 0, "a 0600 host file of /etc gives %zd bytes", n);
+	}
+	if ((v = arg(argc, argv, "etcdir"))) {
+		DIR *d = opendir(v);
+		int listed = 0;
+		char key[PATH_MAX];
+
+		if (d) {
+			for (struct dirent *de; (de = readdir(d));)
+				listed += strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
+			closedir(d);
+		}
+		verdict("etc_secret_dir", listed > 0, 0, "a 0700 host directory of /etc lists %d",
+			listed);
+		snprintf(key, sizeof(key), "%s/key", v);
+		n = read_bytes(key);
+		verdict("etc_secret_dir_file", n > 0, 0, "a file in it gives %zd bytes", n);
+	}
+	TRY("etc_unmask", umount2("/etc/shadow", MNT_DETACH), "unmount the mask of /etc/shadow");
+	/* Not ways out, but the mask must not cost what the agent needs: a host file every user
+	 * reads, and sh and python3 (whose ssl module reads /etc/ssl) running on them. */
+	for (size_t i = 0; i < sizeof(public) / sizeof(public[0]); i++) {
+		snprintf(name, sizeof(name), "etc_%s", public[i] + 5);
+		n = read_bytes(public[i]);
+		verdict(name, n <= 0, 0, "%s reads %zd bytes", public[i], n);
+	}
+	p = popen("python3 -c 'import pwd, ssl; print(pwd.getpwuid(0).pw_name, "
+		  "bool(ssl.create_default_context()))' 2>&1",
+		  "re");
+	if (p) {
+		if (!fgets(line, sizeof(line), p))
+			line[0] = 0;
+		line[strcspn(line, "\n")] = 0;
+		(void)pclose(p);
+	}
+	verdict("etc_python3", strcmp(line, "root True") != 0, 0, "sh and python3 run: '%s'", line);
 }
 
 static void mounts(void)
@@ -503,6 +578,7 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	privileges();
 	host_files(arg(argc, argv, "hostfile"));
+	host_etc(argc, argv);
 	mounts();
 	devices_and_proc();
 	foreign_nodes(arg(argc, argv, "devnodes"));

@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: MIT
 # A hostile agent inside an environment (issue 19): sandbox-probe runs as the environment's own
 # command and tries, one probe each, every way out that got through before (privileges, host
-# files, mounts, devices, /proc, the host's network and the supervisor, other environments,
-# the kernel, a fork bomb and a memory hog against [env] pids_max and memory_max). Every probe
+# files, the host's /etc secrets, mounts, devices, /proc, the host's network and the
+# supervisor, other environments, the kernel, a fork bomb and a memory hog against [env]
+# pids_max and memory_max). Every probe
 # must be contained: at creation and again after a checkpoint and a
 # restore (the same processes, now CRIU's). A second environment is the victim.
 # USERNS: [env] userns, yes (the default) or no.
@@ -21,11 +22,22 @@ command -v python3 >/dev/null || fail "python3 is needed for the host services"
 
 env_fixture sandbox e1 e2 e3
 host_pids=()
+# Host secrets of /etc beyond shadow and gshadow, made for the test (removed on any exit):
+# a 0600 file, and a 0700 directory holding a world-readable file.
+etc_file=/etc/belayer-test-secret-$$
+etc_dir=/etc/belayer-test-secret-dir-$$
 cleanup_all() {
 	for p in "${host_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	rm -rf "$etc_file" "$etc_dir"
 	env_fixture_cleanup
 }
 trap cleanup_all EXIT
+trap 'exit 1' INT TERM HUP
+(umask 077 && echo "etc secret $$" >"$etc_file")
+mkdir -m 0700 "$etc_dir"
+echo "dir secret $$" >"$etc_dir/key"
+chmod 0644 "$etc_dir/key"
+[[ -s /etc/shadow ]] || fail "the host has no /etc/shadow to hide"
 cp "$probe_bin" "$dir/base/work/probe"
 cp "$(dirname "${BASH_SOURCE[0]}")/env-workload.sh" "$dir/base/work/workload"
 # Device nodes that got into the environment's file system (made here, on the host side, in
@@ -80,6 +92,7 @@ ctl env create e2 --root "$dir/base" --cmd 'echo mine >/work/victim; exec sleep 
 args="tcp=$tcp_port abstract=$abstract metrics=$metrics_port svsock=$dir/sv.sock"
 args+=" svpid=$sv_pid hostfile=$dir/host-secret other=$dir/state/envs/e2/upper state=$dir/state"
 args+=" devnodes=/work/kmsg,/work/blk"
+args+=" etcfile=$etc_file etcdir=$etc_dir"
 # The probes run at start, then again each time /work/go appears (after the restore): the same
 # shell, checkpointed and restored by CRIU, starts them.
 cat >"$dir/base/work/run-probes" <<SH
@@ -112,8 +125,23 @@ check_probes() {
 	grep -q '^workload 0 failed$' "$out" || fail "programs failed $2: $(grep FAILED "$out")"
 	[[ $(grep -c ' ok$' "$out") -ge 5 ]] || fail "the workload did not run $2"
 	n=$(grep -c ' contained ' "$out")
-	[[ $n -ge 64 ]] || fail "only $n probes ran $2"
+	[[ $n -ge 74 ]] || fail "only $n probes ran $2"
 }
+
+# check_etc_read WHEN: env read (the supervisor's openat2 in the environment's root) gives
+# nothing of the host's secrets of /etc, and its public files as they are.
+check_etc_read() {
+	local f out
+	for f in etc/shadow etc/gshadow "${etc_file#/}" "${etc_dir#/}/key"; do
+		out=$(ctl env read e1 "$f" 2>/dev/null) || true
+		[[ -z $out ]] || fail "env read $f gives the host's secret $1: $(head -c 64 <<<"$out")"
+	done
+	[[ $(ctl env read e1 etc/passwd) == "$(cat /etc/passwd)" ]] ||
+		fail "env read etc/passwd is not the host's $1"
+	out=$(ctl env exec e1 -- sh -c "cat /etc/shadow $etc_file; ls -A $etc_dir" 2>/dev/null) || true
+	[[ -z $out ]] || fail "env exec reads the host's secrets $1: $(head -c 64 <<<"$out")"
+}
+check_etc_read "at creation"
 check_probes 1 "at creation"
 pid1=$(ctl --json env list | grep '"env":"e1"' | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
 want_map="0 0 4294967295"
@@ -141,6 +169,7 @@ check_devices "at creation"
 ctl env checkpoint e1 --turn 1 >/dev/null
 ctl env restore e1 >/dev/null
 touch "$root/work/go"
+check_etc_read "after a restore"
 check_probes 2 "after a restore"
 check_devices "after a restore"
 [[ $(cat "$dir/state/envs/e2/root/work/victim") == mine ]] || fail "the victim's file changed"
