@@ -871,7 +871,8 @@ static int fixed_buf_write(void *data, const char *buf, size_t len)
 
 	if (len > b->cap - b->len)
 		return -1;
-	memcpy(b->data + b->len, buf, len);
+	if (len) /* msgpack writes an empty body with buf NULL */
+		memcpy(b->data + b->len, buf, len);
 	b->len += len;
 	return 0;
 }
@@ -1096,7 +1097,8 @@ static int blob_unpack(const msgpack_object *o, const struct field *f, struct pr
 	b->data = malloc(o->via.bin.size ? o->via.bin.size : 1);
 	if (!b->data)
 		return -EBADMSG;
-	memcpy(b->data, o->via.bin.ptr, o->via.bin.size);
+	if (o->via.bin.size) /* an empty bin may have no pointer */
+		memcpy(b->data, o->via.bin.ptr, o->via.bin.size);
 	b->len = o->via.bin.size;
 	return 0;
 }

@@ -625,6 +625,8 @@ static int out_write(void *data, const char *buf, size_t len)
 
 	if (len > b->cap - b->len)
 		return -1;
+	if (len == 0)
+		return 0; /* an empty body comes with buf NULL: memcpy's arguments must not be */
 	memcpy(b->data + b->len, buf, len);
 	b->len += len;
 	return 0;
