@@ -295,14 +295,37 @@ const struct hook_info cuda_hooks[_HOOK_CUDA_MAX] = {
 #undef X
 };
 
-/* cuGetProcAddress post-processing: our wrapper for what the driver returned (learning it),
- * or fn. */
+/* cuGetProcAddress post-processing: our wrapper for what the driver returned, or fn.
+ *
+ * Which variant a base name means at a version is the driver's business (cuCtxCreate is _v2
+ * for a CUDA 12.9 caller although _v3 and _v4 existed then), so the variant is identified by
+ * the pointer the driver returned: the hooked variant whose real function it is. A pointer
+ * that is none of our variants' (one we do not hook) passes through. Only when some variant's
+ * real function is unknown (a driver the shim cannot reach by name) does the version table
+ * decide, and the shim learns fn as that variant's real function. */
 static void *proc_address(const char *symbol, void *fn, int version, cuuint64_t flags)
 {
 	bool want_ptds = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
 	int best = -1, best_score = -1;
+	bool unknown = false;
 
 	if (!symbol || symbol[0] != 'c' || symbol[1] != 'u')
+		return fn;
+	for (int i = 0; i < _HOOK_CUDA_MAX; i++) {
+		void *real;
+
+		if (strcmp(cuda_hooks[i].proc, symbol) != 0)
+			continue;
+		/* A driver whose own table binds to our exported names hands out our wrapper. */
+		if (fn == cuda_hooks[i].wrapper)
+			return fn;
+		real = real_cuda_known((enum hook_id)i);
+		if (real == fn)
+			return cuda_hooks[i].wrapper;
+		if (!real)
+			unknown = true;
+	}
+	if (!unknown)
 		return fn;
 	for (int i = 0; i < _HOOK_CUDA_MAX; i++) {
 		int score;
@@ -318,7 +341,8 @@ static void *proc_address(const char *symbol, void *fn, int version, cuuint64_t 
 			best_score = score;
 		}
 	}
-	if (best < 0 || fn == cuda_hooks[best].wrapper)
+	/* The table's choice is someone else's real function: not ours to wrap. */
+	if (best < 0 || real_cuda_known((enum hook_id)best))
 		return fn;
 	real_cuda_learn((enum hook_id)best, fn);
 	return cuda_hooks[best].wrapper;

@@ -8,7 +8,12 @@
  * CUDA entries: X(sym, proc, version, ptds, pfn)
  *   sym      the driver's exported name, which our wrapper also has
  *   proc     the name cuGetProcAddress is asked for ("cuMemAlloc" for cuMemAlloc_v2)
- *   version  the first CUDA version (cuGetProcAddress's cudaVersion) that resolves proc to sym
+ *   version  the first CUDA version (cuGetProcAddress's cudaVersion) that resolves proc to sym:
+ *            the version whose cuda.h #defines proc to sym, which may be later than the one
+ *            in pfn's name (cuCtxCreate_v4 appeared in 12.5, cuda.h maps cuCtxCreate to it
+ *            from 13.0); BELAYER_PROC_NEVER for a variant proc never resolves to
+ *            (cuCtxCreate_v3). The wrappers trust the pointer the driver returned first, this
+ *            only when the driver's own pointers are unknown (hooks-cuda.c).
  *   ptds     1 for the per-thread-default-stream variant (_ptds/_ptsz), 0 otherwise
  *   pfn      the cudaTypedefs.h type of sym: each wrapper is declared with it, so a wrapper
  *            that disagrees with cuda.h does not compile
@@ -19,6 +24,9 @@
  */
 #pragma once
 
+/* A version no driver reaches: the variant is never what cuGetProcAddress answers. */
+#define BELAYER_PROC_NEVER 999999
+
 #define BELAYER_CUDA_HOOKS(X)                                                                   \
 	X(cuInit, "cuInit", 2000, 0, PFN_cuInit_v2000)                                          \
 	X(cuGetProcAddress, "cuGetProcAddress", 11030, 0, PFN_cuGetProcAddress_v11030)          \
@@ -26,8 +34,8 @@
 	X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0,                        \
 	  PFN_cuDevicePrimaryCtxRetain_v7000)                                                   \
 	X(cuCtxCreate_v2, "cuCtxCreate", 3020, 0, PFN_cuCtxCreate_v3020)                        \
-	X(cuCtxCreate_v3, "cuCtxCreate", 11040, 0, PFN_cuCtxCreate_v11040)                      \
-	X(cuCtxCreate_v4, "cuCtxCreate", 12050, 0, PFN_cuCtxCreate_v12050)                      \
+	X(cuCtxCreate_v3, "cuCtxCreate", BELAYER_PROC_NEVER, 0, PFN_cuCtxCreate_v11040)         \
+	X(cuCtxCreate_v4, "cuCtxCreate", 13000, 0, PFN_cuCtxCreate_v12050)                      \
 	X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0, PFN_cuMemGetInfo_v3020)                     \
 	X(cuMemAlloc_v2, "cuMemAlloc", 3020, 0, PFN_cuMemAlloc_v3020)                           \
 	X(cuMemFree_v2, "cuMemFree", 3020, 0, PFN_cuMemFree_v3020)                              \

@@ -168,6 +168,12 @@ void *real_cuda(enum hook_id id)
 	return fn;
 }
 
+void *real_cuda_known(enum hook_id id)
+{
+	(void)pthread_once(&cuda_once, resolve_cuda);
+	return __atomic_load_n(&cuda_slots[id], __ATOMIC_ACQUIRE);
+}
+
 void *real_nccl(enum nccl_hook_id id)
 {
 	void *fn = __atomic_load_n(&nccl_slots[id], __ATOMIC_ACQUIRE);

@@ -46,6 +46,8 @@ enum nccl_hook_id {
 /* Real function of a hooked symbol, resolved on first use; NULL when the driver lacks it. */
 void *real_cuda(enum hook_id id);
 void *real_nccl(enum nccl_hook_id id);
+/* What the shim knows of a hooked symbol's real function, without looking it up again. */
+void *real_cuda_known(enum hook_id id);
 #define REAL(sym)      ((__typeof__(&sym))real_cuda(HOOK_##sym))
 #define REAL_NCCL(sym) ((__typeof__(&sym))real_nccl(NCCL_HOOK_##sym))
 /* Calls the real function, or reports the driver as not initialized when it has none. */

@@ -88,6 +88,7 @@ struct sv_worker {
 	bool committing;      /* PROMOTE_COMMIT sent, DONE awaited */
 	bool promoted;	      /* promoted: its shim's next hello (as primary) is expected */
 	bool replaced;	      /* killed with a group already replaced: its death is no news */
+	bool rank_from_comm;  /* rank taken from its NCCL communicator, not from its hello */
 };
 
 struct sv_registry {

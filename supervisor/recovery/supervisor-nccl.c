@@ -151,6 +151,11 @@ int nccl_on_comm(struct supervisor *s, struct sv_client *cl, struct proto_nccl_c
 	c->seen_cpl = rd(&ctr->coll_completed);
 	c->progress_ms = now_ms();
 	seen_any = true;
+	{
+		const struct sv_engine *e = engines_find(s, worker_engine(w));
+
+		workers_rank_from_comm(s, w, m->rank, m->nranks, e ? e->cfg->tp : 0);
+	}
 	log_debug("pid %d: communicator %" PRIu64 " (%s) hash %016" PRIx64 " rank %d/%u dev %d",
 		  w->pid, m->id, nccl_origin_to_string(m->origin), m->hash, m->rank, m->nranks,
 		  m->cuda_dev);

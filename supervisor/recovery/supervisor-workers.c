@@ -76,6 +76,23 @@ static void journal_worker(struct supervisor *s, const struct sv_worker *w)
 	(void)journal_append(s->journal, &rec);
 }
 
+void workers_rank_from_comm(struct supervisor *s, struct sv_worker *w, int32_t rank,
+			    uint32_t nranks, uint32_t tp)
+{
+	/* One rank alone tells nothing (and a split whose rank is not known yet says 1); with
+	 * the engine's tensor-parallel size known, only a communicator of that size is its TP
+	 * group (a world or pipeline group numbers the ranks otherwise). */
+	if (w->rank_from_comm || nranks < 2 || (tp > 0 && nranks != tp) || rank < 0)
+		return;
+	w->rank_from_comm = true;
+	if (w->rank == rank)
+		return;
+	log_debug("pid %d: rank %d from its communicator of %u ranks (hello said %d)", w->pid, rank,
+		  nranks, w->rank);
+	w->rank = rank;
+	journal_worker(s, w);
+}
+
 static void region_record(const struct sv_region *rg, struct journal_record *rec)
 {
 	memset(rec, 0, sizeof(*rec));
@@ -192,7 +209,9 @@ int workers_hello(struct supervisor *s, struct sv_client *c, const struct proto_
 	if (r < 0)
 		return r;
 	w->role = h->role;
-	w->rank = h->rank;
+	/* A rank its communicator told outranks the environment's (a promoted shadow's hello). */
+	if (!w->rank_from_comm)
+		w->rank = h->rank;
 	w->n_devices = MIN(h->n_devices, (uint32_t)PROTO_MAX_DEVICES);
 	memcpy(w->device_uuid, h->device_uuid, sizeof(w->device_uuid));
 	w->client = c;

@@ -15,6 +15,11 @@ int workers_hello(struct supervisor *s, struct sv_client *c, const struct proto_
 void supervisor_worker_died(struct supervisor *s, struct sv_worker *w);
 /* Periodic work: retention timeouts, memory budget, resync grace, journal compaction. */
 void workers_tick(struct supervisor *s);
+/* vLLM and SGLang give a worker its rank as an argument, not as RANK/LOCAL_RANK: the first
+ * communicator of the engine's TP size (tp; any multi-rank one when 0) that the worker's shim
+ * announces sets its rank, over what its hello said. */
+void workers_rank_from_comm(struct supervisor *s, struct sv_worker *w, int32_t rank,
+			    uint32_t nranks, uint32_t tp);
 /* Drops a region (released, expired): journals it. */
 void workers_region_drop(struct supervisor *s, struct sv_region *rg);
 /* Drops a worker and its regions: journals it. */

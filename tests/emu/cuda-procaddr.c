@@ -1,9 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * cuGetProcAddress: one table, { base name, CUDA version the entry point appeared in,
- * stream variant, function }, the versions being those of cudaTypedefs.h's PFN_<name>_v<ver>
- * typedefs; every entry is checked at compile time against that typedef, so a function
- * listed under the wrong version or variant does not build.
+ * cuGetProcAddress: one table, { base name, CUDA version from which the base name resolves to
+ * the entry, stream variant, function }. Every entry is checked at compile time against its
+ * cudaTypedefs.h PFN_<name>_v<ver> typedef, so a function listed under the wrong variant does
+ * not build.
+ *
+ * The typedef's version is when the variant appeared, which is usually also when the base name
+ * started to resolve to it (cuda.h's "#define cuMemAlloc cuMemAlloc_v2"). Not always: some
+ * variants were added as APIs of their own, under their versioned name, and only cuda.h 13.0
+ * made the base name mean them (R below); others are still APIs of their own, which the base
+ * name never resolves to (cuCtxGetDevice_v2, cuCtxSynchronize_v2: cuda.h 13.0 has no define
+ * for them), or stopped being public (cuCtxCreate_v3). A caller asking for the base name at a
+ * version gets the function its own cuda.h of that version would have called by that name.
  */
 #include <string.h>
 
@@ -30,6 +38,11 @@ struct entry {
 	{                                                       \
 #name, ver, ANY, CHECK(PFN_##name##_v##ver, fn) \
 	}
+/* A variant the base name resolves to only from CUDA version `from`, later than the typedef's. */
+#define R(name, ver, from, fn)                                   \
+	{                                                        \
+#name, from, ANY, CHECK(PFN_##name##_v##ver, fn) \
+	}
 #define PTDS(name, ver, fn)                                           \
 	{                                                             \
 #name, ver, PT, CHECK(PFN_##name##_v##ver##_ptds, fn) \
@@ -52,7 +65,9 @@ static const struct entry table[] = {
 	E(cuDeviceGetCount, 2000, cuDeviceGetCount),
 	E(cuDeviceGetName, 2000, cuDeviceGetName),
 	E(cuDeviceGetUuid, 9020, cuDeviceGetUuid),
-	E(cuDeviceGetUuid, 11040, cuDeviceGetUuid_v2),
+	/* cuda.h 11.4-12.9: "#define cuDeviceGetUuid_v2 cuDeviceGetUuid_v2"; 13.0 remaps the
+	 * base name. */
+	R(cuDeviceGetUuid, 11040, 13000, cuDeviceGetUuid_v2),
 	E(cuDeviceTotalMem, 2000, cuDeviceTotalMem),
 	E(cuDeviceTotalMem, 3020, cuDeviceTotalMem_v2),
 	E(cuDeviceGetAttribute, 2000, cuDeviceGetAttribute),
@@ -72,8 +87,9 @@ static const struct entry table[] = {
 
 	E(cuCtxCreate, 2000, cuCtxCreate),
 	E(cuCtxCreate, 3020, cuCtxCreate_v2),
-	E(cuCtxCreate, 11040, cuCtxCreate_v3),
-	E(cuCtxCreate, 12050, cuCtxCreate_v4),
+	/* cuda.h up to 12.9: "#define cuCtxCreate cuCtxCreate_v2", with _v3 (11.4) and _v4 (12.5)
+	 * as APIs of their own; 13.0: "#define cuCtxCreate cuCtxCreate_v4", _v3 gone. */
+	R(cuCtxCreate, 12050, 13000, cuCtxCreate_v4),
 	E(cuCtxDestroy, 2000, cuCtxDestroy),
 	E(cuCtxDestroy, 4000, cuCtxDestroy_v2),
 	E(cuCtxPushCurrent, 2000, cuCtxPushCurrent),
@@ -83,11 +99,9 @@ static const struct entry table[] = {
 	E(cuCtxSetCurrent, 4000, cuCtxSetCurrent),
 	E(cuCtxGetCurrent, 4000, cuCtxGetCurrent),
 	E(cuCtxGetDevice, 2000, cuCtxGetDevice),
-	E(cuCtxGetDevice, 13000, cuCtxGetDevice_v2),
 	E(cuCtxGetFlags, 7000, cuCtxGetFlags),
 	E(cuCtxGetApiVersion, 3020, cuCtxGetApiVersion),
 	E(cuCtxSynchronize, 2000, cuCtxSynchronize),
-	E(cuCtxSynchronize, 13000, cuCtxSynchronize_v2),
 	E(cuCtxGetStreamPriorityRange, 5050, cuCtxGetStreamPriorityRange),
 
 	E(cuMemAlloc, 2000, cuMemAlloc),
@@ -178,7 +192,8 @@ static const struct entry table[] = {
 	E(cuEventDestroy, 2000, cuEventDestroy),
 	E(cuEventDestroy, 4000, cuEventDestroy_v2),
 	E(cuEventElapsedTime, 2000, cuEventElapsedTime),
-	E(cuEventElapsedTime, 12080, cuEventElapsedTime_v2),
+	/* _v2 appeared in 12.8 as an API of its own; 13.0 remaps the base name. */
+	R(cuEventElapsedTime, 12080, 13000, cuEventElapsedTime_v2),
 
 	E(cuModuleLoadData, 2000, cuModuleLoadData),
 	E(cuModuleLoadDataEx, 2010, cuModuleLoadDataEx),

@@ -38,8 +38,8 @@ static struct cuda_api cuda;
 static int cuda_error;
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 
-/* The driver ABI the pointers above are typed for: at 13000, cuCtxGetDevice resolves to the
- * variant that takes a context. cuGetProcAddress returns the version current at this one. */
+/* The driver ABI the pointers above are typed for: cuGetProcAddress returns the variant
+ * current at this version. */
 #define CUDA_ABI_VERSION 12000
 
 typedef CUresult (*get_proc_address_fn)(const char *, void **, int, cuuint64_t,

@@ -59,22 +59,32 @@ static void test_versions(void **state)
 	expect("cuMemAlloc", 3010, 0, "cuMemAlloc");
 	expect("cuMemFree", 12000, 0, "cuMemFree_v2");
 	expect("cuMemGetInfo", 12000, 0, "cuMemGetInfo_v2");
+	/* The base name means what cuda.h of the caller's version #defines it to (the CUDA
+	 * 11.4-12.9 headers: cuCtxCreate_v2, with _v3 and _v4 as APIs of their own; 13.0:
+	 * _v4), not the newest variant that existed then. */
 	expect("cuCtxCreate", 13000, 0, "cuCtxCreate_v4");
-	expect("cuCtxCreate", 12050, 0, "cuCtxCreate_v4");
-	expect("cuCtxCreate", 12040, 0, "cuCtxCreate_v3");
-	expect("cuCtxCreate", 11040, 0, "cuCtxCreate_v3");
+	expect("cuCtxCreate", 12090, 0, "cuCtxCreate_v2");
+	expect("cuCtxCreate", 12050, 0, "cuCtxCreate_v2");
+	expect("cuCtxCreate", 12040, 0, "cuCtxCreate_v2");
+	expect("cuCtxCreate", 11040, 0, "cuCtxCreate_v2");
 	expect("cuCtxCreate", 11030, 0, "cuCtxCreate_v2");
 	expect("cuCtxCreate", 3020, 0, "cuCtxCreate_v2");
 	expect("cuCtxCreate", 2000, 0, "cuCtxCreate");
 	expect("cuCtxDestroy", 12000, 0, "cuCtxDestroy_v2");
 	expect("cuDevicePrimaryCtxRelease", 11000, 0, "cuDevicePrimaryCtxRelease_v2");
 	expect("cuDevicePrimaryCtxRelease", 10020, 0, "cuDevicePrimaryCtxRelease");
-	expect("cuDeviceGetUuid", 11040, 0, "cuDeviceGetUuid_v2");
-	expect("cuDeviceGetUuid", 11030, 0, "cuDeviceGetUuid");
+	expect("cuDeviceGetUuid", 13000, 0, "cuDeviceGetUuid_v2");
+	expect("cuDeviceGetUuid", 12090, 0, "cuDeviceGetUuid");
+	expect("cuDeviceGetUuid", 11040, 0, "cuDeviceGetUuid");
 	expect("cuIpcOpenMemHandle", 12000, 0, "cuIpcOpenMemHandle_v2");
-	expect("cuEventElapsedTime", 12080, 0, "cuEventElapsedTime_v2");
-	expect("cuCtxGetDevice", 13000, 0, "cuCtxGetDevice_v2");
+	expect("cuEventElapsedTime", 13000, 0, "cuEventElapsedTime_v2");
+	expect("cuEventElapsedTime", 12090, 0, "cuEventElapsedTime");
+	expect("cuEventElapsedTime", 12080, 0, "cuEventElapsedTime");
+	/* cuda.h 13.0 declares cuCtxGetDevice_v2 and cuCtxSynchronize_v2 (they take a context)
+	 * without remapping the base names. */
+	expect("cuCtxGetDevice", 13000, 0, "cuCtxGetDevice");
 	expect("cuCtxGetDevice", 12090, 0, "cuCtxGetDevice");
+	expect("cuCtxSynchronize", 13000, 0, "cuCtxSynchronize");
 	expect("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2");
 	expect("cuGetProcAddress", 11030, 0, "cuGetProcAddress");
 }

@@ -49,6 +49,7 @@ enum {
 	ARG_HOST,
 	ARG_PORT,
 	ARG_MODEL,
+	ARG_NO_RANK_ENV,
 };
 
 static const struct option options[] = {
@@ -73,6 +74,7 @@ static const struct option options[] = {
 	{"debug-listen-delay", required_argument, NULL, ARG_DEBUG_LISTEN_DELAY},
 	{"rank", required_argument, NULL, ARG_RANK},
 	{"nccl-id", required_argument, NULL, ARG_NCCL_ID},
+	{"no-rank-env", no_argument, NULL, ARG_NO_RANK_ENV},
 	{"help", no_argument, NULL, 'h'},
 	{},
 };
@@ -107,7 +109,11 @@ static void usage(FILE *f)
 		"                                engine closing it idle would (tests)\n"
 		"  --debug-listen-delay MS       listen MS after the model is loaded: connections "
 		"are\n"
-		"                                refused meanwhile (tests)\n");
+		"                                refused meanwhile (tests)\n"
+		"  --no-rank-env                 ranks learn their rank from arguments only, "
+		"without\n"
+		"                                RANK/LOCAL_RANK, as vLLM's and SGLang's "
+		"workers\n");
 }
 
 static int parse_size(const char *s, uint64_t *ret)
@@ -237,6 +243,9 @@ static int parse_args(int argc, char **argv, struct engine_options *o)
 		case ARG_RANK:
 			r = parse_u32_arg(optarg, 1, 7, &o->rank);
 			break;
+		case ARG_NO_RANK_ENV:
+			o->no_rank_env = true;
+			break;
 		case ARG_NCCL_ID:
 			id_hex = optarg;
 			break;
@@ -308,9 +317,10 @@ static void free_env(char **env)
 	free(env);
 }
 
-/* Our environment with RANK and LOCAL_RANK set to rank, as vLLM's executor gives its workers
- * (the shim reports the rank from them; BELAYER_RANK, when set, still wins there). */
-static int spawn_env(uint32_t rank, char ***ret)
+/* Our environment with RANK and LOCAL_RANK set to rank (the shim falls back on them;
+ * BELAYER_RANK, when set, still wins there), or without either (no_rank_env: the rank is an
+ * argument only, as vLLM's and SGLang's executors give it). */
+static int spawn_env(uint32_t rank, bool no_rank_env, char ***ret)
 {
 	size_t n = 0, k = 0;
 	char **env;
@@ -324,8 +334,8 @@ static int spawn_env(uint32_t rank, char ***ret)
 		if (strncmp(environ[i], "RANK=", 5) != 0 &&
 		    strncmp(environ[i], "LOCAL_RANK=", 11) != 0)
 			env[k++] = strdup(environ[i]);
-	if (asprintf(&env[k++], "RANK=%u", rank) < 0 ||
-	    asprintf(&env[k++], "LOCAL_RANK=%u", rank) < 0) {
+	if (!no_rank_env && (asprintf(&env[k++], "RANK=%u", rank) < 0 ||
+			     asprintf(&env[k++], "LOCAL_RANK=%u", rank) < 0)) {
 		env[k - 1] = NULL;
 		free_env(env);
 		return ENOMEM;
@@ -340,7 +350,8 @@ static int spawn_env(uint32_t rank, char ***ret)
 }
 
 /* Rank 0 starts ranks 1..tp-1 as copies of itself, as vLLM's multiprocess executor does. */
-static int spawn_ranks(int argc, char **argv, const ncclUniqueId *id, pid_t *pids, uint32_t tp)
+static int spawn_ranks(int argc, char **argv, const ncclUniqueId *id, pid_t *pids, uint32_t tp,
+		       bool no_rank_env)
 {
 	char hex[2 * sizeof(id->internal) + 1];
 
@@ -361,7 +372,7 @@ static int spawn_ranks(int argc, char **argv, const ncclUniqueId *id, pid_t *pid
 		args[n++] = rank_s;
 		args[n++] = (char *)"--nccl-id";
 		args[n++] = hex;
-		r = spawn_env(rank, &env);
+		r = spawn_env(rank, no_rank_env, &env);
 		if (r == 0)
 			r = posix_spawn(&pids[rank], "/proc/self/exe", NULL, NULL, args, env);
 		free(args);
@@ -512,7 +523,7 @@ int main(int argc, char **argv)
 				log_error("ncclGetUniqueId failed: %s", gpu.ncclGetErrorString(nr));
 				return EXIT_FAILURE;
 			}
-			r = spawn_ranks(argc, argv, &e.o.tp_id, pids, e.o.tp);
+			r = spawn_ranks(argc, argv, &e.o.tp_id, pids, e.o.tp, e.o.no_rank_env);
 			if (r < 0)
 				goto fail;
 		}

@@ -33,6 +33,7 @@ struct engine_options {
 	uint32_t debug_listen_delay_ms;	  /* --debug-listen-delay: ready, but listening later */
 	ncclUniqueId tp_id;		  /* followers: the TP group's id (--nccl-id) */
 	struct model_config dummy_config; /* --load-format dummy without --model */
+	bool no_rank_env;		  /* --no-rank-env: ranks get no RANK/LOCAL_RANK */
 };
 
 struct request;

@@ -400,6 +400,92 @@ static bool in_shim(const void *fn)
 	return fn && dladdr(fn, &info) && info.dli_fname && strstr(info.dli_fname, "libbelayer");
 }
 
+/* The exported name fn is the entry point of (the driver's, or our wrapper of the same name). */
+static const char *symbol_name(const void *fn)
+{
+	Dl_info info;
+
+	return fn && dladdr(fn, &info) && info.dli_sname ? info.dli_sname : "?";
+}
+
+/* Every hooked base name at the versions callers ask for: whatever variant the driver itself
+ * returns, the shim must answer with its wrapper of that same variant (cuCtxCreate at 12090 is
+ * cuCtxCreate_v2, not _v3 or _v4), or with the driver's pointer when it hooks no such variant.
+ * The driver's own answer comes from its cuGetProcAddress_v2 found with glibc's own dlsym
+ * (taken with dlvsym from libc, which the shim does not hook), not the shim's. */
+static void check_variants(void)
+{
+	static const int versions[] = {3020,  7000,  10020, 11030, 11040,
+				       12000, 12050, 12080, 12090, 13000};
+	static const cuuint64_t flags[] = {CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+					   CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
+	static const char *const procs[] = {
+#define X(sym, proc, version, ptds, pfn) proc,
+		BELAYER_CUDA_HOOKS(X)
+#undef X
+	};
+	static const char *const syms[] = {
+#define X(sym, proc, version, ptds, pfn) #sym,
+		BELAYER_CUDA_HOOKS(X)
+#undef X
+	};
+	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+	void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+	void *(*glibc_dlsym)(void *, const char *) = NULL;
+	PFN_cuGetProcAddress_v12000 raw = NULL;
+	int checked = 0;
+
+	if (libc)
+		glibc_dlsym = (__typeof__(glibc_dlsym))dlvsym(libc, "dlsym", "GLIBC_2.34");
+	if (libc && !glibc_dlsym)
+		glibc_dlsym = (__typeof__(glibc_dlsym))dlvsym(libc, "dlsym", "GLIBC_2.2.5");
+	if (lib && glibc_dlsym)
+		raw = (PFN_cuGetProcAddress_v12000)glibc_dlsym(lib, "cuGetProcAddress_v2");
+
+	if (!raw || in_shim((void *)raw)) {
+		printf("cannot reach the driver's own cuGetProcAddress_v2\n");
+		return;
+	}
+	for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++)
+		for (size_t v = 0; v < sizeof(versions) / sizeof(versions[0]); v++)
+			for (size_t f = 0; f < sizeof(flags) / sizeof(flags[0]); f++) {
+				void *want = NULL, *got = NULL;
+				const char *name;
+				bool hooked = false;
+
+				if (raw(procs[i], &want, versions[v], flags[f], NULL) !=
+					    CUDA_SUCCESS ||
+				    wl.gpa(procs[i], &got, versions[v], flags[f], NULL) !=
+					    CUDA_SUCCESS) {
+					printf("%s at %d: cuGetProcAddress failed\n", procs[i],
+					       versions[v]);
+					continue;
+				}
+				if (!want) {
+					if (got)
+						printf("%s at %d: the shim invented %s\n", procs[i],
+						       versions[v], symbol_name(got));
+					continue;
+				}
+				name = symbol_name(want);
+				for (size_t k = 0; k < sizeof(syms) / sizeof(syms[0]); k++)
+					hooked |= strcmp(syms[k], name) == 0;
+				if (hooked ? !in_shim(got) || strcmp(symbol_name(got), name) != 0
+					   : got != want)
+					printf("%s at %d flags %llu: driver %s, shim %s%s\n",
+					       procs[i], versions[v], (unsigned long long)flags[f],
+					       name, in_shim(got) ? "wrapper " : "",
+					       symbol_name(got));
+				checked++;
+			}
+	if (checked < 300)
+		printf("only %d variants checked\n", checked);
+	if (lib)
+		(void)dlclose(lib);
+	if (libc)
+		(void)dlclose(libc);
+}
+
 /* Prints one line per mismatch, then "done". */
 static int run_procaddr(void)
 {
@@ -433,6 +519,7 @@ static int run_procaddr(void)
 	}
 	if (resolved < 30)
 		printf("only %d hooked entry points resolved\n", resolved);
+	check_variants();
 	/* The old 32-bit cuMemAlloc and unhooked functions are the driver's own. */
 	if (wl.gpa("cuMemAlloc", &fn, 2000, 0, NULL) == CUDA_SUCCESS && in_shim(fn))
 		printf("cuMemAlloc at 2000 was wrapped\n");

@@ -194,6 +194,47 @@ static void promotes_on_each_rank_kill(void **state)
 	assert_int_equal(metric(&sv, "belayer_recoveries_total", "outcome=\"promoted\""), 2);
 }
 
+/* vLLM's and SGLang's workers get their rank as an argument, never as RANK/LOCAL_RANK (issue
+ * 22, review finding 7): the supervisor still tells rank 0 from rank 1 in both groups, from
+ * the TP communicator their shims announce, and a death of rank 1 is promoted. */
+static void ranks_from_communicator(void **state)
+{
+	static char primary[PATH_MAX * 2 + 256];
+	const char *const more[] = {primary, NULL};
+	uint64_t deadline;
+
+	(void)unsetenv("RANK");
+	(void)unsetenv("LOCAL_RANK");
+	(void)unsetenv("BELAYER_RANK");
+	snprintf(primary, sizeof(primary),
+		 "engine.t.primary=%s --model %s --port {port} --tp 2 --kv-cache-bytes 16M "
+		 "--no-rank-env",
+		 ENGINE_PATH, weights);
+	start("--kv-cache-bytes 16M --no-rank-env", more);
+	engine_wait_serving(&sv, expected);
+	deadline = mono_ms() + 10000;
+	for (;;) {
+		pid_t p0 = engine_worker_pid(&sv, ROLE_PRIMARY, 0),
+		      p1 = engine_worker_pid(&sv, ROLE_PRIMARY, 1),
+		      s0 = engine_worker_pid(&sv, ROLE_SHADOW, 0),
+		      s1 = engine_worker_pid(&sv, ROLE_SHADOW, 1);
+
+		if (p0 > 0 && p1 > 0 && s0 > 0 && s1 > 0) {
+			assert_int_not_equal(p0, p1);
+			assert_int_not_equal(s0, s1);
+			break;
+		}
+		if (mono_ms() > deadline)
+			fail_msg("ranks known: primary 0:%d 1:%d, shadow 0:%d 1:%d", p0, p1, s0,
+				 s1);
+		(void)poll(NULL, 0, 20);
+	}
+	engine_wait_promotable(&sv);
+	kill_primary_rank(1);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
+	engine_wait_serving(&sv, expected);
+}
+
 /* Killed during load (before it serves, before the shadow parks): cold restart. */
 static void kill_during_load_cold_restarts(void **state)
 {
@@ -498,6 +539,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(hung_primary_recovered, setup, teardown),
 		cmocka_unit_test_setup_teardown(kill_during_promotion, setup, teardown),
 		cmocka_unit_test_setup_teardown(manual_promote, setup, teardown),
+		cmocka_unit_test_setup_teardown(ranks_from_communicator, setup, teardown),
 		cmocka_unit_test_setup_teardown(external_primary_is_paired, setup, teardown),
 	};
 
