@@ -38,6 +38,7 @@
 #define MAP_SHARED_V  0x03
 #define MAP_ANONYMOUS 0x20
 #define AF_UNIX	      1
+#define SB_KERNMOUNT  (1u << 22) /* include/linux/fs.h: a kernel-internal mount's superblock */
 
 #define EPERM	     1
 #define ENOENT	     2
@@ -237,6 +238,17 @@ static __always_inline struct file *fd_to_file(struct task_struct *task, int fd)
 	return f;
 }
 
+/* A file of a kernel-internal mount (SB_KERNMOUNT: a memfd, SysV or hugetlb memfd memory, a
+ * pipe, a socket) is named by no path of any file system (linkat refuses it across mounts):
+ * nothing done to it changes what a checkpoint's file-system delta holds (its pages are
+ * process memory, which CRIU dumps). Its path never resolves, so without this check any
+ * ftruncate or shared writable mapping of a memfd read as "needs full diff": CRIU's parasite
+ * maps one at every dump (issue 23 item 1). */
+static __always_inline bool file_is_internal(struct file *f)
+{
+	return f && (BPF_CORE_READ(f, f_inode, i_sb, s_flags) & SB_KERNMOUNT);
+}
+
 struct walk {
 	struct dentry *d;
 	struct vfsmount *vmnt;
@@ -414,6 +426,9 @@ static __always_inline int stash(__u32 op, int dfd0, const void *p0, int dfd1, c
 
 static __always_inline int stash_fd(__u32 op, int fd, __u32 flags)
 {
+	if (current_env() &&
+	    file_is_internal(fd_to_file((struct task_struct *)bpf_get_current_task(), fd)))
+		return 0;
 	return stash(op, fd, NULL, AT_FDCWD, NULL, flags);
 }
 
@@ -827,7 +842,9 @@ int exit_io_uring_setup(struct trace_event_raw_sys_exit *ctx)
 }
 
 /* A shared mapping of a file opened for writing changes it without syscalls (also after a
- * later mprotect, which needs the fd to have been writable). */
+ * later mprotect, which needs the fd to have been writable). Not a memfd (file_is_internal):
+ * CRIU's parasite maps one ("CRIUMFD", made with memfd_create by a syscall injected into each
+ * dumped task, so this runs in the task's context, in its cgroup) at every dump. */
 ENTER(mmap)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -844,6 +861,8 @@ ENTER(mmap)
 		return 0;
 	f = fd_to_file((struct task_struct *)bpf_get_current_task(), (int)ARG(4));
 	if (f && !(BPF_CORE_READ(f, f_mode) & FMODE_WRITE))
+		return 0;
+	if (file_is_internal(f))
 		return 0;
 	p.type = ENVTRACE_EV_FULL_DIFF;
 	p.op = ENVTRACE_FULL_MMAP_SHARED;

@@ -358,6 +358,8 @@ static const struct field env_info_fields[] = {
 	F_STR("cg", env_info.cgroup),
 	F_U32("full", env_info.full_diff, 0, 1),
 	OPT_U32("net", env_info.net, _ENV_NET_MAX - 1),
+	OPT_U64("commit", env_info.commit_us),
+	OPT_STR("path", env_info.path),
 };
 
 static const struct field env_item_fields[] = {

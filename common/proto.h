@@ -97,7 +97,8 @@
  *     "par" (parent), "traj": str; "turn", "plen", "phash": uint64; "pid", "nproc": uint32;
  *     "fsb", "fsn", "criub", "frz", "dump", "fs", "tot": uint64 (bytes, files, µs);
  *     "root", "cg": str; "full": uint32 0..1; optional "net": uint enum env_net (an
- *     environment's network; 0 for a checkpoint's manifest).
+ *     environment's network; 0 for a checkpoint's manifest); optional "commit": uint64
+ *     (µs, a checkpoint's commit phase), "path": str (its FS delta's: "walk", "dirty-set").
  *   PROTO_ENV_ITEM (32), supervisor -> peer: one dirty path or side-effect log record:
  *     "kind": str, "pid": uint32, "ts": uint64 (ns), "path", "p2", "txt": str.
  *   PROTO_ENV_EXEC (33), peer -> supervisor, 1 fd (stdin: a regular file, read from offset
@@ -619,7 +620,9 @@ struct proto_env_info {
 	char root[PROTO_MAX_STR + 1];
 	char cgroup[PROTO_MAX_STR + 1];
 	uint32_t full_diff;
-	uint32_t net; /* optional enum env_net */
+	uint32_t net;	    /* optional enum env_net */
+	uint64_t commit_us; /* optional "commit": a checkpoint's commit phase (after the thaw) */
+	char path[16];	    /* optional "path": its delta's path, "walk" or "dirty-set" */
 };
 
 struct proto_env_item {

@@ -320,6 +320,40 @@ int env_ckpt_next_id(const struct sv_env *e, char *buf, size_t cap)
 	return 0;
 }
 
+/* A checkpoint's commit phase cannot be in its own manifest (the manifest's write is part of
+ * it): it is kept beside it, in <id>/commit (decimal µs), written after the rename and not
+ * synced (a statistic: lost in a crash, it reads as 0). */
+#define COMMIT_FILE "commit"
+
+static void commit_us_store(int ckfd, const char *id, uint64_t us)
+{
+	char name[ENV_ID_MAX + 16], text[24];
+	_cleanup_close_ int fd = -1;
+	int n;
+
+	snprintf(name, sizeof(name), "%s/" COMMIT_FILE, id);
+	fd = openat(ckfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	n = snprintf(text, sizeof(text), "%" PRIu64, us);
+	if (fd < 0 || write(fd, text, (size_t)n) != n)
+		log_debug("Could not record %s's commit time, ignoring.", id);
+}
+
+static uint64_t commit_us_load(int dfd)
+{
+	char text[24];
+	_cleanup_close_ int fd = openat(dfd, COMMIT_FILE, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	ssize_t n = fd >= 0 ? read(fd, text, sizeof(text) - 1) : -1;
+	unsigned long long v;
+	char *end;
+
+	if (n <= 0)
+		return 0;
+	text[n] = '\0';
+	errno = 0;
+	v = strtoull(text, &end, 10);
+	return errno || *end || end == text ? 0 : (uint64_t)v;
+}
+
 static int load_checkpoint(const struct sv_env *e, int ckfd, const char *id, struct env_manifest *m)
 {
 	char name[ENV_ID_MAX + 32];
@@ -335,6 +369,8 @@ static int load_checkpoint(const struct sv_env *e, int ckfd, const char *id, str
 		if (dfd < 0)
 			return -errno;
 		r = env_manifest_load(dfd, "manifest.mpk", m);
+		if (r >= 0 && !m->commit_us)
+			m->commit_us = commit_us_load(dfd);
 	}
 	if (r < 0)
 		return r;
@@ -432,6 +468,7 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	if (m.full_diff)
 		snprintf(m.full_diff_reason, sizeof(m.full_diff_reason), "%s",
 			 p->full_diff_reason ? p->full_diff_reason : "no tracer");
+	snprintf(m.delta_path, sizeof(m.delta_path), "%s", ENV_DELTA_PATH_WALK);
 
 	snprintf(tmpname, sizeof(tmpname), ".tmp-%s", m.id);
 	if (mkdirat(ckfd, tmpname, 0700) < 0) {
@@ -532,11 +569,13 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	}
 	t_commit = mono_us();
 	m.commit_us = t_commit - t_thaw;
+	commit_us_store(ckfd, m.id, m.commit_us);
 	r = write_atomic(e->dir, "head", m.id);
 	if (r < 0)
 		goto out;
 	snprintf(e->head, sizeof(e->head), "%s", m.id);
-	/* The in-memory index carries the timings too (the stored one has commit 0). */
+	/* The in-memory index carries the timings too (the stored manifest has commit 0: the
+	 * commit time is beside it, COMMIT_FILE). */
 	env_manifest_finish(&e->head_index);
 	e->head_index = m;
 	e->head_valid = true;
@@ -738,6 +777,7 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 			r = env_fs_rebuild(upperfd, &m, ckfd);
 	}
 	t[3] = mono_us();
+	e->rollback_us = t[3] - t[2];
 	/* From here the layer is the target's or in between: the head's index no longer says
 	 * what it holds. */
 	e->head_valid = false;

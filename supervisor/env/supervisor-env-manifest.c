@@ -261,7 +261,7 @@ int env_manifest_encode(const struct env_manifest *m, char **ret_buf, size_t *re
 
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, m->from[0] ? 23 : 22);
+	msgpack_pack_map(&pk, 22 + (m->from[0] ? 1 : 0) + (m->delta_path[0] ? 1 : 0));
 	pack_ku64(&pk, "v", ENV_MANIFEST_VERSION);
 	pack_kstr(&pk, "id", m->id);
 	pack_kstr(&pk, "parent", m->parent);
@@ -287,6 +287,8 @@ int env_manifest_encode(const struct env_manifest *m, char **ret_buf, size_t *re
 	pack_ku64(&pk, "commit", m->commit_us);
 	if (m->from[0])
 		pack_kstr(&pk, "from", m->from);
+	if (m->delta_path[0])
+		pack_kstr(&pk, "path", m->delta_path);
 	pack_str(&pk, "fs_index");
 	msgpack_pack_array(&pk, m->n_entries);
 	for (size_t i = 0; i < m->n_entries; i++)
@@ -618,6 +620,8 @@ static int decode_map(const msgpack_object *o, struct env_manifest *m)
 			r = get_u64(val, UINT64_MAX, &m->commit_us);
 		else if (key_is(k, "from"))
 			r = get_str(val, m->from, ENV_STR_MAX);
+		else if (key_is(k, "path"))
+			r = get_str(val, m->delta_path, ENV_DELTA_PATH_MAX);
 		else if (key_is(k, "fs_index")) {
 			bit = M_INDEX;
 			if (!(seen & M_INDEX))

@@ -75,6 +75,10 @@ struct env_entry {
 	uint32_t n_xattrs;
 };
 
+#define ENV_DELTA_PATH_MAX	 15
+#define ENV_DELTA_PATH_WALK	 "walk"
+#define ENV_DELTA_PATH_DIRTY_SET "dirty-set"
+
 struct env_manifest {
 	char id[ENV_ID_MAX + 1];
 	char parent[ENV_ID_MAX + 1];
@@ -90,6 +94,9 @@ struct env_manifest {
 	struct env_entry *entries;
 	size_t n_entries, cap_entries;
 	size_t xattr_bytes; /* names and values of every entry's xattrs */
+	/* How the file-system delta was computed (ENV_DELTA_PATH_*): "walk" (the whole upper
+	 * layer) or "dirty-set" (the tracer's paths only); "" in manifests from before it. */
+	char delta_path[ENV_DELTA_PATH_MAX + 1];
 };
 
 /* A name usable as an environment or checkpoint id: 1..ENV_ID_MAX of [A-Za-z0-9_.-], not

@@ -85,6 +85,9 @@ struct sv_env {
 	/* The image's id ("sha256:<hex>") when the root is a container image's layers, else "". */
 	char image[72];
 	uint32_t userns_base; /* env_params' */
+	/* The last env_restore's file-system rollback (or rebuild) of the upper layer, in µs:
+	 * its share of the restore's time (belayer-bench env-scaling). */
+	uint64_t rollback_us;
 };
 
 struct env_ckpt_params {

@@ -813,6 +813,9 @@ static void build_manifest_seeds(void)
 	manifest_chain(&m);
 	manifest_seed("valid-chain", &m, 0);
 	manifest_seed("bad-truncated", &m, 1);
+	/* The delta's path (issue 23), the tracer's. */
+	(void)snprintf(m.delta_path, sizeof(m.delta_path), "%s", ENV_DELTA_PATH_DIRTY_SET);
+	manifest_seed("valid-chain-dirty-set", &m, 0);
 	env_manifest_finish(&m);
 
 	/* Past the decoder's bounds: one xattr more than an entry may hold, a name of no

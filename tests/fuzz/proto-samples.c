@@ -335,6 +335,8 @@ static void sample_env_info(struct proto_msg *m)
 	m->env_info.freeze_us = 77000;
 	m->env_info.full_diff = 1;
 	m->env_info.net = ENV_NET_NONE;
+	m->env_info.commit_us = 4100;
+	(void)snprintf(m->env_info.path, sizeof(m->env_info.path), "dirty-set");
 }
 
 static void sample_env_item(struct proto_msg *m)

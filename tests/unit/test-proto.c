@@ -528,6 +528,9 @@ static bool key_is_optional(enum proto_type type, const char *key)
 		/* A create's network and an environment's (issue 19). */
 		{PROTO_ENV_REQUEST, "net"},
 		{PROTO_ENV_INFO, "net"},
+		/* A checkpoint's commit time and delta path (issue 23). */
+		{PROTO_ENV_INFO, "commit"},
+		{PROTO_ENV_INFO, "path"},
 		/* A fork's new environment and count (issue 20 item 4). */
 		{PROTO_ENV_REQUEST, "dst"},
 		{PROTO_ENV_REQUEST, "n"},

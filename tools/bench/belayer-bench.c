@@ -34,6 +34,8 @@ static const struct subcommand subcommands[] = {
 	 "checkpoint policies never / every-turn / adaptive: slowdown, hidden, work lost"},
 	{"sandbox", bench_sandbox,
 	 "environments vs podman on one image: create, exec, checkpoint, restore, fork of 8"},
+	{"env-scaling", bench_env_scaling,
+	 "environment checkpoint/restore vs files in the upper layer (1k/10k/100k, +100k)"},
 };
 
 static void usage(FILE *f)

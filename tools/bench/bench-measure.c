@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* belayer-bench's measuring primitives (bench-measure.h). */
+#include <stdlib.h>
 #include <time.h>
 
 #include "bench-measure.h"
@@ -22,4 +23,17 @@ int bench_cmp_double(const void *a, const void *b)
 	double x = *(const double *)a, y = *(const double *)b;
 
 	return x < y ? -1 : x > y;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+uint64_t bench_median_u64(uint64_t *v, size_t n)
+{
+	qsort(v, n, sizeof(*v), cmp_u64);
+	return n ? v[n / 2] : 0;
 }

@@ -23,5 +23,6 @@ int bench_env_recovery(const struct bench_args *a, int argc, char **argv);
 int bench_hang(const struct bench_args *a, int argc, char **argv);
 int bench_policy(const struct bench_args *a, int argc, char **argv);
 int bench_sandbox(const struct bench_args *a, int argc, char **argv);
+int bench_env_scaling(const struct bench_args *a, int argc, char **argv);
 /* The measuring side of shim-overhead, run by the bench in a child process. */
 int bench_shim_overhead_child(int argc, char **argv);

@@ -51,6 +51,7 @@ in_env 'rm -rf /work/x && echo later >/work/later'
 ctl --json env restore e1 >"$dir/rs.json"
 grep -q '"turn":4' "$dir/rs.json" || fail "restore reply lacks the turn: $(cat "$dir/rs.json")"
 grep -q '"prefix_tokens":1234' "$dir/rs.json" || fail "restore reply lacks the prefix"
+grep -Eq '"commit_us": ?[1-9]' "$dir/rs.json" || fail "restore reply lacks the commit time"
 [[ $(cat "$dir/state/envs/e1/root/work/x/a") == hi ]] || fail "x/a not restored"
 [[ ! -e $dir/state/envs/e1/root/work/later ]] || fail "a file from after the checkpoint survived"
 [[ $(ctl --json env list | sed -n 's/.*"processes":\([0-9]*\).*/\1/p') -ge 1 ]] ||
@@ -64,7 +65,18 @@ pid=$(ctl --json env list | sed -n 's/.*"pid":\([0-9]*\).*/\1/p') # restored: a 
 in_env 'mkdir /data && for i in $(seq 64); do head -c 131072 /dev/zero >/data/f$i; done; echo 0 >/data/counter'
 ctl env checkpoint e1 --turn 5 >/dev/null
 in_env 'echo 1 >>/data/counter'
+# The tracer saw every event since turn 5's checkpoint: the dirty set is exact, and CRIU's dump
+# at turn 5 (its parasite maps a memfd shared and writable inside the dumped tasks) did not
+# make it a full diff (issue 23 item 1).
+dirty=$(ctl env dirty e1)
+[[ $dirty == $'/data (entries)\n/data/counter' ]] || fail "dirty set after turn 5's checkpoint: $dirty"
 ctl --json env checkpoint e1 --turn 6 >"$dir/ck6.json"
+grep -Eq '"full_diff": ?false' "$dir/ck6.json" ||
+	fail "the second checkpoint is a full diff: $(cat "$dir/ck6.json")"
+# Which path computed the delta, and the commit phase's time (the reply's and, read back from
+# the checkpoint, a restore's).
+grep -Eq '"path": ?"walk"' "$dir/ck6.json" || fail "no delta path: $(cat "$dir/ck6.json")"
+grep -Eq '"commit_us": ?[1-9]' "$dir/ck6.json" || fail "no commit time: $(cat "$dir/ck6.json")"
 copied=$(sed -n 's/.*"fs_files": *\([0-9]*\).*/\1/p' "$dir/ck6.json")
 [[ $copied == 1 ]] || fail "one appended line copied $copied files: $(cat "$dir/ck6.json")"
 field() { sed -n "s/.*\"$1\": *\([0-9]*\).*/\1/p" "$dir/ck6.json"; }

@@ -39,6 +39,7 @@ static void sample(struct env_manifest *m)
 	strcpy(m->id, "c00000002");
 	strcpy(m->parent, "c00000001");
 	strcpy(m->env, "env-1");
+	strcpy(m->delta_path, ENV_DELTA_PATH_DIRTY_SET);
 	memset(m->uuid, 0x5a, 16);
 	strcpy(m->trajectory, "traj");
 	m->turn = 7;
@@ -84,6 +85,7 @@ static void test_round_trip(void **state)
 	assert_string_equal(d.parent, m.parent);
 	assert_memory_equal(d.uuid, m.uuid, 16);
 	assert_int_equal(d.turn, 7);
+	assert_string_equal(d.delta_path, "dirty-set");
 	assert_int_equal(d.prefix_tokens, 4096);
 	assert_true(d.prefix_hash == m.prefix_hash);
 	assert_int_equal(d.n_entries, 6);
@@ -165,6 +167,27 @@ static void test_refused(void **state)
 	sample(&m);
 	m.entries[1].mode = 0100644; /* type bits are the kind's */
 	expect_refused(&m);
+	/* The delta's path is bounded (ENV_DELTA_PATH_MAX): a longer one is refused. */
+	sample(&m);
+	memset(m.delta_path, 'x', ENV_DELTA_PATH_MAX);
+	{
+		char *buf;
+		size_t len;
+		struct env_manifest d;
+		char *at;
+
+		assert_int_equal(env_manifest_encode(&m, &buf, &len), 0);
+		/* "xxx...x" (15) grown to 16 in place: the fixstr header says 16 too. */
+		at = memmem(buf, len, m.delta_path, ENV_DELTA_PATH_MAX);
+		assert_non_null(at);
+		buf = realloc(buf, len + 1);
+		at = memmem(buf, len, m.delta_path, ENV_DELTA_PATH_MAX);
+		memmove(at + 1, at, (size_t)(buf + len - at));
+		at[-1] = (char)(0xa0 | (ENV_DELTA_PATH_MAX + 1));
+		assert_int_equal(env_manifest_decode(buf, len + 1, &d), -EBADMSG);
+		free(buf);
+		env_manifest_finish(&m);
+	}
 }
 
 /* An older writer's opaque directory ("opq" only, no "xa") reads back with its xattr. */

@@ -1,0 +1,316 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * belayer-bench env-scaling: what an environment checkpoint and restore cost as its upper
+ * layer grows (issue 23 item 5). For 1,000, 10,000 and 100,000 files in the upper layer, one
+ * 16-byte file is changed between two checkpoints (medians of 3): the frozen time, its FS
+ * phase, the CRIU dump, the commit; then the file is changed again and the environment
+ * restored to that checkpoint: the restore's time and its rollback phase. Last, a turn that
+ * adds 100,000 files to the smallest environment.
+ *
+ * Each row names the path that computed the delta ("walk": the whole upper layer; later
+ * paths are printed beside it in the same run). The environments are driven through the
+ * library (supervisor-env.h) as env-recovery drives them, without the tracer: the walk.
+ * The files are written inside the environment by one python3 process (the host's /usr).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+#include "bench-measure.h"
+#include "bench-path.h"
+#include "bench.h"
+#include "envckpt-fixture.h"
+#include "log.h"
+#include "supervisor-criu.h"
+#include "supervisor-env.h"
+#include "util.h"
+
+#define CGROUP_V2 "/sys/fs/cgroup/unified"
+#define REPS_MAX  3
+
+struct scaling_row {
+	unsigned files;			   /* in the upper layer */
+	char path[ENV_DELTA_PATH_MAX + 1]; /* how the delta was computed: the manifest's */
+	uint64_t freeze_us, fs_us, dump_us, commit_us, restore_us, rollback_us;
+	uint64_t fs_files, fs_bytes;
+};
+
+/* Runs sh -c action inside the environment (its cgroup and every namespace). */
+static int scaling_run(const struct sv_env *e, const char *action)
+{
+	char cmd[4096], procs[PATH_MAX + 16], join[2048];
+	int r;
+
+	r = bench_cgroup_file(procs, sizeof(procs), e->cgroup, "cgroup.procs");
+	if (r >= 0)
+		r = fixture_join_prefix(e->pid, join, sizeof(join));
+	if (r < 0 || !strstr(join, procs))
+		return log_error_errno(r < 0 ? r : -ESRCH, "%s: no cgroup to run in: %m", e->id);
+	snprintf(cmd, sizeof(cmd), "%sexec nsenter -t %d -a -r -w sh -ec \"%s\" </dev/null >&2",
+		 join, (int)e->pid, action);
+	return system(cmd) == 0 ? 0 : -EIO;
+}
+
+/* n files of 16 bytes under /work/<dir>, 1,000 a directory. */
+static int scaling_fill(const struct sv_env *e, const char *dir, unsigned n)
+{
+	char action[1024];
+
+	snprintf(action, sizeof(action),
+		 "python3 -c '\n"
+		 "import os\n"
+		 "for i in range(%u):\n"
+		 "    d = \\\"/work/%s/d%%03d\\\" %% (i // 1000)\n"
+		 "    if i %% 1000 == 0: os.makedirs(d, exist_ok=True)\n"
+		 "    with open(\\\"%%s/f%%06d\\\" %% (d, i), \\\"w\\\") as f: "
+		 "f.write(\\\"%%015d\\\\n\\\" "
+		 "%% i)\n"
+		 "'",
+		 n, dir);
+	return scaling_run(e, action);
+}
+
+/* A 16-byte rewrite of one file of the layer. */
+static int scaling_touch(const struct sv_env *e, unsigned salt)
+{
+	char action[256];
+
+	snprintf(action, sizeof(action), "printf '%%015u\\\\n' %u >/work/tree/d000/f000000", salt);
+	return scaling_run(e, action);
+}
+
+static int scaling_checkpoint(struct sv_env *e, unsigned turn, struct scaling_row *row,
+			      char *ret_id, size_t cap)
+{
+	struct env_ckpt_params cp = {.trajectory = "scaling", .turn = turn};
+	struct env_manifest m;
+	int r;
+
+	r = env_checkpoint(e, &cp, &m);
+	if (r < 0)
+		return log_error_errno(r, "Checkpoint of %s failed: %m (%s)", e->id, e->error);
+	*row = (struct scaling_row){
+		.files = row->files,
+		.freeze_us = m.freeze_us,
+		.fs_us = m.fs_us,
+		.dump_us = m.dump_us,
+		.commit_us = m.commit_us,
+		.fs_files = m.fs_files,
+		.fs_bytes = m.fs_bytes,
+	};
+	snprintf(row->path, sizeof(row->path), "%s", m.delta_path);
+	if (ret_id)
+		snprintf(ret_id, cap, "%s", m.id);
+	env_manifest_finish(&m);
+	return 0;
+}
+
+/* One environment of n files: reps of (touch, checkpoint, touch, restore), medians in ret;
+ * add > 0: then a turn that adds that many files, in ret_add. */
+static int scaling_size(const struct env_params *base_p, unsigned n, unsigned reps, unsigned add,
+			struct scaling_row *ret, struct scaling_row *ret_add)
+{
+	uint64_t v[7][REPS_MAX];
+	struct scaling_row rows[REPS_MAX];
+	struct env_params p = *base_p;
+	struct sv_env *e = NULL;
+	char id[ENV_ID_MAX + 1], name[32];
+	unsigned turn = 1;
+	int r;
+
+	snprintf(name, sizeof(name), "scale%u", n);
+	p.id = name;
+	r = env_create(&p, &e);
+	if (r < 0)
+		return log_error_errno(r, "Failed to create the environment: %m");
+	r = scaling_fill(e, "tree", n);
+	if (r >= 0)
+		r = scaling_checkpoint(e, turn++, &rows[0], NULL, 0);
+	for (unsigned i = 0; r >= 0 && i < reps; i++) {
+		struct env_manifest m;
+		uint64_t t0;
+
+		rows[i].files = n;
+		r = scaling_touch(e, 2 * i + 1);
+		if (r >= 0)
+			r = scaling_checkpoint(e, turn++, &rows[i], id, sizeof(id));
+		if (r >= 0)
+			r = scaling_touch(e, 2 * i + 2);
+		if (r < 0)
+			break;
+		t0 = bench_now_ns() / 1000;
+		r = env_restore(e, id, &m);
+		if (r < 0) {
+			log_error_errno(r, "Restore of %s failed: %m (%s)", e->id, e->error);
+			break;
+		}
+		rows[i].restore_us = bench_now_ns() / 1000 - t0;
+		rows[i].rollback_us = e->rollback_us;
+		env_manifest_finish(&m);
+	}
+	if (r >= 0) {
+		*ret = rows[0];
+		for (unsigned i = 0; i < reps; i++) {
+			v[0][i] = rows[i].freeze_us;
+			v[1][i] = rows[i].fs_us;
+			v[2][i] = rows[i].dump_us;
+			v[3][i] = rows[i].commit_us;
+			v[4][i] = rows[i].restore_us;
+			v[5][i] = rows[i].rollback_us;
+			v[6][i] = rows[i].fs_files;
+		}
+		ret->freeze_us = bench_median_u64(v[0], reps);
+		ret->fs_us = bench_median_u64(v[1], reps);
+		ret->dump_us = bench_median_u64(v[2], reps);
+		ret->commit_us = bench_median_u64(v[3], reps);
+		ret->restore_us = bench_median_u64(v[4], reps);
+		ret->rollback_us = bench_median_u64(v[5], reps);
+		ret->fs_files = bench_median_u64(v[6], reps);
+	}
+	if (r >= 0 && add) {
+		ret_add->files = n;
+		r = scaling_fill(e, "added", add);
+		if (r >= 0)
+			r = scaling_checkpoint(e, turn++, ret_add, NULL, 0);
+		ret_add->files = add;
+	}
+	env_destroy(e);
+	return r;
+}
+
+static void scaling_json_row(json_object *arr, const struct scaling_row *w)
+{
+	json_object *o = json_object_new_object();
+
+	json_object_object_add(o, "files", json_object_new_int64(w->files));
+	json_object_object_add(o, "path", json_object_new_string(w->path));
+	json_object_object_add(o, "frozen_us", json_object_new_int64((int64_t)w->freeze_us));
+	json_object_object_add(o, "fs_us", json_object_new_int64((int64_t)w->fs_us));
+	json_object_object_add(o, "dump_us", json_object_new_int64((int64_t)w->dump_us));
+	json_object_object_add(o, "commit_us", json_object_new_int64((int64_t)w->commit_us));
+	json_object_object_add(o, "fs_files", json_object_new_int64((int64_t)w->fs_files));
+	json_object_object_add(o, "fs_bytes", json_object_new_int64((int64_t)w->fs_bytes));
+	if (w->restore_us) {
+		json_object_object_add(o, "restore_us",
+				       json_object_new_int64((int64_t)w->restore_us));
+		json_object_object_add(o, "rollback_us",
+				       json_object_new_int64((int64_t)w->rollback_us));
+	}
+	json_object_array_add(arr, o);
+}
+
+static void scaling_print_row(const char *what, const struct scaling_row *w)
+{
+	printf("%-14s %-9s %9.1f %9.1f %9.1f %9.1f %8" PRIu64 " %10.1f %10.1f\n", what, w->path,
+	       w->freeze_us / 1e3, w->fs_us / 1e3, w->dump_us / 1e3, w->commit_us / 1e3,
+	       w->fs_files, w->restore_us / 1e3, w->rollback_us / 1e3);
+}
+
+int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
+{
+	static const struct option options[] = {
+		{"quick", no_argument, NULL, 'q'},
+		{"help", no_argument, NULL, 'h'},
+		{},
+	};
+	static const unsigned sizes_full[] = {1000, 10000, 100000}, sizes_quick[] = {100, 1000};
+	const unsigned *sizes = sizes_full;
+	size_t n_sizes = ARRAY_SIZE(sizes_full);
+	unsigned reps = REPS_MAX, add = 100000;
+	struct scaling_row rows[ARRAY_SIZE(sizes_full)] = {0}, added = {0};
+	char dir[] = "/tmp/belayer-bench-scale.XXXXXX", base[PATH_MAX], state[PATH_MAX],
+	     cg[PATH_MAX], cmd[PATH_MAX + 16];
+	struct env_params p = {0};
+	const char *criu = sv_criu_binary(NULL);
+	int c, r = 0;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
+		switch (c) {
+		case 'q':
+			sizes = sizes_quick;
+			n_sizes = ARRAY_SIZE(sizes_quick);
+			reps = 1;
+			add = 1000;
+			break;
+		case 'h':
+			printf("belayer-bench env-scaling [--quick]\n"
+			       "  files in the upper layer 1k/10k/100k, one changed file between "
+			       "two checkpoints (medians of 3), and a turn adding 100k files\n"
+			       "  --quick  CI size: 100 and 1,000 files, once; a turn adding "
+			       "1,000\n");
+			return 0;
+		default:
+			return 2;
+		}
+	}
+	if (geteuid() != 0 || !criu || sv_criu_version(criu) < 40000) {
+		fprintf(stderr, "env-scaling needs root and CRIU >= 4 (BELAYER_CRIU).\n");
+		return 77;
+	}
+	if (!mkdtemp(dir))
+		return 1;
+	snprintf(base, sizeof(base), "%s/base", dir);
+	snprintf(state, sizeof(state), "%s/state", dir);
+	snprintf(cg, sizeof(cg), CGROUP_V2 "/belayer-bench-%d", (int)getpid());
+	r = sv_criu_config_init(state);
+	if (r >= 0)
+		r = fixture_make_base(base, BENCH_ENV_SERVER);
+	if (r < 0) {
+		log_error_errno(r, "Failed to make the base: %m");
+		goto out;
+	}
+	p.base = base;
+	p.cmd = "exec sleep infinity";
+	p.state_dir = state;
+	p.cgroup_parent = cg;
+	p.criu = criu;
+	p.keep = 4;
+	for (size_t i = 0; i < n_sizes && r >= 0; i++)
+		r = scaling_size(&p, sizes[i], reps, i == 0 ? add : 0, &rows[i], &added);
+	if (r < 0)
+		goto out;
+	if (a->json) {
+		json_object *j = json_object_new_object(), *arr = json_object_new_array(),
+			    *adds = json_object_new_array();
+
+		for (size_t i = 0; i < n_sizes; i++)
+			scaling_json_row(arr, &rows[i]);
+		scaling_json_row(adds, &added);
+		json_object_object_add(j, "reps", json_object_new_int((int)reps));
+		json_object_object_add(j, "one_changed_file", arr);
+		json_object_object_add(j, "added_files", adds);
+		printf("%s\n", json_object_to_json_string_ext(j, JSON_C_TO_STRING_PRETTY));
+		json_object_put(j);
+	} else {
+		printf("env-scaling: one 16-byte file changed between two checkpoints (median of "
+		       "%u); ms\n",
+		       reps);
+		printf("%-14s %-9s %9s %9s %9s %9s %8s %10s %10s\n", "upper files", "path",
+		       "frozen", "fs", "dump", "commit", "copied", "restore", "rollback");
+		for (size_t i = 0; i < n_sizes; i++) {
+			char what[32];
+
+			snprintf(what, sizeof(what), "%u", rows[i].files);
+			scaling_print_row(what, &rows[i]);
+		}
+		{
+			char what[32];
+
+			snprintf(what, sizeof(what), "+%u new", added.files);
+			scaling_print_row(what, &added);
+		}
+	}
+out:
+	(void)rmdir(cg);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	(void)!system(cmd);
+	return r < 0 ? 1 : 0;
+}
