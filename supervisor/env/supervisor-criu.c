@@ -114,7 +114,8 @@ static int add_dev_binds(criu_opts *o, bool dump)
 /* libcriu returns its own negative codes (-EBADE and friends) for its failures; they are
  * passed on as they are: every one is negative and distinct from success. */
 int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
-		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino, bool dev_bind)
+		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino, bool dev_bind,
+		 const char *const *dump_ctls)
 {
 	char net[64];
 
@@ -134,6 +135,8 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 	r = criu_local_set_log_file(o, "dump.log");
 	if (r >= 0 && freeze_cgroup)
 		r = criu_local_set_freeze_cgroup(o, freeze_cgroup);
+	for (size_t i = 0; r >= 0 && dump_ctls && dump_ctls[i]; i++)
+		r = criu_local_add_cg_dump_controller(o, dump_ctls[i]);
 	if (r >= 0)
 		r = criu_local_add_external(o, "mnt[/usr]:usr");
 	if (r >= 0)

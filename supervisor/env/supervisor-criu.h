@@ -51,9 +51,12 @@ int sv_criu_version(const char *binary);
  * file CRIU copies into the images, in bytes (0: CRIU's 1 MiB). The log is "dump.log" in
  * images_fd (sv_criu_log_error() reads why it failed). dev_bind: the tree's /dev nodes are
  * bind mounts of the host's (an environment in a user namespace: env_launch), external to the
- * dump like /usr and /etc. */
+ * dump like /usr and /etc. dump_ctls (NULL: all): the cgroup hierarchies to record, as
+ * /proc/PID/cgroup names them (CRIU's --cgroup-dump-controller; see
+ * env_limits_cgroup_names). */
 int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
-		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino, bool dev_bind);
+		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino, bool dev_bind,
+		 const char *const *dump_ctls);
 /* Restores the tree in images_fd with root as the environment's root (the overlay mount);
  * the restored tree's root process becomes the caller's child. *ret_pid: its pid. netns_fd
  * (-1: none): the network namespace the tree gets, for a dump whose netns_ino was given.

@@ -533,8 +533,17 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	}
 	if (p->dumping)
 		atomic_store_explicit(p->dumping, true, memory_order_relaxed);
-	r = sv_criu_dump(e->criu, e->pid, e->cgroup, criufd, true, e->ghost_limit, netns,
-			 e->userns_base && !e->adopted);
+	{
+		/* only the hierarchies of its own cgroups (an adopted one's runtime's: all) */
+		char names[_ENV_LIMIT_MAX + 2][64];
+		const char *ctls[_ENV_LIMIT_MAX + 3] = {0};
+		size_t n = e->adopted ? 0 : env_limits_cgroup_names(e, names, ARRAY_SIZE(names));
+
+		for (size_t i = 0; i < n; i++)
+			ctls[i] = names[i];
+		r = sv_criu_dump(e->criu, e->pid, e->cgroup, criufd, true, e->ghost_limit, netns,
+				 e->userns_base && !e->adopted, n ? ctls : NULL);
+	}
 	if (p->dumping)
 		atomic_store_explicit(p->dumping, false, memory_order_relaxed);
 	t_dump = mono_us();

@@ -52,7 +52,8 @@ static bool v2_has(const struct sv_env *e, const char *ctl)
 
 /* The v1 hierarchy holding ctl: its mount point and the supervisor's cgroup in it, from
  * /proc/self/mountinfo and /proc/self/cgroup. -ENOENT: none. */
-static int v1_find(const char *ctl, char *mnt, size_t mcap, char *own, size_t ocap)
+static int v1_find_named(const char *ctl, char *mnt, size_t mcap, char *own, size_t ocap,
+			 char *name, size_t ncap)
 {
 	char line[4096], mp[PATH_MAX], *f;
 	FILE *mi, *cg;
@@ -92,11 +93,18 @@ static int v1_find(const char *ctl, char *mnt, size_t mcap, char *own, size_t oc
 		p[strcspn(p, "\n")] = 0;
 		if (has_word(c + 1, ctl, ",") && strlen(p) < ocap) {
 			snprintf(own, ocap, "%s", strcmp(p, "/") == 0 ? "" : p);
+			if (name)
+				snprintf(name, ncap, "%s", c + 1);
 			found = true;
 		}
 	}
 	fclose(cg);
 	return found ? 0 : -ENOENT;
+}
+
+static int v1_find(const char *ctl, char *mnt, size_t mcap, char *own, size_t ocap)
+{
+	return v1_find_named(ctl, mnt, mcap, own, ocap, NULL, 0);
 }
 
 /* e's cgroup in ctl's v1 hierarchy: its mount point (NULL: not wanted) and its path below it.
@@ -335,4 +343,30 @@ int env_limits_cgroup_roots(const struct sv_env *e,
 int env_limits_v1_dir(const struct sv_env *e, const char *ctl, char *ret, size_t cap)
 {
 	return v1_dir(e, ctl, ret, cap);
+}
+
+/* The name /proc/PID/cgroup gives ctl's v1 hierarchy ("cpu,cpuacct"), into names[*n]. */
+static void add_v1_name(const char *ctl, char (*names)[64], size_t cap, size_t *n)
+{
+	char mnt[PATH_MAX], own[PATH_MAX];
+
+	if (*n < cap && v1_find_named(ctl, mnt, sizeof(mnt), own, sizeof(own), names[*n], 64) >= 0)
+		(*n)++;
+}
+
+size_t env_limits_cgroup_names(const struct sv_env *e, char (*names)[64], size_t cap)
+{
+	char dir[PATH_MAX];
+	size_t n = 0;
+	bool v2;
+
+	if (cap == 0)
+		return 0;
+	names[n++][0] = '\0'; /* v2: an empty name */
+	for (int k = 0; k < _ENV_LIMIT_MAX; k++)
+		if (limit_dir(e, k, dir, sizeof(dir), &v2) >= 0 && !v2)
+			add_v1_name(controller[k], names, cap, &n);
+	if (!e->adopted)
+		add_v1_name("devices", names, cap, &n);
+	return n;
 }

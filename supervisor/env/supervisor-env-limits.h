@@ -47,6 +47,13 @@ void env_limits_remove(const struct sv_env *e);
 int env_limits_cgroup_roots(const struct sv_env *e,
 			    int (*fn)(const char *ctl, const char *path, void *userdata),
 			    void *userdata);
+/* The hierarchies the environment has cgroups of its own in, as /proc/PID/cgroup names them
+ * ("" for v2, "pids", "cpu,cpuacct"...): what a dump records (CRIU's --cgroup-dump-controller).
+ * In the others the environment is where the supervisor is (on a hybrid host often a
+ * hierarchy's root): CRIU would record that cgroup's whole subtree, other software's cgroups
+ * included, and a restore fails when one of them goes meanwhile ("bad cgroup path"). Up to
+ * cap names (64 bytes each); returns how many. */
+size_t env_limits_cgroup_names(const struct sv_env *e, char (*names)[64], size_t cap);
 /* How kind is enforced for e: "v2", "v1", "none" (no controller for it), or "unlimited". An
  * environment has v1 cgroups only for the limits it has. */
 const char *env_limits_where(const struct sv_env *e, enum env_limit_kind kind);
