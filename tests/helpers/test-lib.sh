@@ -105,3 +105,34 @@ supervisor_start() {
 	for _ in $(seq 200); do grep -q "Listening on" "$3" && break; sleep 0.05; done
 	[[ -S $dir/sv.sock ]] || fail "supervisor did not start: $(cat "$3")"
 }
+
+# oci_layout OCI CONFIG TAR...: an OCI image layout at OCI of the uncompressed tar layers TAR,
+# bottom first (each moved into it as a blob named by its sha256), with an index, a manifest
+# and an image config whose "config" object is CONFIG (JSON), as the image tests write them
+# by hand.
+oci_layout() {
+	local oci=$1 config=$2 layer d size layers_json='' diff_ids='' cfg man
+	shift 2
+	mkdir -p "$oci/blobs/sha256"
+	oci_blob() { # FILE: moved into the layout; its sha256 hex in $d
+		d=$(sha256sum "$1" | cut -d' ' -f1)
+		mv "$1" "$oci/blobs/sha256/$d"
+	}
+	for layer in "$@"; do
+		oci_blob "$layer"
+		size=$(stat -c %s "$oci/blobs/sha256/$d")
+		layers_json+="${layers_json:+,}{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar\",\"digest\":\"sha256:$d\",\"size\":$size}"
+		diff_ids+="${diff_ids:+,}\"sha256:$d\""
+	done
+	printf '{"architecture":"amd64","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":[%s]}}' \
+		"$config" "$diff_ids" >"$oci/config.json"
+	oci_blob "$oci/config.json"
+	cfg=$d
+	printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[%s]}' \
+		"$cfg" "$(stat -c %s "$oci/blobs/sha256/$cfg")" "$layers_json" >"$oci/manifest.json"
+	oci_blob "$oci/manifest.json"
+	man=$d
+	printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s}]}' \
+		"$man" "$(stat -c %s "$oci/blobs/sha256/$man")" >"$oci/index.json"
+	echo '{"imageLayoutVersion":"1.0.0"}' >"$oci/oci-layout"
+}

@@ -27,43 +27,22 @@ avail=$(df --output=avail -k "$dir" | tail -n1)
 
 # The layout: blobs named by their sha256, an index, a manifest, a config.
 oci=$dir/oci
-mkdir -p "$oci/blobs/sha256" "$dir/l0/bin"
-blob() { # FILE -> sha256 hex, the file moved into the layout
-	local h
-	h=$(sha256sum "$1" | cut -d' ' -f1)
-	mv "$1" "$oci/blobs/sha256/$h"
-	echo "$h"
-}
+mkdir -p "$dir/l0/bin"
 cp /bin/busybox "$dir/l0/bin/"
 for a in sh sleep sha256sum cat; do ln -s busybox "$dir/l0/bin/$a"; done
-tar --owner=0 --group=0 -C "$dir/l0" -cf "$dir/layer.tar" .
-digests=("$(blob "$dir/layer.tar")")
+tar --owner=0 --group=0 -C "$dir/l0" -cf "$dir/layer0.tar" .
+tars=("$dir/layer0.tar")
 t=$(date +%s%N)
 for i in $(seq 1 $layers); do
 	mkdir -p "$dir/l$i/data"
 	head -c $((mib << 20)) /dev/urandom >"$dir/l$i/data/part$i"
 	sha256sum "$dir/l$i/data/part$i" | cut -d' ' -f1 >"$dir/want$i"
-	tar --owner=0 --group=0 -C "$dir/l$i" -cf "$dir/layer.tar" .
+	tar --owner=0 --group=0 -C "$dir/l$i" -cf "$dir/layer$i.tar" .
 	rm -rf "$dir/l$i"
-	digests+=("$(blob "$dir/layer.tar")")
+	tars+=("$dir/layer$i.tar")
 done
+oci_layout "$oci" '{"Cmd":["/bin/sh","-c","exec sleep infinity"]}' "${tars[@]}"
 echo "layout of $((layers * mib)) MiB written in $(ms "$t") ms"
-layers_json=
-diff_ids=
-for d in "${digests[@]}"; do
-	size=$(stat -c %s "$oci/blobs/sha256/$d")
-	layers_json+="${layers_json:+,}{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar\",\"digest\":\"sha256:$d\",\"size\":$size}"
-	diff_ids+="${diff_ids:+,}\"sha256:$d\""
-done
-printf '{"architecture":"amd64","os":"linux","config":{"Cmd":["/bin/sh","-c","exec sleep infinity"]},"rootfs":{"type":"layers","diff_ids":[%s]}}' \
-	"$diff_ids" >"$dir/config.json"
-cfg=$(blob "$dir/config.json")
-printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[%s]}' \
-	"$cfg" "$(stat -c %s "$oci/blobs/sha256/$cfg")" "$layers_json" >"$dir/manifest.json"
-man=$(blob "$dir/manifest.json")
-printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s}]}' \
-	"$man" "$(stat -c %s "$oci/blobs/sha256/$man")" >"$oci/index.json"
-echo '{"imageLayoutVersion":"1.0.0"}' >"$oci/oci-layout"
 
 cat >"$dir/conf.ini" <<CONF
 [supervisor]

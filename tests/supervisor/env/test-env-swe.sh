@@ -7,12 +7,18 @@
 # build tree, the server's answer, the process list. At a random turn the environment is
 # killed mid-turn (half a turn done, then cgroup.kill) and restored: every observation equals
 # the last checkpoint's, and the trajectory goes on to the end from there.
-# Usage: test-env-swe.sh SUPERVISOR BELAYERCTL [SEED]
+# KIND: base (the default: a base directory, the host's /usr and /etc bound in) or image (an
+# OCI image of the closure of the host's tools the trajectory uses, written by
+# make-swe-image.sh without a registry: env create --image, the image's PATH, its files its
+# user namespace's root's).
+# Usage: test-env-swe.sh SUPERVISOR BELAYERCTL [SEED] [KIND]
 set -euo pipefail
 
 supervisor=$1
 ctl_bin=$2
 seed=${3:-$RANDOM}
+kind=${4:-base}
+[[ $kind == base || $kind == image ]] || { echo "KIND is base or image, not $kind" >&2; exit 2; }
 # shellcheck source=SCRIPTDIR/../../helpers/test-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
@@ -62,8 +68,24 @@ for p in sorted(int(d) for d in os.listdir(\"/proc\") if d.isdigit()):
 "'
 }
 
+t0=$(date +%s%N)
+if [[ $kind == image ]]; then
+	"$(dirname "${BASH_SOURCE[0]}")/make-swe-image.sh" "$dir/oci" "$dir/image-work" ||
+		fail "writing the image failed"
+	rm -rf "$dir/image-work"
+fi
 supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
-ctl env create swe --root "$dir/base" >/dev/null
+if [[ $kind == image ]]; then
+	t=$(date +%s%N)
+	ctl env create swe --image "oci:$dir/oci" >/dev/null || fail "env create --image failed"
+	echo "environment of the image (import and start) in $((($(date +%s%N) - t) / 1000000)) ms"
+	# the image's own files, not the host's (whose /etc has a debian_version)
+	# shellcheck disable=SC2016 # the environment's shell expands it
+	x 'test ! -e /etc/debian_version && test "$PATH" = /usr/local/bin:/usr/bin:/bin' ||
+		fail "not the image's root or config"
+else
+	ctl env create swe --root "$dir/base" >/dev/null
+fi
 
 # Files the agent writes through env write: the server, its client, a 2,000-file dependency.
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -149,4 +171,5 @@ done
 x 'cd /work/proj && make -s test && git log --oneline | wc -l' | grep -qx 5 || fail "the history is not the trajectory's"
 x 'python3 /work/ask.py get' | grep -q "started,fixed,feature,merged$" || fail "the server's notes: $(x 'python3 /work/ask.py get')"
 x 'ls /work/site/*/ | grep -c mod' | grep -qx 2000 || fail "the dependency"
+echo "$kind environment: image (if any), environment and trajectory in $((($(date +%s%N) - t0) / 1000000)) ms"
 echo PASS
