@@ -100,21 +100,18 @@ uint32_t env_userns_marked(int criufd)
 int env_userns_ns(uint32_t base)
 {
 	struct clone_args args = {.flags = CLONE_NEWUSER, .exit_signal = SIGCHLD};
-	int p[2], ns = -1, r;
+	int ns = -1, r;
 	char path[64];
 	pid_t pid;
 
-	/* A user namespace with the environment's map, held by a child that waits for its pipe
-	 * to close: once we hold its fd, the child may go. */
-	if (pipe2(p, O_CLOEXEC) < 0)
-		return -errno;
+	/* A user namespace with the environment's map, held by a child until we hold its fd;
+	 * then the child is killed. Not a pipe's EOF: a child cloned meanwhile by another thread
+	 * (another environment's create) inherits the write end, and two such children would
+	 * wait for each other for ever. */
 	pid = (pid_t)syscall(SYS_clone3, &args, sizeof(args));
 	if (pid == 0) {
-		char c;
-
-		(void)close(p[1]);
-		(void)!read(p[0], &c, 1);
-		_exit(0);
+		for (;;)
+			pause();
 	}
 	r = pid < 0 ? -errno : env_userns_map(pid, base);
 	if (r >= 0) {
@@ -122,10 +119,10 @@ int env_userns_ns(uint32_t base)
 		ns = open(path, O_RDONLY | O_CLOEXEC);
 		r = ns < 0 ? -errno : 0;
 	}
-	(void)close(p[0]);
-	(void)close(p[1]);
-	if (pid > 0)
+	if (pid > 0) {
+		(void)kill(pid, SIGKILL);
 		(void)waitpid(pid, NULL, 0);
+	}
 	return r < 0 ? r : ns;
 }
 
