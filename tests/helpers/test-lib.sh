@@ -97,6 +97,23 @@ env_join() {
 	done <"/proc/$1/cgroup"
 }
 
+# env_conf: $dir/conf.ini for a supervisor of env_fixture's $dir and $cg, tracing off (the
+# environment tests' common configuration).
+env_conf() {
+	cat >"$dir/conf.ini" <<CONF
+[supervisor]
+socket = $dir/sv.sock
+state_dir = $dir/state
+[journal]
+enabled = no
+[health]
+interval = 0
+[env]
+cgroup = $cg
+trace = no
+CONF
+}
+
 # supervisor_start SUPERVISOR CONF LOG: starts it in the background ($sv_pid), its socket at
 # $dir/sv.sock; fails unless it listens within 10 s.
 supervisor_start() {

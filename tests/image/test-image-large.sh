@@ -44,18 +44,7 @@ done
 oci_layout "$oci" '{"Cmd":["/bin/sh","-c","exec sleep infinity"]}' "${tars[@]}"
 echo "layout of $((layers * mib)) MiB written in $(ms "$t") ms"
 
-cat >"$dir/conf.ini" <<CONF
-[supervisor]
-socket = $dir/sv.sock
-state_dir = $dir/state
-[journal]
-enabled = no
-[health]
-interval = 0
-[env]
-cgroup = $cg
-trace = no
-CONF
+env_conf
 supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
 

@@ -17,18 +17,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
 
 env_fixture envdisk d1 d2 d3 df
-cat >"$dir/conf.ini" <<CONF
-[supervisor]
-socket = $dir/sv.sock
-state_dir = $dir/state
-[journal]
-enabled = no
-[health]
-interval = 0
-[env]
-cgroup = $cg
-trace = no
-CONF
+env_conf
 supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
 

@@ -35,18 +35,7 @@ while True:
         state = req[4:]
     c.sendall(("%s %d\n" % (state, n)).encode()); c.close()
 PY
-cat >"$dir/conf.ini" <<CONF
-[supervisor]
-socket = $dir/sv.sock
-state_dir = $dir/state
-[journal]
-enabled = no
-[health]
-interval = 0
-[env]
-cgroup = $cg
-trace = no
-CONF
+env_conf
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
 # ask ENV REQUEST: the answer of ENV's server, inside ENV's network namespace.
 ask() {

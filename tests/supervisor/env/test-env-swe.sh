@@ -27,18 +27,7 @@ for t in git make gcc tar python3; do command -v $t >/dev/null || fail "$t is ne
 
 env_fixture envswe swe
 on_fail() { tail -n 30 "$dir/sv.log"; }
-cat >"$dir/conf.ini" <<CONF
-[supervisor]
-socket = $dir/sv.sock
-state_dir = $dir/state
-[journal]
-enabled = no
-[health]
-interval = 0
-[env]
-cgroup = $cg
-trace = no
-CONF
+env_conf
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
 # x CMD...: an agent's tool call, a shell command in the environment (stdout back; it must
 # succeed).
