@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import hashlib
 import json
 import os
@@ -51,13 +50,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable, Dict, List, Optional, Protocol, Tuple, TypeVar
+from typing import Callable, Dict, List, Optional, Protocol, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 import belayer  # noqa: E402
 
-T = TypeVar("T")
 GEN_TOKENS = 32  # tokens generated per turn
 OBS_BYTES = 64  # an observation's budget in the context (its first bytes, one token each)
 
@@ -184,19 +182,6 @@ def kill_worker(workers: List[belayer.Worker], engine: str) -> int:
     return pid
 
 
-async def when_idle(call: Callable[[], Awaitable[T]]) -> T:
-    """call(), again while the environment is busy (EBUSY): a checkpoint the supervisor started
-    in the bubble goes on committing after the thaw, and an environment runs one job at a time."""
-    for _ in range(600):
-        try:
-            return await call()
-        except belayer.SupervisorError as e:
-            if e.errno != errno.EBUSY:
-                raise
-        await asyncio.sleep(0.05)
-    return await call()
-
-
 # ---- one trajectory ---------------------------------------------------------------------------
 
 
@@ -261,7 +246,7 @@ async def trajectory(run: Run, i: int) -> Stats:
             if fault in ("env", "command"):
                 injector = asyncio.create_task(kill_in_env(fault, info))
             try:
-                r = await when_idle(lambda: env.exec(tool_call(action), timeout=30))
+                r = await env.exec(tool_call(action), timeout=30)
                 lost = not r.ok
             except (belayer.SupervisorError, belayer.ConnectionLost):
                 lost = True
@@ -271,7 +256,7 @@ async def trajectory(run: Run, i: int) -> Stats:
                 st.failures += 1
                 # The checkpoint restored is ours or the policy's in a bubble: both carry the
                 # turn's prefix (step_end gave it), so the tracker checks and rewinds either.
-                m = await when_idle(env.restore)
+                m = await env.restore()
                 rw = tracker.rewind(m)
                 del ctx[rw.prefix_tokens:]
                 st.turns_redone += rw.turns_dropped + 1  # the dropped turns and this one
@@ -294,7 +279,7 @@ async def trajectory(run: Run, i: int) -> Stats:
                 st.checkpoints += 1
         st.turns = tracker.turn
         st.context = ctx
-        state = await when_idle(lambda: env.exec("cd /work && find . | sort && cat notes"))
+        state = await env.exec("cd /work && find . | sort && cat notes")
         st.state = hashlib.sha256(state.stdout).hexdigest()[:12]
     return st
 

@@ -10,8 +10,9 @@ A PROTO_ERROR reply raises SupervisorError wherever it comes.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
-from typing import Any, Dict, Generator, List, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
 
 from . import _proto as P
 from .errors import ProtocolError
@@ -188,6 +189,23 @@ def _strv(name: str, v: List[str], cap: int) -> List[str]:
     if len(v) > 256 or sum(len(s.encode()) + 1 for s in v) > cap or any("\0" in s for s in v):
         raise ValueError(f"{name}: at most 256 strings, {cap} bytes with a NUL each, no NUL inside")
     return v
+
+
+# An environment runs one job at a time (a checkpoint the policy took in an inference bubble
+# goes on committing after the thaw): meanwhile its operations are refused with EBUSY, before
+# anything was done. The clients retry those (busy_wait, the default) until the call's timeout,
+# pausing BUSY_PAUSE_S, doubled up to BUSY_PAUSE_MAX_S.
+BUSY_PAUSE_S = 0.01
+BUSY_PAUSE_MAX_S = 0.2
+
+
+def busy_pauses(deadline: float) -> Iterator[float]:
+    """The pauses before each retry of a refused (EBUSY) operation, while deadline (a
+    time.monotonic() value) leaves room for one."""
+    pause = BUSY_PAUSE_S
+    while time.monotonic() + pause < deadline:
+        yield pause
+        pause = min(pause * 2, BUSY_PAUSE_MAX_S)
 
 
 def exec_timeout_s(timeout: Optional[float]) -> float:

@@ -8,13 +8,15 @@ closes its connection."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
+import time
 from typing import Any, AsyncIterator, Callable, List, Mapping, Optional, Sequence, TypeVar, Union
 
 from . import _ops
 from . import _proto as P
 from .client import DEFAULT_TIMEOUT, IMAGE_TIMEOUT, default_socket
-from .errors import ConnectionLost, ProtocolError, Timeout
+from .errors import ConnectionLost, ProtocolError, SupervisorError, Timeout
 from .types import (Decision, Event, ExecResult, FileData, Image, Limits, Manifest, Metric,
                     Worker)
 
@@ -91,9 +93,25 @@ async def _drive(op: "_ops.Op[T]", conn: _AConn) -> T:
 class AsyncClient:
     """belayer.Client's calls as coroutines (see there for each one's meaning)."""
 
-    def __init__(self, socket: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, socket: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
+                 busy_wait: bool = True) -> None:
         self.socket = socket or default_socket()
         self.timeout = timeout
+        self.busy_wait = busy_wait
+
+    async def _run_env(self, make: Callable[[], "_ops.Op[T]"], timeout: Optional[float]) -> T:
+        """An environment operation (make: a fresh op per try), retried on EBUSY (busy_wait)."""
+        t = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + t
+        pauses = _ops.busy_pauses(deadline)
+        while True:
+            try:
+                return await self._run(make(), max(deadline - time.monotonic(), 0.001))
+            except SupervisorError as e:
+                pause = next(pauses, None) if self.busy_wait and e.errno == errno.EBUSY else None
+                if pause is None:
+                    raise
+            await asyncio.sleep(pause)
 
     async def _run(self, op: "_ops.Op[T]", timeout: Optional[float]) -> T:
         t = self.timeout if timeout is None else timeout
@@ -132,9 +150,9 @@ class AsyncClient:
                    env_vars: Optional[Mapping[str, str]] = None, user: str = "",
                    stdin: Union[bytes, str, None] = None, max_output: int = 0,
                    call_timeout: Optional[float] = None) -> ExecResult:
-        op = _ops.exec_(env, cmd, timeout, cwd, env_vars, user, stdin, max_output)
-        return await self._run(
-            op, call_timeout if call_timeout is not None else _ops.exec_timeout_s(timeout))
+        return await self._run_env(
+            lambda: _ops.exec_(env, cmd, timeout, cwd, env_vars, user, stdin, max_output),
+            call_timeout if call_timeout is not None else _ops.exec_timeout_s(timeout))
 
     async def read(self, env: str, path: str, *, max_bytes: int = 0,
                    timeout: Optional[float] = None) -> bytes:
@@ -142,30 +160,30 @@ class AsyncClient:
 
     async def read_file(self, env: str, path: str, *, max_bytes: int = 0,
                         timeout: Optional[float] = None) -> FileData:
-        return await self._run(_ops.file_read(env, path, max_bytes), timeout)
+        return await self._run_env(lambda: _ops.file_read(env, path, max_bytes), timeout)
 
     async def write(self, env: str, path: str, data: Union[bytes, str], *, mode: int = 0o644,
                     user: str = "", timeout: Optional[float] = None) -> int:
-        return await self._run(_ops.file_write(env, path, data, mode, user), timeout)
+        return await self._run_env(lambda: _ops.file_write(env, path, data, mode, user), timeout)
 
     async def checkpoint(self, env: str, turn: int = 0, prefix_tokens: int = 0,
                          prefix_hash: int = 0, *, trajectory: str = "",
                          timeout: Optional[float] = None) -> Manifest:
-        return await self._run(
-            _ops.checkpoint(env, turn, prefix_tokens, prefix_hash, trajectory), timeout)
+        return await self._run_env(
+            lambda: _ops.checkpoint(env, turn, prefix_tokens, prefix_hash, trajectory), timeout)
 
     async def restore(self, env: str, checkpoint: Optional[str] = None, *,
                       timeout: Optional[float] = None) -> Manifest:
-        return await self._run(_ops.restore(env, checkpoint), timeout)
+        return await self._run_env(lambda: _ops.restore(env, checkpoint), timeout)
 
     async def fork(self, env: str, as_: str, count: int = 1, *, checkpoint: Optional[str] = None,
                    timeout: Optional[float] = None,
                    destroy_on_exit: bool = True) -> List["AsyncEnvironment"]:
-        infos = await self._run(_ops.fork(env, as_, count, checkpoint), timeout)
+        infos = await self._run_env(lambda: _ops.fork(env, as_, count, checkpoint), timeout)
         return [AsyncEnvironment(self, i.env, i, destroy_on_exit) for i in infos]
 
     async def destroy(self, env: str, *, timeout: Optional[float] = None) -> None:
-        await self._run(_ops.destroy(env), timeout)
+        await self._run_env(lambda: _ops.destroy(env), timeout)
 
     # ---- container images ------------------------------------------------------------------
 

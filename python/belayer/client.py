@@ -5,15 +5,16 @@ nothing behind; every call has an explicit timeout (the client's default, or tim
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
 import time
-from typing import Any, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
 
 from . import _ops
 from . import _proto as P
-from .errors import ConnectionLost, ProtocolError, Timeout
+from .errors import ConnectionLost, ProtocolError, SupervisorError, Timeout
 from .types import (Decision, Event, ExecResult, FileData, Image, Limits, Manifest, Metric,
                     Worker)
 
@@ -103,11 +104,15 @@ def _drive(op: "_ops.Op[T]", conn: _Conn) -> T:
 
 class Client:
     """A connection factory to one supervisor. socket: its path (default: $BELAYER_SOCKET,
-    else /run/belayer/supervisor.sock); timeout: every call's default, in seconds."""
+    else /run/belayer/supervisor.sock); timeout: every call's default, in seconds; busy_wait:
+    an environment operation refused because the environment runs another job (EBUSY: a
+    checkpoint committing, a restore) is retried until the call's timeout (False: raised)."""
 
-    def __init__(self, socket: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, socket: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
+                 busy_wait: bool = True) -> None:
         self.socket = socket or default_socket()
         self.timeout = timeout
+        self.busy_wait = busy_wait
 
     def _run(self, op: "_ops.Op[T]", timeout: Optional[float]) -> T:
         t = self.timeout if timeout is None else timeout
@@ -117,6 +122,20 @@ class Client:
         finally:
             op.close()
             conn.close()
+
+    def _run_env(self, make: Callable[[], "_ops.Op[T]"], timeout: Optional[float]) -> T:
+        """An environment operation (make: a fresh op per try), retried on EBUSY (busy_wait)."""
+        t = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + t
+        pauses = _ops.busy_pauses(deadline)
+        while True:
+            try:
+                return self._run(make(), max(deadline - time.monotonic(), 0.001))
+            except SupervisorError as e:
+                pause = next(pauses, None) if self.busy_wait and e.errno == errno.EBUSY else None
+                if pause is None:
+                    raise
+            time.sleep(pause)
 
     # ---- environments ----------------------------------------------------------------------
 
@@ -152,8 +171,9 @@ class Client:
         seconds (None: the supervisor's default, 60 s), after which its process group is killed
         and the result says timed_out; the call itself waits that long plus a margin unless
         call_timeout says otherwise."""
-        op = _ops.exec_(env, cmd, timeout, cwd, env_vars, user, stdin, max_output)
-        return self._run(op, call_timeout if call_timeout is not None else _ops.exec_timeout_s(timeout))
+        return self._run_env(lambda: _ops.exec_(env, cmd, timeout, cwd, env_vars, user, stdin,
+                                                max_output),
+                             call_timeout if call_timeout is not None else _ops.exec_timeout_s(timeout))
 
     def read(self, env: str, path: str, *, max_bytes: int = 0,
              timeout: Optional[float] = None) -> bytes:
@@ -163,34 +183,34 @@ class Client:
     def read_file(self, env: str, path: str, *, max_bytes: int = 0,
                   timeout: Optional[float] = None) -> FileData:
         """A file's content with its mode and owner."""
-        return self._run(_ops.file_read(env, path, max_bytes), timeout)
+        return self._run_env(lambda: _ops.file_read(env, path, max_bytes), timeout)
 
     def write(self, env: str, path: str, data: Union[bytes, str], *, mode: int = 0o644,
               user: str = "", timeout: Optional[float] = None) -> int:
         """Write (create or replace) a file; returns the bytes written."""
-        return self._run(_ops.file_write(env, path, data, mode, user), timeout)
+        return self._run_env(lambda: _ops.file_write(env, path, data, mode, user), timeout)
 
     def checkpoint(self, env: str, turn: int = 0, prefix_tokens: int = 0, prefix_hash: int = 0,
                    *, trajectory: str = "", timeout: Optional[float] = None) -> Manifest:
         """A full checkpoint of env after turn (see PrefixTracker for the prefix)."""
-        return self._run(_ops.checkpoint(env, turn, prefix_tokens, prefix_hash, trajectory),
-                         timeout)
+        return self._run_env(
+            lambda: _ops.checkpoint(env, turn, prefix_tokens, prefix_hash, trajectory), timeout)
 
     def restore(self, env: str, checkpoint: Optional[str] = None, *,
                 timeout: Optional[float] = None) -> Manifest:
         """Restore env to checkpoint (None: its latest); returns that checkpoint's manifest."""
-        return self._run(_ops.restore(env, checkpoint), timeout)
+        return self._run_env(lambda: _ops.restore(env, checkpoint), timeout)
 
     def fork(self, env: str, as_: str, count: int = 1, *, checkpoint: Optional[str] = None,
              timeout: Optional[float] = None, destroy_on_exit: bool = True) -> List["Environment"]:
         """count new environments from a checkpoint of env (None: its latest), named as_
         (count 1) or as_-1 .. as_-count. All or none."""
-        infos = self._run(_ops.fork(env, as_, count, checkpoint), timeout)
+        infos = self._run_env(lambda: _ops.fork(env, as_, count, checkpoint), timeout)
         return [Environment(self, i.env, i, destroy_on_exit) for i in infos]
 
     def destroy(self, env: str, *, timeout: Optional[float] = None) -> None:
         """Kill env, unmount it and forget it (its checkpoints stay on disk)."""
-        self._run(_ops.destroy(env), timeout)
+        self._run_env(lambda: _ops.destroy(env), timeout)
 
     # ---- container images ------------------------------------------------------------------
 

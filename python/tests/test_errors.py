@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import errno
 import os
 import socket
 import tempfile
@@ -305,5 +306,45 @@ def test_event_stream_live_events_without_idle_timeout() -> None:
                 await it.aclose()
 
         asyncio.run(a())
+    finally:
+        fake.close()
+
+
+def test_busy_environment_is_waited_for() -> None:
+    """EBUSY (the environment runs another job: a checkpoint committing after the thaw) is
+    retried until the call's timeout, sync and async; other errors and busy_wait=False are
+    raised at once; a refusal that outlasts the timeout is raised as the EBUSY it is."""
+    refusals = {"n": 3}
+
+    def reply(req: dict) -> Optional[List[Tuple[bytes, List[int]]]]:
+        if req["env"] == "always" or refusals["n"] > 0:
+            refusals["n"] -= 1
+            return [(pk(4, code=errno.EBUSY, re=req["t"], msg=f"{req['env']} is busy"), [])]
+        return [(pk(14, re=req["t"], n=0), [])]
+
+    fake = FakeSupervisor(reply)
+    try:
+        c = belayer.Client(fake.path, timeout=5)
+        c.destroy("e1")
+        assert len(fake.requests) == 4 and refusals["n"] == 0
+
+        refusals["n"] = 1
+        with pytest.raises(belayer.SupervisorError) as e:
+            belayer.Client(fake.path, timeout=5, busy_wait=False).destroy("e1")
+        assert e.value.errno == errno.EBUSY and len(fake.requests) == 5
+
+        t0 = time.monotonic()
+        with pytest.raises(belayer.SupervisorError) as e:
+            c.destroy("always", timeout=0.5)
+        assert e.value.errno == errno.EBUSY and 0.2 < time.monotonic() - t0 < 3
+
+        async def a() -> None:
+            refusals["n"] = 2
+            n0 = len(fake.requests)
+            await belayer.AsyncClient(fake.path, timeout=5).destroy("e2")
+            assert len(fake.requests) == n0 + 3
+
+        asyncio.run(a())
+        fake.idle()
     finally:
         fake.close()
