@@ -13,6 +13,13 @@
  * first N operations are done. On a real GPU the event fires when the collective's kernel
  * has finished; on the emulated driver streams are synchronous and it fires at once.
  *
+ * Lifetime: a record is referenced by the table (until ncclCommDestroy/Abort), by each thread
+ * whose one-entry lookup cache holds it, and by each operation between nccl_op_begin and its
+ * completion being recorded (a ticket, or an entry deferred to ncclGroupEnd). PyTorch's
+ * watchdog and engines' fault handlers abort a communicator from another thread while a
+ * collective call may still run: the abort takes the record out of the table and drops the
+ * table's reference, and the memory goes with the last reference, never under a caller.
+ *
  * A stream being captured into a CUDA graph gets no event (recording one would put it into
  * the graph, and the capture's replays are invisible to us): such operations count as issued
  * and, at once, complete ("untracked").
@@ -63,7 +70,8 @@ struct rec {
 	size_t head, count;
 	struct spare *spares;
 	size_t n_spares;
-	bool gone;
+	bool gone;     /* out of the table (destroyed or aborted); under the lock */
+	unsigned refs; /* atomic: see "Lifetime" above */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -87,6 +95,8 @@ static uint64_t generation;
 static __thread ncclComm_t cached_comm;
 static __thread struct rec *cached_rec;
 static __thread uint64_t cached_gen;
+static pthread_key_t cache_key; /* its destructor drops an exiting thread's cached reference */
+static bool cache_key_ok;
 static __thread int group_depth;
 static __thread struct defer *deferred;
 static __thread size_t n_deferred;
@@ -104,6 +114,13 @@ static struct {
 	ncclResult_t (*ncclCommCuDevice)(const ncclComm_t, int *);
 } fn = {.once = PTHREAD_ONCE_INIT};
 
+static void rec_put(struct rec *r);
+
+static void cache_key_gone(void *r)
+{
+	rec_put(r);
+}
+
 static void resolve(void)
 {
 	const char *s = secure_getenv("BELAYER_NCCL_POLL_US");
@@ -116,6 +133,7 @@ static void resolve(void)
 	s = secure_getenv("BELAYER_NCCL_TRACK");
 	if (s && strcmp(s, "0") == 0)
 		track_on = false;
+	cache_key_ok = pthread_key_create(&cache_key, cache_key_gone) == 0;
 	shim_busy++;
 #define C(f, n) fn.f = (__typeof__(fn.f))real_lookup("libcuda.so.1", n)
 	C(cuEventCreate, "cuEventCreate");
@@ -285,6 +303,7 @@ static bool comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nc
 	r->hash = hash;
 	r->parent_id = parent_id;
 	r->id = next_id++;
+	r->refs = 1; /* the table's */
 	recs[n_recs++] = r;
 	__atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
 	start_poller_locked();
@@ -358,9 +377,17 @@ void nccl_comm_ending(ncclComm_t comm, enum nccl_end how)
 		announce(CONN_NCCL_FINALIZE, id);
 }
 
-/* With the lock held: frees r's events and counters (its memfd stays with the supervisor). */
-static void rec_free_locked(struct rec *r)
+/* With the lock held: r leaves the table; its events go now (only the table's users touch
+ * them), its counters with its last reference. */
+static void rec_retire_locked(struct rec *r)
 {
+	r->gone = true;
+	for (size_t i = 0; i < n_recs; i++)
+		if (recs[i] == r) {
+			recs[i] = recs[--n_recs];
+			break;
+		}
+	__atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
 	shim_busy++;
 	for (size_t i = 0; i < r->count; i++)
 		if (fn.cuEventDestroy)
@@ -369,8 +396,18 @@ static void rec_free_locked(struct rec *r)
 		if (fn.cuEventDestroy)
 			(void)fn.cuEventDestroy(r->spares[i].ev);
 	shim_busy--;
-	(void)munmap(r->ctr, NCCL_COUNTERS_SIZE);
+	r->count = r->n_spares = 0;
 	(void)safe_close(r->memfd);
+	r->memfd = -EBADF;
+}
+
+/* Drops one reference (NULL: none); the last one frees r (its memfd stays with the
+ * supervisor). */
+static void rec_put(struct rec *r)
+{
+	if (!r || __atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL) > 0)
+		return;
+	(void)munmap(r->ctr, NCCL_COUNTERS_SIZE);
 	free(r->ring);
 	free(r->spares);
 	free(r);
@@ -386,15 +423,10 @@ void nccl_comm_gone(ncclComm_t comm, enum nccl_end how)
 	if (r) {
 		__atomic_store_n(&r->ctr->state, NCCL_COMM_ENDED, __ATOMIC_RELEASE);
 		id = r->id;
-		__atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
-		for (size_t i = 0; i < n_recs; i++)
-			if (recs[i] == r) {
-				recs[i] = recs[--n_recs];
-				break;
-			}
-		rec_free_locked(r);
+		rec_retire_locked(r);
 	}
 	pthread_mutex_unlock(&lock);
+	rec_put(r); /* the table's: operations still in a call keep theirs */
 	if (id)
 		announce(how == NCCL_END_ABORT ? CONN_NCCL_ABORT : CONN_NCCL_DESTROY, id);
 }
@@ -409,15 +441,24 @@ void nccl_op_begin(ncclComm_t comm, uint32_t op, uint64_t bytes, bool p2p,
 	    __atomic_load_n(&generation, __ATOMIC_ACQUIRE) == cached_gen)
 		r = cached_rec;
 	else {
+		struct rec *old = cached_rec;
+
 		pthread_mutex_lock(&lock);
 		r = find_locked(comm);
+		if (r)
+			__atomic_add_fetch(&r->refs, 1, __ATOMIC_RELAXED); /* the cache's */
 		cached_comm = comm;
 		cached_rec = r;
 		cached_gen = generation;
 		pthread_mutex_unlock(&lock);
+		if (cache_key_ok)
+			(void)pthread_setspecific(cache_key, r);
+		rec_put(old);
 	}
 	if (!r)
 		return;
+	/* The ticket's: the cache's reference keeps r alive until this one is taken. */
+	__atomic_add_fetch(&r->refs, 1, __ATOMIC_RELAXED);
 	ret->rec = r;
 	ret->p2p = p2p;
 	if (p2p)
@@ -442,14 +483,6 @@ static void complete_locked(struct rec *r, uint64_t seq, bool p2p)
 		__atomic_store_n(&r->ctr->complete_ns, now_ns(), __ATOMIC_RELEASE);
 }
 
-static bool rec_live_locked(const struct rec *r)
-{
-	for (size_t i = 0; i < n_recs; i++)
-		if (recs[i] == r)
-			return true;
-	return false;
-}
-
 /* Records the completion event of one operation on stream. */
 static void track(struct rec *r, uint64_t seq, bool p2p, cudaStream_t stream)
 {
@@ -465,7 +498,7 @@ static void track(struct rec *r, uint64_t seq, bool p2p, cudaStream_t stream)
 	if (cap == CU_STREAM_CAPTURE_STATUS_NONE && fn.cuEventRecord && fn.cuCtxGetCurrent &&
 	    fn.cuCtxGetCurrent(&ev.ctx) == CUDA_SUCCESS) {
 		pthread_mutex_lock(&lock);
-		if (rec_live_locked(r)) {
+		if (!r->gone) {
 			/* A spare of this context, or a new event below. */
 			for (size_t i = r->n_spares; i-- > 0;)
 				if (r->spares[i].ctx == ev.ctx) {
@@ -489,7 +522,7 @@ static void track(struct rec *r, uint64_t seq, bool p2p, cudaStream_t stream)
 	shim_busy--;
 
 	pthread_mutex_lock(&lock);
-	if (!rec_live_locked(r)) {
+	if (r->gone) {
 		pthread_mutex_unlock(&lock);
 		if (have && fn.cuEventDestroy) {
 			shim_busy++;
@@ -545,9 +578,10 @@ void nccl_op_end(const struct nccl_op_ticket *t, cudaStream_t stream, ncclResult
 	if (res != ncclSuccess && res != ncclInProgress) {
 		/* Not enqueued: nothing will complete it but us. */
 		pthread_mutex_lock(&lock);
-		if (rec_live_locked(r) && r->count == 0)
+		if (!r->gone && r->count == 0)
 			complete_locked(r, t->seq, t->p2p);
 		pthread_mutex_unlock(&lock);
+		rec_put(r);
 		return;
 	}
 	if (group_depth > 0) {
@@ -557,10 +591,11 @@ void nccl_op_end(const struct nccl_op_ticket *t, cudaStream_t stream, ncclResult
 		if (deferred && n_deferred < MAX_DEFER) {
 			deferred[n_deferred++] = (struct defer){
 				.rec = r, .seq = t->seq, .p2p = t->p2p, .stream = stream};
-			return;
+			return; /* the entry holds the ticket's reference */
 		}
 	}
 	track(r, t->seq, t->p2p, stream);
+	rec_put(r);
 }
 
 void nccl_group_start(void)
@@ -581,10 +616,11 @@ void nccl_group_end(ncclResult_t res)
 			track(d->rec, d->seq, d->p2p, d->stream);
 		else {
 			pthread_mutex_lock(&lock);
-			if (rec_live_locked(d->rec) && d->rec->count == 0)
+			if (!d->rec->gone && d->rec->count == 0)
 				complete_locked(d->rec, d->seq, d->p2p);
 			pthread_mutex_unlock(&lock);
 		}
+		rec_put(d->rec);
 	}
 	n_deferred = 0;
 }
@@ -722,6 +758,9 @@ void nccl_reset_after_fork(void)
 	n_recs = 0;
 	generation++;
 	cached_comm = NULL;
+	cached_rec = NULL; /* its reference is leaked with it */
+	if (cache_key_ok)
+		(void)pthread_setspecific(cache_key, NULL);
 	poller_started = false;
 	group_depth = 0;
 	n_deferred = 0;
