@@ -15,27 +15,60 @@
 #include <string.h>
 
 #include "hooks.h"
+#include "log.h"
 #include "shim-classify.h"
 #include "shim-real.h"
 
 /* Referenced by name from the assembly below, hence not static (hidden by default). */
 void *dlsym_slow(void *handle, const char *name);
 
+/*
+ * fn, a hooked name's function in a library other than the one the wrappers call: a second
+ * libnccl.so.2 loaded by path (vLLM's VLLM_NCCL_SO_PATH beside PyTorch's NCCL), a second
+ * libcuda (a stub, dlmopen). A wrapper would hand that library's handles to the first one,
+ * another version with another struct layout: the program gets the function itself, its
+ * calls untracked, and one log line per kind says so.
+ */
+static void *other_library(const char *name, void *fn, bool *logged)
+{
+	Dl_info info;
+
+	if (!__atomic_exchange_n(logged, true, __ATOMIC_RELAXED))
+		log_warning("%s from %s, a second copy of a library the shim already uses: calls "
+			    "through that copy pass through untracked.",
+			    name, dladdr(fn, &info) && info.dli_fname ? info.dli_fname : "?");
+	return fn;
+}
+
 /* Our wrapper when name is hooked (learning fn, the real function), else fn. */
 static void *dlsym_result(const char *name, void *fn)
 {
+	static bool cuda_logged, nccl_logged;
+
 	if (name[0] == 'c' && name[1] == 'u') {
 		for (int i = 0; i < _HOOK_CUDA_MAX; i++)
 			if (strcmp(cuda_hooks[i].name, name) == 0) {
-				if (fn != cuda_hooks[i].wrapper)
-					real_cuda_learn((enum hook_id)i, fn);
+				void *real;
+
+				if (fn == cuda_hooks[i].wrapper)
+					return fn;
+				real = real_cuda((enum hook_id)i);
+				if (real && real != fn)
+					return other_library(name, fn, &cuda_logged);
+				real_cuda_learn((enum hook_id)i, fn);
 				return cuda_hooks[i].wrapper;
 			}
 	} else if (strncmp(name, "nccl", 4) == 0) {
 		for (int i = 0; i < _NCCL_HOOK_MAX; i++)
 			if (strcmp(nccl_hooks[i].name, name) == 0) {
-				if (fn != nccl_hooks[i].wrapper)
-					real_nccl_learn((enum nccl_hook_id)i, fn);
+				void *real;
+
+				if (fn == nccl_hooks[i].wrapper)
+					return fn;
+				real = real_nccl((enum nccl_hook_id)i);
+				if (real && real != fn)
+					return other_library(name, fn, &nccl_logged);
+				real_nccl_learn((enum nccl_hook_id)i, fn);
 				return nccl_hooks[i].wrapper;
 			}
 	} else if (strncmp(name, "tms_", 4) == 0)
@@ -47,7 +80,9 @@ void *dlsym_slow(void *handle, const char *name)
 {
 	void *fn = real_dlsym(handle, name);
 
-	if (!fn || !name || real_dlsym_resolving())
+	/* shim_busy: the shim itself (or a driver it is inside) looks a name up, possibly while
+	 * the real table is being resolved, which dlsym_result would wait for. */
+	if (!fn || !name || real_dlsym_resolving() || shim_busy)
 		return fn;
 	return dlsym_result(name, fn);
 }

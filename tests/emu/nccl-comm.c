@@ -69,9 +69,13 @@ ncclResult_t nccl_result_from_errno(int r)
 	}
 }
 
+/* Its address identifies this copy of the library (see struct ncclComm's owner). */
+static const char this_library;
+
 bool nccl_comm_valid(const struct ncclComm *comm)
 {
-	return comm && atomic_load(&((struct ncclComm *)comm)->magic) == NCCL_COMM_MAGIC;
+	return comm && atomic_load(&((struct ncclComm *)comm)->magic) == NCCL_COMM_MAGIC &&
+	       comm->owner == &this_library;
 }
 
 struct ncclComm *nccl_comm_new(int nranks, int rank, int dev,
@@ -94,6 +98,7 @@ struct ncclComm *nccl_comm_new(int nranks, int rank, int dev,
 		memcpy(&comm->config, config, MIN(config->size, sizeof(comm->config)));
 	comm->config.size = sizeof(comm->config);
 	pthread_mutex_init(&comm->lock, NULL);
+	comm->owner = &this_library;
 	atomic_store(&comm->magic, NCCL_COMM_MAGIC);
 	return comm;
 }
@@ -439,7 +444,7 @@ _public_ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async
 	if (!comm || !async_error)
 		return ncclInvalidArgument;
 	magic = atomic_load(&comm->magic);
-	if (magic != NCCL_COMM_MAGIC && magic != NCCL_COMM_DEAD)
+	if ((magic != NCCL_COMM_MAGIC && magic != NCCL_COMM_DEAD) || comm->owner != &this_library)
 		return ncclInvalidArgument;
 	*async_error = (ncclResult_t)atomic_load(&comm->async_error);
 	return ncclSuccess;

@@ -95,6 +95,10 @@ struct ncclComm {
 	_Atomic int inflight;
 	_Atomic int async_error;
 	pthread_mutex_t lock; /* destroy/abort against each other */
+	/* The library instance that made it: a second copy of libnccl.so.2 loaded by path in
+	 * the same process (vLLM's VLLM_NCCL_SO_PATH) has its own state and does not know this
+	 * communicator; nccl.h's handle is opaque to every other library. */
+	const void *owner;
 };
 
 /* nccl-shm.c */

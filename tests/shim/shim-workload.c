@@ -11,7 +11,8 @@
  * message on any unexpected driver result.
  *
  * Usage: shim-workload runtime|engine|nccl|storm THREADS COUNT|fork|exec|small|procaddr|
- *                     ipc-export|ipc-open HANDLE OFFSET|tags TMS_LIBRARY
+ *                     ipc-export|ipc-open HANDLE OFFSET|tags TMS_LIBRARY|
+ *                     nccl-second-copy LIBNCCL_COPY
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -200,6 +201,54 @@ static int run_nccl(void)
 		wl_die("ncclBroadcast failed");
 	printf("ok nccl w=0x%llx\n", (unsigned long long)w);
 	hold();
+	return 0;
+}
+
+/* vLLM's pynccl with VLLM_NCCL_SO_PATH: a second copy of libnccl.so.2, loaded by path beside
+ * the one the process already uses (PyTorch's), and driven entirely through dlsym on its
+ * handle, unhooked calls (ncclCommCount) included. */
+static int run_nccl_second_copy(const char *copy)
+{
+	ncclResult_t (*get_id)(ncclUniqueId *), (*init_rank)(ncclComm_t *, int, ncclUniqueId, int);
+	ncclResult_t (*count)(ncclComm_t, int *), (*destroy)(ncclComm_t);
+	ncclResult_t (*reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
+			       ncclComm_t, cudaStream_t);
+	ncclUniqueId id;
+	ncclComm_t comm;
+	CUdeviceptr w;
+	void *first, *second;
+	int n = 0;
+
+	driver_open();
+	first = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+	if (!first)
+		wl_die("dlopen libnccl.so.2: %s", dlerror());
+	/* PyTorch's NCCL in use first: a communicator through the hooked path. */
+	get_id = (__typeof__(get_id))dlsym(first, "ncclGetUniqueId");
+	init_rank = (__typeof__(init_rank))dlsym(first, "ncclCommInitRank");
+	if (!get_id || !init_rank || get_id(&id) != ncclSuccess ||
+	    init_rank(&comm, 1, id, 0) != ncclSuccess)
+		wl_die("the first libnccl.so.2 failed");
+	second = dlopen(copy, RTLD_NOW | RTLD_LOCAL);
+	if (!second || second == first)
+		wl_die("dlopen %s: %s", copy, second ? "the same library" : dlerror());
+	get_id = (__typeof__(get_id))dlsym(second, "ncclGetUniqueId");
+	init_rank = (__typeof__(init_rank))dlsym(second, "ncclCommInitRank");
+	count = (__typeof__(count))dlsym(second, "ncclCommCount");
+	reduce = (__typeof__(reduce))dlsym(second, "ncclAllReduce");
+	destroy = (__typeof__(destroy))dlsym(second, "ncclCommDestroy");
+	if (!get_id || !init_rank || !count || !reduce || !destroy)
+		wl_die("%s lacks symbols", copy);
+	if (get_id(&id) != ncclSuccess || init_rank(&comm, 1, id, 0) != ncclSuccess)
+		wl_die("ncclCommInitRank of the second copy failed");
+	if (count(comm, &n) != ncclSuccess || n != 1)
+		wl_die("ncclCommCount of the second copy's communicator failed (%d ranks)", n);
+	w = alloc(2 * MIB);
+	if (reduce((void *)w, (void *)w, 1024, ncclFloat32, ncclSum, comm, NULL) != ncclSuccess)
+		wl_die("ncclAllReduce of the second copy failed");
+	if (destroy(comm) != ncclSuccess)
+		wl_die("ncclCommDestroy of the second copy failed");
+	printf("ok nccl-second-copy\n");
 	return 0;
 }
 
@@ -560,6 +609,8 @@ int main(int argc, char **argv)
 		return run_engine();
 	if (strcmp(argv[1], "nccl") == 0)
 		return run_nccl();
+	if (strcmp(argv[1], "nccl-second-copy") == 0 && argc == 3)
+		return run_nccl_second_copy(argv[2]);
 	if (strcmp(argv[1], "storm") == 0 && argc == 4)
 		return run_storm(atoi(argv[2]), atoi(argv[3]));
 	if (strcmp(argv[1], "fork") == 0)

@@ -389,6 +389,51 @@ static void test_nccl_allocations_classed_nccl(void **state)
 	assert_int_equal(COUNT(f, "announce", "class=kv"), 1);
 }
 
+/* Copies src to dst (a library copy: another file, so the loader maps it a second time). */
+static void copy_file(const char *src, const char *dst)
+{
+	char buf[65536];
+	int in = open(src, O_RDONLY | O_CLOEXEC), out;
+	ssize_t n;
+
+	assert_true(in >= 0);
+	out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0755);
+	assert_true(out >= 0);
+	while ((n = read(in, buf, sizeof(buf))) > 0)
+		assert_int_equal(write(out, buf, (size_t)n), n);
+	assert_int_equal(n, 0);
+	close(in);
+	close(out);
+}
+
+/* vLLM's pynccl with VLLM_NCCL_SO_PATH beside PyTorch's NCCL (review B5): dlsym on the second
+ * copy's handle must give that copy's functions, not wrappers that call the first copy, which
+ * does not know the second's communicators (ncclCommCount, unhooked, answered "invalid
+ * argument" for a communicator the wrapper had made in the first). */
+static void test_second_nccl_copy_passes_through(void **state)
+{
+	struct fixture *f = *state;
+	char copy[512], line[512];
+	const char *argv[] = {WORKLOAD_PATH, "nccl-second-copy", copy, NULL};
+	struct wenv e;
+	struct proc w;
+	bool logged = false;
+
+	snprintf(copy, sizeof(copy), "%s/libnccl-copy.so.2", f->dir);
+	copy_file(EMU_LIB_DIR "/libnccl.so.2", copy);
+	start_receiver(f, false);
+	for (int preload = 0; preload <= 1; preload++) {
+		spawn(&w, argv, workload_env(&e, f, NULL, NULL), preload, true);
+		assert_true(expect_line(w.out, "ok nccl-second-copy", line, sizeof(line)));
+		assert_int_equal(wait_exit(w.pid), 0);
+		while (read_line(w.err, line, sizeof(line)))
+			logged = logged ||
+				 (strstr(line, "libnccl-copy.so.2") && strstr(line, "untracked"));
+		assert_true(logged == (preload == 1));
+		proc_close(&w);
+	}
+}
+
 static void test_engine_classification(void **state)
 {
 	struct fixture *f = *state;
@@ -751,6 +796,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_nccl_allocations_classed_nccl, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_engine_classification, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_second_nccl_copy_passes_through, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_no_supervisor_runs_normally, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_storm_no_lost_or_duplicated_records, setup,
 						teardown),
