@@ -284,6 +284,70 @@ CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, 
 	WRITE(cuMemcpyAsync_ptsz, dst, ByteCount, dst, src, ByteCount, hStream);
 }
 
+/* Memsets into device memory write as copies do (PyTorch's zero_/fill_ on contiguous memory
+ * may use them; the review's B3): N elements of 1, 2 or 4 bytes. */
+#define MEMSET(sym, unit, ...) WRITE(sym, dstDevice, (N) * (unit), dstDevice, __VA_ARGS__)
+
+CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+	MEMSET(cuMemsetD8_v2, 1, uc, N);
+}
+
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+	MEMSET(cuMemsetD8_v2_ptds, 1, uc, N);
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
+{
+	MEMSET(cuMemsetD8Async, 1, uc, N, hStream);
+}
+
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
+{
+	MEMSET(cuMemsetD8Async_ptsz, 1, uc, N, hStream);
+}
+
+CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N)
+{
+	MEMSET(cuMemsetD16_v2, 2, us, N);
+}
+
+CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us, size_t N)
+{
+	MEMSET(cuMemsetD16_v2_ptds, 2, us, N);
+}
+
+CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
+{
+	MEMSET(cuMemsetD16Async, 2, us, N, hStream);
+}
+
+CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
+{
+	MEMSET(cuMemsetD16Async_ptsz, 2, us, N, hStream);
+}
+
+CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
+{
+	MEMSET(cuMemsetD32_v2, 4, ui, N);
+}
+
+CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N)
+{
+	MEMSET(cuMemsetD32_v2_ptds, 4, ui, N);
+}
+
+CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
+{
+	MEMSET(cuMemsetD32Async, 4, ui, N, hStream);
+}
+
+CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
+{
+	MEMSET(cuMemsetD32Async_ptsz, 4, ui, N, hStream);
+}
+
 const struct hook_info cuda_hooks[_HOOK_CUDA_MAX] = {
 #define X(sym, proc_, version_, ptds_, pfn)  \
 	[HOOK_##sym] = {.name = #sym,        \

@@ -78,7 +78,19 @@
 	X(cuMemcpy, "cuMemcpy", 4000, 0, PFN_cuMemcpy_v4000)                                    \
 	X(cuMemcpy_ptds, "cuMemcpy", 7000, 1, PFN_cuMemcpy_v7000_ptds)                          \
 	X(cuMemcpyAsync, "cuMemcpyAsync", 4000, 0, PFN_cuMemcpyAsync_v4000)                     \
-	X(cuMemcpyAsync_ptsz, "cuMemcpyAsync", 7000, 1, PFN_cuMemcpyAsync_v7000_ptsz)
+	X(cuMemcpyAsync_ptsz, "cuMemcpyAsync", 7000, 1, PFN_cuMemcpyAsync_v7000_ptsz)           \
+	X(cuMemsetD8_v2, "cuMemsetD8", 3020, 0, PFN_cuMemsetD8_v3020)                           \
+	X(cuMemsetD8_v2_ptds, "cuMemsetD8", 7000, 1, PFN_cuMemsetD8_v7000_ptds)                 \
+	X(cuMemsetD8Async, "cuMemsetD8Async", 3020, 0, PFN_cuMemsetD8Async_v3020)               \
+	X(cuMemsetD8Async_ptsz, "cuMemsetD8Async", 7000, 1, PFN_cuMemsetD8Async_v7000_ptsz)     \
+	X(cuMemsetD16_v2, "cuMemsetD16", 3020, 0, PFN_cuMemsetD16_v3020)                        \
+	X(cuMemsetD16_v2_ptds, "cuMemsetD16", 7000, 1, PFN_cuMemsetD16_v7000_ptds)              \
+	X(cuMemsetD16Async, "cuMemsetD16Async", 3020, 0, PFN_cuMemsetD16Async_v3020)            \
+	X(cuMemsetD16Async_ptsz, "cuMemsetD16Async", 7000, 1, PFN_cuMemsetD16Async_v7000_ptsz)  \
+	X(cuMemsetD32_v2, "cuMemsetD32", 3020, 0, PFN_cuMemsetD32_v3020)                        \
+	X(cuMemsetD32_v2_ptds, "cuMemsetD32", 7000, 1, PFN_cuMemsetD32_v7000_ptds)              \
+	X(cuMemsetD32Async, "cuMemsetD32Async", 3020, 0, PFN_cuMemsetD32Async_v3020)            \
+	X(cuMemsetD32Async_ptsz, "cuMemsetD32Async", 7000, 1, PFN_cuMemsetD32Async_v7000_ptsz)
 
 #define BELAYER_NCCL_HOOKS(X)                                                                      \
 	X(ncclBroadcast, ncclResult_t,                                                             \

@@ -12,7 +12,7 @@
  *
  * Usage: shim-workload runtime|engine|nccl|storm THREADS COUNT|fork|exec|small|procaddr|
  *                     ipc-export|ipc-open HANDLE OFFSET|tags TMS_LIBRARY|
- *                     nccl-second-copy LIBNCCL_COPY
+ *                     nccl-second-copy LIBNCCL_COPY|memset
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -200,6 +200,32 @@ static int run_nccl(void)
 	if (bcast((void *)w, (void *)w, 1024, ncclFloat32, 0, comm, NULL) != ncclSuccess)
 		wl_die("ncclBroadcast failed");
 	printf("ok nccl w=0x%llx\n", (unsigned long long)w);
+	hold();
+	return 0;
+}
+
+/* Weights written by memsets after load, as the caller resolves them through cuGetProcAddress
+ * (legacy and per-thread variants, sync and async). */
+static int run_memset(void)
+{
+	CUresult (*d8)(CUdeviceptr, unsigned char, size_t);
+	CUresult (*d16a)(CUdeviceptr, unsigned short, size_t, CUstream);
+	CUresult (*d32)(CUdeviceptr, unsigned int, size_t);
+	CUdeviceptr w;
+	size_t fr, tot;
+
+	driver_open();
+	w = alloc(8 * MIB);
+	fill(w, 1);
+	CHECK(d.mem_info(&fr, &tot)); /* the KV-sizing probe */
+	alloc(16 * MIB);
+	d8 = wl_resolve("cuMemsetD8", 3020);
+	d16a = wl_resolve("cuMemsetD16Async", 7000); /* its per-thread-stream variant at 7000 */
+	d32 = wl_resolve("cuMemsetD32", 3020);
+	CHECK(d8(w, 0, 4096));
+	CHECK(d16a(w + 4096, 7, 16, NULL));
+	CHECK(d32(w + 8192, 0xffffffffu, 1));
+	printf("ok memset w=0x%llx\n", (unsigned long long)w);
 	hold();
 	return 0;
 }
@@ -609,6 +635,8 @@ int main(int argc, char **argv)
 		return run_engine();
 	if (strcmp(argv[1], "nccl") == 0)
 		return run_nccl();
+	if (strcmp(argv[1], "memset") == 0)
+		return run_memset();
 	if (strcmp(argv[1], "nccl-second-copy") == 0 && argc == 3)
 		return run_nccl_second_copy(argv[2]);
 	if (strcmp(argv[1], "storm") == 0 && argc == 4)

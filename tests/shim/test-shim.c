@@ -434,6 +434,27 @@ static void test_second_nccl_copy_passes_through(void **state)
 	}
 }
 
+/* Memsets into weights after load are weight writes: each bumps the version (review B3). */
+static void test_memset_bumps_weights_version(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "memset", NULL};
+	struct wenv e;
+	struct proc w;
+	char line[256], wva[64];
+	unsigned long long a;
+
+	start_receiver(f, false);
+	spawn(&w, argv, workload_env(&e, f, NULL, NULL), true, false);
+	assert_true(expect_line(w.out, "ok memset", line, sizeof(line)));
+	assert_int_equal(sscanf(line, "ok memset w=0x%llx", &a), 1);
+	snprintf(wva, sizeof(wva), "va=0x%llx ", a);
+	WAIT_COUNT(f, 1, "announce", wva, "class=weights", "version=3");
+	finish(f, &w);
+	/* The load's fill came before the KV probe: not an update. */
+	assert_int_equal(COUNT(f, "announce", wva, "version=4"), 0);
+}
+
 static void test_engine_classification(void **state)
 {
 	struct fixture *f = *state;
@@ -798,6 +819,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_engine_classification, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_second_nccl_copy_passes_through, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(test_memset_bumps_weights_version, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_no_supervisor_runs_normally, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_storm_no_lost_or_duplicated_records, setup,
 						teardown),
