@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The daemon's side of checkpoint kinds (issue 23 item 3, supervisor-env-activity.h): whether
+ * an environment changed at all since its head (a checkpoint then is "skipped"), and the
+ * tracer's activity counter for env_checkpoint's choice between "full" and "fs-only".
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "log.h"
+#include "supervisor-dirty.h"
+#include "supervisor-env-ctl.h"
+#include "supervisor-env-slots.h"
+#include "supervisor-envtrace.h"
+
+int envs_activity_of(struct sv_envtrace *et, uint32_t watch, uint64_t *ret)
+{
+	struct envtrace_env_stats st;
+	int r;
+
+	if (!et || !watch)
+		return -ENODEV;
+	r = envtrace_env_stats(et, watch, &st);
+	if (r < 0)
+		return r;
+	*ret = st.activity;
+	return 0;
+}
+
+/* Offload thread: env_activity_fn over the job's tracer and watch (read on the loop thread
+ * before the job: neither changes while the slot is busy). */
+int env_job_activity(void *userdata, uint32_t *ret_watch, uint64_t *ret_count)
+{
+	const struct env_job *j = userdata;
+
+	*ret_watch = j->watch;
+	return envs_activity_of(j->et, j->watch, ret_count);
+}
+
+/* Unfrozen, on the loop thread: a task's syscall ends only through sys_exit and its user code
+ * starts only from one (or was running: not parked), so the counter read twice around the
+ * look at the tasks, unchanged both times since the head's dump, vouches for the interval. */
+bool envs_processes_unchanged(struct supervisor *s, struct env_slot *sl)
+{
+	const struct sv_env *e = sl->env;
+	uint64_t c1, c2, tasks;
+
+	if (!e || !e->act.valid || !e->head[0] || strcmp(e->act.ckpt, e->head) != 0 ||
+	    e->act.watch != sl->trace_id)
+		return false;
+	if (envs_activity_of(s->envs->et, sl->trace_id, &c1) < 0 || c1 != e->act.count)
+		return false;
+	if (env_activity_tasks(e, &tasks) != 1 || tasks != e->act.tasks)
+		return false;
+	return envs_activity_of(s->envs->et, sl->trace_id, &c2) >= 0 && c2 == c1;
+}
+
+bool envs_files_unchanged(struct supervisor *s, struct env_slot *sl)
+{
+	if (!sl->dirty || !s->envs->et || !sl->env || !sl->env->head[0])
+		return false;
+	envs_drain(s);
+	/* A full diff with nothing named since the dump is the dump's own (full_diff_of_dump). */
+	return dirty_count(sl->dirty) == 0 &&
+	       (!dirty_needs_full_diff(sl->dirty, NULL) || sl->full_diff_of_dump);
+}
+
+bool envs_unchanged(struct supervisor *s, struct env_slot *sl)
+{
+	bool r = envs_files_unchanged(s, sl) && envs_processes_unchanged(s, sl);
+
+	if (r)
+		log_debug("Environment %s unchanged since %s: no checkpoint.", sl->id,
+			  sl->env->head);
+	return r;
+}
+
+void env_files_mark_dirty(struct sv_dirty *d, int root, const char *path)
+{
+	char norm[PROTO_PATH_MAX + 2];
+	size_t n = 0;
+	const char *p = path;
+
+	/* "/"-rooted, "//" and "." components dropped; ".." (or too long): the walk decides. */
+	while (*p) {
+		size_t len;
+
+		p += strspn(p, "/");
+		len = strcspn(p, "/");
+		if (!len)
+			break;
+		if ((len == 2 && p[0] == '.' && p[1] == '.') || n + len + 2 > sizeof(norm)) {
+			dirty_require_full_diff(d, "env write");
+			return;
+		}
+		if (!(len == 1 && p[0] == '.')) {
+			struct stat st;
+
+			norm[n++] = '/';
+			memcpy(norm + n, p, len);
+			n += len;
+			norm[n] = '\0';
+			/* Each prefix in turn, not followed: a symbolic link on the way names another
+			 * path than the one written (the walk finds it). */
+			if (p[len] && fstatat(root, norm + 1, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+			    S_ISLNK(st.st_mode)) {
+				dirty_require_full_diff(d, "env write through a symbolic link");
+				return;
+			}
+		}
+		p += len;
+	}
+	norm[n] = '\0';
+	if (!n)
+		return;
+	/* The file, and its directory (the write renames a temporary file into it). */
+	if (dirty_add_self(d, norm) < 0)
+		return;
+	*strrchr(norm, '/') = '\0';
+	(void)dirty_add_self(d, norm[0] ? norm : "/");
+}

@@ -1,0 +1,122 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+# Checkpoint kinds (issue 23 item 3) through a real supervisor with its tracer: a turn that
+# changed nothing is skipped (the head's id, kind "skipped"); a file written through env write
+# while no process ran makes an fs-only checkpoint (the head's process images, hard-linked);
+# a restore of it gives the processes as of the last full dump and the files as of it; a
+# process that served a request, an exec, a restore, or a busy loop that never makes a syscall
+# make the next one full. --new takes a checkpoint even when nothing changed.
+# Usage: test-env-kinds.sh SUPERVISOR BELAYERCTL
+set -euo pipefail
+
+supervisor=$1
+ctl_bin=$2
+# shellcheck source=SCRIPTDIR/../../helpers/test-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
+need_root_cgroup_v2
+command -v python3 >/dev/null || fail "python3 is needed for the server"
+
+env_fixture envkinds k1 k2
+on_fail() { tail -n 30 "$dir/sv.log"; }
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# The server: "set X" keeps X, anything else answers "X N" (N: requests it served).
+cat >"$dir/base/work/srv.py" <<'PY'
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(16)
+state, n = "empty", 0
+open("/work/ready", "w").close()
+while True:
+    c, _ = s.accept()
+    req = c.recv(256).decode().strip(); n += 1
+    if req.startswith("set "):
+        state = req[4:]
+    c.sendall(("%s %d\n" % (state, n)).encode()); c.close()
+PY
+env_conf
+sed -i 's/^trace = no$/trace_preload = yes/' "$dir/conf.ini"
+ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
+ask() {
+	local pid
+	pid=$(head -n1 "$cg/$1/cgroup.procs") || return 1
+	nsenter -t "$pid" -n python3 -c '
+import socket, sys
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+c.sendall(sys.argv[2].encode()); print(c.recv(256).decode().strip())' "$port" "$2"
+}
+# ckpt ENV TURN [ARGS]: checkpoints, prints "ID KIND".
+ckpt() {
+	local out
+	out=$(ctl --json env checkpoint "$1" --turn "$2" "${@:3}") || fail "checkpoint $1 turn $2: $out"
+	python3 -c 'import json, sys; j = json.loads(sys.argv[1]); print(j["checkpoint"], j["kind"])' "$out"
+}
+put() { printf '%s' "$3" >"$dir/in"; ctl env write "$1" "$2" <"$dir/in" >/dev/null; }
+get() { ctl env read "$1" "$2"; }
+expect() { [[ $2 == "$3" ]] || fail "$1: got '$2', expected '$3'"; }
+
+supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
+grep -q "Environment tracing on" "$dir/sv.log" || fail "tracer not loaded: $(cat "$dir/sv.log")"
+ctl env create k1 --root "$dir/base" --cmd "cd /work; exec python3 srv.py $port" >/dev/null
+for _ in $(seq 200); do [[ -e $dir/state/envs/k1/root/work/ready ]] && break; sleep 0.05; done
+expect "first request" "$(ask k1 "set A")" "A 1"
+put k1 /work/f.txt one
+
+read -r c1 kind < <(ckpt k1 1)
+expect "the first checkpoint's kind" "$kind" full
+# Nothing happened since: no checkpoint, the head answers.
+read -r id kind < <(ckpt k1 2)
+expect "an unchanged turn" "$id $kind" "$c1 skipped"
+read -r id kind < <(ckpt k1 3)
+expect "a second unchanged turn" "$id $kind" "$c1 skipped"
+ls "$dir/state/envs/k1/ckpt" | grep -qvx "$c1" && fail "a skipped turn left a checkpoint: $(ls "$dir/state/envs/k1/ckpt")"
+
+# A file written from outside, no process ran: the file system only.
+put k1 /work/f.txt two
+read -r c2 kind < <(ckpt k1 4)
+expect "a turn that only wrote a file" "$kind" fs-only
+[[ $c2 != "$c1" ]] || fail "the fs-only checkpoint kept the head's id"
+img=$(cd "$dir/state/envs/k1/ckpt/$c1/criu" && ls ./*.img | head -n1)
+[[ $(stat -c %i "$dir/state/envs/k1/ckpt/$c1/criu/$img") == $(stat -c %i "$dir/state/envs/k1/ckpt/$c2/criu/$img") ]] ||
+	fail "the fs-only checkpoint's images are not the full one's (hard links)"
+ctl --json env list k1 | grep "\"checkpoint\":\"$c2\"" | grep -q '"kind":"fs-only"' ||
+	fail "env list does not say fs-only: $(ctl --json env list k1)"
+read -r id kind < <(ckpt k1 5)
+expect "unchanged after an fs-only one" "$id $kind" "$c2 skipped"
+read -r c2b kind < <(ckpt k1 5 --new)
+expect "--new when unchanged" "$kind" fs-only
+[[ $c2b != "$c2" ]] || fail "--new kept the head's id"
+
+# The server served a request: its processes ran, the next checkpoint dumps them.
+expect "second request" "$(ask k1 "set C")" "C 2"
+put k1 /work/f.txt three
+read -r c3 kind < <(ckpt k1 6)
+expect "a turn whose process ran" "$kind" full
+
+# The fs-only checkpoint restores the processes of the full one before it and its own files.
+ctl env restore k1 --checkpoint "$c2" >/dev/null
+expect "f.txt as of the fs-only checkpoint" "$(get k1 /work/f.txt)" two
+expect "the server as of the full dump" "$(ask k1 get)" "A 2"
+# A restore resets the baseline: the restored tasks ran. Then skipped again.
+read -r c4 kind < <(ckpt k1 7)
+expect "the first checkpoint after a restore" "$kind" full
+read -r id kind < <(ckpt k1 8)
+expect "unchanged after it" "$id $kind" "$c4 skipped"
+# An exec is activity.
+ctl env exec k1 -- true >/dev/null
+read -r id kind < <(ckpt k1 9)
+expect "a turn with an exec" "$kind" full
+read -r id kind < <(ckpt k1 10)
+expect "unchanged after the exec's" "$kind" skipped
+
+# A busy loop that makes no syscall (dash arithmetic on a builtin) is caught in user mode.
+ctl env create k2 --root "$dir/base" --cpus 0.1 --cmd 'i=0; while :; do i=$((i + 1)); done' >/dev/null
+read -r id kind < <(ckpt k2 1)
+expect "k2's first" "$kind" full
+for t in 2 3 4; do
+	read -r id kind < <(ckpt k2 $t)
+	expect "k2 turn $t (a process running)" "$kind" full
+done
+ctl env destroy k2 >/dev/null
+ctl env destroy k1 >/dev/null
+echo "ok: full, skipped, fs-only (restored), --new, exec, restore, busy loop"
