@@ -619,6 +619,8 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 	}
 	if (j->q.op == ENV_OP_CHECKPOINT)
 		job_report_checkpoint(s, j);
+	if (j->q.op == ENV_OP_CHECKPOINT && j->r >= 0 && j->have_manifest)
+		envs_count_kind(s->envs, j->m.kind);
 	if (j->created) {
 		sl->env = j->created;
 		snprintf(sl->root, sizeof(sl->root), "%s", sl->env->root);
@@ -797,6 +799,7 @@ static int reply_skipped(struct supervisor *s, struct sv_client *c, struct env_s
 		traj_ctl_env_checkpointed(s, q->env, q->trajectory, &res);
 	}
 	log_info("Environment %s: checkpoint skipped (unchanged since %s).", q->env, e->head);
+	envs_count_kind(s->envs, ENV_KIND_SKIPPED);
 	env_manifest_finish(&mf);
 	if (client_send(s, c, &m) < 0)
 		return -ECONNRESET;

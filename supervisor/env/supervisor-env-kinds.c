@@ -10,10 +10,41 @@
 #include <sys/stat.h>
 
 #include "log.h"
+#include "supervisor-metrics.h"
 #include "supervisor-dirty.h"
 #include "supervisor-env-ctl.h"
 #include "supervisor-env-slots.h"
 #include "supervisor-envtrace.h"
+
+static const char *const kind_names[] = {
+	[ENV_CKPT_FULL] = ENV_KIND_FULL,
+	[ENV_CKPT_FS_ONLY] = ENV_KIND_FS_ONLY,
+	[ENV_CKPT_SKIPPED] = ENV_KIND_SKIPPED,
+};
+
+void envs_count_kind(struct sv_envs *es, const char *kind)
+{
+	for (size_t i = 0; i < ARRAY_SIZE(kind_names); i++)
+		if (strcmp(kind[0] ? kind : ENV_KIND_FULL, kind_names[i]) == 0)
+			es->ckpt_kinds[i]++;
+}
+
+void envs_collect_metrics(struct supervisor *s, struct metrics_collector *col)
+{
+	if (!s->envs)
+		return;
+	for (size_t i = 0; i < ARRAY_SIZE(kind_names); i++)
+		metrics_add(col, "belayer_env_checkpoints_total", METRIC_COUNTER,
+			    s->envs->ckpt_kinds[i],
+			    "Environment checkpoints committed, by kind (full: FS delta and CRIU "
+			    "dump; fs-only: FS delta, the last dump's images; skipped: nothing "
+			    "changed, none taken).",
+			    "kind=\"%s\"", kind_names[i]);
+	metrics_add(col, "belayer_env_memory_soft_dirty", METRIC_GAUGE, env_mem_dirty_track(),
+		    "Whether the kernel tracks soft-dirty pages (CRIU pre-dump); memory "
+		    "checkpoints are full dumps either way.",
+		    "%s", "");
+}
 
 int envs_activity_of(struct sv_envtrace *et, uint32_t watch, uint64_t *ret)
 {

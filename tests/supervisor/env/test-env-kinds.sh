@@ -117,6 +117,28 @@ for t in 2 3 4; do
 	read -r id kind < <(ckpt k2 $t)
 	expect "k2 turn $t (a process running)" "$kind" full
 done
+# The counts by kind, and the memory mode, in belayerctl status.
+ctl --json status >"$dir/st.json"
+counts=$(python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["metrics"]
+k = {x["labels"]["kind"]: x["value"] for x in m if x["name"] == "belayer_env_checkpoints_total"}
+sd = [x["value"] for x in m if x["name"] == "belayer_env_memory_soft_dirty"]
+print(k.get("full"), k.get("fs-only"), k.get("skipped"), sd)' "$dir/st.json")
+# full: k1 turns 1, 6, 7, 9 and k2's four; fs-only: turns 4 and 5 --new; skipped: 2, 3, 5, 8, 10
+# Soft-dirty tracking as CRIU probes it: a page just written reads soft-dirty (pagemap bit 55).
+sd=$(python3 -c '
+import ctypes, mmap, os, struct
+m = mmap.mmap(-1, mmap.PAGESIZE); m[0] = 1
+a = ctypes.addressof(ctypes.c_char.from_buffer(m))
+f = os.open("/proc/self/pagemap", os.O_RDONLY)
+print(struct.unpack("Q", os.pread(f, 8, a // mmap.PAGESIZE * 8))[0] >> 55 & 1)')
+expect "checkpoints by kind in status" "$counts" "8 2 5 [$sd]"
+grep -q "Environment memory checkpoints: full ($([[ $sd == 1 ]] && echo soft-dirty || echo no soft-dirty)" "$dir/sv.log" ||
+	fail "the memory mode is not in the log"
+ctl --json env list | grep '"env":"k1"' |
+	grep -q "\"memory_mode\":\"full\",\"soft_dirty\":$([[ $sd == 1 ]] && echo true || echo false)" ||
+	fail "env list lacks the memory mode: $(ctl --json env list)"
 ctl env destroy k2 >/dev/null
 ctl env destroy k1 >/dev/null
 echo "ok: full, skipped, fs-only (restored), --new, exec, restore, busy loop"
