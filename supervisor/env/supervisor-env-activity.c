@@ -143,6 +143,21 @@ bool env_activity_unchanged(const struct sv_env *e, env_activity_fn fn, void *us
 	return true;
 }
 
+bool env_activity_idle_since_dump(const struct sv_env *e, env_activity_fn fn, void *userdata)
+{
+	const struct env_activity *a = &e->act;
+	uint64_t c1, c2, tasks;
+	uint32_t watch;
+
+	if (!fn || !a->valid || !e->head[0] || strcmp(a->ckpt, e->head) != 0)
+		return false;
+	if (fn(userdata, &watch, &c1) < 0 || watch != a->watch || c1 != a->count)
+		return false;
+	if (env_activity_tasks(e, &tasks) != 1 || tasks != a->tasks)
+		return false;
+	return fn(userdata, &watch, &c2) >= 0 && c2 == c1;
+}
+
 struct open_walk {
 	char **paths;
 	size_t n;

@@ -58,6 +58,12 @@ bool env_activity_open_changed(const struct sv_env *e, const struct env_manifest
 /* Hard-links every file of checkpoint from's criu/ into criufd (what is there already, the
  * network and user-namespace marks, stays). */
 int env_activity_link_images(int ckfd, const char *from, int criufd);
+/* Unfrozen (a skipped checkpoint's test): e->act is the head's and valid, of watch, and
+ * neither the counter (read before and after the look at the tasks) nor the tasks (all
+ * parked) changed: no task ran user code since the dump. A syscall ends only through its
+ * sys_exit and user code starts only from one (or was running: not parked), so nothing can
+ * slip between the reads. */
+bool env_activity_idle_since_dump(const struct sv_env *e, env_activity_fn fn, void *userdata);
 /* After a full dump, still frozen: the new baseline (committed with checkpoint id). */
 void env_activity_note_dump(struct sv_env *e, env_activity_fn fn, void *userdata, int parked,
 			    uint64_t tasks_hash, const char *id);

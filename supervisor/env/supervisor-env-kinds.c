@@ -70,22 +70,25 @@ int env_job_activity(void *userdata, uint32_t *ret_watch, uint64_t *ret_count)
 	return envs_activity_of(j->et, j->watch, ret_count);
 }
 
-/* Unfrozen, on the loop thread: a task's syscall ends only through sys_exit and its user code
- * starts only from one (or was running: not parked), so the counter read twice around the
- * look at the tasks, unchanged both times since the head's dump, vouches for the interval. */
+struct slot_watch {
+	struct sv_envtrace *et;
+	uint32_t watch;
+};
+
+static int slot_activity(void *userdata, uint32_t *ret_watch, uint64_t *ret_count)
+{
+	const struct slot_watch *w = userdata;
+
+	*ret_watch = w->watch;
+	return envs_activity_of(w->et, w->watch, ret_count);
+}
+
+/* Unfrozen, on the loop thread (env_activity_idle_since_dump). */
 bool envs_processes_unchanged(struct supervisor *s, struct env_slot *sl)
 {
-	const struct sv_env *e = sl->env;
-	uint64_t c1, c2, tasks;
+	struct slot_watch w = {.et = s->envs->et, .watch = sl->trace_id};
 
-	if (!e || !e->act.valid || !e->head[0] || strcmp(e->act.ckpt, e->head) != 0 ||
-	    e->act.watch != sl->trace_id)
-		return false;
-	if (envs_activity_of(s->envs->et, sl->trace_id, &c1) < 0 || c1 != e->act.count)
-		return false;
-	if (env_activity_tasks(e, &tasks) != 1 || tasks != e->act.tasks)
-		return false;
-	return envs_activity_of(s->envs->et, sl->trace_id, &c2) >= 0 && c2 == c1;
+	return sl->env && env_activity_idle_since_dump(sl->env, slot_activity, &w);
 }
 
 bool envs_files_unchanged(struct supervisor *s, struct env_slot *sl)
