@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -159,17 +160,26 @@ bool env_activity_idle_since_dump(const struct sv_env *e, env_activity_fn fn, vo
 }
 
 struct open_walk {
+	dev_t overlay; /* the root's st_dev: only its files are the delta's */
 	char **paths;
 	size_t n;
 	bool overflow, deleted;
 };
 
-static int open_add(struct open_walk *w, const char *path)
+/* path: how the process names what link (its /proc fd, cwd, exe or map_files entry) reaches.
+ * Only files of the overlay count (not pipes, sockets, memfds, shared anonymous memory, the
+ * read-only binds of /usr and /etc); one deleted since it was opened counts as changed. */
+static int open_add(struct open_walk *w, const char *link, const char *path)
 {
 	size_t len = strlen(path);
+	struct stat st;
 
 	if (path[0] != '/')
-		return 0; /* pipe:[..], socket:[..], anon_inode:..: not files of the delta */
+		return 0; /* pipe:[..], socket:[..], anon_inode:.. */
+	if (stat(link, &st) < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (st.st_dev != w->overlay)
+		return 0;
 	if (len > 10 && strcmp(path + len - 10, " (deleted)") == 0) {
 		w->deleted = true;
 		return 0;
@@ -193,7 +203,7 @@ static int open_link(struct open_walk *w, const char *link)
 	if (n < 0)
 		return errno == ENOENT ? 0 : -errno;
 	target[n] = '\0';
-	return open_add(w, target);
+	return open_add(w, link, target);
 }
 
 /* Every path process pid holds: its fds, cwd, executable and file mappings, as it sees them
@@ -232,12 +242,15 @@ static int open_of(pid_t pid, void *userdata)
 	if (!f)
 		return errno == ENOENT ? 0 : -errno;
 	while (r >= 0 && fgets(line, sizeof(line), f)) {
-		char *p = strchr(line, '/');
+		char *p = strchr(line, '/'), link[96];
 
 		if (!p)
 			continue;
 		p[strcspn(p, "\n")] = '\0';
-		r = open_add(w, p);
+		/* "start-end perms ...": the mapping's own link */
+		snprintf(link, sizeof(link), "/proc/%d/map_files/%.*s", (int)pid,
+			 (int)strcspn(line, " "), line);
+		r = open_add(w, link, p);
 	}
 	fclose(f);
 	return r;
@@ -285,6 +298,13 @@ bool env_activity_open_changed(const struct sv_env *e, const struct env_manifest
 	size_t k = 0;
 	int r;
 
+	{
+		struct stat st;
+
+		if (stat(e->root, &st) < 0)
+			return true;
+		w.overlay = st.st_dev;
+	}
 	w.paths = calloc(OPEN_PATHS_MAX, sizeof(*w.paths));
 	if (!w.paths)
 		return true;

@@ -116,10 +116,12 @@ CONF
 
 # env_state_server BASE: BASE/work/srv.py, a server (python3 srv.py PORT) that keeps state in
 # memory: "set X" keeps X, anything else answers "X N" (N: requests it served); it creates
-# /work/ready once listening.
+# /work/ready once listening. It holds a shared anonymous mapping ("/dev/zero (deleted)" in its
+# maps, as multiprocessing's shared memory), which is no file of the environment.
 env_state_server() {
 	cat >"$1/work/srv.py" <<'PY'
-import socket, sys
+import mmap, socket, sys
+shared = mmap.mmap(-1, 4096)
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(16)
 state, n = "empty", 0
