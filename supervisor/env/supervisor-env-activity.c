@@ -357,34 +357,10 @@ int env_activity_link_images(int ckfd, const char *from, int criufd)
 {
 	char name[ENV_ID_MAX + 8];
 	_cleanup_close_ int src = -1;
-	struct dirent *de;
-	DIR *d;
-	int r = 0, fd;
 
 	snprintf(name, sizeof(name), "%s/criu", from);
 	src = openat(ckfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (src < 0)
-		return -errno;
-	fd = dup(src);
-	d = fd >= 0 ? fdopendir(fd) : NULL;
-	if (!d) {
-		if (fd >= 0)
-			(void)close(fd);
-		return -errno;
-	}
-	while ((de = readdir(d))) {
-		if (de->d_type != DT_REG)
-			continue;
-		/* dump.log stays the full dump's: it is not an image */
-		if (strcmp(de->d_name, "dump.log") == 0)
-			continue;
-		if (linkat(src, de->d_name, criufd, de->d_name, 0) < 0 && errno != EEXIST) {
-			r = -errno;
-			break;
-		}
-	}
-	closedir(d);
-	return r;
+	return src < 0 ? -errno : env_link_images(src, criufd);
 }
 
 void env_activity_note_dump(struct sv_env *e, env_activity_fn fn, void *userdata, int parked,

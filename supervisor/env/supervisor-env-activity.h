@@ -55,8 +55,7 @@ bool env_activity_unchanged(const struct sv_env *e, env_activity_fn fn, void *us
  * head's images would not restore against it. Frozen. -errno counts as changed. */
 bool env_activity_open_changed(const struct sv_env *e, const struct env_manifest *base,
 			       const struct env_manifest *m);
-/* Hard-links every file of checkpoint from's criu/ into criufd (what is there already, the
- * network and user-namespace marks, stays). */
+/* Hard-links checkpoint from's images (its criu/, env_link_images) into criufd (empty). */
 int env_activity_link_images(int ckfd, const char *from, int criufd);
 /* Unfrozen (a skipped checkpoint's test): e->act is the head's and valid, of watch, and
  * neither the counter (read before and after the look at the tasks) nor the tasks (all

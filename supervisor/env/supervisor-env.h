@@ -217,6 +217,9 @@ int env_ckpts_open(const struct sv_env *e);
 int env_ckpt_load_verified(const struct sv_env *e, int ckfd, const char *id,
 			   struct env_manifest *ret);
 int env_ckpt_next_id(const struct sv_env *e, char *buf, size_t cap);
+/* Internal (supervisor-env-fork.c): every regular file of a checkpoint's CRIU images (src_fd)
+ * hard-linked into dst_fd (logs of earlier runs excepted: a restore writes its own). */
+int env_link_images(int src_fd, int dst_fd);
 /* Internal (supervisor-env-launch.c): starts the init in the namespaces, into the cgroup. */
 int env_launch(struct sv_env *e);
 int env_mount_overlay(const struct sv_env *e);

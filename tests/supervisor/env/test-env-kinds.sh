@@ -5,7 +5,8 @@
 # while no process ran makes an fs-only checkpoint (the head's process images, hard-linked);
 # a restore of it gives the processes as of the last full dump and the files as of it; a
 # process that served a request, an exec, a restore, or a busy loop that never makes a syscall
-# make the next one full. --new takes a checkpoint even when nothing changed.
+# make the next one full; a fork of an fs-only checkpoint is as its restore. --new takes a
+# checkpoint even when nothing changed.
 # Usage: test-env-kinds.sh SUPERVISOR BELAYERCTL
 set -euo pipefail
 
@@ -16,7 +17,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
 command -v python3 >/dev/null || fail "python3 is needed for the server"
 
-env_fixture envkinds k1 k2 k3
+env_fixture envkinds k1 k2 k3 k1f
 on_fail() { tail -n 30 "$dir/sv.log"; }
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -77,6 +78,11 @@ expect "a turn whose process ran" "$kind" full
 ctl env restore k1 --checkpoint "$c2" >/dev/null
 expect "f.txt as of the fs-only checkpoint" "$(get k1 /work/f.txt)" two
 expect "the server as of the full dump" "$(ask k1 get)" "A 2"
+# A fork of it is the same: its images are links to the full dump's.
+ctl env fork k1 --checkpoint "$c2" --as k1f >/dev/null
+expect "the fork's f.txt" "$(get k1f /work/f.txt)" two
+expect "the fork's server" "$(ask k1f get)" "A 2"
+ctl env destroy k1f >/dev/null
 # A restore resets the baseline: the restored tasks ran. Then skipped again.
 read -r c4 kind < <(ckpt k1 7)
 expect "the first checkpoint after a restore" "$kind" full
