@@ -95,6 +95,15 @@ expect "a turn with an exec" "$kind" full
 read -r id kind < <(ckpt k1 10)
 expect "unchanged after the exec's" "$kind" skipped
 
+# The policy's view at a step end: nothing changed is "clean" (no checkpoint); a process that ran
+# while no file changed is not clean any more (the policy took it for clean before).
+why() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["why"])' "$1"; }
+ctl --json step end tk k1 --turn 1 --tps 100 >"$dir/s1.json"
+expect "a step end with nothing changed" "$(why "$dir/s1.json")" clean
+ask k1 get >/dev/null
+ctl --json step end tk k1 --turn 2 --tps 100 >"$dir/s2.json"
+[[ $(why "$dir/s2.json") != clean ]] || fail "a step end after the server ran is called clean"
+
 # A busy loop that makes no syscall (dash arithmetic on a builtin) is caught in user mode.
 ctl env create k2 --root "$dir/base" --cpus 0.1 --cmd 'i=0; while :; do i=$((i + 1)); done' >/dev/null
 read -r id kind < <(ckpt k2 1)
