@@ -116,16 +116,17 @@ int env_activity_tasks(const struct sv_env *e, uint64_t *ret_hash)
 }
 
 bool env_activity_unchanged(const struct sv_env *e, env_activity_fn fn, void *userdata, int parked,
-			    uint64_t tasks_hash)
+			    uint64_t tasks_hash, uint64_t *ret_count)
 {
 	const struct env_activity *a = &e->act;
 	uint32_t watch;
-	uint64_t count;
+	uint64_t count = UINT64_MAX;
 	const char *why = NULL;
 
-	if (!fn || fn(userdata, &watch, &count) < 0)
+	if (!fn || fn(userdata, &watch, &count) < 0) {
+		count = UINT64_MAX;
 		why = "no tracer";
-	else if (!a->valid)
+	} else if (!a->valid)
 		why = "no baseline (a restore, or a task in user code at the last dump)";
 	else if (!e->head[0] || strcmp(a->ckpt, e->head) != 0)
 		why = "the head is not the last dump's checkpoint";
@@ -137,6 +138,7 @@ bool env_activity_unchanged(const struct sv_env *e, env_activity_fn fn, void *us
 		why = parked < 0 ? "its tasks unreadable" : "a task is in user code";
 	else if (tasks_hash != a->tasks)
 		why = "its tasks changed";
+	*ret_count = count;
 	if (why) {
 		log_debug("Checkpoint of %s dumps its processes: %s.", e->id, why);
 		return false;
@@ -364,7 +366,7 @@ int env_activity_link_images(int ckfd, const char *from, int criufd)
 }
 
 void env_activity_note_dump(struct sv_env *e, env_activity_fn fn, void *userdata, int parked,
-			    uint64_t tasks_hash, const char *id)
+			    uint64_t tasks_hash, uint64_t before, const char *id)
 {
 	struct env_activity *a = &e->act;
 	uint64_t cpu = 0;
@@ -373,10 +375,12 @@ void env_activity_note_dump(struct sv_env *e, env_activity_fn fn, void *userdata
 	snprintf(a->ckpt, sizeof(a->ckpt), "%s", id);
 	snprintf(a->images, sizeof(a->images), "%s", id);
 	a->tasks = tasks_hash;
-	a->valid = parked > 0 && fn && fn(userdata, &a->watch, &a->count) >= 0;
+	a->valid = parked > 0 && before != UINT64_MAX && fn &&
+		   fn(userdata, &a->watch, &a->count) >= 0 && a->count == before;
 	if (env_activity_cpu_ns(e, &cpu) >= 0)
-		log_debug("Dump %s of %s: activity %" PRIu64 ", CPU %" PRIu64 " ns, %s.", id, e->id,
-			  a->count, cpu, a->valid ? "baseline" : "no baseline");
+		log_debug("Dump %s of %s: activity %" PRIu64 " (%" PRIu64
+			  " as frozen), CPU %" PRIu64 " ns, %s.",
+			  id, e->id, a->count, before, cpu, a->valid ? "baseline" : "no baseline");
 }
 
 int env_activity_cpu_ns(const struct sv_env *e, uint64_t *ret)

@@ -47,9 +47,9 @@ typedef int (*env_activity_fn)(void *userdata, uint32_t *ret_watch, uint64_t *re
 int env_activity_tasks(const struct sv_env *e, uint64_t *ret_hash);
 /* Whether the checkpoint being taken may keep the head's process images: e->act is the head's,
  * valid, of this watch, the counter unchanged and the tasks (parked now, tasks_hash) the same.
- * Frozen. Logs why not at debug level. */
+ * Frozen. Logs why not at debug level. *ret_count: the counter now (UINT64_MAX: unread). */
 bool env_activity_unchanged(const struct sv_env *e, env_activity_fn fn, void *userdata, int parked,
-			    uint64_t tasks_hash);
+			    uint64_t tasks_hash, uint64_t *ret_count);
 /* Whether a file a process of e holds open, mapped, as its cwd or executable is one that
  * changed between base (the head's index) and m (the new checkpoint's), or was deleted: the
  * head's images would not restore against it. Frozen. -errno counts as changed. */
@@ -63,9 +63,12 @@ int env_activity_link_images(int ckfd, const char *from, int criufd);
  * sys_exit and user code starts only from one (or was running: not parked), so nothing can
  * slip between the reads. */
 bool env_activity_idle_since_dump(const struct sv_env *e, env_activity_fn fn, void *userdata);
-/* After a full dump, still frozen: the new baseline (committed with checkpoint id). */
+/* After a full dump, still frozen: the new baseline (committed with checkpoint id). before: the
+ * counter as the freeze completed (env_activity_unchanged's): one that moved during the dump
+ * means a task ran outside CRIU's hold (whatever CRIU does with the freezer meanwhile), after
+ * what the images hold: no baseline then. */
 void env_activity_note_dump(struct sv_env *e, env_activity_fn fn, void *userdata, int parked,
-			    uint64_t tasks_hash, const char *id);
+			    uint64_t tasks_hash, uint64_t before, const char *id);
 
 /* The cgroup's CPU time in ns (v2 cpu.stat usage_usec, else v1 cpuacct.usage), for the log. */
 int env_activity_cpu_ns(const struct sv_env *e, uint64_t *ret);

@@ -427,7 +427,7 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	_cleanup_close_ int ckfd = -1, tmpfd = -1, datafd = -1, criufd = -1, upperfd = -1;
 	struct env_fs_stats st = {0};
 	char tmpname[ENV_ID_MAX + 8];
-	uint64_t t_freeze, t_fs, t_dump, t_thaw, t_commit, netns, tasks = 0;
+	uint64_t t_freeze, t_fs, t_dump, t_thaw, t_commit, netns, tasks = 0, activity;
 	bool frozen = false, fs_only;
 	int r, nproc, parked;
 
@@ -509,7 +509,7 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	m.nproc = nproc > 0 ? (uint64_t)nproc : 0;
 	/* Issue 23 item 3: processes that did not run keep the head's images. */
 	parked = env_activity_tasks(e, &tasks);
-	fs_only = env_activity_unchanged(e, p->activity, p->userdata, parked, tasks);
+	fs_only = env_activity_unchanged(e, p->activity, p->userdata, parked, tasks, &activity);
 	r = env_fs_scan(upperfd, base, p->force, p->userdata, p->cancel, datafd, &m, &st);
 	t_fs = mono_us();
 	if (r < 0) {
@@ -565,7 +565,7 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 		criu_error(e, criufd, "dump.log", r);
 		goto out;
 	}
-	env_activity_note_dump(e, p->activity, p->userdata, parked, tasks, m.id);
+	env_activity_note_dump(e, p->activity, p->userdata, parked, tasks, activity, m.id);
 dumped:
 	/* Cancelled while CRIU ran: its images go (out: thaw, then remove the .tmp-*). */
 	if (cancelled(p)) {
