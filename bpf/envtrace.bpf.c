@@ -963,4 +963,119 @@ int on_exit(void *ctx)
 	return 0;
 }
 
+/* --- Process activity (issue 23 item 3; envtrace.h's envtrace_env_stats.activity) ---------
+ * A checkpoint keeps the previous process images only when no task of the environment ran
+ * user code since they were dumped. User code runs only after a syscall returns (a result, or
+ * a signal's handler), after a task is created, or when it was running already; so: count
+ * every syscall entry and completion, every signal delivery, every task created or exited.
+ * The freezer interrupts a sleeping syscall with -ERESTART* and the kernel re-enters it after
+ * the thaw, without user code in between: those returns and re-entries are not activity (a
+ * thread's pending restart is remembered between them), or every freeze would look like
+ * activity. CRIU's parasite runs syscalls in the dumped tasks while they are ptraced: not
+ * counted (a tracee inside the environment runs only when its tracer, counted, lets it). A
+ * task that was running user code when frozen is seen by user space instead
+ * (/proc/PID/task/TID/syscall is "-1" or "running"). */
+#define ERESTARTSYS	      512
+#define ERESTARTNOINTR	      513
+#define ERESTARTNOHAND	      514
+#define ERESTART_RESTARTBLOCK 516
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u8);
+} restarts SEC(".maps");
+
+static __always_inline void activity_add(__u32 env)
+{
+	struct envtrace_env_stats *st = stats_of(env);
+
+	if (st)
+		st->activity++;
+}
+
+static __always_inline bool current_ptraced(void)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+
+	return BPF_CORE_READ(task, ptrace) != 0;
+}
+
+/* Every syscall of every process on the node passes here twice: raw (tp_btf) tracepoints, which
+ * cost a fraction of the classic ones' (no perf record is built). */
+SEC("tp_btf/sys_enter")
+int BPF_PROG(activity_enter, struct pt_regs *regs, long nr)
+{
+	__u64 id;
+	__u32 env = current_env();
+
+	if (!env || current_ptraced())
+		return 0;
+	id = bpf_get_current_pid_tgid();
+	/* An evicted mark counts a restart as activity: a full dump, never a missed one. */
+	if (bpf_map_lookup_elem(&restarts, &id)) {
+		bpf_map_delete_elem(&restarts, &id);
+		return 0;
+	}
+	activity_add(env);
+	return 0;
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(activity_exit, struct pt_regs *regs, long ret)
+{
+	__u32 env = current_env();
+	__u64 id;
+	__u8 one = 1;
+
+	if (!env || current_ptraced())
+		return 0;
+	if (ret == -ERESTARTSYS || ret == -ERESTARTNOINTR || ret == -ERESTARTNOHAND ||
+	    ret == -ERESTART_RESTARTBLOCK) {
+		id = bpf_get_current_pid_tgid();
+		if (bpf_map_update_elem(&restarts, &id, &one, BPF_ANY))
+			activity_add(env);
+		return 0;
+	}
+	activity_add(env);
+	return 0;
+}
+
+SEC("tp/signal/signal_deliver")
+int activity_signal(void *ctx)
+{
+	__u32 env = current_env();
+	__u64 id = bpf_get_current_pid_tgid();
+
+	if (!env || current_ptraced())
+		return 0;
+	/* A handler (or the default action) instead of the restart. */
+	bpf_map_delete_elem(&restarts, &id);
+	activity_add(env);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(activity_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 env = current_env();
+
+	if (env)
+		activity_add(env);
+	return 0;
+}
+
+SEC("tp/sched/sched_process_exit")
+int activity_task_exit(void *ctx)
+{
+	__u32 env = current_env();
+	__u64 id = bpf_get_current_pid_tgid();
+
+	bpf_map_delete_elem(&restarts, &id);
+	if (env)
+		activity_add(env);
+	return 0;
+}
+
 char LICENSE[] SEC("license") = "Dual MIT/GPL";

@@ -91,4 +91,10 @@ struct envtrace_env_stats {
 	unsigned long long drops;     /* records lost: ring buffer full */
 	unsigned long long full_diff; /* full-diff conditions seen */
 	unsigned long long execs;
+	/* Process activity (issue 23 item 3): user code that ran or can run. Syscalls entered
+	 * (a kernel restart of one the freezer interrupted excepted) and completed (a result
+	 * other than -ERESTART*), signals delivered, tasks created and exited; not counted while
+	 * the task is ptraced (CRIU's parasite). Unchanged over an interval in which every task
+	 * sat in a syscall at its start and its end: none of them ran user code. */
+	unsigned long long activity;
 };

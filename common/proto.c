@@ -360,6 +360,9 @@ static const struct field env_info_fields[] = {
 	OPT_U32("net", env_info.net, _ENV_NET_MAX - 1),
 	OPT_U64("commit", env_info.commit_us),
 	OPT_STR("path", env_info.path),
+	OPT_STR("kind", env_info.kind),
+	OPT_STR("mem", env_info.mem),
+	OPT_U32("sdirty", env_info.soft_dirty, 1),
 };
 
 static const struct field env_item_fields[] = {

@@ -98,7 +98,9 @@
  *     "fsb", "fsn", "criub", "frz", "dump", "fs", "tot": uint64 (bytes, files, µs);
  *     "root", "cg": str; "full": uint32 0..1; optional "net": uint enum env_net (an
  *     environment's network; 0 for a checkpoint's manifest); optional "commit": uint64
- *     (µs, a checkpoint's commit phase), "path": str (its FS delta's: "walk", "dirty-set").
+ *     (µs, a checkpoint's commit phase), "path": str (its FS delta's: "walk", "dirty-set"),
+ *     "kind": str (a checkpoint's: "full", "fs-only", "skipped"), "mem": str (an
+ *     environment's memory checkpoint mode: "full", "pre-dump"), "sdirty": uint32 0..1.
  *   PROTO_ENV_ITEM (32), supervisor -> peer: one dirty path or side-effect log record:
  *     "kind": str, "pid": uint32, "ts": uint64 (ns), "path", "p2", "txt": str.
  *   PROTO_ENV_EXEC (33), peer -> supervisor, 1 fd (stdin: a regular file, read from offset
@@ -289,6 +291,10 @@ enum image_op {
 };
 
 #define ENV_FLAG_FOLLOW 1u
+/* checkpoint: a new checkpoint even when nothing changed (issue 23 item 3: otherwise an
+ * environment with no dirty path and no process activity is not checkpointed, and the reply
+ * is its head's manifest with kind "skipped") */
+#define ENV_FLAG_NEW_CKPT 2u
 /* A create's "pids"/"mem"/"cpu"/"disk" that asks for no limit (0 asks for the configured one). */
 #define ENV_LIMIT_NONE UINT64_MAX
 
@@ -623,6 +629,13 @@ struct proto_env_info {
 	uint32_t net;	    /* optional enum env_net */
 	uint64_t commit_us; /* optional "commit": a checkpoint's commit phase (after the thaw) */
 	char path[16];	    /* optional "path": its delta's path, "walk" or "dirty-set" */
+	/* optional "kind": a checkpoint's, "full", "fs-only" or "skipped" (issue 23 item 3) */
+	char kind[16];
+	/* optional "mem": an environment's memory checkpoint mode ("full": every dump copies all
+	 * memory; "pre-dump": only what changed since one), "sdirty": uint32 0..1, the kernel's
+	 * soft-dirty page tracking */
+	char mem[16];
+	uint32_t soft_dirty;
 };
 
 struct proto_env_item {

@@ -150,12 +150,14 @@ def one_manifest(op: int, env: str, **kw: Any) -> Op[Manifest]:
     return ms[0]
 
 
-def checkpoint(env: str, turn: int, prefix_tokens: int, prefix_hash: int, trajectory: str) -> Op[Manifest]:
+def checkpoint(env: str, turn: int, prefix_tokens: int, prefix_hash: int, trajectory: str,
+               new: bool = False) -> Op[Manifest]:
     for name, v in (("turn", turn), ("prefix_tokens", prefix_tokens), ("prefix_hash", prefix_hash)):
         if type(v) is not int or not 0 <= v <= P.U64:
             raise ValueError(f"{name} must be an int in 0..2^64-1")
     return (yield from one_manifest(P.OP_CHECKPOINT, env, turn=turn, plen=prefix_tokens,
-                                    phash=prefix_hash, traj=trajectory))
+                                    phash=prefix_hash, traj=trajectory,
+                                    fl=P.ENV_FLAG_NEW_CKPT if new else None))
 
 
 def restore(env: str, ckpt: Optional[str]) -> Op[Manifest]:

@@ -34,6 +34,7 @@ PROTO_EXEC_CHUNK_MAX = 16384
 PROTO_PATH_MAX = 1024
 ENV_FORK_MAX = 64
 ENV_LIMIT_NONE = (1 << 64) - 1
+ENV_FLAG_NEW_CKPT = 2  # a checkpoint even when nothing changed (common/proto.h)
 EXEC_FLAG_STREAM = 1
 U32 = (1 << 32) - 1
 U64 = (1 << 64) - 1
@@ -112,7 +113,9 @@ SCHEMAS: Dict[int, Dict[str, _Spec]] = {
     ENV_INFO: {"env": _S, "ckpt": _S, "par": _S, "traj": _S, "turn": _u(), "plen": _u(),
                "phash": _u(), "pid": _u(U32), "nproc": _u(U32), "fsb": _u(), "fsn": _u(),
                "criub": _u(), "frz": _u(), "dump": _u(), "fs": _u(), "tot": _u(),
-               "root": _S, "cg": _S, "full": _u(1), "net": _u(3, opt=True)},
+               "root": _S, "cg": _S, "full": _u(1), "net": _u(3, opt=True),
+               "commit": _u(opt=True), "path": _OPT_S, "kind": _OPT_S, "mem": _OPT_S,
+               "sdirty": _u(1, opt=True)},
     ENV_ITEM: {"kind": _S, "pid": _u(U32), "ts": _u(), "path": _S, "p2": _S, "txt": _S},
     ENV_EXEC_OUT: {"fd": _u(2, 1), "data": ("b", 1, PROTO_EXEC_CHUNK_MAX, False)},
     ENV_EXEC_DONE: {"code": _u(255, -1), "sig": _u(64), "tmo": _u(1), "trunc": _u(3),

@@ -167,10 +167,11 @@ class AsyncClient:
         return await self._run_env(lambda: _ops.file_write(env, path, data, mode, user), timeout)
 
     async def checkpoint(self, env: str, turn: int = 0, prefix_tokens: int = 0,
-                         prefix_hash: int = 0, *, trajectory: str = "",
+                         prefix_hash: int = 0, *, trajectory: str = "", new: bool = False,
                          timeout: Optional[float] = None) -> Manifest:
         return await self._run_env(
-            lambda: _ops.checkpoint(env, turn, prefix_tokens, prefix_hash, trajectory), timeout)
+            lambda: _ops.checkpoint(env, turn, prefix_tokens, prefix_hash, trajectory, new),
+            timeout)
 
     async def restore(self, env: str, checkpoint: Optional[str] = None, *,
                       timeout: Optional[float] = None) -> Manifest:

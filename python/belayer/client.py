@@ -191,10 +191,15 @@ class Client:
         return self._run_env(lambda: _ops.file_write(env, path, data, mode, user), timeout)
 
     def checkpoint(self, env: str, turn: int = 0, prefix_tokens: int = 0, prefix_hash: int = 0,
-                   *, trajectory: str = "", timeout: Optional[float] = None) -> Manifest:
-        """A full checkpoint of env after turn (see PrefixTracker for the prefix)."""
+                   *, trajectory: str = "", new: bool = False,
+                   timeout: Optional[float] = None) -> Manifest:
+        """A checkpoint of env after turn (see PrefixTracker for the prefix). Its kind says
+        what it took: "full", "fs-only" (no process ran since the last dump), or "skipped"
+        (nothing changed: the head's manifest, no new checkpoint; new=True takes one even
+        then)."""
         return self._run_env(
-            lambda: _ops.checkpoint(env, turn, prefix_tokens, prefix_hash, trajectory), timeout)
+            lambda: _ops.checkpoint(env, turn, prefix_tokens, prefix_hash, trajectory, new),
+            timeout)
 
     def restore(self, env: str, checkpoint: Optional[str] = None, *,
                 timeout: Optional[float] = None) -> Manifest:

@@ -80,13 +80,24 @@ class Manifest:
     cgroup: str
     full_diff: bool
     net: str
+    # A checkpoint's kind (issue 23 item 3): "full", "fs-only" (the processes' images of the
+    # last full one: none of them ran since) or "skipped" (nothing changed: no checkpoint was
+    # taken, checkpoint is the head's); "" for an environment.
+    kind: str = ""
+    # An environment's memory checkpoint mode ("full": every dump copies all memory) and
+    # whether the kernel tracks soft-dirty pages (what a "pre-dump" mode needs).
+    memory_mode: str = ""
+    soft_dirty: bool = False
+    commit_us: int = 0
+    path: str = ""
 
     @classmethod
     def _from(cls, f: Dict[str, Any]) -> "Manifest":
         return cls(f["env"], f["ckpt"], f["par"], f["traj"], f["turn"], f["plen"], f["phash"],
                    f["pid"], f["nproc"], f["fsb"], f["fsn"], f["criub"], f["frz"], f["dump"],
                    f["fs"], f["tot"], f["root"], f["cg"], bool(f["full"]),
-                   _NET_BY_NUM.get(f["net"], "default"))
+                   _NET_BY_NUM.get(f["net"], "default"), f.get("kind", ""), f.get("mem", ""),
+                   bool(f.get("sdirty", 0)), f.get("commit", 0), f.get("path", ""))
 
 
 EnvInfo = Manifest

@@ -40,6 +40,10 @@ def test_exec_files_checkpoint_restore(client: belayer.Client, supervisor) -> No
         m1 = env.checkpoint(turn=1, prefix_tokens=10, prefix_hash=0xABCDEF, trajectory="t-sync")
         assert (m1.env, m1.turn, m1.prefix_tokens, m1.prefix_hash) == ("py-sync", 1, 10, 0xABCDEF)
         assert m1.checkpoint and m1.trajectory == "t-sync"
+        # No tracer in these tests: nothing vouches that the processes did not run.
+        assert m1.kind == "full" and m1.commit_us > 0 and m1.path
+        info = [e for e in client.list() if e.env == "py-sync"][0]
+        assert info.memory_mode == "full" and info.kind == ""
 
         env.exec("echo turn-2 > /work/state")
         assert env.read("/work/state") == b"turn-2\n"

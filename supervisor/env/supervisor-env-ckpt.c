@@ -427,9 +427,9 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	_cleanup_close_ int ckfd = -1, tmpfd = -1, datafd = -1, criufd = -1, upperfd = -1;
 	struct env_fs_stats st = {0};
 	char tmpname[ENV_ID_MAX + 8];
-	uint64_t t_freeze, t_fs, t_dump, t_thaw, t_commit, netns;
-	bool frozen = false;
-	int r, nproc;
+	uint64_t t_freeze, t_fs, t_dump, t_thaw, t_commit, netns, tasks = 0, activity;
+	bool frozen = false, fs_only;
+	int r, nproc, parked;
 
 	e->error[0] = '\0';
 	if (e->pid <= 0 && !e->adopted)
@@ -507,6 +507,9 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	}
 	nproc = env_count_procs(e);
 	m.nproc = nproc > 0 ? (uint64_t)nproc : 0;
+	/* Issue 23 item 3: processes that did not run keep the head's images. */
+	parked = env_activity_tasks(e, &tasks);
+	fs_only = env_activity_unchanged(e, p->activity, p->userdata, parked, tasks, &activity);
 	r = env_fs_scan(upperfd, base, p->force, p->userdata, p->cancel, datafd, &m, &st);
 	t_fs = mono_us();
 	if (r < 0) {
@@ -517,6 +520,17 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	if (cancelled(p)) {
 		r = -ECANCELED;
 		goto out;
+	}
+	if (fs_only && env_activity_open_changed(e, base, &m))
+		fs_only = false;
+	snprintf(m.kind, sizeof(m.kind), "%s", fs_only ? ENV_KIND_FS_ONLY : ENV_KIND_FULL);
+	snprintf(m.images, sizeof(m.images), "%s", fs_only ? e->act.images : m.id);
+	if (fs_only) {
+		r = env_activity_link_images(ckfd, e->head, criufd);
+		t_dump = mono_us();
+		if (r < 0)
+			goto out;
+		goto dumped;
 	}
 	/* An environment's own network namespace (loopback only) is external to the dump; the
 	 * marker tells a restore to give it a fresh one. An adopted one's is its runtime's: CRIU
@@ -551,6 +565,8 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 		criu_error(e, criufd, "dump.log", r);
 		goto out;
 	}
+	env_activity_note_dump(e, p->activity, p->userdata, parked, tasks, activity, m.id);
+dumped:
 	/* Cancelled while CRIU ran: its images go (out: thaw, then remove the .tmp-*). */
 	if (cancelled(p)) {
 		r = -ECANCELED;
@@ -564,7 +580,7 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	m.fs_bytes = st.bytes;
 	m.fs_files = st.files;
 	m.fs_removed = st.removed;
-	m.criu_bytes = dir_bytes(criufd);
+	m.criu_bytes = fs_only ? 0 : dir_bytes(criufd); /* written by this checkpoint */
 	m.fs_us = t_fs - t_freeze;
 	m.dump_us = t_dump - t_fs;
 	m.freeze_us = t_thaw - t_freeze;
@@ -583,6 +599,8 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	if (r < 0)
 		goto out;
 	snprintf(e->head, sizeof(e->head), "%s", m.id);
+	if (fs_only)
+		snprintf(e->act.ckpt, sizeof(e->act.ckpt), "%s", m.id);
 	/* The in-memory index carries the timings too (the stored manifest has commit 0: the
 	 * commit time is beside it, COMMIT_FILE). */
 	env_manifest_finish(&e->head_index);
@@ -870,6 +888,8 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 	int r, k;
 
 	e->error[0] = '\0';
+	/* Restored processes ran (CRIU's restorer, and since): the next dump is full. */
+	e->act.valid = false;
 	/* Copies: e->head is rewritten by a restore. */
 	snprintf(want, sizeof(want), "%s", id && *id ? id : e->head);
 	snprintf(head, sizeof(head), "%s", e->head);

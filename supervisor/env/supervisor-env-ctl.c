@@ -302,6 +302,8 @@ static void info_of_env(const struct env_slot *sl, struct proto_msg *m)
 		m->env_info.pid = (uint32_t)(sl->env->pid > 0 ? sl->env->pid : 0);
 		m->env_info.nproc = n > 0 ? (uint32_t)n : 0;
 		m->env_info.net = sl->env->net;
+		snprintf(m->env_info.mem, sizeof(m->env_info.mem), "%s", env_mem_mode());
+		m->env_info.soft_dirty = env_mem_dirty_track();
 	}
 }
 
@@ -328,6 +330,8 @@ static void info_of_manifest(const char *env, const struct env_manifest *mf, uin
 	m->env_info.full_diff = mf->full_diff;
 	m->env_info.commit_us = mf->commit_us;
 	snprintf(m->env_info.path, sizeof(m->env_info.path), "%s", mf->delta_path);
+	snprintf(m->env_info.kind, sizeof(m->env_info.kind), "%s",
+		 mf->kind[0] ? mf->kind : ENV_KIND_FULL);
 }
 
 static int send_end(struct supervisor *s, struct sv_client *c, uint32_t n)
@@ -448,6 +452,7 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 			.cancel = j->policy ? &j->policy->cancel : NULL,
 			.dumping = j->policy ? &j->policy->dumping : NULL,
 			.thawed = job_thawed,
+			.activity = env_job_activity,
 		};
 
 		j->r = env_checkpoint(e, &cp, &j->m);
@@ -614,6 +619,8 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 	}
 	if (j->q.op == ENV_OP_CHECKPOINT)
 		job_report_checkpoint(s, j);
+	if (j->q.op == ENV_OP_CHECKPOINT && j->r >= 0 && j->have_manifest)
+		envs_count_kind(s->envs, j->m.kind);
 	if (j->created) {
 		sl->env = j->created;
 		snprintf(sl->root, sizeof(sl->root), "%s", sl->env->root);
@@ -699,6 +706,8 @@ struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct en
 		.slirp4netns = s->config.env_slirp4netns,
 		.userns_base = s->config.env_userns ? s->config.env_userns_base : 0,
 	};
+	j->et = s->envs->et;
+	j->watch = sl->trace_id;
 	sl->busy = true;
 	return j;
 }
@@ -750,6 +759,52 @@ int env_job_snapshot_dirty(struct supervisor *s, struct env_slot *sl, struct env
 }
 
 /* --- requests ---------------------------------------------------------------------------- */
+
+/* A checkpoint of an environment unchanged since its head (issue 23 item 3): none is taken;
+ * the reply is the head's manifest, kind "skipped" (a trajectory named is told the head
+ * protects its turn). */
+static int reply_skipped(struct supervisor *s, struct sv_client *c, struct env_slot *sl,
+			 const struct proto_env_request *q)
+{
+	const struct sv_env *e = sl->env;
+	uint64_t t0 = mono_us();
+	struct env_manifest mf = {0};
+	const struct env_manifest *head = NULL;
+	struct proto_msg m;
+
+	if (e->head_valid && strcmp(e->head_index.id, e->head) == 0) {
+		head = &e->head_index;
+	} else {
+		char dir[PATH_MAX];
+		_cleanup_close_ int dfd = -1;
+
+		snprintf(dir, sizeof(dir), "%s/ckpt/%s", e->dir, e->head);
+		dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (dfd >= 0 && env_manifest_load(dfd, "manifest.mpk", &mf) >= 0)
+			head = &mf;
+	}
+	if (!head)
+		return client_send_error(s, c, ENOENT, PROTO_ENV_REQUEST,
+					 "env %s checkpoint: its head %s is unreadable", q->env,
+					 e->head);
+	info_of_manifest(q->env, head, mono_us() - t0, &m);
+	snprintf(m.env_info.kind, sizeof(m.env_info.kind), "%s", ENV_KIND_SKIPPED);
+	/* nothing was frozen, copied or dumped by this request */
+	m.env_info.freeze_us = m.env_info.dump_us = m.env_info.fs_us = m.env_info.commit_us = 0;
+	m.env_info.fs_bytes = m.env_info.fs_files = m.env_info.criu_bytes = 0;
+	if (q->trajectory[0]) {
+		struct envs_ckpt_result res = {.committed = true, .run_us = m.env_info.total_us};
+
+		snprintf(res.id, sizeof(res.id), "%s", e->head);
+		traj_ctl_env_checkpointed(s, q->env, q->trajectory, &res);
+	}
+	log_info("Environment %s: checkpoint skipped (unchanged since %s).", q->env, e->head);
+	envs_count_kind(s->envs, ENV_KIND_SKIPPED);
+	env_manifest_finish(&mf);
+	if (client_send(s, c, &m) < 0)
+		return -ECONNRESET;
+	return send_end(s, c, 1);
+}
 
 static int reply_list(struct supervisor *s, struct sv_client *c, const char *env)
 {
@@ -1053,6 +1108,8 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 		slot_remove(es, sl);
 		return send_end(s, c, 0);
 	}
+	if (q->op == ENV_OP_CHECKPOINT && !(q->flags & ENV_FLAG_NEW_CKPT) && envs_unchanged(s, sl))
+		return reply_skipped(s, c, sl, q);
 	j = env_job_new(s, c, sl, q);
 	if (!j)
 		return client_send_error(s, c, ENOMEM, PROTO_ENV_REQUEST, "out of memory");

@@ -70,6 +70,11 @@ static void file_done(struct supervisor *s, struct sv_job *jb)
 
 	if (j->slot->execs > 0)
 		j->slot->execs--;
+	/* The supervisor wrote it, not a traced process: the dirty set hears it from here (issue
+	 * 23 item 3: a checkpoint with nothing dirty is skipped). Even a failed write may have
+	 * left its temporary file. */
+	if (j->type == PROTO_ENV_FILE_WRITE && j->slot->dirty)
+		env_files_mark_dirty(j->slot->dirty, j->root, j->q.path);
 	if (!c)
 		return;
 	if (j->r == -EINVAL && j->type == PROTO_ENV_FILE_READ && (j->st.st_mode & S_IFMT) &&

@@ -47,9 +47,7 @@ static int rmtree_at(int parent, const char *name)
 	return unlinkat(parent, name, AT_REMOVEDIR) < 0 ? -errno : 0;
 }
 
-/* Every regular file of src's CRIU images, hard-linked into dst (logs of earlier runs
- * excepted: a restore writes its own). */
-static int link_images(int src_fd, int dst_fd)
+int env_link_images(int src_fd, int dst_fd)
 {
 	_cleanup_close_ int fd = dup(src_fd);
 	struct dirent *de;
@@ -102,7 +100,7 @@ static int copy_checkpoint(const struct sv_env *src, int src_ckfd, struct env_ma
 		r = -errno;
 		goto out;
 	}
-	r = link_images(src_criu, criufd);
+	r = env_link_images(src_criu, criufd);
 	/* Every regular file's data, wherever in the chain it was, under one key of the copy. */
 	for (size_t i = 0; r >= 0 && i < m->n_entries; i++) {
 		struct env_entry *en = &m->entries[i];
@@ -127,6 +125,7 @@ static int copy_checkpoint(const struct sv_env *src, int src_ckfd, struct env_ma
 	snprintf(m->env, sizeof(m->env), "%s", dst->id);
 	memcpy(m->uuid, dst->uuid, sizeof(m->uuid));
 	m->parent[0] = '\0';
+	m->images[0] = '\0'; /* src's checkpoint's (from) dump: no id of dst's */
 	r = env_manifest_store(tmpfd, "manifest.mpk", m);
 	if (r >= 0 &&
 	    (syncfs(tmpfd) < 0 || renameat(ckfd, TMP_NAME, ckfd, id) < 0 || fsync(ckfd) < 0))

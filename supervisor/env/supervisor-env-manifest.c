@@ -261,7 +261,8 @@ int env_manifest_encode(const struct env_manifest *m, char **ret_buf, size_t *re
 
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 22 + (m->from[0] ? 1 : 0) + (m->delta_path[0] ? 1 : 0));
+	msgpack_pack_map(&pk, 22 + (m->from[0] ? 1 : 0) + (m->delta_path[0] ? 1 : 0) +
+				      (m->kind[0] ? 1 : 0) + (m->images[0] ? 1 : 0));
 	pack_ku64(&pk, "v", ENV_MANIFEST_VERSION);
 	pack_kstr(&pk, "id", m->id);
 	pack_kstr(&pk, "parent", m->parent);
@@ -289,6 +290,10 @@ int env_manifest_encode(const struct env_manifest *m, char **ret_buf, size_t *re
 		pack_kstr(&pk, "from", m->from);
 	if (m->delta_path[0])
 		pack_kstr(&pk, "path", m->delta_path);
+	if (m->kind[0])
+		pack_kstr(&pk, "kind", m->kind);
+	if (m->images[0])
+		pack_kstr(&pk, "img", m->images);
 	pack_str(&pk, "fs_index");
 	msgpack_pack_array(&pk, m->n_entries);
 	for (size_t i = 0; i < m->n_entries; i++)
@@ -622,7 +627,16 @@ static int decode_map(const msgpack_object *o, struct env_manifest *m)
 			r = get_str(val, m->from, ENV_STR_MAX);
 		else if (key_is(k, "path"))
 			r = get_str(val, m->delta_path, ENV_DELTA_PATH_MAX);
-		else if (key_is(k, "fs_index")) {
+		else if (key_is(k, "kind")) {
+			r = get_str(val, m->kind, ENV_KIND_MAX);
+			if (r >= 0 && strcmp(m->kind, ENV_KIND_FULL) != 0 &&
+			    strcmp(m->kind, ENV_KIND_FS_ONLY) != 0)
+				r = -EBADMSG;
+		} else if (key_is(k, "img")) {
+			r = get_str(val, m->images, ENV_ID_MAX);
+			if (r >= 0 && !env_id_valid(m->images))
+				r = -EBADMSG;
+		} else if (key_is(k, "fs_index")) {
 			bit = M_INDEX;
 			if (!(seen & M_INDEX))
 				r = decode_index(val, m);

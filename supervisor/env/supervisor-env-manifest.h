@@ -8,7 +8,9 @@
  *   sizes: "fsb" (bytes copied), "fsn" (files copied), "fsrm" (paths removed since the parent),
  *   "criub" (CRIU image bytes), "nproc" (processes dumped), timings (µs): "frz" (frozen),
  *   "dump" (CRIU), "fs" (delta copy), "commit" (fsync + rename), "from" (optional: a fork's
- *   first checkpoint, "ENV/CHECKPOINT" it was forked from; issue 20 item 4),
+ *   first checkpoint, "ENV/CHECKPOINT" it was forked from; issue 20 item 4), "kind" (optional:
+ *   "full" or "fs-only", issue 23 item 3) and "img" (optional: the checkpoint whose CRIU dump
+ *   the images are),
  *   "fs_index": array of the upper layer's entries at this checkpoint, in walk order (a
  *   directory before what it holds), each a map: "p" path (relative, no "."/".." or empty
  *   components), "k" kind (enum env_entry_kind), "m" mode, "u" uid, "g" gid, "s" size,
@@ -75,6 +77,14 @@ struct env_entry {
 	uint32_t n_xattrs;
 };
 
+/* A checkpoint's kind (issue 23 item 3, supervisor-env-activity.h): "full" (FS delta and CRIU
+ * dump), "fs-only" (FS delta; the processes' images those of checkpoint "img", hard-linked);
+ * "skipped" is never stored: it is a reply's (no checkpoint taken). */
+#define ENV_KIND_MAX	 15
+#define ENV_KIND_FULL	 "full"
+#define ENV_KIND_FS_ONLY "fs-only"
+#define ENV_KIND_SKIPPED "skipped"
+
 #define ENV_DELTA_PATH_MAX	 15
 #define ENV_DELTA_PATH_WALK	 "walk"
 #define ENV_DELTA_PATH_DIRTY_SET "dirty-set"
@@ -97,6 +107,10 @@ struct env_manifest {
 	/* How the file-system delta was computed (ENV_DELTA_PATH_*): "walk" (the whole upper
 	 * layer) or "dirty-set" (the tracer's paths only); "" in manifests from before it. */
 	char delta_path[ENV_DELTA_PATH_MAX + 1];
+	/* ENV_KIND_FULL or ENV_KIND_FS_ONLY ("kind"; "" in manifests from before it: full), and
+	 * the checkpoint whose CRIU dump its criu/ holds ("img": its own id for a full one). */
+	char kind[ENV_KIND_MAX + 1];
+	char images[ENV_ID_MAX + 1];
 };
 
 /* A name usable as an environment or checkpoint id: 1..ENV_ID_MAX of [A-Za-z0-9_.-], not

@@ -141,6 +141,15 @@ int envs_view(struct supervisor *s, const char *id, struct traj_env_view *ret)
 	/* A full diff with nothing named since the dump: the dump's own (see full_diff_of_dump);
 	 * any other (io_uring, lost records, a mapping made since) may hide a change. */
 	ret->dirty = n > 0 || (dirty_needs_full_diff(sl->dirty, NULL) && !sl->full_diff_of_dump);
+	/* Issue 23 item 3: processes that ran since the head's dump are a change too (a clean
+	 * file system does not make the turn skippable); ones that did not are not dumped (an
+	 * fs-only checkpoint: no memory to copy). While a job runs, act is its thread's. */
+	if (!sl->busy) {
+		if (envs_processes_unchanged(s, sl))
+			ret->mem_bytes = 0;
+		else
+			ret->dirty = true;
+	}
 	upper = open(sl->env->upper, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	for (size_t i = 0; upper >= 0 && i < n; i++) {
 		const char *rel = items[i].path + strspn(items[i].path, "/");

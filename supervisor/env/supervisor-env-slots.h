@@ -47,6 +47,8 @@ struct sv_envs {
 	int (*watch_fd)(struct supervisor *s, int fd);
 	uint32_t next_trace_id;
 	uint32_t next_watch;
+	/* Checkpoints by kind since start (enum env_ckpt_kind), belayer_env_checkpoints_total. */
+	uint64_t ckpt_kinds[3];
 };
 
 struct env_job {
@@ -77,6 +79,9 @@ struct env_job {
 	struct sv_env *forks[ENV_FORK_MAX];
 	size_t n_forks;
 	char why[ENV_ERROR_MAX];
+	/* The tracer and the slot's watch as the job began (issue 23 item 3: its activity). */
+	struct sv_envtrace *et;
+	uint32_t watch;
 };
 
 struct env_slot *env_slot_find(struct sv_envs *es, const char *id);
@@ -90,3 +95,27 @@ struct env_slot *env_slot_ready(struct supervisor *s, struct sv_client *c, const
 				enum proto_type type);
 /* Snapshots the dirty set for the checkpoint into j, then starts a new one (loop thread). */
 int env_job_snapshot_dirty(struct supervisor *s, struct env_slot *sl, struct env_job *j);
+
+enum env_ckpt_kind {
+	ENV_CKPT_FULL,
+	ENV_CKPT_FS_ONLY,
+	ENV_CKPT_SKIPPED
+};
+/* Counts a checkpoint of kind (ENV_KIND_*) in es->ckpt_kinds. */
+void envs_count_kind(struct sv_envs *es, const char *kind);
+/* belayer_env_checkpoints_total{kind}, belayer_env_memory_soft_dirty (the subsystem's
+ * collect_metrics). */
+void envs_collect_metrics(struct supervisor *s, struct metrics_collector *col);
+
+/* Checkpoint kinds (supervisor-env-kinds.c, issue 23 item 3), loop thread: no file dirty since
+ * the head; no process ran since the head's dump; both (a checkpoint is "skipped"). */
+bool envs_files_unchanged(struct supervisor *s, struct env_slot *sl);
+bool envs_processes_unchanged(struct supervisor *s, struct env_slot *sl);
+bool envs_unchanged(struct supervisor *s, struct env_slot *sl);
+/* The tracer's activity counter of a watch (-ENODEV: none). */
+int envs_activity_of(struct sv_envtrace *et, uint32_t watch, uint64_t *ret);
+/* env_activity_fn of a checkpoint job (userdata: the job). */
+int env_job_activity(void *userdata, uint32_t *ret_watch, uint64_t *ret_count);
+/* An ENV_FILE_WRITE's path (as the client gave it, inside root, an fd of the environment's
+ * root) into the dirty set. */
+void env_files_mark_dirty(struct sv_dirty *d, int root, const char *path);

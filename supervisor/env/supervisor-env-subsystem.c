@@ -7,6 +7,7 @@
 #include "supervisor-criu.h"
 #include "supervisor-env-ctl.h"
 #include "supervisor-env-exec.h"
+#include "supervisor-env-slots.h"
 #include "supervisor-envtrace.h"
 #include "supervisor-subsystem.h"
 #include "sv-env.h"
@@ -38,6 +39,10 @@ static void env_init(struct supervisor *s)
 {
 	(void)s;
 	traj_ctl_set_env_ops(&env_ops);
+	/* Issue 23 item 3: said once, at start (CRIU's own probe, supervisor-env-activity.h). */
+	log_info("Environment memory checkpoints: %s (%s).", env_mem_mode(),
+		 env_mem_dirty_track() ? "soft-dirty tracking available, pre-dump not implemented"
+				       : "no soft-dirty tracking in this kernel");
 }
 
 void env_process_setup(const struct supervisor *s)
@@ -70,4 +75,5 @@ const struct sv_subsystem env_subsystem = {
 	.init = env_init,
 	.start = env_start,
 	.stop = envs_stop,
+	.collect_metrics = envs_collect_metrics,
 };

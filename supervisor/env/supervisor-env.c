@@ -912,3 +912,8 @@ int env_reopen(const struct env_params *p, struct sv_env **ret)
 	*ret = e;
 	return 0;
 }
+
+int env_walk_procs(const struct sv_env *e, int (*fn)(pid_t pid, void *userdata), void *userdata)
+{
+	return walk_procs(e->cgroup, 0, fn, userdata);
+}

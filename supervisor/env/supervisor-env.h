@@ -24,6 +24,7 @@
 #include <sys/types.h>
 
 #include "proto.h"
+#include "supervisor-env-activity.h"
 #include "supervisor-env-limits.h"
 #include "supervisor-env-manifest.h"
 
@@ -88,6 +89,8 @@ struct sv_env {
 	/* The last env_restore's file-system rollback (or rebuild) of the upper layer, in µs:
 	 * its share of the restore's time (belayer-bench env-scaling). */
 	uint64_t rollback_us;
+	/* Issue 23 item 3: the tasks as of the last CRIU dump (supervisor-env-activity.h). */
+	struct env_activity act;
 };
 
 struct env_ckpt_params {
@@ -121,6 +124,9 @@ struct env_ckpt_params {
 	 * the cgroup to freeze, even when the thaw itself failed (its error is the call's),
 	 * always before env_checkpoint returns; never when the call returned before freezing. */
 	void (*thawed)(void *userdata);
+	/* Issue 23 item 3: the tracer's activity counter (NULL: none, every checkpoint dumps the
+	 * processes); with userdata. */
+	env_activity_fn activity;
 };
 
 /* Creates the state directory, overlay, cgroup, and starts the environment. */
@@ -211,7 +217,13 @@ int env_ckpts_open(const struct sv_env *e);
 int env_ckpt_load_verified(const struct sv_env *e, int ckfd, const char *id,
 			   struct env_manifest *ret);
 int env_ckpt_next_id(const struct sv_env *e, char *buf, size_t cap);
+/* Internal (supervisor-env-fork.c): every regular file of a checkpoint's CRIU images (src_fd)
+ * hard-linked into dst_fd (logs of earlier runs excepted: a restore writes its own). */
+int env_link_images(int src_fd, int dst_fd);
 /* Internal (supervisor-env-launch.c): starts the init in the namespaces, into the cgroup. */
 int env_launch(struct sv_env *e);
 int env_mount_overlay(const struct sv_env *e);
 int env_write_file(const char *path, const char *text);
+/* Calls fn for every process of e's cgroup and below (stops at its first negative return, and
+ * returns it), else returns how many there were. */
+int env_walk_procs(const struct sv_env *e, int (*fn)(pid_t pid, void *userdata), void *userdata);

@@ -526,6 +526,7 @@ int envtrace_env_stats(struct sv_envtrace *et, uint32_t env_id, struct envtrace_
 		ret->drops += v[i].drops;
 		ret->full_diff += v[i].full_diff;
 		ret->execs += v[i].execs;
+		ret->activity += v[i].activity;
 	}
 	free(v);
 	return 0;

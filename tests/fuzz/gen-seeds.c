@@ -816,6 +816,10 @@ static void build_manifest_seeds(void)
 	/* The delta's path (issue 23), the tracer's. */
 	(void)snprintf(m.delta_path, sizeof(m.delta_path), "%s", ENV_DELTA_PATH_DIRTY_SET);
 	manifest_seed("valid-chain-dirty-set", &m, 0);
+	/* Its kind and its images' checkpoint (issue 23 item 3). */
+	(void)snprintf(m.kind, sizeof(m.kind), "%s", ENV_KIND_FS_ONLY);
+	(void)snprintf(m.images, sizeof(m.images), "%s", "c00000001");
+	manifest_seed("valid-chain-fs-only", &m, 0);
 	env_manifest_finish(&m);
 
 	/* Past the decoder's bounds: one xattr more than an entry may hold, a name of no

@@ -337,6 +337,9 @@ static void sample_env_info(struct proto_msg *m)
 	m->env_info.net = ENV_NET_NONE;
 	m->env_info.commit_us = 4100;
 	(void)snprintf(m->env_info.path, sizeof(m->env_info.path), "dirty-set");
+	(void)snprintf(m->env_info.kind, sizeof(m->env_info.kind), "fs-only");
+	(void)snprintf(m->env_info.mem, sizeof(m->env_info.mem), "full");
+	m->env_info.soft_dirty = 1;
 }
 
 static void sample_env_item(struct proto_msg *m)

@@ -114,6 +114,38 @@ trace = no
 CONF
 }
 
+# env_state_server BASE: BASE/work/srv.py, a server (python3 srv.py PORT) that keeps state in
+# memory: "set X" keeps X, anything else answers "X N" (N: requests it served); it creates
+# /work/ready once listening. It holds a shared anonymous mapping ("/dev/zero (deleted)" in its
+# maps, as multiprocessing's shared memory), which is no file of the environment.
+env_state_server() {
+	cat >"$1/work/srv.py" <<'PY'
+import mmap, socket, sys
+shared = mmap.mmap(-1, 4096)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(16)
+state, n = "empty", 0
+open("/work/ready", "w").close()
+while True:
+    c, _ = s.accept()
+    req = c.recv(256).decode().strip(); n += 1
+    if req.startswith("set "):
+        state = req[4:]
+    c.sendall(("%s %d\n" % (state, n)).encode()); c.close()
+PY
+}
+
+# env_ask ENV PORT REQUEST: the answer of ENV's env_state_server, inside ENV's network namespace
+# (its cgroup: $cg/ENV).
+env_ask() {
+	local pid
+	pid=$(head -n1 "$cg/$1/cgroup.procs") || return 1
+	nsenter -t "$pid" -n python3 -c '
+import socket, sys
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+c.sendall(sys.argv[2].encode()); print(c.recv(256).decode().strip())' "$2" "$3"
+}
+
 # supervisor_start SUPERVISOR CONF LOG: starts it in the background ($sv_pid), its socket at
 # $dir/sv.sock; fails unless it listens within 10 s.
 supervisor_start() {

@@ -10,7 +10,10 @@
  *                                             (a stored image, oci:DIR[:TAG] or
  *                                             docker-archive:FILE[:REF]; see image)
  *   env adopt ID --root ROOT --cgroup CG --pid PID   register another runtime's environment
- *   env checkpoint ID --turn N [--prefix-tokens LEN --prefix-hash H] [--trajectory T]
+ *   env checkpoint ID --turn N [--prefix-tokens LEN --prefix-hash H] [--trajectory T] [--new]
+ *                                             its kind: full, fs-only (no process ran since
+ *                                             the last dump) or skipped (nothing changed: the
+ *                                             head's manifest; --new: a new one even then)
  *   env restore ID [--checkpoint C]           full restore; prints the manifest (turn, prefix)
  *   env fork SRC [--checkpoint C] --as NEW [--count K]
  *                                             K environments (NEW, or NEW-1..NEW-K) from
@@ -64,30 +67,37 @@ static void print_info(const struct ctl_options *o, const struct proto_env_info 
 		if (i->net)
 			json_object_object_add(
 				j, "net", json_object_new_string(env_net_to_string(i->net) ?: "?"));
+		if (i->mem[0]) {
+			json_object_object_add(j, "memory_mode", json_object_new_string(i->mem));
+			json_object_object_add(j, "soft_dirty",
+					       json_object_new_boolean(i->soft_dirty));
+		}
 		if (i->ckpt[0] && !i->root[0] && !i->cgroup[0]) {
 			json_object_object_add(j, "commit_us", json_u64(i->commit_us));
 			if (i->path[0])
 				json_object_object_add(j, "path", json_object_new_string(i->path));
+			if (i->kind[0])
+				json_object_object_add(j, "kind", json_object_new_string(i->kind));
 		}
 		json_print(j, true);
 		return;
 	}
 	if (i->root[0] || i->cgroup[0]) {
-		printf("%-16s pid %-8u procs %-4u head %-10s net %-5s root %s cgroup %s\n", i->env,
-		       i->pid, i->nproc, i->ckpt[0] ? i->ckpt : "-",
+		printf("%-16s pid %-8u procs %-4u head %-10s net %-5s root %s cgroup %s%s%s\n",
+		       i->env, i->pid, i->nproc, i->ckpt[0] ? i->ckpt : "-",
 		       i->net ? env_net_to_string(i->net) ?: "?" : "-", i->root[0] ? i->root : "-",
-		       i->cgroup);
+		       i->cgroup, i->mem[0] ? " memory " : "", i->mem);
 		return;
 	}
-	printf("%s %s (parent %s) turn %" PRIu64 " prefix %" PRIu64 " tokens hash %016" PRIx64
+	printf("%s %s%s%s (parent %s) turn %" PRIu64 " prefix %" PRIu64 " tokens hash %016" PRIx64
 	       " traj \"%s\": %u procs, FS delta %" PRIu64 " files %" PRIu64
 	       " bytes%s%s%s, CRIU %" PRIu64 " bytes; frozen %.1f ms (dump %.1f, fs %.1f), "
 	       "commit %.1f ms, total %.1f ms\n",
-	       i->env, i->ckpt, i->parent[0] ? i->parent : "-", i->turn, i->prefix_tokens,
-	       i->prefix_hash, i->trajectory, i->nproc, i->fs_files, i->fs_bytes,
-	       i->full_diff ? " (full diff)" : "", i->path[0] ? " by " : "", i->path, i->criu_bytes,
-	       (double)i->freeze_us / 1e3, (double)i->dump_us / 1e3, (double)i->fs_us / 1e3,
-	       (double)i->commit_us / 1e3, (double)i->total_us / 1e3);
+	       i->env, i->ckpt, i->kind[0] ? " " : "", i->kind, i->parent[0] ? i->parent : "-",
+	       i->turn, i->prefix_tokens, i->prefix_hash, i->trajectory, i->nproc, i->fs_files,
+	       i->fs_bytes, i->full_diff ? " (full diff)" : "", i->path[0] ? " by " : "", i->path,
+	       i->criu_bytes, (double)i->freeze_us / 1e3, (double)i->dump_us / 1e3,
+	       (double)i->fs_us / 1e3, (double)i->commit_us / 1e3, (double)i->total_us / 1e3);
 }
 
 static void print_item(const struct ctl_options *o, const struct proto_env_item *i)
@@ -213,6 +223,7 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 		{"count", required_argument, NULL, 'K'},
 		{"disk", required_argument, NULL, 'D'},
 		{"image", required_argument, NULL, 'i'},
+		{"new", no_argument, NULL, 'W'},
 		{},
 	};
 	struct proto_env_request q = {0};
@@ -279,6 +290,9 @@ int cmd_env(const struct ctl_options *o, int argc, char **argv)
 			break;
 		case 'j':
 			break; /* belayerctl.c took it */
+		case 'W':
+			q.flags |= ENV_FLAG_NEW_CKPT;
+			break;
 		case 'P':
 			r = parse_limit(optarg, "", 1, &q.pids);
 			break;

@@ -23,6 +23,7 @@
 
 #include <json-c/json.h>
 
+#include "bench-env-kinds.h"
 #include "bench-measure.h"
 #include "bench-path.h"
 #include "bench.h"
@@ -213,6 +214,26 @@ static void scaling_print_row(const char *what, const struct scaling_row *w)
 	       w->fs_files, w->restore_us / 1e3, w->rollback_us / 1e3);
 }
 
+static void kinds_json(json_object *o, const char *name, const struct kinds_row *k)
+{
+	json_object *r = json_object_new_object();
+
+	json_object_object_add(r, "kind", json_object_new_string(k->kind));
+	json_object_object_add(r, "frozen_us", json_object_new_int64((int64_t)k->freeze_us));
+	json_object_object_add(r, "fs_us", json_object_new_int64((int64_t)k->fs_us));
+	json_object_object_add(r, "dump_us", json_object_new_int64((int64_t)k->dump_us));
+	json_object_object_add(r, "commit_us", json_object_new_int64((int64_t)k->commit_us));
+	json_object_object_add(r, "total_us", json_object_new_int64((int64_t)k->total_us));
+	json_object_object_add(r, "criu_bytes", json_object_new_int64((int64_t)k->criu_bytes));
+	json_object_object_add(o, name, r);
+}
+
+static void kinds_print(const char *what, const struct kinds_row *k)
+{
+	printf("%-26s %-8s %9.1f %9.1f %9.1f %9.1f %9.1f\n", what, k->kind, k->freeze_us / 1e3,
+	       k->fs_us / 1e3, k->dump_us / 1e3, k->commit_us / 1e3, k->total_us / 1e3);
+}
+
 int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 {
 	static const struct option options[] = {
@@ -225,6 +246,8 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 	size_t n_sizes = ARRAY_SIZE(sizes_full);
 	unsigned reps = REPS_MAX, add = 100000;
 	struct scaling_row rows[ARRAY_SIZE(sizes_full)] = {0}, added = {0};
+	struct bench_kinds kinds = {0};
+	int rk;
 	char dir[] = "/tmp/belayer-bench-scale.XXXXXX", base[PATH_MAX], state[PATH_MAX],
 	     cg[PATH_MAX], cmd[PATH_MAX + 16];
 	struct env_params p = {0};
@@ -277,6 +300,8 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 		r = scaling_size(&p, sizes[i], reps, i == 0 ? add : 0, &rows[i], &added);
 	if (r < 0)
 		goto out;
+	/* Checkpoint kinds (issue 23 item 3): they need the tracer; without it, not shown. */
+	rk = bench_env_kinds(&p, sizes[0], reps, scaling_run, scaling_fill, &kinds);
 	if (a->json) {
 		json_object *j = json_object_new_object(), *arr = json_object_new_array(),
 			    *adds = json_object_new_array();
@@ -287,6 +312,15 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 		json_object_object_add(j, "reps", json_object_new_int((int)reps));
 		json_object_object_add(j, "one_changed_file", arr);
 		json_object_object_add(j, "added_files", adds);
+		if (rk >= 0) {
+			json_object *k = json_object_new_object();
+
+			json_object_object_add(k, "files", json_object_new_int64(kinds.files));
+			kinds_json(k, "process_ran", &kinds.full);
+			kinds_json(k, "file_written", &kinds.fs_only);
+			kinds_json(k, "unchanged", &kinds.unchanged);
+			json_object_object_add(j, "kinds", k);
+		}
 		printf("%s\n", json_object_to_json_string_ext(j, JSON_C_TO_STRING_PRETTY));
 		json_object_put(j);
 	} else {
@@ -306,6 +340,17 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 
 			snprintf(what, sizeof(what), "+%u new", added.files);
 			scaling_print_row(what, &added);
+		}
+		if (rk >= 0) {
+			printf("\nenv-scaling: checkpoint kinds at %u files (median of %u); ms\n",
+			       kinds.files, reps);
+			printf("%-26s %-8s %9s %9s %9s %9s %9s\n", "turn", "kind", "frozen", "fs",
+			       "dump", "commit", "total");
+			kinds_print("a process ran", &kinds.full);
+			kinds_print("a file written (env write)", &kinds.fs_only);
+			kinds_print("unchanged", &kinds.unchanged);
+		} else {
+			printf("\nenv-scaling: checkpoint kinds not measured (no tracer)\n");
 		}
 	}
 out:

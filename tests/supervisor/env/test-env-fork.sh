@@ -21,31 +21,11 @@ env_fixture envfork src "${forks[@]}" bad-1 bad-2 bad-3
 on_fail() { tail -n 30 "$dir/sv.log"; }
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-# The server: "set X" keeps X, anything else answers "X N" (N: requests it served).
-cat >"$dir/base/work/srv.py" <<'PY'
-import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(16)
-state, n = "empty", 0
-open("/work/ready", "w").close()
-while True:
-    c, _ = s.accept()
-    req = c.recv(256).decode().strip(); n += 1
-    if req.startswith("set "):
-        state = req[4:]
-    c.sendall(("%s %d\n" % (state, n)).encode()); c.close()
-PY
+env_state_server "$dir/base"
 env_conf
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
 # ask ENV REQUEST: the answer of ENV's server, inside ENV's network namespace.
-ask() {
-	local pid
-	pid=$(head -n1 "$cg/$1/cgroup.procs") || return 1
-	nsenter -t "$pid" -n python3 -c '
-import socket, sys
-c = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
-c.sendall(sys.argv[2].encode()); print(c.recv(256).decode().strip())' "$port" "$2"
-}
+ask() { env_ask "$1" "$port" "$2"; }
 
 supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
 ctl env create src --root "$dir/base" --cmd "cd /work; python3 srv.py $port & exec sleep infinity" >/dev/null

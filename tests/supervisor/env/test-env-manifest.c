@@ -40,6 +40,8 @@ static void sample(struct env_manifest *m)
 	strcpy(m->parent, "c00000001");
 	strcpy(m->env, "env-1");
 	strcpy(m->delta_path, ENV_DELTA_PATH_DIRTY_SET);
+	strcpy(m->kind, ENV_KIND_FS_ONLY);
+	strcpy(m->images, "c00000001");
 	memset(m->uuid, 0x5a, 16);
 	strcpy(m->trajectory, "traj");
 	m->turn = 7;
@@ -86,6 +88,8 @@ static void test_round_trip(void **state)
 	assert_memory_equal(d.uuid, m.uuid, 16);
 	assert_int_equal(d.turn, 7);
 	assert_string_equal(d.delta_path, "dirty-set");
+	assert_string_equal(d.kind, "fs-only");
+	assert_string_equal(d.images, "c00000001");
 	assert_int_equal(d.prefix_tokens, 4096);
 	assert_true(d.prefix_hash == m.prefix_hash);
 	assert_int_equal(d.n_entries, 6);
@@ -166,6 +170,14 @@ static void test_refused(void **state)
 	expect_refused(&m);
 	sample(&m);
 	m.entries[1].mode = 0100644; /* type bits are the kind's */
+	expect_refused(&m);
+	/* A checkpoint kind other than full and fs-only ("skipped" is never stored), an images'
+	 * checkpoint that is not an id. */
+	sample(&m);
+	strcpy(m.kind, ENV_KIND_SKIPPED);
+	expect_refused(&m);
+	sample(&m);
+	strcpy(m.images, "../c1");
 	expect_refused(&m);
 	/* The delta's path is bounded (ENV_DELTA_PATH_MAX): a longer one is refused. */
 	sample(&m);

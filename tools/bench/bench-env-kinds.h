@@ -1,0 +1,26 @@
+/* SPDX-License-Identifier: MIT */
+/* belayer-bench env-scaling's checkpoint-kind rows (issue 23 item 3), bench-env-kinds.c. */
+#pragma once
+
+#include <stdint.h>
+
+#include "supervisor-env.h"
+
+#define BENCH_KINDS_REPS_MAX 3
+
+struct kinds_row {
+	char kind[ENV_KIND_MAX + 1]; /* the manifest's, or "skipped" / "changed" for the decision */
+	uint64_t freeze_us, fs_us, dump_us, commit_us, total_us, criu_bytes;
+};
+
+struct bench_kinds {
+	unsigned files;
+	struct kinds_row full, fs_only, unchanged;
+};
+
+/* An environment of files files (fill), the tracer watching it; reps of: a process ran (run)
+ * then a checkpoint; a file written from outside then a checkpoint; nothing, the decision. */
+int bench_env_kinds(const struct env_params *p, unsigned files, unsigned reps,
+		    int (*run)(const struct sv_env *e, const char *action),
+		    int (*fill)(const struct sv_env *e, const char *dir, unsigned n),
+		    struct bench_kinds *ret);
