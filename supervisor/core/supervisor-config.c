@@ -159,6 +159,11 @@ static const struct key keys[] = {
 	TYPED("env", "trace", KEY_BOOL, env_trace, "yes",
 	      "Trace agent environments' side effects with eBPF (dirty paths, side-effect log); "
 	      "when BPF is unavailable the supervisor says so once and runs without it."),
+	TYPED("env", "activity", KEY_BOOL, env_activity, "yes",
+	      "Count each environment's process activity (two eBPF programs on every syscall of "
+	      "every process on the node, tens of ns each): a turn whose processes did not run "
+	      "checkpoints its files only and an unchanged turn is skipped; no: every checkpoint "
+	      "of an environment with processes dumps them."),
 	TYPED("env", "trace_preload", KEY_BOOL, env_trace_preload, "no",
 	      "Load the tracer at start rather than at the first environment (loading and "
 	      "attaching its programs takes about a second)."),

@@ -124,6 +124,7 @@ struct sv_config {
 	/* [env] */
 	bool env_trace;
 	bool env_trace_preload;
+	bool env_activity;
 	char env_pin_dir[256];
 	char env_criu[256];
 	char env_cgroup[256];

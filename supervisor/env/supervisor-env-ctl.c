@@ -86,7 +86,8 @@ static void tracer_load(struct supervisor *s)
 {
 	struct sv_envs *es = s->envs;
 	struct envtrace_options o = {.pin_dir = s->config.env_pin_dir,
-				     .state_dir = s->config.state_dir};
+				     .state_dir = s->config.state_dir,
+				     .no_activity = !s->config.env_activity};
 	int r;
 
 	if (es->et_tried || !s->config.env_trace)
@@ -104,8 +105,12 @@ static void tracer_load(struct supervisor *s)
 		es->et = NULL;
 		return;
 	}
-	log_info("Environment tracing on (maps and programs pinned under %s).",
-		 envtrace_pin_dir(es->et));
+	log_info("Environment tracing on (maps and programs pinned under %s)%s.",
+		 envtrace_pin_dir(es->et),
+		 envtrace_activity(es->et)
+			 ? ""
+			 : "; process activity not counted ([env] activity = no): "
+			   "every checkpoint of an environment with processes dumps them");
 }
 
 /* Starts tracing the slot's cgroup (no-op without the tracer). */

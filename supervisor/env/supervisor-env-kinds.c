@@ -53,6 +53,8 @@ int envs_activity_of(struct sv_envtrace *et, uint32_t watch, uint64_t *ret)
 
 	if (!et || !watch)
 		return -ENODEV;
+	if (!envtrace_activity(et))
+		return -EOPNOTSUPP; /* [env] activity = no */
 	r = envtrace_env_stats(et, watch, &st);
 	if (r < 0)
 		return r;

@@ -50,6 +50,7 @@ struct sv_envtrace {
 	char path[2][PATH_BUF];
 	char raw[2][PATH_BUF]; /* before normalization: ".." must be resolved by the kernel */
 	char alias[2][2][PATH_BUF];
+	bool activity; /* the activity programs are loaded */
 };
 
 static const char *const op_names[ENVTRACE_OP__MAX] = {
@@ -342,6 +343,14 @@ int envtrace_create(const struct envtrace_options *opts, struct sv_envtrace **re
 		if (!tracepoint_exists(bpf_program__section_name(prog)))
 			(void)bpf_program__set_autoload(prog, false);
 	}
+	et->activity = !opts->no_activity;
+	if (!et->activity) {
+		(void)bpf_program__set_autoload(et->skel->progs.activity_enter, false);
+		(void)bpf_program__set_autoload(et->skel->progs.activity_exit, false);
+		(void)bpf_program__set_autoload(et->skel->progs.activity_signal, false);
+		(void)bpf_program__set_autoload(et->skel->progs.activity_fork, false);
+		(void)bpf_program__set_autoload(et->skel->progs.activity_task_exit, false);
+	}
 	r = envtrace__load(et->skel);
 	if (r < 0) {
 		log_debug_errno(r, "Failed to load the envtrace BPF programs: %m");
@@ -530,6 +539,11 @@ int envtrace_env_stats(struct sv_envtrace *et, uint32_t env_id, struct envtrace_
 	}
 	free(v);
 	return 0;
+}
+
+bool envtrace_activity(const struct sv_envtrace *et)
+{
+	return et && et->activity;
 }
 
 int envtrace_drops(struct sv_envtrace *et, uint64_t *per_cpu, size_t n, uint64_t *ret_total)

@@ -49,6 +49,9 @@ struct envtrace_options {
 	 * (a self-IPI, a VM exit on virtual machines); the reader must then also drain on a
 	 * timer (ENVTRACE_DRAIN_INTERVAL_MS). */
 	int64_t wakeup_bytes;
+	/* No process-activity counting (the programs on every syscall are not loaded):
+	 * envtrace_activity() says so and the stats' activity never moves. */
+	bool no_activity;
 };
 
 #define ENVTRACE_DRAIN_INTERVAL_MS 100
@@ -101,6 +104,8 @@ int envtrace_watch_remove(struct sv_envtrace *et, uint32_t env_id);
 
 /* Summed over CPUs. */
 int envtrace_env_stats(struct sv_envtrace *et, uint32_t env_id, struct envtrace_env_stats *ret);
+/* Whether the stats' activity counter is kept (envtrace_options.no_activity unset). */
+bool envtrace_activity(const struct sv_envtrace *et);
 /* Ring-buffer drops: per CPU into per_cpu[0..n) (may be NULL), total in *ret_total. */
 int envtrace_drops(struct sv_envtrace *et, uint64_t *per_cpu, size_t n, uint64_t *ret_total);
 int envtrace_ncpus(struct sv_envtrace *et);

@@ -17,7 +17,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
 command -v python3 >/dev/null || fail "python3 is needed for the server"
 
-env_fixture envkinds k1 k2 k3 k1f
+env_fixture envkinds k1 k2 k3 k1f k4
 on_fail() { tail -n 30 "$dir/sv.log"; }
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -155,4 +155,21 @@ ctl --json env list | grep '"env":"k1"' |
 	fail "env list lacks the memory mode: $(ctl --json env list)"
 ctl env destroy k2 >/dev/null
 ctl env destroy k1 >/dev/null
-echo "ok: full, skipped, fs-only (restored), --new, exec, restore, busy loop"
+
+# [env] activity = no: the programs on every syscall are not loaded, nothing vouches for the
+# processes, every checkpoint of an environment with processes dumps them.
+kill "$sv_pid" && wait "$sv_pid" || true
+sed -i 's/^trace_preload = yes$/trace_preload = yes\nactivity = no/' "$dir/conf.ini"
+supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv2.log"
+grep -q "Environment tracing on" "$dir/sv2.log" || fail "tracer not loaded: $(cat "$dir/sv2.log")"
+grep -q "process activity not counted" "$dir/sv2.log" || fail "activity = no is not in the log"
+ctl env create k4 --root "$dir/base" --cmd 'exec sleep infinity' >/dev/null
+for t in 1 2; do
+	read -r id kind < <(ckpt k4 $t)
+	expect "activity = no, turn $t (unchanged after the first)" "$kind" full
+done
+put k4 /work/f.txt one
+read -r id kind < <(ckpt k4 3)
+expect "activity = no, a turn that only wrote a file" "$kind" full
+ctl env destroy k4 >/dev/null
+echo "ok: full, skipped, fs-only (restored), --new, exec, restore, busy loop, activity = no"
