@@ -747,6 +747,7 @@ void engines_tick(struct supervisor *s)
 		adopt_check(s, e);
 		promote_tick(s, e);
 		promote_record_checksums(s, e);
+		canary_record(s, e);
 		journal_sync(s, e);
 	}
 }

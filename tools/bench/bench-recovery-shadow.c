@@ -282,7 +282,7 @@ static bool follow_event(struct follower *f, const char *m, char *outcome, size_
 		[PH_DETECT] = "detect_us=", [PH_OWNER] = "owner_us=",
 		[PH_HEALTH] = "health_us=", [PH_CONTENT] = "content_us=",
 		[PH_LAYOUT] = "layout_us=", [PH_REMAP] = "remap_us=",
-		[PH_READY] = "ready_us="};
+		[PH_CANARY] = "canary_us=", [PH_READY] = "ready_us="};
 	const char *v = strstr(m, " outcome="), *cr = strstr(m, ": cold restart: ");
 
 	if (strncmp(m, "engine \"bench\" ", 15) == 0 && cr)

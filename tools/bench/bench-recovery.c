@@ -15,6 +15,8 @@
  *   owner    the group's surviving ranks killed and gone (NCCL groups cannot be half-recovered)
  *   health, content, layout, remap   promotion only: GPU health, weights checksums (verify =
  *            sampled or full), layout hash, the shadow mapping the retained memory
+ *   canary   promotion only: the promoted group's answer to the canary prompt compared with
+ *            the primary's at the same weights version (supervisor-canary.h)
  *   load     cold only: the new engine's start to its /health answering 200 (CUDA, NCCL,
  *            weight load from the file, KV, warm-up)
  *   ready    the rest: -> /health 200 -> the first /generate returned

@@ -39,6 +39,7 @@ enum rec_phase {
 	PH_CONTENT, /* weights checksums */
 	PH_LAYOUT,  /* layout hash + count */
 	PH_REMAP,   /* the shadow maps the retained memory */
+	PH_CANARY,  /* the promoted group answers the canary prompt as the primary did */
 	PH_LOAD, /* cold: spawn -> the engine's own ready line (CUDA, NCCL, weights, KV, warm-up) */
 	PH_READY, /* -> /health 200 and the first /generate returned */
 	PH_COUNT
