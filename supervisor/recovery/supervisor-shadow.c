@@ -278,6 +278,7 @@ void shadow_worker_info(struct supervisor *s, const struct sv_worker *w, struct 
 	if (w->role == ROLE_PRIMARY) {
 		i->port = e->primary_port;
 		i->ready = e->primary_ready;
+		i->canary_version = e->canary.recorded ? e->canary.version + 1 : 0;
 	} else if (e->shadow.pid > 0 && w->pgid == e->shadow.pid) {
 		i->port = e->shadow.port;
 	}
