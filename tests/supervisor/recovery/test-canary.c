@@ -44,7 +44,8 @@ static int teardown(void **state)
 	return engine_teardown(&sv);
 }
 
-static void start(const char *const *extra)
+/* Engine t with a gateway; shadow_extra: the shadow's extra arguments (NULL: the default). */
+static void start(const char *shadow_extra, const char *const *extra)
 {
 	const char *more[8] = {listen_setting};
 	size_t n = 1;
@@ -57,7 +58,7 @@ static void start(const char *const *extra)
 	for (size_t i = 0; extra && extra[i] && n < ARRAY_SIZE(more) - 1; i++)
 		more[n++] = extra[i];
 	more[n] = NULL;
-	engine_start(&sv, weights, port_a, port_b, NULL, more);
+	engine_start(&sv, weights, port_a, port_b, shadow_extra, more);
 	engine_wait_serving(&sv, baseline);
 	engine_wait_promotable(&sv);
 }
@@ -96,7 +97,7 @@ static void assert_gateway_answers_baseline(void)
 /* A promotion onto a sound shadow passes the canary, which is a phase of its own. */
 static void promotion_passes_canary(void **state)
 {
-	start(NULL);
+	start(NULL, NULL);
 	assert_int_equal(engine_metric(&sv, "belayer_canary_recorded", NULL), 1);
 	assert_true(engine_metric(&sv, "belayer_canary_recordings_total", NULL) >= 1);
 	kill_primary_rank(0);
@@ -183,7 +184,7 @@ static void corrupted_shadow_fails_canary(void **state)
 	uint32_t got[ENGINE_TOKENS];
 	int fd;
 
-	start(NULL);
+	start(NULL, NULL);
 	corrupt_position_embeddings(engine_worker_pid(&sv, ROLE_PRIMARY, 0));
 	kill_primary_rank(0);
 	/* Sent while the recovery runs: the gateway holds it for the recovered engine. */
@@ -199,6 +200,20 @@ static void corrupted_shadow_fails_canary(void **state)
 	assert_gateway_answers_baseline();
 }
 
+/* A promoted group that does not answer the canary (its first token request's connection is
+ * shut down unanswered, as by an engine whose request path fails while /health answers) is
+ * cold-restarted too: an error is no better than a wrong answer. */
+static void canary_error_cold_restarts(void **state)
+{
+	start("--kv-cache-bytes 16M --debug-drop-requests 1", NULL);
+	kill_primary_rank(1);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 3);
+	assert_reason("canary: the promoted group on port");
+	assert_int_equal(engine_metric(&sv, "belayer_canary_total", "outcome=\"error\""), 1);
+	engine_wait_serving(&sv, baseline);
+	assert_gateway_answers_baseline();
+}
+
 /* [recovery] canary = no: the corrupted group is promoted (what the canary prevents), the
  * phase does not run. */
 static void canary_off_promotes_corrupted(void **state)
@@ -206,7 +221,7 @@ static void canary_off_promotes_corrupted(void **state)
 	const char *const more[] = {"recovery.canary=no", NULL};
 	uint32_t got[ENGINE_TOKENS];
 
-	start(more);
+	start(NULL, more);
 	corrupt_position_embeddings(engine_worker_pid(&sv, ROLE_PRIMARY, 0));
 	kill_primary_rank(0);
 	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
@@ -222,6 +237,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(promotion_passes_canary, setup, teardown),
 		cmocka_unit_test_setup_teardown(corrupted_shadow_fails_canary, setup, teardown),
+		cmocka_unit_test_setup_teardown(canary_error_cold_restarts, setup, teardown),
 		cmocka_unit_test_setup_teardown(canary_off_promotes_corrupted, setup, teardown),
 	};
 
