@@ -207,7 +207,7 @@ static int http_post(const struct canary_job *cj, char *buf, size_t cap, size_t 
 	}
 	buf[n] = '\0';
 	*ret_len = n;
-	return 0;
+	return n ? 0 : -ENODATA;
 }
 
 /* Offload thread. */
@@ -237,6 +237,8 @@ static const char *job_error(const struct canary_job *cj)
 		return "no output_ids / token_ids in the reply";
 	case -ETIMEDOUT:
 		return "no answer within canary_timeout";
+	case -ENODATA:
+		return "the connection closed without a reply";
 	default:
 		return strerror(-cj->error);
 	}
