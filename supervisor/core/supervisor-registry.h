@@ -94,6 +94,7 @@ struct sv_worker {
 	uint64_t fp_device; /* device memory NVML reports for it, all devices */
 	bool fp_device_known;
 	uint64_t fp_rss, fp_pss, fp_shmem; /* host: smaps_rollup Rss, Pss, Pss_Shmem */
+	uint64_t fp_after_ms; /* rounds started before are dropped (it changed since) */
 };
 
 struct sv_registry {

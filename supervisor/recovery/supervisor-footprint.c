@@ -21,6 +21,7 @@ struct fp_item {
 
 struct fp_job {
 	struct sv_job job;
+	uint64_t started_ms;
 	size_t n;
 	int device_error;
 	struct fp_item items[FOOTPRINT_MAX];
@@ -87,8 +88,10 @@ static void fp_done(struct supervisor *s, struct sv_job *j)
 		const struct fp_item *it = &fj->items[i];
 		struct sv_worker *w = registry_worker_find(&s->reg, it->pid);
 
-		/* The same process still (a reused pid is another's memory). */
-		if (!w || w->state == WORKER_DEAD || w->starttime != it->starttime)
+		/* The same process still (a reused pid is another's memory), and not changed since
+		 * this round started. */
+		if (!w || w->state == WORKER_DEAD || w->starttime != it->starttime ||
+		    fj->started_ms <= w->fp_after_ms)
 			continue;
 		w->fp_device = it->device;
 		w->fp_device_known = fj->device_error == 0;
@@ -118,6 +121,7 @@ void footprint_tick(struct supervisor *s)
 	if (!fj)
 		return;
 	fj->job = (struct sv_job){.run = fp_run, .done = fp_done, .free = fp_free};
+	fj->started_ms = now;
 	for (struct sv_worker *w = s->reg.workers; w && fj->n < FOOTPRINT_MAX; w = w->next)
 		if (w->state != WORKER_DEAD && engines_find(s, worker_engine(w)))
 			fj->items[fj->n++] =
@@ -129,6 +133,13 @@ void footprint_tick(struct supervisor *s)
 	/* Before: without offload threads the job is done inside offload_submit(). */
 	pending = true;
 	offload_submit(s, &fj->job);
+}
+
+void footprint_restart(struct sv_worker *w)
+{
+	w->fp_ms = 0;
+	w->fp_after_ms = now_ms();
+	next_ms = 0;
 }
 
 void footprint_worker_info(const struct sv_worker *w, struct proto_msg *m)

@@ -21,6 +21,9 @@ struct proto_msg;
 
 /* Starts a measurement when the last one is FOOTPRINT_MS old (engines_tick). */
 void footprint_tick(struct supervisor *s);
+/* w changed (a shadow parked): its measurements so far, and those in flight, say nothing of it
+ * now; the next round starts at once. */
+void footprint_restart(struct sv_worker *w);
 /* Adds w's last measurement to its PROTO_WORKER_INFO. */
 void footprint_worker_info(const struct sv_worker *w, struct proto_msg *m);
 
