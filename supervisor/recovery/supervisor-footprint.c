@@ -74,7 +74,7 @@ static void fp_run(struct supervisor *s, struct sv_job *j)
 		s->gpu = health_gpu_new(s->config.nvml_library, &s->config.fatal_xids);
 	fj->device_error = health_gpu_process_memory(s->gpu, pids, fj->n, bytes);
 	for (size_t i = 0; i < fj->n; i++)
-		fj->items[i].device = fj->device_error < 0 ? 0 : bytes[i];
+		fj->items[i].device = fj->device_error < 0 ? UINT64_MAX : bytes[i];
 }
 
 /* Loop thread. */
@@ -94,7 +94,7 @@ static void fp_done(struct supervisor *s, struct sv_job *j)
 		    fj->started_ms <= w->fp_after_ms)
 			continue;
 		w->fp_device = it->device;
-		w->fp_device_known = fj->device_error == 0;
+		w->fp_device_known = it->device != UINT64_MAX;
 		if (it->error == 0) {
 			w->fp_rss = it->rss;
 			w->fp_pss = it->pss;

@@ -522,7 +522,7 @@ int health_gpu_process_memory(struct health_gpu *g, const pid_t *pids, size_t n,
 	bool any = false;
 
 	for (size_t i = 0; i < n; i++)
-		ret_bytes[i] = 0;
+		ret_bytes[i] = UINT64_MAX;
 	if (!g || g->why[0] || !g->procs)
 		return -EOPNOTSUPP;
 	for (unsigned d = 0; d < g->n_devices; d++) {
@@ -541,7 +541,9 @@ int health_gpu_process_memory(struct health_gpu *g, const pid_t *pids, size_t n,
 			for (size_t i = 0; i < n; i++)
 				if (infos[k].pid == (unsigned)pids[i] &&
 				    infos[k].usedGpuMemory != NVML_VALUE_NOT_AVAILABLE)
-					ret_bytes[i] += infos[k].usedGpuMemory;
+					ret_bytes[i] =
+						(ret_bytes[i] == UINT64_MAX ? 0 : ret_bytes[i]) +
+						infos[k].usedGpuMemory;
 	}
 	return any ? 0 : -EIO;
 }
