@@ -533,8 +533,9 @@ int health_gpu_process_memory(struct health_gpu *g, const pid_t *pids, size_t n,
 		if (g->by_index(d, &dev) != NVML_SUCCESS)
 			continue;
 		r = g->procs(dev, &count, infos);
-		/* More processes than we can list: the first ones are still right. */
-		if (r != NVML_SUCCESS && r != NVML_ERROR_INSUFFICIENT_SIZE)
+		/* More processes than 1024 (INSUFFICIENT_SIZE): what NVML left in infos is not
+		 * documented, so the device says nothing. */
+		if (r != NVML_SUCCESS)
 			continue;
 		any = true;
 		for (unsigned k = 0; k < MIN(count, (unsigned)ARRAY_SIZE(infos)); k++)
