@@ -416,6 +416,12 @@ void canary_collect_metrics(struct supervisor *s, struct metrics_collector *col)
 			    "version).",
 			    "engine=\"%s\"", s->engines->e[i].cfg->name);
 	for (size_t i = 0; i < n; i++)
+		metrics_add(col, "belayer_canary_recording_errors_total", METRIC_COUNTER,
+			    s->engines->e[i].canary.n_record_errors,
+			    "Canary recordings from the serving primary that failed (an error, no "
+			    "token ids, canary_timeout); retried.",
+			    "engine=\"%s\"", s->engines->e[i].cfg->name);
+	for (size_t i = 0; i < n; i++)
 		metrics_add(col, "belayer_canary_recorded", METRIC_GAUGE,
 			    s->engines->e[i].canary.recorded && canary_armed(s, &s->engines->e[i]),
 			    "1 when a canary answer is recorded at the primary's current weights "
