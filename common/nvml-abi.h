@@ -137,6 +137,17 @@ nvmlReturn_t nvmlShutdown(void);
 /* "Error reporting" */
 const char *nvmlErrorString(nvmlReturn_t result);
 
+/* "Device Structs": nvmlProcessInfo_t (nvmlProcessInfo_v2_t), what
+ * nvmlDeviceGetComputeRunningProcesses_v3 returns per process: "usedGpuMemory: Amount of used
+ * GPU memory in bytes" (NVML_VALUE_NOT_AVAILABLE where it cannot be known, e.g. under WDDM). */
+#define NVML_VALUE_NOT_AVAILABLE (0xffffffffffffffffULL)
+typedef struct nvmlProcessInfo_st {
+	unsigned int pid;
+	unsigned long long usedGpuMemory;
+	unsigned int gpuInstanceId;
+	unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
 /* "Device Queries" */
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount);
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device);
@@ -146,6 +157,11 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
+/* "infoCount: Reference in which to provide the infos array size, and to return the number of
+ * returned elements"; NVML_ERROR_INSUFFICIENT_SIZE, with *infoCount the number needed, when
+ * it is too small (infos may be NULL with *infoCount 0 to ask). */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+						     nvmlProcessInfo_t *infos);
 nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
 					 nvmlEccCounterType_t counterType,
 					 unsigned long long *eccCounts);

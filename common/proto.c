@@ -202,6 +202,14 @@ static const struct field worker_info_fields[] = {
 	 .offset = AT(worker_info.ready),
 	 .max = 1,
 	 .optional = true},
+	{.key = "dmem", .kind = FIELD_U64, .offset = AT(worker_info.device_used), .optional = true},
+	{.key = "rss", .kind = FIELD_U64, .offset = AT(worker_info.rss), .optional = true},
+	{.key = "pss", .kind = FIELD_U64, .offset = AT(worker_info.pss), .optional = true},
+	{.key = "pshm", .kind = FIELD_U64, .offset = AT(worker_info.pss_shmem), .optional = true},
+	{.key = "cnv",
+	 .kind = FIELD_U64,
+	 .offset = AT(worker_info.canary_version),
+	 .optional = true},
 };
 
 static const struct field region_info_fields[] = {

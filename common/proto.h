@@ -515,6 +515,13 @@ struct proto_worker_info {
 	uint32_t parked;      /* "park": 1 when a shadow has parked */
 	uint32_t port;	      /* "port": the HTTP port of its engine group (configured engines) */
 	uint32_t ready;	      /* "rdy": 1 when that group serves (its probe answered) */
+	/* Optional (absent: 0): what it holds, last measured (supervisor-footprint.h). */
+	uint64_t device_used;	 /* "dmem": device bytes NVML reports for it + 1; 0: unknown */
+	uint64_t rss;		 /* "rss": host resident bytes */
+	uint64_t pss;		 /* "pss": host proportional set size */
+	uint64_t pss_shmem;	 /* "pshm": of pss, shared memory (the emulator's device memory) */
+	uint64_t canary_version; /* "cnv": a primary's engine has its canary answer recorded at
+				    this weights version + 1; 0: none */
 };
 
 struct proto_region_info {

@@ -268,6 +268,14 @@ static const struct key keys[] = {
 	    "Address of the Prometheus listener; only loopback addresses are accepted."),
 	U32("metrics", "http_port", http_port, 0, 65535, "0",
 	    "Port of the Prometheus /metrics listener (0: off)."),
+
+	TYPED("recovery", "canary", KEY_BOOL, recovery_canary, "yes",
+	      "Before a promoted shadow group is marked primary and gets traffic, it answers the "
+	      "engine's canary prompt (greedy) and the answer must equal the one recorded from "
+	      "the primary at the same weights version; otherwise cold restart."),
+	TYPED("recovery", "canary_timeout", KEY_MS, canary_timeout_ms, "10s",
+	      "How long the canary request (and each recording from the primary) may take; "
+	      "past it, at a promotion, cold restart."),
 };
 
 static const char *const content_names[] = {"auto", "file", "driver"};
@@ -371,6 +379,14 @@ static const struct key engine_keys[] = {
 	     "Seed of a resumed seeded sampled request: derived (mix of the seed and the tokens "
 	     "generated), advance (seed + n * 0x9e3779b97f4a7c15: exact for a per-request Weyl "
 	     "generator such as the engine stand-in's) or same."),
+	ESTR("canary_path", canary_path, "/generate",
+	     "Path of the canary request: /generate (SGLang: input_ids, sampling_params) or "
+	     "any other (vLLM's /v1/completions: a token-id prompt, max_tokens, "
+	     "return_token_ids); its output_ids / token_ids are compared."),
+	ETYPED("canary_prompt", KEY_INTS, canary_prompt, "1,2,3,4",
+	       "Token ids of the canary prompt (within the model's vocabulary)."),
+	{"engine", "canary_tokens", KEY_U32, EAT(canary_tokens), ESZ(canary_tokens), 1, 32, "4",
+	 "Tokens the canary generates (greedy)."},
 };
 
 static void *at(struct sv_config *c, const struct key *k)

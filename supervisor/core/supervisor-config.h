@@ -82,6 +82,10 @@ struct sv_engine_config {
 	uint32_t gateway_upstream_connections;
 	uint32_t gateway_journal_tokens;
 	char gateway_seed[16];
+	/* the canary before traffic (supervisor-canary.h) */
+	char canary_path[128];
+	struct id_list canary_prompt;
+	uint32_t canary_tokens;
 };
 
 struct sv_config {
@@ -151,6 +155,9 @@ struct sv_config {
 	uint64_t policy_max_delay_ms;
 	uint32_t policy_max_turns;
 	uint64_t policy_max_unprotected_ms;
+	/* [recovery] */
+	bool recovery_canary;
+	uint64_t canary_timeout_ms;
 	/* [engine.NAME] sections, in file order */
 	uint32_t n_engines;
 	struct sv_engine_config engines[CONFIG_ENGINES_MAX];

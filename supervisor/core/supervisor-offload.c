@@ -154,6 +154,8 @@ int offload_start(struct supervisor *s)
 	r = lane_start(s, &o->lanes[OFFLOAD_SERIAL], 1, "sv-offload");
 	if (r >= 0)
 		r = lane_start(s, &o->lanes[OFFLOAD_ENV], env_workers, "sv-env");
+	if (r >= 0)
+		r = lane_start(s, &o->lanes[OFFLOAD_CANARY], 1, "sv-canary");
 	if (r < 0) {
 		stop_threads(o);
 		offload_free(o);

@@ -15,6 +15,7 @@
 enum offload_lane {
 	OFFLOAD_SERIAL = 0, /* the default (a zeroed job) */
 	OFFLOAD_ENV = 1,
+	OFFLOAD_CANARY = 2, /* one thread: engines' canary requests (supervisor-canary.h) */
 	_OFFLOAD_LANES,
 };
 

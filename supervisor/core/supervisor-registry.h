@@ -89,6 +89,12 @@ struct sv_worker {
 	bool promoted;	      /* promoted: its shim's next hello (as primary) is expected */
 	bool replaced;	      /* killed with a group already replaced: its death is no news */
 	bool rank_from_comm;  /* rank taken from its NCCL communicator, not from its hello */
+	/* What it holds, last measured (supervisor-footprint.h); fp_ms 0: never. */
+	uint64_t fp_ms;
+	uint64_t fp_device; /* device memory NVML reports for it, all devices */
+	bool fp_device_known;
+	uint64_t fp_rss, fp_pss, fp_shmem; /* host: smaps_rollup Rss, Pss, Pss_Shmem */
+	uint64_t fp_after_ms; /* rounds started before are dropped (it changed since) */
 };
 
 struct sv_registry {

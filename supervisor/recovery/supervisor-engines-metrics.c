@@ -73,4 +73,5 @@ void engines_collect_metrics(struct supervisor *s, struct metrics_collector *col
 			       s->engines->e[i].last.total_us,
 			       "Failure (or detection) to serving, the engine's last recovery.",
 			       "engine=\"%s\"", s->engines->e[i].cfg->name);
+	canary_collect_metrics(s, col);
 }

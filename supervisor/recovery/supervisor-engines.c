@@ -20,6 +20,7 @@
 #include "log.h"
 #include "supervisor-engines.h"
 #include "supervisor-events.h"
+#include "supervisor-footprint.h"
 #include "supervisor-journal.h"
 #include "supervisor-promote.h"
 #include "supervisor-shadow.h"
@@ -747,8 +748,10 @@ void engines_tick(struct supervisor *s)
 		adopt_check(s, e);
 		promote_tick(s, e);
 		promote_record_checksums(s, e);
+		canary_record(s, e);
 		journal_sync(s, e);
 	}
+	footprint_tick(s);
 }
 
 void engines_worker_hello(struct supervisor *s, struct sv_worker *w)

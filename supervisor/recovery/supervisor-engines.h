@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "supervisor-canary.h"
 #include "supervisor.h"
 
 #define ENGINES_TICK_MS 20
@@ -35,6 +36,7 @@ enum rec_phase {
 	PHASE_CONTENT, /* weights checksums */
 	PHASE_LAYOUT,  /* shadow layout == primary layout, per rank */
 	PHASE_REMAP,   /* MAPs + COMMIT to every shadow rank, all DONE */
+	PHASE_CANARY,  /* the promoted group's answer == the primary's (supervisor-canary.h) */
 	PHASE_READY,   /* serving: promoted (DONE) or cold-restarted (probe answers) */
 	_PHASE_MAX,
 };
@@ -103,6 +105,7 @@ struct sv_engine {
 	uint64_t adopt_deadline_ms; /* adopted ranks must have said hello by then; 0: none */
 	bool adopt_broken;	    /* the adopted primary group lacks a rank: recover it now */
 	uint64_t n_launches;	    /* groups this supervisor started */
+	struct eng_canary canary;   /* the primary's recorded answer, the canaries' outcomes */
 };
 
 struct sv_engines {

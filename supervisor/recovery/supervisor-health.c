@@ -90,6 +90,8 @@ struct health_gpu {
 	nvmlReturn_t (*set_free)(nvmlEventSet_t);
 	nvmlEventSet_t set;
 	unsigned n_devices;
+	/* Optional (health_gpu_process_memory): not every NVML has it. */
+	nvmlReturn_t (*procs)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 	struct {
 		bool events;		   /* XID events registered */
 		unsigned long long ecc_ok; /* uncorrected ECC count at the last good check */
@@ -125,6 +127,7 @@ static void gpu_load(struct health_gpu *g, const char *library)
 		snprintf(g->why, sizeof(g->why), "NVML not available: %s", dlerror());
 		return;
 	}
+	*(void **)&g->procs = dlsym(g->lib, "nvmlDeviceGetComputeRunningProcesses_v3");
 	RESOLVE(g, init, "nvmlInit_v2");
 	RESOLVE(g, shutdown, "nvmlShutdown");
 	RESOLVE(g, error_string, "nvmlErrorString");
@@ -510,4 +513,38 @@ int health_content_checksum(enum content_method method, const char *cuda_library
 			return r;
 	}
 	return checksum_driver(cuda_library, fd, size, dev_uuid, ret_sum);
+}
+
+int health_gpu_process_memory(struct health_gpu *g, const pid_t *pids, size_t n,
+			      uint64_t *ret_bytes)
+{
+	static nvmlProcessInfo_t infos[1024]; /* the offload thread's alone, as g is */
+	bool any = false;
+
+	for (size_t i = 0; i < n; i++)
+		ret_bytes[i] = UINT64_MAX;
+	if (!g || g->why[0] || !g->procs)
+		return -EOPNOTSUPP;
+	for (unsigned d = 0; d < g->n_devices; d++) {
+		unsigned int count = ARRAY_SIZE(infos);
+		nvmlDevice_t dev;
+		nvmlReturn_t r;
+
+		if (g->by_index(d, &dev) != NVML_SUCCESS)
+			continue;
+		r = g->procs(dev, &count, infos);
+		/* More processes than 1024 (INSUFFICIENT_SIZE): what NVML left in infos is not
+		 * documented, so the device says nothing. */
+		if (r != NVML_SUCCESS)
+			continue;
+		any = true;
+		for (unsigned k = 0; k < MIN(count, (unsigned)ARRAY_SIZE(infos)); k++)
+			for (size_t i = 0; i < n; i++)
+				if (infos[k].pid == (unsigned)pids[i] &&
+				    infos[k].usedGpuMemory != NVML_VALUE_NOT_AVAILABLE)
+					ret_bytes[i] =
+						(ret_bytes[i] == UINT64_MAX ? 0 : ret_bytes[i]) +
+						infos[k].usedGpuMemory;
+	}
+	return any ? 0 : -EIO;
 }

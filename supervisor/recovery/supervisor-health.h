@@ -42,6 +42,14 @@ size_t health_gpu_check(struct health_gpu *g, int dev, struct health_result *ret
  * /proc, and which a recovery does not need). */
 size_t health_gpu_check_fast(struct health_gpu *g, int dev, struct health_result *ret, size_t max);
 
+/* Device memory each of pids[0..n) uses, summed over the devices (NVML's running compute
+ * processes: usedGpuMemory), into ret_bytes (UINT64_MAX: listed on no device, or without a
+ * figure: NVML's pids are those of its own pid namespace, so a supervisor in another one
+ * finds none). 0, or -EOPNOTSUPP (no NVML or no nvmlDeviceGetComputeRunningProcesses_v3),
+ * -EIO (no device answered). */
+int health_gpu_process_memory(struct health_gpu *g, const pid_t *pids, size_t n,
+			      uint64_t *ret_bytes);
+
 /* Checksum (zlib crc32) of the first size bytes of the memory behind fd on the device whose
  * UUID is dev_uuid. Returns 0 or -errno (-EOPNOTSUPP: no way to read this memory). */
 int health_content_checksum(enum content_method method, const char *cuda_library, int fd,

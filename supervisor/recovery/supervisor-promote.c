@@ -13,6 +13,7 @@
 #include <zlib.h>
 
 #include "log.h"
+#include "supervisor-canary.h"
 #include "supervisor-client.h"
 #include "supervisor-events.h"
 #include "supervisor-health.h"
@@ -29,7 +30,7 @@
 static const char *const phase_names[_PHASE_MAX] = {
 	[PHASE_DETECT] = "detect",   [PHASE_OWNER] = "owner",	[PHASE_HEALTH] = "health",
 	[PHASE_CONTENT] = "content", [PHASE_LAYOUT] = "layout", [PHASE_REMAP] = "remap",
-	[PHASE_READY] = "ready",
+	[PHASE_CANARY] = "canary",   [PHASE_READY] = "ready",
 };
 
 const char *rec_phase_to_string(enum rec_phase p)
@@ -49,6 +50,8 @@ struct sv_recovery {
 	pid_t shadow[MAX_RANKS];
 	bool done[MAX_RANKS];
 	uint32_t n_done;
+	uint64_t wver; /* the weights version handed over (the dead primaries' highest) */
+	bool canary;   /* every rank remapped; the canary runs */
 };
 
 /* ---- the record, events ------------------------------------------------------------------ */
@@ -277,6 +280,7 @@ static void cold(struct supervisor *s, struct sv_engine *e, const char *fmt, ...
 	}
 	e->primary_ready = false;
 	e->probe_fail_since_ms = 0;
+	canary_forget(e); /* recorded from a group that is gone: the cold one answers anew */
 	if (e->primary_port == 0)
 		e->primary_port = e->cfg->port;
 	if (engines_launch(s, e, cmd, ROLE_PRIMARY, e->primary_port, &e->primary) < 0) {
@@ -296,7 +300,6 @@ static void promoted(struct supervisor *s, struct sv_engine *e)
 {
 	struct sv_recovery *rec = e->rec;
 
-	phase_end(rec, PHASE_REMAP);
 	for (uint32_t r = 0; r < rec->tp; r++) {
 		struct sv_worker *w = registry_worker_find(&s->reg, rec->shadow[r]);
 
@@ -632,6 +635,7 @@ static void layout_and_remap(struct supervisor *s, struct sv_engine *e)
 		for (struct sv_region *rg = p->regions; rg; rg = rg->next)
 			if (rg->cls == REGION_WEIGHTS)
 				wver = MAX(wver, rg->weights_version);
+		rec->wver = MAX(rec->wver, wver);
 		m.promote_commit = (struct proto_promote_commit){.n_regions = sh->layout_n,
 								 .hash = sh->layout_hash,
 								 .weights_version = wver};
@@ -777,6 +781,41 @@ void promote_start(struct supervisor *s, struct sv_engine *e, const char *trigge
 	offload_submit(s, &pj->job);
 }
 
+/* Every rank remapped: the canary, before the group is marked primary and gets traffic. */
+static void remapped(struct supervisor *s, struct sv_engine *e)
+{
+	struct sv_recovery *rec = e->rec;
+	char why[PROTO_MAX_STR + 1];
+
+	phase_end(rec, PHASE_REMAP);
+	if (!canary_enabled(s, e)) {
+		promoted(s, e);
+		return;
+	}
+	rec->canary = true;
+	rec->deadline_ms = now_ms() + s->config.canary_timeout_ms + 1000;
+	/* Its verdict may come back inside (no offload threads): through promote_canary_done. */
+	if (canary_check(s, e, rec->seq, e->shadow.port, rec->wver, why, sizeof(why)) < 0)
+		cold(s, e, "%s", why);
+}
+
+void promote_canary_done(struct supervisor *s, struct sv_engine *e, uint64_t seq, bool ok,
+			 const char *why)
+{
+	struct sv_recovery *rec = e->rec;
+
+	if (!rec || rec->seq != seq || rec->cold || !rec->canary)
+		return;
+	rec->canary = false;
+	phase_end(rec, PHASE_CANARY);
+	if (!ok) {
+		cold(s, e, "%s", why);
+		return;
+	}
+	rec_log(s, e, "%s", why);
+	promoted(s, e);
+}
+
 void promote_on_done(struct supervisor *s, struct sv_worker *w, const struct proto_promote_done *d)
 {
 	struct sv_engine *e = engines_find(s, worker_engine(w));
@@ -805,7 +844,7 @@ void promote_on_done(struct supervisor *s, struct sv_worker *w, const struct pro
 	rec_log(s, e, "shadow rank %u remapped %u regions in %" PRIu64 " us", r, d->n_regions,
 		d->ns / 1000);
 	if (rec->n_done == rec->tp)
-		promoted(s, e);
+		remapped(s, e);
 }
 
 void promote_worker_died(struct supervisor *s, struct sv_engine *e, struct sv_worker *w)
@@ -837,7 +876,10 @@ void promote_tick(struct supervisor *s, struct sv_engine *e)
 		     "the cold-restarted primary did not answer its probe within ready_timeout");
 		return;
 	}
-	cold(s, e, "remap: not every shadow rank reported done within promote_timeout");
+	if (rec->canary)
+		cold(s, e, "canary: no verdict within canary_timeout");
+	else
+		cold(s, e, "remap: not every shadow rank reported done within promote_timeout");
 }
 
 bool promote_armed(struct supervisor *s, const struct sv_engine *e)
@@ -861,5 +903,5 @@ bool promote_armed(struct supervisor *s, const struct sv_engine *e)
 			     rg->live_sum_mode != (int)e->cfg->verify))
 				return false;
 	}
-	return true;
+	return canary_armed(s, e);
 }

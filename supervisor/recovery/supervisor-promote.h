@@ -4,7 +4,8 @@
  *   detect -> owner (surviving ranks SIGKILLed, their pidfds waited for) -> health (NVML)
  *   -> content (weights checksums against those recorded while the owner lived)
  *   -> layout (per rank: shadow's parked layout == primary's) -> remap (MAPs + COMMIT to every
- *   shadow rank, all DONE ok) -> ready: the shadow group is the primary, the dead primary's
+ *   shadow rank, all DONE ok) -> canary (the promoted group answers the canary prompt as the
+ *   primary did at the same weights version; supervisor-canary.h) -> ready: the shadow group is the primary, the dead primary's
  *   regions are released, a new shadow starts in the background.
  * Any failure or doubt at any step -> cold restart: every process of the engine is stopped,
  * the dead primaries' memory released, the cold command started; ready when its probe answers.
@@ -20,6 +21,9 @@ void promote_start(struct supervisor *s, struct sv_engine *e, const char *trigge
 		   uint64_t detect_ns);
 /* A shadow rank's PROTO_PROMOTE_DONE. */
 void promote_on_done(struct supervisor *s, struct sv_worker *w, const struct proto_promote_done *d);
+/* The canary's verdict on recovery seq (supervisor-canary.c): promoted, or cold with why. */
+void promote_canary_done(struct supervisor *s, struct sv_engine *e, uint64_t seq, bool ok,
+			 const char *why);
 /* Timeouts and the cold restart's readiness; called by engines_tick(). */
 void promote_tick(struct supervisor *s, struct sv_engine *e);
 /* The engine's primary probe answered (cold restart ready). */

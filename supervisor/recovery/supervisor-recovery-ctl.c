@@ -13,6 +13,7 @@
 #include "supervisor-events.h"
 #include "supervisor-promote.h"
 #include "supervisor-recovery-ctl.h"
+#include "supervisor-footprint.h"
 #include "supervisor-shadow.h"
 
 static int ctl_workers(struct supervisor *s, struct sv_client *c)
@@ -24,6 +25,7 @@ static int ctl_workers(struct supervisor *s, struct sv_client *c)
 	for (struct sv_worker *w = s->reg.workers; w; w = w->next, n++) {
 		worker_to_info(w, now, &m);
 		shadow_worker_info(s, w, &m);
+		footprint_worker_info(w, &m);
 		if (client_send(s, c, &m) < 0)
 			return -ECONNRESET;
 	}

@@ -9,6 +9,7 @@
 #include "log.h"
 #include "supervisor-client.h"
 #include "supervisor-events.h"
+#include "supervisor-footprint.h"
 #include "supervisor-shadow.h"
 
 int shadow_on_region(struct supervisor *s, struct sv_client *c, const struct proto_shadow_region *r)
@@ -68,6 +69,7 @@ int shadow_on_parked(struct supervisor *s, struct sv_client *c, const struct pro
 	w->parked = true;
 	w->layout_n = p->n_entries;
 	w->layout_hash = p->hash;
+	footprint_restart(w); /* what it holds parked, not what it held while starting */
 	supervisor_emit(s, EVENT_SHADOW_PARKED, (uint32_t)w->pid, p->hash,
 			"engine \"%s\" shadow rank %d parked: %u regions, layout %016" PRIx64,
 			worker_engine(w), worker_rank(w), p->n_entries, p->hash);
@@ -278,6 +280,7 @@ void shadow_worker_info(struct supervisor *s, const struct sv_worker *w, struct 
 	if (w->role == ROLE_PRIMARY) {
 		i->port = e->primary_port;
 		i->ready = e->primary_ready;
+		i->canary_version = e->canary.recorded ? e->canary.version + 1 : 0;
 	} else if (e->shadow.pid > 0 && w->pgid == e->shadow.pid) {
 		i->port = e->shadow.port;
 	}

@@ -408,6 +408,20 @@ static int scan_pid_maps(struct live_set *set, int pid_dirfd)
 	return r;
 }
 
+/* Sorts set by id and drops repeats (an allocation seen through several fds or mappings). */
+static void live_dedupe(struct live_set *set)
+{
+	size_t j = 0;
+
+	if (!set->n)
+		return;
+	qsort(set->v, set->n, sizeof(*set->v), live_cmp);
+	for (size_t i = 0; i < set->n; i++)
+		if (j == 0 || set->v[j - 1].id != set->v[i].id)
+			set->v[j++] = set->v[i];
+	set->n = j;
+}
+
 /* Collects the allocations of this run that some process still references; deduplicated,
  * sorted by id. */
 static int scan_live(struct live_set *set)
@@ -433,14 +447,7 @@ static int scan_live(struct live_set *set)
 	closedir(proc);
 	if (r < 0)
 		return r;
-	if (set->n) {
-		size_t j = 0;
-		qsort(set->v, set->n, sizeof(*set->v), live_cmp);
-		for (size_t i = 0; i < set->n; i++)
-			if (j == 0 || set->v[j - 1].id != set->v[i].id)
-				set->v[j++] = set->v[i];
-		set->n = j;
-	}
+	live_dedupe(set);
 	return 0;
 }
 
@@ -833,4 +840,39 @@ bool emu_hang_get(void)
 {
 	struct emu_shared *s = get();
 	return s && atomic_load(&s->hang);
+}
+
+int emu_mem_for_each_process(int dev, int (*fn)(int pid, uint64_t bytes, void *userdata),
+			     void *userdata)
+{
+	DIR *proc;
+	struct dirent *de;
+	int r = 0;
+
+	if (!get())
+		return -ENXIO;
+	proc = opendir("/proc");
+	if (!proc)
+		return -errno;
+	while ((de = readdir(proc)) && r == 0) {
+		_cleanup_close_ int pfd = -1;
+		struct live_set set = {};
+		uint64_t bytes = 0;
+
+		if (!isdigit((unsigned char)de->d_name[0]))
+			continue;
+		pfd = openat(dirfd(proc), de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (pfd < 0)
+			continue;
+		r = scan_pid_maps(&set, pfd);
+		live_dedupe(&set);
+		for (size_t i = 0; r == 0 && i < set.n; i++)
+			if (dev < 0 || set.v[i].dev == dev)
+				bytes += set.v[i].bytes;
+		free(set.v);
+		if (r == 0 && bytes)
+			r = fn(atoi(de->d_name), bytes, userdata);
+	}
+	closedir(proc);
+	return r;
 }

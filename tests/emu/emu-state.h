@@ -61,6 +61,14 @@ int emu_mem_parse_name(const char *name, int *ret_dev, uint64_t *ret_id, uint64_
  * -ERANGE past its end. */
 int emu_mem_flip(uint64_t id, uint64_t offset, uint8_t mask);
 
+/* Per process, what NVML's running-process queries report: fn(pid, bytes) for every process
+ * that maps allocations of this run on dev (-1: any), bytes the sum of the distinct
+ * allocations it maps (a handle mapped at many addresses, a shadow's scratch granule, counts
+ * once; a handle only held as an fd, an imported one not mapped yet, not at all). Stops at the
+ * first fn returning nonzero and returns that; else 0 or -errno. */
+int emu_mem_for_each_process(int dev, int (*fn)(int pid, uint64_t bytes, void *userdata),
+			     void *userdata);
+
 /* Fault injection: "the next N calls of FUNC return RESULT" (RESULT a CUresult, ncclResult_t
  * or nvmlReturn_t as the library of FUNC defines). Returns true and sets *ret_result when a
  * rule for func fired for this call. Costs one atomic load while no rule is set. */

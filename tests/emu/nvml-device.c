@@ -349,3 +349,42 @@ _public_ nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device,
 NVML_ALIAS(nvmlInit, nvmlInit_v2);
 NVML_ALIAS(nvmlDeviceGetCount, nvmlDeviceGetCount_v2);
 NVML_ALIAS(nvmlDeviceGetHandleByIndex, nvmlDeviceGetHandleByIndex_v2);
+
+struct procs_ctx {
+	nvmlProcessInfo_t *infos;
+	unsigned cap, n;
+};
+
+static int proc_add(int pid, uint64_t bytes, void *userdata)
+{
+	struct procs_ctx *c = userdata;
+
+	if (c->n < c->cap)
+		c->infos[c->n] = (nvmlProcessInfo_t){.pid = (unsigned)pid,
+						     .usedGpuMemory = bytes,
+						     .gpuInstanceId = 0xffffffffu,
+						     .computeInstanceId = 0xffffffffu};
+	c->n++;
+	return 0;
+}
+
+/* The processes using the device and the device memory each maps (emu_mem_for_each_process):
+ * an emulated process has no context of its own to charge, so what it maps is its use. The
+ * instance ids are those of a GPU without MIG (0xFFFFFFFF). */
+_public_ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+							      unsigned int *infoCount,
+							      nvmlProcessInfo_t *infos)
+{
+	struct procs_ctx c;
+	int dev;
+
+	NVML_ENTER("nvmlDeviceGetComputeRunningProcesses_v3");
+	dev = nvml_device_index(device);
+	if (dev < 0 || !infoCount || (*infoCount && !infos))
+		return NVML_ERROR_INVALID_ARGUMENT;
+	c = (struct procs_ctx){.infos = infos, .cap = *infoCount};
+	if (emu_mem_for_each_process(dev, proc_add, &c) < 0)
+		return NVML_ERROR_UNKNOWN;
+	*infoCount = c.n;
+	return c.n > c.cap ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+}

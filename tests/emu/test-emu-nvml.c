@@ -56,6 +56,7 @@ static struct {
 	__typeof__(nvmlDeviceGetSupportedEventTypes) *GetSupportedEventTypes;
 	__typeof__(nvmlEventSetWait_v2) *EventSetWait;
 	__typeof__(nvmlEventSetFree) *EventSetFree;
+	__typeof__(nvmlDeviceGetComputeRunningProcesses_v3) *GetComputeRunningProcesses;
 } nvml;
 
 #define NVML_SYM(lib, field, name)                                       \
@@ -95,6 +96,7 @@ static int nvml_load(void)
 	NVML_SYM(lib, GetSupportedEventTypes, "nvmlDeviceGetSupportedEventTypes");
 	NVML_SYM(lib, EventSetWait, "nvmlEventSetWait_v2");
 	NVML_SYM(lib, EventSetFree, "nvmlEventSetFree");
+	NVML_SYM(lib, GetComputeRunningProcesses, "nvmlDeviceGetComputeRunningProcesses_v3");
 	return 0;
 }
 
@@ -360,6 +362,44 @@ static void test_memory_info_tracks_other_processes(void **state)
 	assert_int_equal(after.used, before.used);
 }
 
+/* The device memory a process uses, as the supervisor reads a parked shadow's (issue 22
+ * item 4): listed on its device only, with what it allocated; the array-size protocol as NVML
+ * documents it; gone with the process. */
+static unsigned long long used_by(unsigned dev, pid_t pid, unsigned *ret_count)
+{
+	nvmlProcessInfo_t infos[64];
+	unsigned count = 0;
+	unsigned long long used = 0;
+	nvmlReturn_t r = nvml.GetComputeRunningProcesses(handle(dev), &count, NULL);
+
+	assert_int_equal(r, count ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS);
+	*ret_count = count;
+	count = ARRAY_SIZE(infos);
+	assert_nvml(nvml.GetComputeRunningProcesses(handle(dev), &count, infos));
+	assert_int_equal(count, *ret_count);
+	for (unsigned i = 0; i < count; i++)
+		if (infos[i].pid == (unsigned)pid)
+			used += infos[i].usedGpuMemory;
+	return used;
+}
+
+static void test_running_processes(void **state)
+{
+	const size_t bytes = 96ULL << 20;
+	struct worker_report rep;
+	struct worker w;
+	unsigned n;
+
+	worker_start(&w, 1, bytes, &rep);
+	assert_int_equal(used_by(1, w.pid, &n), bytes);
+	assert_true(n >= 1);
+	assert_int_equal(used_by(0, w.pid, &n), 0);
+	assert_int_equal(nvml.GetComputeRunningProcesses(handle(1), NULL, NULL),
+			 NVML_ERROR_INVALID_ARGUMENT);
+	worker_stop(&w);
+	assert_int_equal(used_by(1, w.pid, &n), 0);
+}
+
 /* XID 79 ("GPU has fallen off the bus") raised by another process reaches a waiting event
  * set with the right device and the XID as eventData; nothing is delivered twice, nothing
  * from an unregistered device, nothing from before registration. */
@@ -522,6 +562,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_devices_match_the_driver, setup_init,
 						teardown_shutdown),
 		cmocka_unit_test_setup_teardown(test_memory_info_tracks_other_processes, setup_init,
+						teardown_shutdown),
+		cmocka_unit_test_setup_teardown(test_running_processes, setup_init,
 						teardown_shutdown),
 		cmocka_unit_test_setup_teardown(test_xid_event_delivered, setup_init,
 						teardown_shutdown),

@@ -159,6 +159,11 @@ static void sample_worker_info(struct proto_msg *m)
 	m->worker_info.n_regions = 6;
 	m->worker_info.bytes = 66u << 20;
 	m->worker_info.age_ms = 1500;
+	m->worker_info.device_used = (10u << 20) + 1;
+	m->worker_info.rss = 26u << 20;
+	m->worker_info.pss = 11u << 20;
+	m->worker_info.pss_shmem = 10u << 20;
+	m->worker_info.canary_version = 3;
 }
 
 static void sample_region_info(struct proto_msg *m)

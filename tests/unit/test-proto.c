@@ -559,6 +559,12 @@ static bool key_is_optional(enum proto_type type, const char *key)
 		{PROTO_TRAJ_DECISION, "abrt"},
 		/* A metric's scale (issue 18: durations in seconds, kept in microseconds). */
 		{PROTO_METRIC, "scale"},
+		/* What a worker holds and its engine's canary record (issue 22 items 3, 4). */
+		{PROTO_WORKER_INFO, "dmem"},
+		{PROTO_WORKER_INFO, "rss"},
+		{PROTO_WORKER_INFO, "pss"},
+		{PROTO_WORKER_INFO, "pshm"},
+		{PROTO_WORKER_INFO, "cnv"},
 	};
 
 	for (size_t i = 0; i < ARRAY_SIZE(optional); i++)

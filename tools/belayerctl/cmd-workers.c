@@ -37,6 +37,14 @@ static int on_worker(const struct proto_msg *m, void *userdata)
 	json_object_object_add(o, "parked", json_object_new_boolean(w->parked));
 	json_object_object_add(o, "port", json_u64(w->port));
 	json_object_object_add(o, "ready", json_object_new_boolean(w->ready));
+	/* What it holds, as last measured (null: not measured, e.g. not a configured engine's). */
+	json_object_object_add(o, "device_bytes",
+			       w->device_used ? json_u64(w->device_used - 1) : NULL);
+	json_object_object_add(o, "rss_bytes", w->rss ? json_u64(w->rss) : NULL);
+	json_object_object_add(o, "pss_bytes", w->rss ? json_u64(w->pss) : NULL);
+	json_object_object_add(o, "pss_shmem_bytes", w->rss ? json_u64(w->pss_shmem) : NULL);
+	json_object_object_add(o, "canary_version",
+			       w->canary_version ? json_u64(w->canary_version - 1) : NULL);
 	json_object_array_add(arr, o);
 	return 0;
 }
@@ -60,9 +68,10 @@ int cmd_workers(const struct ctl_options *o, int argc, char **argv)
 		json_print(arr, false);
 		return 0;
 	}
-	printf("%-8s %-6s %-20s %-8s %-5s %-12s %-8s %-12s %-8s %-5s %-8s %s\n", "PID", "UID",
-	       "ENGINE", "ROLE", "RANK", "STATE", "REGIONS", "BYTES", "AGE", "PORT", "SERVING",
-	       "LAYOUT");
+	printf("%-8s %-6s %-20s %-8s %-5s %-12s %-8s %-12s %-8s %-5s %-8s %-10s %-10s %-10s "
+	       "%-6s %s\n",
+	       "PID", "UID", "ENGINE", "ROLE", "RANK", "STATE", "REGIONS", "BYTES", "AGE", "PORT",
+	       "SERVING", "DEVICE", "RSS", "PSS", "CANARY", "LAYOUT");
 	for (size_t i = 0; i < json_object_array_length(arr); i++) {
 		json_object *w = json_object_array_get_idx(arr, i), *v;
 		char bytes[32], age[32];
@@ -83,6 +92,19 @@ int cmd_workers(const struct ctl_options *o, int argc, char **argv)
 		printf("%-8s ", json_object_get_boolean(GET("ready"))	 ? "ready"
 				: json_object_get_boolean(GET("parked")) ? "parked"
 									 : "-");
+		for (size_t k = 0; k < 3; k++) {
+			static const char *const keys[] = {"device_bytes", "rss_bytes",
+							   "pss_bytes"};
+			char b[32] = "-";
+
+			if (GET(keys[k]))
+				format_bytes(json_object_get_uint64(v), b, sizeof(b));
+			printf("%-10s ", b);
+		}
+		if (GET("canary_version"))
+			printf("v%-5s ", json_object_get_string(v));
+		else
+			printf("%-6s ", "-");
 		printf("%s", json_object_get_string(GET("layout"))[0]
 				     ? json_object_get_string(GET("layout"))
 				     : "-");

@@ -46,7 +46,7 @@ static char guard_dir[4096];
 const char *const rec_phase_names[PH_COUNT] = {
 	[PH_DETECT] = "detect",	  [PH_OWNER] = "owner",	  [PH_HEALTH] = "health",
 	[PH_CONTENT] = "content", [PH_LAYOUT] = "layout", [PH_REMAP] = "remap",
-	[PH_LOAD] = "load",	  [PH_READY] = "ready",
+	[PH_CANARY] = "canary",	  [PH_LOAD] = "load",	  [PH_READY] = "ready",
 };
 
 uint64_t rec_now_ns(void)

@@ -131,8 +131,11 @@ static struct json_object *workers_array(struct json_object *o)
 	return json_object_object_get_ex(o, "workers", &v) ? v : NULL;
 }
 
-/* Primary pids by rank (alive). */
-static int read_workers(const struct rec_paths *p, const struct rec_world *w, pid_t *primary)
+/* Primary pids by rank (alive); with c, also what the parked shadow ranks hold (the largest
+ * rank's), and *ret_measured false while the supervisor reports the field but has not measured
+ * every shadow rank yet. */
+static int read_workers(const struct rec_paths *p, const struct rec_world *w, pid_t *primary,
+			struct rec_case *c, bool *ret_measured)
 {
 	static const char *const args[] = {"workers", NULL};
 	struct json_object *o = NULL, *arr;
@@ -152,6 +155,22 @@ static int read_workers(const struct rec_paths *p, const struct rec_world *w, pi
 		    strcmp(jstr(x, "state"), "alive") == 0 &&
 		    strcmp(jstr(x, "role"), "primary") == 0 && rank >= 0 && rank < w->tp)
 			primary[rank] = (pid_t)jint(x, "pid", -1);
+		if (c && strcmp(jstr(x, "engine"), "bench") == 0 &&
+		    strcmp(jstr(x, "state"), "alive") == 0 &&
+		    strcmp(jstr(x, "role"), "shadow") == 0) {
+			struct json_object *v;
+
+			if (!json_object_object_get_ex(x, "device_bytes", &v))
+				continue; /* a supervisor that does not measure it */
+			if (!v) {
+				*ret_measured = false;
+				continue;
+			}
+			c->shadow_device = MAX(c->shadow_device, jint(x, "device_bytes", -1));
+			c->shadow_rss = MAX(c->shadow_rss, jint(x, "rss_bytes", -1));
+			c->shadow_pss = MAX(c->shadow_pss, jint(x, "pss_bytes", -1));
+			c->shadow_shmem = MAX(c->shadow_shmem, jint(x, "pss_shmem_bytes", -1));
+		}
 	}
 	json_object_put(o);
 	return 0;
@@ -185,21 +204,26 @@ static int read_promotable(const struct rec_paths *p, const struct rec_world *w,
  * shadow group with the primary's layout, weights checksums recorded at the current weights
  * version); and the primary's pids by rank.
  */
-static int wait_armed(const struct rec_paths *p, const struct rec_world *w, pid_t *primary)
+static int wait_armed(const struct rec_paths *p, const struct rec_world *w, pid_t *primary,
+		      struct rec_case *c)
 {
 	int bound = rec_bound_ms(SETTLE_MS);
 	uint64_t end = rec_now_ns() + (uint64_t)bound * 1000000u;
 
 	for (;;) {
 		unsigned alive = 0;
-		int promotable = 0, r = read_workers(p, w, primary);
+		bool measured = true;
+		int promotable = 0, r;
+
+		c->shadow_device = c->shadow_rss = c->shadow_pss = c->shadow_shmem = -1;
+		r = read_workers(p, w, primary, c, &measured);
 
 		r = r ?: read_promotable(p, w, &promotable);
 		for (unsigned i = 0; r == 0 && i < w->tp; i++)
 			alive += primary[i] > 0;
 		if (r == 0 && promotable < 0)
 			return log_error_errno(ENOTSUP, "No belayer_engine_promotable metric");
-		if (r == 0 && promotable == 1 && alive == w->tp)
+		if (r == 0 && promotable == 1 && alive == w->tp && measured)
 			return 0;
 		if (rec_now_ns() >= end)
 			return log_error_errno(ETIMEDOUT, "Not promotable within %d ms (%s)", bound,
@@ -282,7 +306,7 @@ static bool follow_event(struct follower *f, const char *m, char *outcome, size_
 		[PH_DETECT] = "detect_us=", [PH_OWNER] = "owner_us=",
 		[PH_HEALTH] = "health_us=", [PH_CONTENT] = "content_us=",
 		[PH_LAYOUT] = "layout_us=", [PH_REMAP] = "remap_us=",
-		[PH_READY] = "ready_us="};
+		[PH_CANARY] = "canary_us=", [PH_READY] = "ready_us="};
 	const char *v = strstr(m, " outcome="), *cr = strstr(m, ": cold restart: ");
 
 	if (strncmp(m, "engine \"bench\" ", 15) == 0 && cr)
@@ -455,7 +479,7 @@ int rec_run_shadow_fault(const struct rec_paths *p, const char *wfile, const cha
 	r = r ?: rec_answers_get(port, &v1);
 	if (r == 0 && rec_answers_equal(&v0, &v1))
 		r = log_error_errno(EPROTO, "The weight update did not change the answers");
-	r = r ?: wait_armed(p, &w, primary);
+	r = r ?: wait_armed(p, &w, primary, c);
 	r = r ?: follow_start(&w, &fl);
 	if (r < 0)
 		goto out;

@@ -15,6 +15,8 @@
  *   owner    the group's surviving ranks killed and gone (NCCL groups cannot be half-recovered)
  *   health, content, layout, remap   promotion only: GPU health, weights checksums (verify =
  *            sampled or full), layout hash, the shadow mapping the retained memory
+ *   canary   promotion only: the promoted group's answer to the canary prompt compared with
+ *            the primary's at the same weights version (supervisor-canary.h)
  *   load     cold only: the new engine's start to its /health answering 200 (CUDA, NCCL,
  *            weight load from the file, KV, warm-up)
  *   ready    the rest: -> /health 200 -> the first /generate returned
@@ -208,7 +210,8 @@ static void print_table(const struct rec_case *cases, size_t n)
 	printf("%-8s %-3s %-16s", "weights", "tp", "path");
 	for (int i = 0; i < PH_COUNT; i++)
 		printf(" %8s", rec_phase_names[i]);
-	printf(" %10s %8s  %s\n", "ready_ms", "speedup", "answers after recovery");
+	printf(" %10s %8s %14s  %s\n", "ready_ms", "speedup", "shadow_dev/host",
+	       "answers after recovery");
 	for (size_t i = 0; i < n; i++) {
 		const struct rec_case *c = &cases[i], *cold = c - c->path;
 		char sz[32];
@@ -231,6 +234,13 @@ static void print_table(const struct rec_case *cases, size_t n)
 			printf(" %7.1fx", cold->total_ms / c->total_ms);
 		else
 			printf(" %8s", "-");
+		/* One parked shadow rank: device MiB / host MiB (Pss without the emulator's device
+		 * memory, which is shared memory here). */
+		if (c->path != PATH_COLD && c->shadow_device >= 0 && c->shadow_pss >= 0)
+			printf(" %6.1f/%-7.1f", (double)c->shadow_device / (1 << 20),
+			       (double)(c->shadow_pss - MAX(c->shadow_shmem, 0)) / (1 << 20));
+		else
+			printf(" %14s", "-");
 		printf("  %s%s%s\n",
 		       c->equal_prefailure ? "= pre-failure (latest weights, v1)"
 		       : c->equal_v0	   ? "= v0 file weights, NOT pre-failure (v1)"
@@ -325,6 +335,19 @@ static int print_json(const struct rec_opts *o, const struct rec_case *cases, si
 					       json_object_new_boolean(c->equal_v0));
 			json_object_object_add(e, "weights_version_after",
 					       json_object_new_int64(c->version_after));
+			if (c->path != PATH_COLD && c->shadow_device >= 0) {
+				struct json_object *sh = json_object_new_object();
+
+				json_object_object_add(sh, "device_bytes",
+						       json_object_new_int64(c->shadow_device));
+				json_object_object_add(sh, "rss_bytes",
+						       json_object_new_int64(c->shadow_rss));
+				json_object_object_add(sh, "pss_bytes",
+						       json_object_new_int64(c->shadow_pss));
+				json_object_object_add(sh, "pss_shmem_bytes",
+						       json_object_new_int64(c->shadow_shmem));
+				json_object_object_add(e, "parked_shadow_rank", sh);
+			}
 		}
 		json_object_object_add(e, "phases_ms", ph);
 		json_object_array_add(arr, e);
@@ -534,8 +557,13 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 			for (int pth = 0; pth < PATH_COUNT; pth++) {
 				struct rec_case *cs = &cases[n++];
 
-				*cs = (struct rec_case){
-					.bytes = o.sizes[s], .tp = o.tps[t], .path = pth};
+				*cs = (struct rec_case){.bytes = o.sizes[s],
+							.tp = o.tps[t],
+							.path = pth,
+							.shadow_device = -1,
+							.shadow_rss = -1,
+							.shadow_pss = -1,
+							.shadow_shmem = -1};
 				if (!o.paths[pth])
 					continue;
 				if (pth != PATH_COLD && !shadow) {
@@ -599,7 +627,15 @@ int bench_recovery(const struct bench_args *a, int argc, char **argv)
 		       "ready = GET /health 200, then the first /generate returned, timed from the "
 		       "SIGKILL; phases in ms\n\n");
 		print_table(cases, n);
-		printf("\n");
+		printf("\nshadow_dev/host: what one parked shadow rank held before the kill "
+		       "(belayerctl workers), MiB: device memory (NVML per process; the emulator: "
+		       "the allocations it maps) / host Pss without that device memory. The "
+		       "Belayer "
+		       "paper reports 1.84 GB per shadow on a real GPU: a vLLM worker's CUDA "
+		       "context "
+		       "(~500 MB), NCCL buffers, cuBLAS workspace and CUDA-graph pools, none of "
+		       "which "
+		       "the stand-in on the emulator has.\n\n");
 		if (png[0])
 			printf("plot: %s\n", png);
 		if (speedup > 0)

@@ -39,6 +39,7 @@ enum rec_phase {
 	PH_CONTENT, /* weights checksums */
 	PH_LAYOUT,  /* layout hash + count */
 	PH_REMAP,   /* the shadow maps the retained memory */
+	PH_CANARY,  /* the promoted group answers the canary prompt as the primary did */
 	PH_LOAD, /* cold: spawn -> the engine's own ready line (CUDA, NCCL, weights, KV, warm-up) */
 	PH_READY, /* -> /health 200 and the first /generate returned */
 	PH_COUNT
@@ -139,6 +140,9 @@ struct rec_case {
 	bool equal_prefailure; /* answers after recovery == pre-failure (latest weights) */
 	bool equal_v0;	       /* answers after recovery == before the weight update */
 	int64_t version_after;
+	/* What one parked shadow rank held before the kill (the largest rank's, as `belayerctl
+	 * workers` reports it); bytes, -1: not reported by this supervisor. */
+	int64_t shadow_device, shadow_rss, shadow_pss, shadow_shmem;
 };
 
 /* Starts the world, the primary and the first answers shared by every path. */

@@ -2051,12 +2051,14 @@ static void passthrough_cut_is_not_whole(void **state)
 	const char *body = "{\"prompt\":[1,2,3],\"max_tokens\":200,\"temperature\":0,"
 			   "\"stream\":true,\"echo\":false,\"return_token_ids\":true}";
 	const char *plain = "{\"prompt\":[1,2,3],\"max_tokens\":8,\"echo\":false}";
+	/* The cut is the engine's first token reply: the supervisor's canary must not take it. */
+	const char *const more[] = {"recovery.canary=no", NULL};
 	struct resp r = {0};
 	int fd, rc;
 
 	(void)state;
 	primary_args = "--debug-cut-replies 1";
-	start(1, true, NULL);
+	start(1, true, more);
 	wait_serving();
 	wait_promotable();
 	rc = http(port_gw, "POST", "/v1/completions", plain, &r);
@@ -2090,7 +2092,8 @@ static void passthrough_cut_is_not_whole(void **state)
  * (issue 18, item 3: evhttp reads nothing from such a client, and 10 aborted requests were all
  * resubmitted to the recovered engine after a kill). Held and abandoned: the engine drops it
  * within a few steps, long before its 200 tokens. Held, abandoned, then the engine killed: the
- * recovered engine never sees it (its first request is the test's own: id cmpl-1). */
+ * recovered engine never sees it (its first request is the supervisor's canary, id cmpl-1,
+ * before the promotion ends; its second the test's own: cmpl-2). */
 static void nonstream_disconnect_cancels(void **state)
 {
 	const char *gen = "{\"input_ids\":[1,2,3],\"sampling_params\":{\"max_new_tokens\":200,"
@@ -2127,7 +2130,7 @@ static void nonstream_disconnect_cancels(void **state)
 	j = json_tokener_parse(r.body);
 	assert_non_null(j);
 	assert_true(json_object_object_get_ex(j, "id", &id));
-	if (strcmp(json_object_get_string(id), "cmpl-1") != 0)
+	if (strcmp(json_object_get_string(id), "cmpl-2") != 0)
 		fail_msg("the recovered engine served %s before the first request sent to it: the "
 			 "abandoned request was resubmitted",
 			 json_object_get_string(id));

@@ -27,15 +27,13 @@
 
 static const char *const prompt = "[5,17,3,99,42]";
 
-int engine_generate(uint16_t port, uint32_t out[ENGINE_TOKENS])
+int engine_generate_send(uint16_t port)
 {
 	struct sockaddr_in sa = {.sin_family = AF_INET,
 				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
 				 .sin_port = htons(port)};
-	char body[256], req[512], resp[8192], *p;
-	size_t n = 0;
-	ssize_t k;
-	int fd, r = 0;
+	char body[256], req[512];
+	int fd;
 
 	snprintf(body, sizeof(body),
 		 "{\"input_ids\":%s,\"sampling_params\":{\"max_new_tokens\":%d,"
@@ -53,11 +51,21 @@ int engine_generate(uint16_t port, uint32_t out[ENGINE_TOKENS])
 		close(fd);
 		return -ECONNREFUSED;
 	}
+	return fd;
+}
+
+int engine_generate_read(int fd, int timeout_ms, uint32_t out[ENGINE_TOKENS])
+{
+	char resp[8192], *p;
+	size_t n = 0;
+	ssize_t k;
+	int r = 0;
+
 	/* Bounded: a hung engine must fail the read, not the test run. */
 	for (;;) {
 		struct pollfd pf = {.fd = fd, .events = POLLIN};
 
-		if (poll(&pf, 1, 10000) != 1) {
+		if (poll(&pf, 1, timeout_ms) != 1) {
 			r = -ETIMEDOUT;
 			break;
 		}
@@ -82,6 +90,13 @@ int engine_generate(uint16_t port, uint32_t out[ENGINE_TOKENS])
 			p++;
 	}
 	return 0;
+}
+
+int engine_generate(uint16_t port, uint32_t out[ENGINE_TOKENS])
+{
+	int fd = engine_generate_send(port);
+
+	return fd < 0 ? fd : engine_generate_read(fd, 10000, out);
 }
 
 uint64_t engine_metric(const struct sv *sv, const char *name, const char *more)

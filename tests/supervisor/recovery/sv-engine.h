@@ -32,6 +32,10 @@ void engine_start(struct sv *sv, const char *weights, uint16_t port_a, uint16_t 
 
 /* POST /generate (greedy); 0 and the tokens, or -errno when nothing serves on port. */
 int engine_generate(uint16_t port, uint32_t out[ENGINE_TOKENS]);
+/* The same in two steps: the request sent (the connection, or -errno), then its reply read
+ * (within timeout_ms per read) and the connection closed; 0 and the tokens, or -errno. */
+int engine_generate_send(uint16_t port);
+int engine_generate_read(int fd, int timeout_ms, uint32_t out[ENGINE_TOKENS]);
 /* Greedy tokens of a failure-free engine (no shim, no supervisor) with weights file w. */
 void engine_failure_free_tokens(const char *w, uint32_t out[ENGINE_TOKENS]);
 
