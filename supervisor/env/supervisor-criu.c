@@ -132,6 +132,12 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 	criu_local_set_file_locks(o, true);
 	if (ghost_limit)
 		criu_local_set_ghost_limit(o, ghost_limit);
+	/* A file held open whose path no longer leads to it but whose fstat says it is linked:
+	 * an overlay's base file replaced or deleted (the overlay reports the lower inode's
+	 * nlink). Without --link-remap CRIU refuses it outright; with it, CRIU's linkat() into
+	 * the overlay fails with ENOENT and CRIU saves the file as a ghost in the images (its
+	 * overlayfs fallback, up to ghost_limit), as an unlinked one. */
+	criu_local_set_link_remap(o, true);
 	r = criu_local_set_log_file(o, "dump.log");
 	if (r >= 0 && freeze_cgroup)
 		r = criu_local_set_freeze_cgroup(o, freeze_cgroup);

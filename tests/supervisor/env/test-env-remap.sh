@@ -18,7 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
 command -v python3 >/dev/null || fail "python3 is needed for the holder"
 
-cases=(a b c d e f)
+cases=(a b c d e f g)
 env_fixture envremap "${cases[@]}"
 on_fail() { tail -n 30 "$dir/sv.log"; }
 env_conf
@@ -30,7 +30,7 @@ cat >"$dir/base/work/holder.py" <<'PY'
 import ctypes, mmap, os, sys, time
 case = sys.argv[1]
 p = "/work/libz.so.1" if case == "f" else "/work/%s.txt" % case
-if case == "c":
+if case in ("c", "g"):
     with open(p, "w") as f:
         f.write("made inside %d\n" % os.getpid() * 100)
 fd = os.open(p, os.O_RDONLY)
@@ -45,6 +45,9 @@ if case in ("a", "d", "f"):
         f.write("the new %s\n" % case)
     os.rename(p + ".new", p)
 elif case in ("b", "c"):
+    os.unlink(p)
+elif case == "g":
+    os.link(p, "/work/g-link.txt")
     os.unlink(p)
 open("/work/ready-" + case, "w").close()
 while True:
@@ -78,6 +81,7 @@ holder() { # ENV: the host pid of its holder
 	fail "no holder in $1"
 }
 cp "/proc/$(holder c)/fd/10" "$dir/orig/c.txt"
+cp "/proc/$(holder g)/fd/10" "$dir/orig/g.txt"
 printf 'written from outside\n' >"$dir/in"
 ctl env write e /work/e.txt <"$dir/in" >/dev/null
 
@@ -114,7 +118,7 @@ for c in "${cases[@]}"; do
 	ctl env restore "$c" >"$dir/rs-$c.txt" 2>&1 || { failed+=("$c restore: $(cat "$dir/rs-$c.txt")"); continue; }
 	check "$c" "after a restore"
 	ls -A "$dir/state/envs/$c/root/work" >"$dir/ls-$c.txt"
-	grep -v -e '^holder.py$' -e '^ready-' -e '^[a-e].txt$' -e '^libz.so.1$' "$dir/ls-$c.txt" &&
+	grep -v -e '^holder.py$' -e '^ready-' -e '^[a-e].txt$' -e '^g-link.txt$' -e '^libz.so.1$' "$dir/ls-$c.txt" &&
 		fail "$c: the restored environment shows files of CRIU's: $(cat "$dir/ls-$c.txt")"
 	ctl env checkpoint "$c" --turn 2 >"$dir/ck2-$c.txt" 2>&1 || { failed+=("$c after a restore: $(cat "$dir/ck2-$c.txt")"); continue; }
 	ctl env restore "$c" >"$dir/rs2-$c.txt" 2>&1 || { failed+=("$c second restore: $(cat "$dir/rs2-$c.txt")"); continue; }
