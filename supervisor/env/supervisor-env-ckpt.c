@@ -37,6 +37,7 @@
 #include "log.h"
 #include "util.h"
 #include "supervisor-criu.h"
+#include "supervisor-criu-remap.h"
 #include "supervisor-env-fs.h"
 #include "supervisor-env-net.h"
 #include "supervisor-env-sandbox.h"
@@ -565,6 +566,10 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 		criu_error(e, criufd, "dump.log", r);
 		goto out;
 	}
+	/* A linked remap is gone from the file system already: its images cannot restore. */
+	r = sv_criu_refuse_linked_remaps(criufd, e->cgroup, e->error, sizeof(e->error));
+	if (r < 0)
+		goto out;
 	env_activity_note_dump(e, p->activity, p->userdata, parked, tasks, activity, m.id);
 dumped:
 	/* Cancelled while CRIU ran: its images go (out: thaw, then remove the .tmp-*). */
