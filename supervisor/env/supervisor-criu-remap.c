@@ -106,32 +106,69 @@ int sv_criu_images_linked_remaps(int images_fd)
 	return sv_criu_remap_count_linked(buf, len);
 }
 
-/* Appends one held file of pid's, when its fd's name is deleted and the file is linked. */
-static size_t held_fd(pid_t pid, const char *fdname, const char *comm, char *buf, size_t cap)
+struct held_filter {
+	const char *path; /* NULL: any */
+	bool linked;	  /* only files whose nlink > 0 */
+};
+
+/* Appends one held file of pid's (link: /proc/PID/fd/N or /proc/PID/map_files/RANGE) when its
+ * name is deleted and it passes the filter; a mapping already named is not named again. */
+static size_t held_one(const char *link, pid_t pid, const char *comm, const char *what,
+		       const struct held_filter *flt, char *buf, size_t cap)
 {
 	static const char deleted[] = " (deleted)";
-	char path[64], target[PATH_MAX];
+	const size_t dl = sizeof(deleted) - 1;
+	char target[PATH_MAX], entry[PATH_MAX + 96];
 	size_t used = strlen(buf), tl;
 	struct stat st;
 	ssize_t n;
 
-	snprintf(path, sizeof(path), "/proc/%d/fd/%s", (int)pid, fdname);
-	n = readlink(path, target, sizeof(target) - 1);
+	n = readlink(link, target, sizeof(target) - 1);
 	if (n <= 0)
 		return 0;
 	target[n] = '\0';
 	tl = (size_t)n;
-	if (tl < sizeof(deleted) || strcmp(target + tl - (sizeof(deleted) - 1), deleted) != 0 ||
-	    stat(path, &st) < 0 || st.st_nlink == 0 || !S_ISREG(st.st_mode))
+	if (tl <= dl || strcmp(target + tl - dl, deleted) != 0 || stat(link, &st) < 0 ||
+	    !S_ISREG(st.st_mode) || (flt->linked && st.st_nlink == 0))
 		return 0;
-	target[tl - (sizeof(deleted) - 1)] = '\0';
-	if (used < cap)
-		snprintf(buf + used, cap - used, "%spid %d (%s) fd %s: %s", used ? "; " : "",
-			 (int)pid, comm, fdname, target);
+	target[tl - dl] = '\0';
+	if (flt->path && strcmp(target, flt->path) != 0)
+		return 0;
+	snprintf(entry, sizeof(entry), "pid %d (%s) %s: %s", (int)pid, comm, what, target);
+	if (strstr(buf, entry))
+		return 0;
+	if (used + 1 < cap)
+		snprintf(buf + used, cap - used, "%s%s", used ? "; " : "", entry);
 	return 1;
 }
 
-size_t sv_criu_held_unlinked(int procs_fd, char *buf, size_t cap)
+static size_t held_dir(pid_t pid, const char *sub, const char *comm, const struct held_filter *flt,
+		       char *buf, size_t cap)
+{
+	char path[64], link[128], what[96];
+	struct dirent *de;
+	size_t found = 0;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, sub);
+	d = opendir(path);
+	if (!d)
+		return 0;
+	while ((de = readdir(d))) {
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(link, sizeof(link), "%s/%s", path, de->d_name);
+		if (strcmp(sub, "fd") == 0)
+			snprintf(what, sizeof(what), "fd %s", de->d_name);
+		else
+			snprintf(what, sizeof(what), "mapping");
+		found += held_one(link, pid, comm, what, flt, buf, cap);
+	}
+	closedir(d);
+	return found;
+}
+
+static size_t held_deleted(int procs_fd, const struct held_filter *flt, char *buf, size_t cap)
 {
 	_cleanup_fclose_ FILE *f = NULL;
 	int fd = dup(procs_fd);
@@ -148,29 +185,59 @@ size_t sv_criu_held_unlinked(int procs_fd, char *buf, size_t cap)
 	while (fscanf(f, "%d", &pid) == 1) {
 		char path[64], comm[32] = "?";
 		_cleanup_fclose_ FILE *c = NULL;
-		DIR *d;
-		struct dirent *de;
 
 		snprintf(path, sizeof(path), "/proc/%d/comm", pid);
 		c = fopen(path, "re");
 		if (c && fgets(comm, sizeof(comm), c))
 			comm[strcspn(comm, "\n")] = '\0';
-		snprintf(path, sizeof(path), "/proc/%d/fd", pid);
-		d = opendir(path);
-		if (!d)
-			continue;
-		while ((de = readdir(d)))
-			if (de->d_name[0] != '.')
-				found += held_fd(pid, de->d_name, comm, buf, cap);
-		closedir(d);
+		found += held_dir(pid, "fd", comm, flt, buf, cap);
+		found += held_dir(pid, "map_files", comm, flt, buf, cap);
 	}
 	return found;
 }
 
+static int open_procs(const char *cgroup)
+{
+	char path[PATH_MAX];
+
+	if (snprintf(path, sizeof(path), "%s/cgroup.procs", cgroup) >= (int)sizeof(path))
+		return -ENAMETOOLONG;
+	return open(path, O_RDONLY | O_CLOEXEC);
+}
+
+size_t sv_criu_held_unlinked(int procs_fd, char *buf, size_t cap)
+{
+	const struct held_filter flt = {.linked = true};
+
+	return held_deleted(procs_fd, &flt, buf, cap);
+}
+
+size_t sv_criu_ghost_holders(const char *line, const char *cgroup, char *buf, size_t cap)
+{
+	static const char pre[] = "Can't dump ghost file ";
+	const char *start = strstr(line, pre), *end;
+	_cleanup_close_ int procs = -1;
+	char path[PATH_MAX];
+	struct held_filter flt = {.path = path};
+
+	if (cap)
+		buf[0] = '\0';
+	if (!start)
+		return 0;
+	start += sizeof(pre) - 1;
+	end = strstr(start, " of ");
+	if (!end || (size_t)(end - start) >= sizeof(path))
+		return 0;
+	memcpy(path, start, (size_t)(end - start));
+	path[end - start] = '\0';
+	procs = open_procs(cgroup);
+	return procs < 0 ? 0 : held_deleted(procs, &flt, buf, cap);
+}
+
 int sv_criu_refuse_linked_remaps(int images_fd, const char *cgroup, char *error, size_t cap)
 {
-	char path[PATH_MAX], held[1024] = "";
 	_cleanup_close_ int procs = -1;
+	char held[1024] = "";
 	int r;
 
 	r = sv_criu_images_linked_remaps(images_fd);
@@ -180,8 +247,7 @@ int sv_criu_refuse_linked_remaps(int images_fd, const char *cgroup, char *error,
 		snprintf(error, cap, "CRIU's remap-fpath.img cannot be read: %s", strerror(-r));
 		return r;
 	}
-	if (snprintf(path, sizeof(path), "%s/cgroup.procs", cgroup) < (int)sizeof(path))
-		procs = open(path, O_RDONLY | O_CLOEXEC);
+	procs = open_procs(cgroup);
 	if (procs >= 0)
 		(void)sv_criu_held_unlinked(procs, held, sizeof(held));
 	/* The files first: the reply and the event cut long lines. */

@@ -24,10 +24,15 @@ int sv_criu_remap_count_linked(const uint8_t *buf, size_t len);
 /* The same for images_fd's remap-fpath.img (none: 0). */
 int sv_criu_images_linked_remaps(int images_fd);
 
-/* Writes into buf "pid P (COMM) fd N: PATH" for each fd of the tasks in procs (a cgroup.procs
- * file's fd) that holds a file still linked (nlink > 0) under a deleted name, "; " between
- * them: the files a linked remap is made for. Returns how many (0: buf is ""). */
+/* Writes into buf "pid P (COMM) fd N: PATH" (or "mapping: PATH") for each fd and mapping of
+ * the tasks in procs (a cgroup.procs file's fd) that holds a file still linked (nlink > 0)
+ * under a deleted name, "; " between them: the files a linked remap is made for. Returns how
+ * many (0: buf is ""). */
 size_t sv_criu_held_unlinked(int procs_fd, char *buf, size_t cap);
+
+/* The same for CRIU's "Can't dump ghost file PATH of N size, increase limit" line: who in the
+ * cgroup v2 directory cgroup holds PATH under its deleted name. */
+size_t sv_criu_ghost_holders(const char *line, const char *cgroup, char *buf, size_t cap);
 
 /* After a dump into images_fd of the tasks in the cgroup v2 directory cgroup: 0 without a
  * linked remap; with one, -EBUSY and error says which files (sv_criu_held_unlinked) and what

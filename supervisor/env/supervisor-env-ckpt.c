@@ -412,10 +412,14 @@ static void criu_error(struct sv_env *e, int criufd, const char *log, int r)
 			 "an established TCP connection (to the outside, or between two of its "
 			 "processes) cannot be checkpointed: close it first (CRIU: %s)",
 			 line);
-	else if (strstr(line, "ghost file") && strstr(line, "increase limit"))
-		snprintf(e->error, sizeof(e->error), "%s ([env] ghost_limit is %" PRIu32 " bytes)",
-			 line, e->ghost_limit);
-	else
+	else if (strstr(line, "ghost file") && strstr(line, "increase limit")) {
+		char held[512];
+
+		(void)sv_criu_ghost_holders(line, e->cgroup, held, sizeof(held));
+		snprintf(e->error, sizeof(e->error),
+			 "%s ([env] ghost_limit is %" PRIu32 " bytes%s%s)", line, e->ghost_limit,
+			 *held ? "; held by " : "", held);
+	} else
 		snprintf(e->error, sizeof(e->error), "%s", line);
 	log_debug_errno(r, "CRIU %s of %s failed: %s", strcmp(log, "dump.log") ? "restore" : "dump",
 			e->id, e->error);

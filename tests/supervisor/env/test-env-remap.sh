@@ -6,7 +6,8 @@
 # held open and deleted; (d) a base-layer file mapped MAP_PRIVATE and replaced; (f) a shared
 # library of the base loaded and replaced (pip upgrading a module in use); (e) a base-layer file
 # held open and replaced through belayerctl env write; (g) an upper file held open, its name
-# deleted, another hard link to it kept (refused, naming it). After a restore the process holds (fd and
+# deleted, another hard link to it kept (refused, naming it); (h) a replaced base file over
+# [env] ghost_limit (refused, naming it). After a restore the process holds (fd and
 # mapping, read through /proc/PID) what it held at the checkpoint, the paths show what they showed,
 # and a second checkpoint of the restored environment restores too.
 # Usage: test-env-remap.sh SUPERVISOR BELAYERCTL
@@ -20,9 +21,10 @@ need_root_cgroup_v2
 command -v python3 >/dev/null || fail "python3 is needed for the holder"
 
 cases=(a b c d e f)
-env_fixture envremap "${cases[@]}" g
+env_fixture envremap "${cases[@]}" g h
 on_fail() { tail -n 30 "$dir/sv.log"; }
 env_conf
+echo "ghost_limit = 1M" >>"$dir/conf.ini"
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
 
 # The holder: opens /work/CASE.txt as fd 10 (f: loads /work/libz.so.1), maps it (d), then
@@ -41,7 +43,7 @@ if case == "d":
     m = mmap.mmap(10, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
 if case == "f":
     lib = ctypes.CDLL(p)
-if case in ("a", "d", "f"):
+if case in ("a", "d", "f", "h"):
     with open(p + ".new", "w") as f:
         f.write("the new %s\n" % case)
     os.rename(p + ".new", p)
@@ -64,12 +66,13 @@ zpath=$(ldconfig -p | awk -v l="$zlib" '$1 == l && /x86-64/ {print $NF; exit}')
 [[ -n $zpath ]] || fail "no libz to load"
 cp "$zpath" "$dir/base/work/libz.so.1"
 cp "$zpath" "$dir/orig/f.txt"
+head -c 2097152 /dev/urandom >"$dir/base/work/h.txt"
 
 supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
-for c in "${cases[@]}" g; do
+for c in "${cases[@]}" g h; do
 	ctl env create "$c" --root "$dir/base" --cmd "exec python3 /work/holder.py $c" >/dev/null
 done
-for c in "${cases[@]}" g; do
+for c in "${cases[@]}" g h; do
 	for _ in $(seq 200); do [[ -e $dir/state/envs/$c/root/work/ready-$c ]] && break; sleep 0.05; done
 	[[ -e $dir/state/envs/$c/root/work/ready-$c ]] || fail "holder $c did not start"
 done
@@ -119,7 +122,7 @@ for c in "${cases[@]}"; do
 	ctl env restore "$c" >"$dir/rs-$c.txt" 2>&1 || { failed+=("$c restore: $(cat "$dir/rs-$c.txt")"); continue; }
 	check "$c" "after a restore"
 	ls -A "$dir/state/envs/$c/root/work" >"$dir/ls-$c.txt"
-	grep -v -e '^holder.py$' -e '^ready-' -e '^[a-e].txt$' -e '^g-link.txt$' -e '^libz.so.1$' "$dir/ls-$c.txt" &&
+	grep -v -e '^holder.py$' -e '^ready-' -e '^[a-eh].txt$' -e '^g-link.txt$' -e '^libz.so.1$' "$dir/ls-$c.txt" &&
 		fail "$c: the restored environment shows files of CRIU's: $(cat "$dir/ls-$c.txt")"
 	ctl env checkpoint "$c" --turn 2 >"$dir/ck2-$c.txt" 2>&1 || { failed+=("$c after a restore: $(cat "$dir/ck2-$c.txt")"); continue; }
 	ctl env restore "$c" >"$dir/rs2-$c.txt" 2>&1 || { failed+=("$c second restore: $(cat "$dir/rs2-$c.txt")"); continue; }
@@ -145,6 +148,16 @@ rm "$dir/state/envs/g/root/work/g-link.txt"
 ctl env checkpoint g --turn 1 >"$dir/ck-g.txt" 2>&1 || fail "g without the other link: $(cat "$dir/ck-g.txt")"
 ctl env restore g >"$dir/rs-g.txt" 2>&1 || fail "g restore: $(cat "$dir/rs-g.txt")"
 check g "after a restore"
+
+# (h) a base file held open and replaced, larger than [env] ghost_limit (1M here): refused,
+# naming the limit, the file and the process.
+if ctl env checkpoint h --turn 1 >"$dir/ck-h.txt" 2>&1; then
+	fail "h: a 2 MiB ghost over a 1 MiB limit was dumped"
+fi
+for want in "Can't dump ghost file /work/h.txt of 2097152 size" "ghost_limit is 1048576 bytes" \
+	"pid $(holder h) (python3) fd 10: /work/h.txt"; do
+	grep -qF "$want" "$dir/ck-h.txt" || fail "h: the refusal lacks '$want': $(cat "$dir/ck-h.txt")"
+done
 
 # The checkpoints hold the replaced and deleted files as CRIU's ghost files, in their images.
 for c in a b c d e f; do
