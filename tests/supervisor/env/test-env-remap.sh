@@ -21,10 +21,11 @@ need_root_cgroup_v2
 command -v python3 >/dev/null || fail "python3 is needed for the holder"
 
 cases=(a b c d e f)
-env_fixture envremap "${cases[@]}" g h
+env_fixture envremap "${cases[@]}" g h i
 on_fail() { tail -n 30 "$dir/sv.log"; }
 env_conf
 echo "ghost_limit = 1M" >>"$dir/conf.ini"
+sed -i 's/^trace = no$/trace_preload = yes/' "$dir/conf.ini"
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
 
 # The holder: opens /work/CASE.txt as fd 10 (f: loads /work/libz.so.1), maps it (d), then
@@ -57,7 +58,7 @@ while True:
     time.sleep(3600)
 PY
 mkdir -p "$dir/orig"
-for c in a b d e; do
+for c in a b d e i; do
 	seq -f "base line %g of $c" 5000 >"$dir/base/work/$c.txt"
 	cp "$dir/base/work/$c.txt" "$dir/orig/$c.txt"
 done
@@ -69,10 +70,10 @@ cp "$zpath" "$dir/orig/f.txt"
 head -c 2097152 /dev/urandom >"$dir/base/work/h.txt"
 
 supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv.log"
-for c in "${cases[@]}" g h; do
+for c in "${cases[@]}" g h i; do
 	ctl env create "$c" --root "$dir/base" --cmd "exec python3 /work/holder.py $c" >/dev/null
 done
-for c in "${cases[@]}" g h; do
+for c in "${cases[@]}" g h i; do
 	for _ in $(seq 200); do [[ -e $dir/state/envs/$c/root/work/ready-$c ]] && break; sleep 0.05; done
 	[[ -e $dir/state/envs/$c/root/work/ready-$c ]] || fail "holder $c did not start"
 done
@@ -122,7 +123,7 @@ for c in "${cases[@]}"; do
 	ctl env restore "$c" >"$dir/rs-$c.txt" 2>&1 || { failed+=("$c restore: $(cat "$dir/rs-$c.txt")"); continue; }
 	check "$c" "after a restore"
 	ls -A "$dir/state/envs/$c/root/work" >"$dir/ls-$c.txt"
-	grep -v -e '^holder.py$' -e '^ready-' -e '^[a-eh].txt$' -e '^g-link.txt$' -e '^libz.so.1$' "$dir/ls-$c.txt" &&
+	grep -v -e '^holder.py$' -e '^ready-' -e '^[a-ei].txt$' -e '^h.txt$' -e '^g-link.txt$' -e '^libz.so.1$' "$dir/ls-$c.txt" &&
 		fail "$c: the restored environment shows files of CRIU's: $(cat "$dir/ls-$c.txt")"
 	ctl env checkpoint "$c" --turn 2 >"$dir/ck2-$c.txt" 2>&1 || { failed+=("$c after a restore: $(cat "$dir/ck2-$c.txt")"); continue; }
 	ctl env restore "$c" >"$dir/rs2-$c.txt" 2>&1 || { failed+=("$c second restore: $(cat "$dir/rs2-$c.txt")"); continue; }
@@ -158,6 +159,16 @@ for want in "Can't dump ghost file /work/h.txt of 2097152 size" "ghost_limit is 
 	"pid $(holder h) (python3) fd 10: /work/h.txt"; do
 	grep -qF "$want" "$dir/ck-h.txt" || fail "h: the refusal lacks '$want': $(cat "$dir/ck-h.txt")"
 done
+
+# (i) a base file held open, checkpointed while its name still led to it, then replaced through
+# env write while no process ran: the next checkpoint must not reuse images that open the file
+# by its name.
+ctl env checkpoint i --turn 1 >"$dir/ck-i.txt" 2>&1 || fail "i: $(cat "$dir/ck-i.txt")"
+ctl env write i /work/i.txt <"$dir/in" >/dev/null
+ctl --json env checkpoint i --turn 2 >"$dir/ck-i.txt" 2>&1 || fail "i turn 2: $(cat "$dir/ck-i.txt")"
+ctl env restore i >"$dir/rs-i.txt" 2>&1 || fail "i restore: $(cat "$dir/rs-i.txt")"
+check i "after a restore"
+[[ $(ctl env read i /work/i.txt) == "written from outside" ]] || fail "i: /work/i.txt is not what env write wrote"
 
 # The checkpoints hold the replaced and deleted files as CRIU's ghost files, in their images.
 for c in a b c d e f; do
