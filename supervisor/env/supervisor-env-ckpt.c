@@ -420,12 +420,75 @@ static void criu_error(struct sv_env *e, int criufd, const char *log, int r)
 			e->id, e->error);
 }
 
+/*
+ * The FS phase, frozen (issue 23 item 1): the delta from the tracer's dirty set when it vouches
+ * for the interval since the parent (its paths looked at, the parent's index looked up: the
+ * cost of what changed), else a walk of the whole upper layer. The manifest says which
+ * ("path") and, for a walk, why. *ret_by_dirty: out is a partial index, delta and gone for
+ * env_fs_delta_apply; else m's entries are the full index.
+ */
+static int fs_phase(struct sv_env *e, const struct env_ckpt_params *p, struct env_manifest *base,
+		    int upperfd, int datafd, struct env_manifest *m, struct env_manifest *delta,
+		    struct env_fs_gone *gone, struct env_fs_stats *st, bool *ret_by_dirty)
+{
+	const struct env_fs_dirty *dirty = NULL;
+	const char *why = NULL;
+	size_t n = 0;
+	int r;
+
+	*ret_by_dirty = false;
+	if (!p->frozen)
+		why = p->full_diff_reason ? p->full_diff_reason : "no tracer";
+	else if (p->frozen(p->userdata, &dirty, &n, &why) != 0)
+		why = why ? why : "tracer";
+	else if (!base)
+		why = "first checkpoint";
+	if (!why) {
+		/* CRIU's dump (the parent's) makes and removes a directory in the environment's
+		 * /tmp, to reach its tmpfs mounts: /tmp copied up, its mtime changed, by a process
+		 * the tracer does not watch. Its own entry is always looked at again. */
+		_cleanup_free_ struct env_fs_dirty *all = calloc(n + 1, sizeof(*all));
+
+		if (!all)
+			return -ENOMEM;
+		if (n)
+			memcpy(all, dirty, n * sizeof(*all));
+		all[n++] = (struct env_fs_dirty){.path = "/tmp", .subtree = false};
+		/* its copies are this checkpoint's data */
+		snprintf(delta->id, sizeof(delta->id), "%s", m->id);
+		r = env_fs_scan_dirty(upperfd, base, all, n, p->cancel, datafd, delta, gone, st);
+		if (r >= 0) {
+			*ret_by_dirty = true;
+			snprintf(m->delta_path, sizeof(m->delta_path), "%s",
+				 ENV_DELTA_PATH_DIRTY_SET);
+			return 0;
+		}
+		if (r != -EMLINK && r != -ENOTRECOVERABLE)
+			return r;
+		why = r == -EMLINK ? "a hard link changed" : "the whole tree is dirty";
+		/* what the dirty pass copied goes: the walk numbers its own data */
+		env_manifest_finish(delta);
+		env_fs_gone_finish(gone);
+		*st = (struct env_fs_stats){0};
+		r = env_fs_wipe(datafd);
+		if (r < 0)
+			return r;
+	}
+	m->full_diff = true;
+	snprintf(m->full_diff_reason, sizeof(m->full_diff_reason), "%s", why);
+	snprintf(m->delta_path, sizeof(m->delta_path), "%s", ENV_DELTA_PATH_WALK);
+	(void)e;
+	return env_fs_scan(upperfd, base, p->force, p->userdata, p->cancel, datafd, m, st);
+}
+
 int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env_manifest *ret)
 {
-	struct env_manifest m = {0}, parent = {0};
-	const struct env_manifest *base = NULL;
+	struct env_manifest m = {0}, parent = {0}, delta = {0};
+	struct env_manifest *base = NULL;
 	_cleanup_close_ int ckfd = -1, tmpfd = -1, datafd = -1, criufd = -1, upperfd = -1;
 	struct env_fs_stats st = {0};
+	struct env_fs_gone gone = {0};
+	bool by_dirty = false;
 	char tmpname[ENV_ID_MAX + 8];
 	uint64_t t_freeze, t_fs, t_dump, t_thaw, t_commit, netns;
 	bool frozen = false;
@@ -462,13 +525,10 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 					       e->head, e->id);
 		base = &parent;
 	}
-	/* The upper layer is always walked; without the tracer's dirty set (or when it asks for
-	 * a full diff) metadata alone decides what changed. */
-	m.full_diff = !p->force || p->full_diff_reason;
-	if (m.full_diff)
-		snprintf(m.full_diff_reason, sizeof(m.full_diff_reason), "%s",
-			 p->full_diff_reason ? p->full_diff_reason : "no tracer");
-	snprintf(m.delta_path, sizeof(m.delta_path), "%s", ENV_DELTA_PATH_WALK);
+	/* The parent's entries by path, for the FS phase's look-ups: sorted now, not while
+	 * frozen (kept with the index until it changes). */
+	if (base && !env_manifest_index(base))
+		return -ENOMEM;
 
 	snprintf(tmpname, sizeof(tmpname), ".tmp-%s", m.id);
 	if (mkdirat(ckfd, tmpname, 0700) < 0) {
@@ -507,7 +567,7 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	}
 	nproc = env_count_procs(e);
 	m.nproc = nproc > 0 ? (uint64_t)nproc : 0;
-	r = env_fs_scan(upperfd, base, p->force, p->userdata, p->cancel, datafd, &m, &st);
+	r = fs_phase(e, p, base, upperfd, datafd, &m, &delta, &gone, &st, &by_dirty);
 	t_fs = mono_us();
 	if (r < 0) {
 		if (r != -ECANCELED)
@@ -561,6 +621,16 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	if (r < 0)
 		goto out;
 
+	/* The dirty-set delta becomes the full index here, the environment running again: from
+	 * the parent's index and what the frozen phase found, both in memory, nothing of the
+	 * upper layer read after the thaw. The checkpoint stays exactly the dump's instant and
+	 * atomic: the manifest goes into .tmp-<id> beside the data and images, one syncfs, then
+	 * the rename commits all of it (a crash before leaves nothing that is read). */
+	if (by_dirty) {
+		r = env_fs_delta_apply(base, &delta, &gone, &m, &st.removed);
+		if (r < 0)
+			goto out;
+	}
 	m.fs_bytes = st.bytes;
 	m.fs_files = st.files;
 	m.fs_removed = st.removed;
@@ -612,6 +682,8 @@ out:
 	}
 	env_manifest_finish(&m);
 	env_manifest_finish(&parent);
+	env_manifest_finish(&delta);
+	env_fs_gone_finish(&gone);
 	return r;
 }
 

@@ -81,6 +81,72 @@ void env_manifest_finish(struct env_manifest *m)
 	m->entries = NULL;
 	m->n_entries = m->cap_entries = 0;
 	m->xattr_bytes = 0;
+	free(m->by_path);
+	m->by_path = NULL;
+	free(m->link_targets);
+	m->link_targets = NULL;
+	m->n_link_targets = 0;
+}
+
+static int cmp_str_ptr(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int cmp_entry_path(const void *a, const void *b)
+{
+	return strcmp((*(const struct env_entry *const *)a)->path,
+		      (*(const struct env_entry *const *)b)->path);
+}
+
+const struct env_entry **env_manifest_index(struct env_manifest *m)
+{
+	const struct env_entry **a;
+
+	if (m->by_path)
+		return m->by_path;
+	a = calloc(m->n_entries + 1, sizeof(*a));
+	if (!a)
+		return NULL;
+	for (size_t i = 0; i < m->n_entries; i++)
+		a[i] = &m->entries[i];
+	qsort(a, m->n_entries, sizeof(*a), cmp_entry_path);
+	free(m->link_targets);
+	m->link_targets = NULL;
+	m->n_link_targets = 0;
+	for (size_t i = 0; i < m->n_entries; i++) {
+		if (m->entries[i].kind != ENV_ENTRY_HARDLINK || !m->entries[i].hardlink)
+			continue;
+		if (!m->link_targets) {
+			m->link_targets = calloc(m->n_entries, sizeof(*m->link_targets));
+			if (!m->link_targets) {
+				free(a);
+				return NULL;
+			}
+		}
+		m->link_targets[m->n_link_targets++] = m->entries[i].hardlink;
+	}
+	if (m->n_link_targets)
+		qsort(m->link_targets, m->n_link_targets, sizeof(*m->link_targets), cmp_str_ptr);
+	m->by_path = a;
+	return a;
+}
+
+bool env_manifest_link_target(const struct env_manifest *m, const char *path)
+{
+	return m->n_link_targets && bsearch(&path, m->link_targets, m->n_link_targets,
+					    sizeof(*m->link_targets), cmp_str_ptr);
+}
+
+const struct env_entry *env_manifest_find(const struct env_manifest *m, const char *path)
+{
+	struct env_entry key = {.path = (char *)path};
+	const struct env_entry *kp = &key, **hit;
+
+	if (!m->by_path)
+		return NULL;
+	hit = bsearch(&kp, m->by_path, m->n_entries, sizeof(*m->by_path), cmp_entry_path);
+	return hit ? *hit : NULL;
 }
 
 /* "<namespace>.<name>" in one of the namespaces Linux has (anything else no file system
@@ -163,6 +229,11 @@ int env_manifest_add(struct env_manifest *m, const struct env_entry *e)
 
 	if (m->n_entries >= ENV_MANIFEST_MAX_ENTRIES)
 		return -E2BIG;
+	free(m->by_path); /* its pointers may move, and it lacks the new entry */
+	m->by_path = NULL;
+	free(m->link_targets);
+	m->link_targets = NULL;
+	m->n_link_targets = 0;
 	xbytes = xattrs_check(e);
 	if (xbytes < 0)
 		return (int)xbytes;

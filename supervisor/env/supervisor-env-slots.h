@@ -38,6 +38,10 @@ struct env_slot {
 	uint64_t followers[MAX_FOLLOWERS]; /* client serials of `env log --follow` */
 	/* execs and file operations running (supervisor-env-exec.h): no job meanwhile */
 	uint32_t execs;
+	/* The dirty set covers everything since the head: the tracer has watched the environment
+	 * without a break since that checkpoint's freeze (false after a new watch: a creation,
+	 * restore, rebuild, fork, supervisor restart). Else the next checkpoint walks. */
+	bool vouched;
 };
 
 struct sv_envs {
@@ -77,6 +81,14 @@ struct env_job {
 	struct sv_env *forks[ENV_FORK_MAX];
 	size_t n_forks;
 	char why[ENV_ERROR_MAX];
+	/* Checkpoints: the slot vouched at the snapshot; the freeze handover's (supervisor-env-
+	 * handover.h) list link and answer; dirty_paths as the FS phase takes them. */
+	bool vouched;
+	struct supervisor *sv;
+	struct env_job *ho_next;
+	bool ho_done;
+	struct env_fs_dirty *fs_dirty;
+	size_t n_fs_dirty;
 };
 
 struct env_slot *env_slot_find(struct sv_envs *es, const char *id);
@@ -90,3 +102,7 @@ struct env_slot *env_slot_ready(struct supervisor *s, struct sv_client *c, const
 				enum proto_type type);
 /* Snapshots the dirty set for the checkpoint into j, then starts a new one (loop thread). */
 int env_job_snapshot_dirty(struct supervisor *s, struct env_slot *sl, struct env_job *j);
+/* Loop thread, the environment frozen: the tracer drained, what the slot's set gained since
+ * the snapshot added to j's (left in the slot's too: dirty again at the next checkpoint, a
+ * false positive at worst), a full diff it asks for into j->full_reason. */
+void env_job_take_late(struct supervisor *s, struct env_job *j);

@@ -27,6 +27,8 @@
 #include "supervisor-env-limits.h"
 #include "supervisor-env-manifest.h"
 
+struct env_fs_dirty;
+
 #define ENV_CMD_MAX	 4096
 #define ENV_KEEP_DEFAULT 8
 #define ENV_ERROR_MAX	 256
@@ -121,6 +123,14 @@ struct env_ckpt_params {
 	 * the cgroup to freeze, even when the thaw itself failed (its error is the call's),
 	 * always before env_checkpoint returns; never when the call returned before freezing. */
 	void (*thawed)(void *userdata);
+	/* NULL, or called once the environment is frozen, before the FS phase (issue 23 item 1):
+	 * the tracer's paths changed since the parent checkpoint, up to this instant (changes
+	 * made between the caller's snapshot of its dirty set and the freeze included). 0: the
+	 * tracer vouches for the interval, *ret_dirty/ret_n (the caller's, valid until
+	 * env_checkpoint returns) are the whole delta; else *ret_why says why the upper layer is
+	 * walked instead (tracer off, records lost, watch started after the head). */
+	int (*frozen)(void *userdata, const struct env_fs_dirty **ret_dirty, size_t *ret_n,
+		      const char **ret_why);
 };
 
 /* Creates the state directory, overlay, cgroup, and starts the environment. */
