@@ -224,6 +224,21 @@ ctl env restore late --checkpoint "$late_id" >/dev/null
 [[ $(cat "$dir/state/envs/late/root/work/late" 2>/dev/null) == late ]] ||
 	fail "a file written between the checkpoint's request and its freeze is not in it"
 [[ $(cat "$dir/state/envs/late/root/work/early") == early ]] || fail "early not restored"
+# A file the supervisor writes (env write: not a process of the environment, so not the
+# tracer's to see) is in the next delta of the dirty set too.
+pid=$(pid_of late)
+ctl env write late work/written <<<"by env write"
+ctl --json env checkpoint late --turn 3 >"$dir/late3.json"
+in_env 'echo more >/work/more'
+ctl --json env checkpoint late --turn 4 >"$dir/late4.json"
+ctl env write late work/written <<<"written again"
+ctl --json env checkpoint late --turn 5 >"$dir/late5.json"
+grep -Eq '"path": ?"dirty-set"' "$dir/late5.json" || fail "turn 5 not by the dirty set: $(cat "$dir/late5.json")"
+late_id=$(sed -n 's/.*"checkpoint": *"\([^"]*\)".*/\1/p' "$dir/late5.json")
+in_env 'rm /work/written'
+ctl env restore late --checkpoint "$late_id" >/dev/null
+[[ $(cat "$dir/state/envs/late/root/work/written" 2>/dev/null) == "written again" ]] ||
+	fail "a file written by env write is not in the dirty set's delta"
 ctl env destroy hold >/dev/null
 ctl env destroy late >/dev/null
 echo "OK"
