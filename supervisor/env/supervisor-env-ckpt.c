@@ -802,11 +802,56 @@ static int cg_roots_of(const struct sv_env *e, struct cg_roots *c)
 	return r < 0 ? log_debug_errno(r, "No cgroup roots for %s: %m", e->id) : 0;
 }
 
+/* The upper layer, last indexed as the head's index, made m's (the head's index becomes m's
+ * when *ret_moved: m's entries are then the head index's, refreshed). By the paths changed since
+ * the head when the caller knows them, else by a walk. */
+static int rollback(struct sv_env *e, const struct env_restore_params *p, int upperfd,
+		    struct env_manifest *m, int ckfd, bool *ret_moved)
+{
+	const struct env_fs_dirty *dirty = NULL;
+	const char *why = NULL;
+	size_t n = 0;
+	int r;
+
+	*ret_moved = false;
+	if (p && p->killed && p->killed(p->userdata, &dirty, &n, &why) == 0) {
+		/* the head's own dump touched /tmp after its FS phase, untraced (fs_phase) */
+		_cleanup_free_ struct env_fs_dirty *all = calloc(n + 1, sizeof(*all));
+		bool to_head = strcmp(m->id, e->head_index.id) == 0;
+
+		if (!all)
+			return -ENOMEM;
+		if (n)
+			memcpy(all, dirty, n * sizeof(*all));
+		all[n++] = (struct env_fs_dirty){.path = "/tmp", .subtree = false};
+		r = env_fs_rollback_dirty(upperfd, &e->head_index, to_head ? &e->head_index : m,
+					  all, n, ckfd);
+		if (r >= 0) {
+			e->rollback_path = "dirty-set";
+			*ret_moved = true;
+			if (!to_head) {
+				env_manifest_finish(&e->head_index);
+				e->head_index = *m;
+				*m = (struct env_manifest){0};
+			}
+			return 0;
+		}
+		log_debug_errno(r, "Rollback of %s by its dirty set failed (%m): walking it.",
+				e->id);
+	} else if (p && p->killed) {
+		log_debug("Rollback of %s walks its upper layer: %s.", e->id, why ? why : "?");
+	}
+	e->rollback_path = "walk";
+	return env_fs_rollback(upperfd, &e->head_index, m, ckfd);
+}
+
 /* One restore of id. *stopped: the environment was killed (what ran is gone; a failure from
  * there on leaves it down and its upper layer in between). */
-static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
-		      struct env_manifest *ret)
+static int restore_at(struct sv_env *e, int ckfd, const char *id,
+		      const struct env_restore_params *p, bool *stopped, struct env_manifest *ret)
 {
+	bool moved = false;
+
 	_cleanup_(cg_roots_finish) struct cg_roots roots = {0};
 	_cleanup_close_ int upperfd = -1, workfd = -1, criufd = -1, netfd = -1;
 	struct env_manifest m = {0};
@@ -851,8 +896,9 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 	r = env_fs_wipe(workfd);
 	t[2] = mono_us();
 	if (r >= 0 && e->head_valid && strcmp(e->head_index.id, e->head) == 0) {
-		r = env_fs_rollback(upperfd, &e->head_index, &m, ckfd);
+		r = rollback(e, p, upperfd, &m, ckfd, &moved);
 	} else if (r >= 0) {
+		e->rollback_path = "rebuild";
 		r = env_fs_wipe(upperfd);
 		if (r >= 0)
 			r = env_fs_rebuild(upperfd, &m, ckfd);
@@ -860,7 +906,7 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 	t[3] = mono_us();
 	e->rollback_us = t[3] - t[2];
 	/* From here the layer is the target's or in between: the head's index no longer says
-	 * what it holds. */
+	 * what it holds (unless the rollback made it the target's: moved). */
 	e->head_valid = false;
 	if (r < 0) {
 		log_error_errno(r, "Rebuilding %s's upper layer from %s failed: %m", e->id, id);
@@ -921,6 +967,18 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 	r = write_atomic(e->dir, "head", id);
 	if (r < 0)
 		goto out;
+	if (moved) {
+		/* the rollback left the target's index in e->head_index, refreshed where it
+		 * rebuilt; the caller's copy from disk when m went there */
+		e->head_valid = true;
+		if (!m.id[0])
+			r = load_checkpoint(e, ckfd, id, &m);
+		if (r >= 0) {
+			*ret = m;
+			memset(&m, 0, sizeof(m));
+		}
+		goto out;
+	}
 	env_manifest_finish(&e->head_index);
 	r = load_checkpoint(e, ckfd, id, &e->head_index);
 	if (r >= 0) {
@@ -934,6 +992,12 @@ out:
 }
 
 int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
+{
+	return env_restore_traced(e, id, NULL, ret);
+}
+
+int env_restore_traced(struct sv_env *e, const char *id, const struct env_restore_params *p,
+		       struct env_manifest *ret)
 {
 	_cleanup_close_ int ckfd = -1;
 	struct env_manifest back = {0};
@@ -950,7 +1014,7 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 	ckfd = env_ckpts_open(e);
 	if (ckfd < 0)
 		return ckfd;
-	r = restore_at(e, ckfd, want, &stopped, ret);
+	r = restore_at(e, ckfd, want, p, &stopped, ret);
 	if (r >= 0 || !stopped)
 		return r;
 
@@ -967,7 +1031,7 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 	}
 	e->error[0] = '\0';
 	stopped = false;
-	k = restore_at(e, ckfd, head, &stopped, &back);
+	k = restore_at(e, ckfd, head, NULL, &stopped, &back);
 	env_manifest_finish(&back);
 	if (k < 0) {
 		log_error_errno(k,

@@ -411,8 +411,8 @@ static void job_thawed(void *userdata)
 		j->policy->on_thawed(j->policy);
 }
 
-/* Offload thread, env_checkpoint's frozen callback: the dirty set up to the freeze, from the
- * loop (supervisor-env-handover.h). */
+/* Offload thread, env_checkpoint's frozen callback (and a restore's, once the environment is
+ * stopped): the dirty set up to the freeze, from the loop (supervisor-env-handover.h). */
 static int job_frozen(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n,
 		      const char **ret_why)
 {
@@ -497,7 +497,9 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 		break;
 	}
 	case ENV_OP_RESTORE:
-		j->r = env_restore(e, j->q.ckpt[0] ? j->q.ckpt : NULL, &j->m);
+		j->r = env_restore_traced(
+			e, j->q.ckpt[0] ? j->q.ckpt : NULL,
+			&(struct env_restore_params){.killed = job_frozen, .userdata = j}, &j->m);
 		j->have_manifest = j->r >= 0;
 		break;
 	case ENV_OP_REBUILD:
@@ -1181,6 +1183,12 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 	 * or a destroy unmounts it, so tracing stops first (a rebuild's restarts when done). */
 	if (q->op == ENV_OP_REBUILD || q->op == ENV_OP_DESTROY)
 		slot_unwatch(es, sl);
+	/* A restore rolls back by the dirty set since the head, taken once the environment is
+	 * stopped (job_frozen: the same handover). */
+	if (q->op == ENV_OP_RESTORE && sl->dirty && s->envs->et) {
+		j->traced = true;
+		j->vouched = sl->vouched;
+	}
 	if (q->op == ENV_OP_CHECKPOINT && env_job_snapshot_dirty(s, sl, j) < 0)
 		j->traced = false; /* metadata comparison alone still catches every change */
 	offload_submit(s, &j->job);

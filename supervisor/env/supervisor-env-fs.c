@@ -1305,3 +1305,283 @@ out:
 	free(a.drop);
 	return r;
 }
+
+/* --- the rollback by what differs --------------------------------------------------------- */
+
+/* Overlay makes whiteouts as hard links of one shared inode (its workdir's): any whiteout
+ * made or removed changes every whiteout's ctime, so theirs (and their inode) say nothing. */
+static bool entry_same(const struct env_entry *a, const struct env_entry *b)
+{
+	bool wh = a->kind == ENV_ENTRY_WHITEOUT;
+
+	if (a->kind != b->kind || a->mode != b->mode || a->uid != b->uid || a->gid != b->gid ||
+	    a->size != b->size || a->mtime_ns != b->mtime_ns ||
+	    (!wh && (a->ctime_ns != b->ctime_ns || a->ino != b->ino)) || a->opaque != b->opaque ||
+	    a->n_xattrs != b->n_xattrs || a->data_key != b->data_key ||
+	    strcmp(a->src, b->src) != 0 ||
+	    strcmp(a->target ? a->target : "", b->target ? b->target : "") != 0 ||
+	    strcmp(a->hardlink ? a->hardlink : "", b->hardlink ? b->hardlink : "") != 0)
+		return false;
+	for (uint32_t i = 0; i < a->n_xattrs; i++) {
+		const struct env_xattr *y = env_entry_xattr(b, a->xattrs[i].name);
+
+		if (!y || y->len != a->xattrs[i].len ||
+		    memcmp(y->value, a->xattrs[i].value, y->len) != 0)
+			return false;
+	}
+	return true;
+}
+
+struct rb_touch {
+	struct env_fs_dirty *v;
+	char **owned;
+	size_t n, cap, n_owned;
+};
+
+static int rb_touch_add(struct rb_touch *t, const char *rel, bool subtree)
+{
+	char *p;
+
+	if (t->n == t->cap) {
+		size_t cap = t->cap ? t->cap * 2 : 64;
+		struct env_fs_dirty *v = reallocarray(t->v, cap, sizeof(*v));
+		char **o;
+
+		if (!v)
+			return -ENOMEM;
+		t->v = v;
+		o = reallocarray(t->owned, cap, sizeof(*o));
+		if (!o)
+			return -ENOMEM;
+		t->owned = o;
+		t->cap = cap;
+	}
+	if (asprintf(&p, "/%s", rel) < 0)
+		return -ENOMEM;
+	t->owned[t->n_owned++] = p;
+	t->v[t->n++] = (struct env_fs_dirty){.path = p, .subtree = subtree};
+	return 0;
+}
+
+/* The paths whose entries differ between cur and target (both indexed): changed, only in one
+ * (what cur alone has goes with its subtree). */
+static int diff_indexes(const struct env_manifest *cur, const struct env_manifest *target,
+			struct rb_touch *t)
+{
+	size_t i = 0, k = 0;
+	int r = 0;
+
+	while (r >= 0 && (i < cur->n_entries || k < target->n_entries)) {
+		const struct env_entry *a = i < cur->n_entries ? cur->by_path[i] : NULL;
+		const struct env_entry *b = k < target->n_entries ? target->by_path[k] : NULL;
+		int c = !a ? 1 : !b ? -1 : strcmp(a->path, b->path);
+
+		if (c < 0) {
+			r = rb_touch_add(t, a->path, true);
+			i++;
+		} else if (c > 0) {
+			r = rb_touch_add(t, b->path, false);
+			k++;
+		} else {
+			if (!entry_same(a, b))
+				r = rb_touch_add(t, a->path, a->kind != b->kind);
+			i++;
+			k++;
+		}
+	}
+	return r;
+}
+
+static int rb_check_links(const struct env_manifest *m, const struct env_entry *e, void *u)
+{
+	(void)u;
+	return check_links(m, e, NULL);
+}
+
+/* dirfd/name removed, whatever it is (a directory with all it holds). */
+static int remove_at(int dirfd, const char *name)
+{
+	struct stat st;
+
+	if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (S_ISDIR(st.st_mode)) {
+		_cleanup_close_ int sub =
+			openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		int r;
+
+		if (sub < 0)
+			return -errno;
+		r = wipe_dir(sub, 1);
+		if (r < 0)
+			return r;
+		return unlinkat(dirfd, name, AT_REMOVEDIR) < 0 ? -errno : 0;
+	}
+	return unlinkat(dirfd, name, 0) < 0 ? -errno : 0;
+}
+
+/* An entry's inode and ctime as on disk now (after its rebuild). */
+static int refresh_entry(int upper_fd, const struct env_entry *e)
+{
+	_cleanup_close_ int pfd = -1;
+	struct env_entry *w = (struct env_entry *)e; /* the caller's own index */
+	const char *name;
+	struct stat st;
+
+	pfd = open_parent(upper_fd, e->path, &name);
+	if (pfd < 0)
+		return pfd;
+	if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	w->ino = st.st_ino;
+	w->ctime_ns = ts_ns(&st.st_ctim);
+	return 0;
+}
+
+struct rb_dirs {
+	const struct env_entry **v;
+	size_t n, cap;
+};
+
+static int rb_dir_add(struct rb_dirs *d, const struct env_entry *e)
+{
+	if (d->n == d->cap) {
+		size_t cap = d->cap ? d->cap * 2 : 64;
+		const struct env_entry **v = reallocarray(d->v, cap, sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		d->v = v;
+		d->cap = cap;
+	}
+	d->v[d->n++] = e;
+	return 0;
+}
+
+/* One touched path made what target says: what is there removed (kept when both are
+ * directories and only the directory itself is touched), target's entry (and, for a subtree,
+ * everything target has below it) rebuilt. Directories' metadata afterwards (dirs). */
+static int rollback_touch(int upper_fd, const struct env_manifest *target, const struct touch *t,
+			  int ckpts_fd, struct rb_dirs *dirs)
+{
+	const struct env_entry *te = env_manifest_find(target, t->path);
+	_cleanup_close_ int pfd = -1;
+	const char *name;
+	struct stat st;
+	bool there, sub;
+	int r;
+
+	pfd = open_parent(upper_fd, t->path, &name);
+	if (pfd < 0 && pfd != -ENOENT && pfd != -ENOTDIR && pfd != -ELOOP && pfd != -EXDEV)
+		return pfd;
+	if (pfd < 0) {
+		/* no parent: target has none either (a parent is touched first, sorted) */
+		return te ? -ENOENT : 0;
+	}
+	there = fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0;
+	if (!there && errno != ENOENT)
+		return -errno;
+	if (there && te && te->kind == ENV_ENTRY_DIR && S_ISDIR(st.st_mode) && !t->subtree)
+		return rb_dir_add(dirs, te); /* kept: its metadata later */
+	if (there) {
+		r = remove_at(pfd, name);
+		if (r < 0)
+			return r;
+	}
+	if (!te)
+		return 0;
+	/* a directory made anew gets all target has below it */
+	sub = t->subtree || te->kind == ENV_ENTRY_DIR;
+	r = rebuild_entry(upper_fd, te, ckpts_fd);
+	if (r >= 0 && te->kind == ENV_ENTRY_DIR)
+		r = rb_dir_add(dirs, te);
+	if (r >= 0 && te->kind != ENV_ENTRY_DIR)
+		r = refresh_entry(upper_fd, te);
+	if (r < 0 || te->kind != ENV_ENTRY_DIR || !sub)
+		return r;
+	/* everything target has below it, parents first (by path) */
+	{
+		size_t n = strlen(t->path);
+		char key[ENV_PATH_MAX + 2];
+
+		memcpy(key, t->path, n);
+		key[n] = '/';
+		key[n + 1] = '\0';
+		for (size_t i = lower_bound(target, key); r >= 0 && i < target->n_entries; i++) {
+			const struct env_entry *e = target->by_path[i];
+
+			if (strncmp(e->path, key, n + 1) != 0)
+				break;
+			r = rebuild_entry(upper_fd, e, ckpts_fd);
+			if (r >= 0)
+				r = e->kind == ENV_ENTRY_DIR ? rb_dir_add(dirs, e)
+							     : refresh_entry(upper_fd, e);
+		}
+	}
+	return r;
+}
+
+static int cmp_entry_ptr_desc(const void *a, const void *b)
+{
+	return -cmp_entry_ptr(a, b);
+}
+
+int env_fs_rollback_dirty(int upper_fd, struct env_manifest *cur, struct env_manifest *target,
+			  const struct env_fs_dirty *dirty, size_t n_dirty, int ckpts_fd)
+{
+	struct rb_touch extra = {0};
+	struct rb_dirs dirs = {0};
+	struct touch *t = NULL;
+	size_t n = 0;
+	int r;
+
+	if (!env_manifest_index(cur) || !env_manifest_index(target))
+		return -ENOMEM;
+	/* the dirty paths, and what differs between the two indexes */
+	for (size_t i = 0; i < n_dirty; i++) {
+		r = rb_touch_add(&extra,
+				 dirty[i].path[0] == '/' ? dirty[i].path + 1 : dirty[i].path,
+				 dirty[i].subtree);
+		if (r < 0)
+			goto out;
+	}
+	r = cur == target ? 0 : diff_indexes(cur, target, &extra);
+	if (r >= 0)
+		r = touches_of(extra.v, extra.n, &t, &n);
+	/* a hard link's other names are not touched: the full rollback */
+	for (size_t i = 0; r >= 0 && i < n; i++) {
+		r = base_range(cur, t[i].path, t[i].subtree, rb_check_links, NULL);
+		if (r >= 0)
+			r = base_range(target, t[i].path, t[i].subtree, rb_check_links, NULL);
+	}
+	for (size_t i = 0; r >= 0 && i < n; i++)
+		r = rollback_touch(upper_fd, target, &t[i], ckpts_fd, &dirs);
+	/* directories last, deepest first: their mtime survives what was made in them */
+	if (r >= 0 && dirs.n)
+		qsort(dirs.v, dirs.n, sizeof(*dirs.v), cmp_entry_ptr_desc);
+	for (size_t i = 0; r >= 0 && i < dirs.n; i++) {
+		_cleanup_close_ int pfd = -1;
+		const char *name;
+
+		if (i > 0 && dirs.v[i] == dirs.v[i - 1])
+			continue;
+		pfd = open_parent(upper_fd, dirs.v[i]->path, &name);
+		if (pfd < 0) {
+			r = pfd;
+			break;
+		}
+		r = set_metadata(pfd, name, dirs.v[i]);
+		if (r >= 0)
+			r = refresh_entry(upper_fd, dirs.v[i]);
+	}
+out:
+	for (size_t i = 0; i < n; i++)
+		free(t[i].path);
+	free(t);
+	for (size_t i = 0; i < extra.n_owned; i++)
+		free(extra.owned[i]);
+	free(extra.owned);
+	free(extra.v);
+	free(dirs.v);
+	return r;
+}

@@ -109,6 +109,20 @@ int env_fs_rebuild(int upper_fd, const struct env_manifest *m, int ckpts_fd);
 int env_fs_rollback(int upper_fd, const struct env_manifest *cur, const struct env_manifest *target,
 		    int ckpts_fd);
 
+/*
+ * The rollback by what differs (issue 23 item 4): the upper layer, last indexed as cur (the
+ * head's index, inode and ctime as on disk), made target's by the paths that changed since
+ * (dirty: the tracer's since the head, "/"-rooted) and those whose entries differ between cur
+ * and target (none when they are the same index): each removed and rebuilt from target (a
+ * path with its subtree: all below it too), touched directories' metadata set last, deepest
+ * first. target's inode and ctime are refreshed for what was rebuilt; the rest is as cur said
+ * (unchanged since). -EMLINK: a hard link is among them (its other names are not): the caller
+ * rolls back with env_fs_rollback, which needs nothing this left. No symlink is followed
+ * (parents by openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, the rest O_NOFOLLOW).
+ */
+int env_fs_rollback_dirty(int upper_fd, struct env_manifest *cur, struct env_manifest *target,
+			  const struct env_fs_dirty *dirty, size_t n_dirty, int ckpts_fd);
+
 /* After a rebuild: the entries' inode and ctime as they are now, so the next scan compares
  * against the rebuilt files rather than the originals. */
 int env_fs_refresh(int upper_fd, struct env_manifest *m);

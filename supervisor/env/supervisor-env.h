@@ -90,6 +90,9 @@ struct sv_env {
 	/* The last env_restore's file-system rollback (or rebuild) of the upper layer, in µs:
 	 * its share of the restore's time (belayer-bench env-scaling). */
 	uint64_t rollback_us;
+	/* How that rollback went: "dirty-set" (the paths changed since the head), "walk" (the
+	 * whole upper layer against the head's index), "rebuild" (from nothing). */
+	const char *rollback_path;
 };
 
 struct env_ckpt_params {
@@ -191,6 +194,18 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
  * to a checkpoint that failed to restore); the call still fails, e->error says why and how
  * the fallback went. */
 int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret);
+/* env_restore, the upper layer rolled back by what differs (issue 23 item 4) when the caller
+ * knows what changed since the head: killed (NULL: not known) is called once the environment is
+ * stopped, and returns 0 with the paths changed since the head's freeze (the tracer's dirty set,
+ * "/"-rooted; the caller's until env_restore_traced returns), or else why not (*ret_why):
+ * then, as without it, the upper layer is walked. */
+struct env_restore_params {
+	int (*killed)(void *userdata, const struct env_fs_dirty **ret_dirty, size_t *ret_n,
+		      const char **ret_why);
+	void *userdata;
+};
+int env_restore_traced(struct sv_env *e, const char *id, const struct env_restore_params *p,
+		       struct env_manifest *ret);
 /* Checkpoint ids, oldest first (free each and the array). */
 int env_checkpoints(const struct sv_env *e, char ***ret, size_t *ret_n);
 /* Keeps the newest keep checkpoints and the head; the oldest kept one absorbs the data it
