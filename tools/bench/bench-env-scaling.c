@@ -166,7 +166,12 @@ static int scaling_reps(struct sv_env *e, unsigned n, unsigned reps, unsigned *t
 		if (r < 0)
 			break;
 		t0 = bench_now_ns() / 1000;
-		r = env_restore(e, id, &m);
+		/* the dirty set's rows: rolled back by the path changed since (the same) */
+		r = env_restore_traced(e, id,
+				       d ? &(struct env_restore_params){.killed = scaling_frozen,
+									.userdata = (void *)d}
+					 : NULL,
+				       &m);
 		if (r < 0) {
 			log_error_errno(r, "Restore of %s failed: %m (%s)", e->id, e->error);
 			break;
