@@ -360,6 +360,7 @@ static const struct field env_info_fields[] = {
 	OPT_U32("net", env_info.net, _ENV_NET_MAX - 1),
 	OPT_U64("commit", env_info.commit_us),
 	OPT_STR("path", env_info.path),
+	OPT_STR("why", env_info.why),
 };
 
 static const struct field env_item_fields[] = {

@@ -98,7 +98,8 @@
  *     "fsb", "fsn", "criub", "frz", "dump", "fs", "tot": uint64 (bytes, files, µs);
  *     "root", "cg": str; "full": uint32 0..1; optional "net": uint enum env_net (an
  *     environment's network; 0 for a checkpoint's manifest); optional "commit": uint64
- *     (µs, a checkpoint's commit phase), "path": str (its FS delta's: "walk", "dirty-set").
+ *     (µs, a checkpoint's commit phase), "path": str (its FS delta's: "walk", "dirty-set"),
+ *     "why": str (why it walked: the manifest's reason).
  *   PROTO_ENV_ITEM (32), supervisor -> peer: one dirty path or side-effect log record:
  *     "kind": str, "pid": uint32, "ts": uint64 (ns), "path", "p2", "txt": str.
  *   PROTO_ENV_EXEC (33), peer -> supervisor, 1 fd (stdin: a regular file, read from offset
@@ -623,6 +624,7 @@ struct proto_env_info {
 	uint32_t net;	    /* optional enum env_net */
 	uint64_t commit_us; /* optional "commit": a checkpoint's commit phase (after the thaw) */
 	char path[16];	    /* optional "path": its delta's path, "walk" or "dirty-set" */
+	char why[PROTO_MAX_STR + 1]; /* optional "why": why its delta walked */
 };
 
 struct proto_env_item {

@@ -354,7 +354,24 @@ static uint64_t commit_us_load(int dfd)
 	return errno || *end || end == text ? 0 : (uint64_t)v;
 }
 
+static int load_checkpoint_as(const struct sv_env *e, int ckfd, const char *id, bool header,
+			      struct env_manifest *m);
+
 static int load_checkpoint(const struct sv_env *e, int ckfd, const char *id, struct env_manifest *m)
+{
+	return load_checkpoint_as(e, ckfd, id, false, m);
+}
+
+/* Its header only (no index): an ancestor's validation, a restore to the head whose index is
+ * in memory. */
+static int load_checkpoint_header(const struct sv_env *e, int ckfd, const char *id,
+				  struct env_manifest *m)
+{
+	return load_checkpoint_as(e, ckfd, id, true, m);
+}
+
+static int load_checkpoint_as(const struct sv_env *e, int ckfd, const char *id, bool header,
+			      struct env_manifest *m)
 {
 	char name[ENV_ID_MAX + 32];
 	int r;
@@ -368,7 +385,8 @@ static int load_checkpoint(const struct sv_env *e, int ckfd, const char *id, str
 
 		if (dfd < 0)
 			return -errno;
-		r = env_manifest_load(dfd, "manifest.mpk", m);
+		r = header ? env_manifest_load_header(dfd, "manifest.mpk", m)
+			   : env_manifest_load(dfd, "manifest.mpk", m);
 		if (r >= 0 && !m->commit_us)
 			m->commit_us = commit_us_load(dfd);
 	}
@@ -437,12 +455,12 @@ static int fs_phase(struct sv_env *e, const struct env_ckpt_params *p, struct en
 	int r;
 
 	*ret_by_dirty = false;
-	if (!p->frozen)
+	if (!base)
+		why = "first checkpoint";
+	else if (!p->frozen)
 		why = p->full_diff_reason ? p->full_diff_reason : "no tracer";
 	else if (p->frozen(p->userdata, &dirty, &n, &why) != 0)
 		why = why ? why : "tracer";
-	else if (!base)
-		why = "first checkpoint";
 	if (!why) {
 		/* CRIU's dump (the parent's) makes and removes a directory in the environment's
 		 * /tmp, to reach its tmpfs mounts: /tmp copied up, its mtime changed, by a process
@@ -465,7 +483,8 @@ static int fs_phase(struct sv_env *e, const struct env_ckpt_params *p, struct en
 		}
 		if (r != -EMLINK && r != -ENOTRECOVERABLE)
 			return r;
-		why = r == -EMLINK ? "a hard link changed" : "the whole tree is dirty";
+		why = r == -EMLINK ? "a hard link changed"
+				   : "the dirty set names the whole tree or a path no entry has";
 		/* what the dirty pass copied goes: the walk numbers its own data */
 		env_manifest_finish(delta);
 		env_fs_gone_finish(gone);
@@ -659,6 +678,9 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	e->head_index = m;
 	e->head_valid = true;
 	memset(&m, 0, sizeof(m));
+	/* Its path index now, the environment running: the next checkpoint's FS phase and a
+	 * restore by what differs look paths up in it. */
+	(void)env_manifest_index(&e->head_index);
 	r = env_gc(e, e->keep);
 	if (r < 0)
 		log_warning_errno(r, "GC of %s's checkpoints failed: %m, ignoring.", e->id);
@@ -687,9 +709,11 @@ out:
 	return r;
 }
 
-/* The checkpoint and its ancestors: all present, all valid, all this environment's; every
- * data reference inside the chain. */
-static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manifest *m)
+/* The checkpoint and its ancestors: all present, all valid, all this environment's (their
+ * headers: the index of an ancestor is not what is restored); every data reference of idx (m's
+ * index, or the same checkpoint's in memory) inside the chain. */
+static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manifest *m,
+			const struct env_manifest *idx)
 {
 	char(*chain)[ENV_ID_MAX + 1] = NULL;
 	size_t n = 0;
@@ -722,7 +746,7 @@ static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manif
 				r = -ELOOP;
 				goto out;
 			}
-		r = load_checkpoint(e, ckfd, next, &pm);
+		r = load_checkpoint_header(e, ckfd, next, &pm);
 		if (r == -ENOENT) {
 			r = log_error_errno(-ENOLINK,
 					    "Checkpoint %s of %s: ancestor %s is missing: the "
@@ -740,18 +764,19 @@ static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manif
 		snprintf(next, sizeof(next), "%s", pm.parent);
 		env_manifest_finish(&pm);
 	}
-	for (size_t i = 0; r >= 0 && i < m->n_entries; i++) {
+	for (size_t i = 0; r >= 0 && i < idx->n_entries; i++) {
 		bool found = false;
 
-		if (m->entries[i].kind != ENV_ENTRY_REG)
+		if (idx->entries[i].kind != ENV_ENTRY_REG)
 			continue;
 		for (size_t j = 0; j < n && !found; j++)
-			found = strcmp(chain[j], m->entries[i].src) == 0;
+			found = strcmp(chain[j], idx->entries[i].src) == 0;
 		if (!found)
 			r = log_error_errno(-ENOLINK,
 					    "Checkpoint %s of %s: %s's data is in %s, outside its "
 					    "chain.",
-					    m->id, e->id, m->entries[i].path, m->entries[i].src);
+					    m->id, e->id, idx->entries[i].path,
+					    idx->entries[i].src);
 	}
 out:
 	free(chain);
@@ -765,7 +790,7 @@ int env_ckpt_load_verified(const struct sv_env *e, int ckfd, const char *id,
 
 	if (r < 0)
 		return r;
-	r = verify_chain(e, ckfd, ret);
+	r = verify_chain(e, ckfd, ret, ret);
 	if (r < 0)
 		env_manifest_finish(ret);
 	return r;
@@ -806,7 +831,7 @@ static int cg_roots_of(const struct sv_env *e, struct cg_roots *c)
  * when *ret_moved: m's entries are then the head index's, refreshed). By the paths changed since
  * the head when the caller knows them, else by a walk. */
 static int rollback(struct sv_env *e, const struct env_restore_params *p, int upperfd,
-		    struct env_manifest *m, int ckfd, bool *ret_moved)
+		    struct env_manifest *m, bool header_only, int ckfd, bool *ret_moved)
 {
 	const struct env_fs_dirty *dirty = NULL;
 	const char *why = NULL;
@@ -842,7 +867,8 @@ static int rollback(struct sv_env *e, const struct env_restore_params *p, int up
 		log_debug("Rollback of %s walks its upper layer: %s.", e->id, why ? why : "?");
 	}
 	e->rollback_path = "walk";
-	return env_fs_rollback(upperfd, &e->head_index, m, ckfd);
+	/* m without its index (a restore to the head): the head's in memory is the target */
+	return env_fs_rollback(upperfd, &e->head_index, header_only ? &e->head_index : m, ckfd);
 }
 
 /* One restore of id. *stopped: the environment was killed (what ran is gone; a failure from
@@ -850,7 +876,7 @@ static int rollback(struct sv_env *e, const struct env_restore_params *p, int up
 static int restore_at(struct sv_env *e, int ckfd, const char *id,
 		      const struct env_restore_params *p, bool *stopped, struct env_manifest *ret)
 {
-	bool moved = false;
+	bool moved = false, to_head;
 
 	_cleanup_(cg_roots_finish) struct cg_roots roots = {0};
 	_cleanup_close_ int upperfd = -1, workfd = -1, criufd = -1, netfd = -1;
@@ -861,10 +887,14 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id,
 	pid_t pid;
 	int r;
 
-	r = load_checkpoint(e, ckfd, id, &m);
+	/* A traced restore to the head whose index is in memory reads the manifest's header
+	 * only: the index it would decode is the one in memory (issue 23 item 4). */
+	to_head = p && p->killed && e->head_valid && strcmp(e->head, id) == 0 &&
+		  strcmp(e->head_index.id, id) == 0;
+	r = to_head ? load_checkpoint_header(e, ckfd, id, &m) : load_checkpoint(e, ckfd, id, &m);
 	if (r < 0)
 		return log_error_errno(r, "Checkpoint %s of %s refused: %m", id, e->id);
-	r = verify_chain(e, ckfd, &m);
+	r = verify_chain(e, ckfd, &m, to_head ? &e->head_index : &m);
 	if (r < 0)
 		goto out;
 	snprintf(criu_dir, sizeof(criu_dir), "%s/criu", id);
@@ -896,7 +926,7 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id,
 	r = env_fs_wipe(workfd);
 	t[2] = mono_us();
 	if (r >= 0 && e->head_valid && strcmp(e->head_index.id, e->head) == 0) {
-		r = rollback(e, p, upperfd, &m, ckfd, &moved);
+		r = rollback(e, p, upperfd, &m, to_head, ckfd, &moved);
 	} else if (r >= 0) {
 		e->rollback_path = "rebuild";
 		r = env_fs_wipe(upperfd);
@@ -1177,6 +1207,7 @@ out:
 					fresh.entries[i].ctime_ns =
 						e->head_index.entries[i].ctime_ns;
 				}
+				(void)env_manifest_index_like(&fresh, &e->head_index);
 				env_manifest_finish(&e->head_index);
 				e->head_index = fresh;
 				e->head_valid = true;

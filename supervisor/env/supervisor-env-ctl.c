@@ -334,6 +334,7 @@ static void info_of_manifest(const char *env, const struct env_manifest *mf, uin
 	m->env_info.full_diff = mf->full_diff;
 	m->env_info.commit_us = mf->commit_us;
 	snprintf(m->env_info.path, sizeof(m->env_info.path), "%s", mf->delta_path);
+	snprintf(m->env_info.why, sizeof(m->env_info.why), "%s", mf->full_diff_reason);
 }
 
 static int send_end(struct supervisor *s, struct sv_client *c, uint32_t n)

@@ -1094,8 +1094,9 @@ static int touches_of(const struct env_fs_dirty *dirty, size_t n_dirty, struct t
 				r = -ENOTRECOVERABLE; /* everything: that is a walk */
 			continue;
 		}
+		/* a name no index entry can have (too long, not normalized): the walk decides */
 		if (len > ENV_PATH_MAX) {
-			r = -ENAMETOOLONG;
+			r = -ENOTRECOVERABLE;
 			break;
 		}
 		/* the path, then each ancestor */
@@ -1114,6 +1115,11 @@ static int touches_of(const struct env_fs_dirty *dirty, size_t n_dirty, struct t
 			t[n].path = strndup(p, len);
 			if (!t[n].path) {
 				r = -ENOMEM;
+				break;
+			}
+			if (first && !env_path_valid(t[n].path)) {
+				free(t[n].path);
+				r = -ENOTRECOVERABLE;
 				break;
 			}
 			t[n].subtree = first && dirty[i].subtree;

@@ -65,7 +65,8 @@ int env_fs_scan(int upper_fd, const struct env_manifest *base, env_fs_force_cb f
  * -EMLINK: a hard link is involved (a regular file of more than one name found, or a base
  * entry touched that is a hard link or the target of one): the names elsewhere are not in the
  * delta; the caller walks instead (env_fs_scan), after emptying data_fd. -ENOTRECOVERABLE: the
- * dirty set names the root itself with its subtree: walk.
+ * dirty set names the root itself with its subtree, or a path no index entry can have (too
+ * long, not normalized): walk.
  */
 struct env_fs_dirty {
 	const char *path; /* as the environment sees it: "/"-rooted */

@@ -119,6 +119,10 @@ int env_manifest_add(struct env_manifest *m, const struct env_entry *e);
  * phase looks its parent's entries up by path without sorting 100,000 of them while the
  * environment is frozen. NULL with errno set when out of memory. */
 const struct env_entry **env_manifest_index(struct env_manifest *m);
+/* env_manifest_index of m, taken from like's when like holds the same paths in the same order
+ * (a manifest read again): O(n), no sort. */
+const struct env_entry **env_manifest_index_like(struct env_manifest *m,
+						 const struct env_manifest *like);
 /* m's entry at path (NULL: none); by m->by_path, which must be built. */
 const struct env_entry *env_manifest_find(const struct env_manifest *m, const char *path);
 /* A hard link of m names path (by m->link_targets, built with by_path). */
@@ -132,5 +136,9 @@ int env_manifest_decode(const void *buf, size_t len, struct env_manifest *ret);
 
 /* Reads and validates dirfd/name (at most ENV_MANIFEST_MAX_BYTES). */
 int env_manifest_load(int dirfd, const char *name, struct env_manifest *ret);
+/* The same without the index ("fs_index" skipped over in the raw bytes, never unpacked; no
+ * entries): what a chain's validation needs of an ancestor, at the cost of its header. */
+int env_manifest_load_header(int dirfd, const char *name, struct env_manifest *ret);
+int env_manifest_decode_header(const void *buf, size_t len, struct env_manifest *ret);
 /* Writes dirfd/name and fsyncs it. */
 int env_manifest_store(int dirfd, const char *name, const struct env_manifest *m);

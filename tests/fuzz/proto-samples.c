@@ -337,6 +337,7 @@ static void sample_env_info(struct proto_msg *m)
 	m->env_info.net = ENV_NET_NONE;
 	m->env_info.commit_us = 4100;
 	(void)snprintf(m->env_info.path, sizeof(m->env_info.path), "dirty-set");
+	(void)snprintf(m->env_info.why, sizeof(m->env_info.why), "ring buffer overflow");
 }
 
 static void sample_env_item(struct proto_msg *m)

@@ -531,6 +531,7 @@ static bool key_is_optional(enum proto_type type, const char *key)
 		/* A checkpoint's commit time and delta path (issue 23). */
 		{PROTO_ENV_INFO, "commit"},
 		{PROTO_ENV_INFO, "path"},
+		{PROTO_ENV_INFO, "why"},
 		/* A fork's new environment and count (issue 20 item 4). */
 		{PROTO_ENV_REQUEST, "dst"},
 		{PROTO_ENV_REQUEST, "n"},

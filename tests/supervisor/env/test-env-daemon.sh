@@ -200,7 +200,9 @@ pid_of() { ctl --json env list | grep "\"env\":\"$1\"" | sed -n 's/.*"pid":\([0-
 pid=$(pid_of hold)
 in_env 'head -c 536870912 /dev/zero >/work/big'
 pid=$(pid_of late)
-ctl env checkpoint late --turn 1 >/dev/null # the first: a walk; the tracer vouches from here
+# the first: a walk, saying why; the tracer vouches from here
+ctl --json env checkpoint late --turn 1 >"$dir/late1.json"
+grep -Eq '"why": ?"first checkpoint"' "$dir/late1.json" || fail "no reason: $(cat "$dir/late1.json")"
 in_env 'echo early >/work/early'
 ctl env checkpoint hold --turn 1 >"$dir/hold.txt" 2>&1 &
 hold_ck=$!
