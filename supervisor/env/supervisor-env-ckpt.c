@@ -709,11 +709,64 @@ out:
 	return r;
 }
 
+/* id's manifest as it is on disk (its identity), or -errno. */
+static int manifest_ident(int ckfd, const char *id, struct env_verified *v)
+{
+	char name[ENV_ID_MAX + 32];
+	struct stat st;
+
+	snprintf(name, sizeof(name), "%s/manifest.mpk", id);
+	if (fstatat(ckfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	snprintf(v->id, sizeof(v->id), "%s", id);
+	v->ino = st.st_ino;
+	v->size = (uint64_t)st.st_size;
+	v->mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+	return 0;
+}
+
 /* The checkpoint and its ancestors: all present, all valid, all this environment's (their
  * headers: the index of an ancestor is not what is restored); every data reference of idx (m's
  * index, or the same checkpoint's in memory) inside the chain. */
 static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manifest *m,
-			const struct env_manifest *idx)
+			const struct env_manifest *idx, struct env_verified *cache,
+			unsigned *n_cache);
+
+/* An ancestor's parent, its header validated (load_checkpoint_header), unless this very file
+ * was validated before (cache, NULL: none; n_cache counts the entries ever filled). */
+static int ancestor_parent(const struct sv_env *e, int ckfd, const char *id,
+			   struct env_verified *cache, unsigned *n_cache, char *ret_parent)
+{
+	struct env_verified v = {0};
+	struct env_manifest pm;
+	int r;
+
+	if (cache) {
+		r = manifest_ident(ckfd, id, &v);
+		if (r < 0)
+			return r;
+		for (unsigned i = 0; i < 16 && i < *n_cache; i++)
+			if (strcmp(cache[i].id, v.id) == 0 && cache[i].ino == v.ino &&
+			    cache[i].size == v.size && cache[i].mtime_ns == v.mtime_ns) {
+				snprintf(ret_parent, ENV_ID_MAX + 1, "%s", cache[i].parent);
+				return 0;
+			}
+	}
+	r = load_checkpoint_header(e, ckfd, id, &pm);
+	if (r < 0)
+		return r;
+	snprintf(ret_parent, ENV_ID_MAX + 1, "%s", pm.parent);
+	env_manifest_finish(&pm);
+	if (cache) {
+		snprintf(v.parent, sizeof(v.parent), "%s", ret_parent);
+		cache[(*n_cache)++ % 16] = v;
+	}
+	return 0;
+}
+
+static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manifest *m,
+			const struct env_manifest *idx, struct env_verified *cache,
+			unsigned *n_cache)
 {
 	char(*chain)[ENV_ID_MAX + 1] = NULL;
 	size_t n = 0;
@@ -726,7 +779,7 @@ static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manif
 	snprintf(chain[n++], sizeof(chain[0]), "%s", m->id);
 	snprintf(next, sizeof(next), "%s", m->parent);
 	while (next[0]) {
-		struct env_manifest pm;
+		char parent[ENV_ID_MAX + 1];
 
 		if (n >= CHAIN_MAX) {
 			r = -ELOOP;
@@ -746,7 +799,7 @@ static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manif
 				r = -ELOOP;
 				goto out;
 			}
-		r = load_checkpoint_header(e, ckfd, next, &pm);
+		r = ancestor_parent(e, ckfd, next, cache, n_cache, parent);
 		if (r == -ENOENT) {
 			r = log_error_errno(-ENOLINK,
 					    "Checkpoint %s of %s: ancestor %s is missing: the "
@@ -761,8 +814,7 @@ static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manif
 			break;
 		}
 		snprintf(chain[n++], sizeof(chain[0]), "%s", next);
-		snprintf(next, sizeof(next), "%s", pm.parent);
-		env_manifest_finish(&pm);
+		snprintf(next, sizeof(next), "%s", parent);
 	}
 	for (size_t i = 0; r >= 0 && i < idx->n_entries; i++) {
 		bool found = false;
@@ -790,7 +842,7 @@ int env_ckpt_load_verified(const struct sv_env *e, int ckfd, const char *id,
 
 	if (r < 0)
 		return r;
-	r = verify_chain(e, ckfd, ret, ret);
+	r = verify_chain(e, ckfd, ret, ret, NULL, NULL);
 	if (r < 0)
 		env_manifest_finish(ret);
 	return r;
@@ -871,6 +923,25 @@ static int rollback(struct sv_env *e, const struct env_restore_params *p, int up
 	return env_fs_rollback(upperfd, &e->head_index, header_only ? &e->head_index : m, ckfd);
 }
 
+/* The head's manifest without its index, from memory (this process wrote it, or read and
+ * validated it): the file must still be there. */
+static int head_header(const struct sv_env *e, int ckfd, struct env_manifest *m)
+{
+	struct env_verified v;
+	int r = manifest_ident(ckfd, e->head_index.id, &v);
+
+	if (r < 0)
+		return r;
+	*m = e->head_index;
+	m->entries = NULL;
+	m->n_entries = m->cap_entries = 0;
+	m->xattr_bytes = 0;
+	m->by_path = NULL;
+	m->link_targets = NULL;
+	m->n_link_targets = 0;
+	return 0;
+}
+
 /* One restore of id. *stopped: the environment was killed (what ran is gone; a failure from
  * there on leaves it down and its upper layer in between). */
 static int restore_at(struct sv_env *e, int ckfd, const char *id,
@@ -891,10 +962,10 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id,
 	 * only: the index it would decode is the one in memory (issue 23 item 4). */
 	to_head = p && p->killed && e->head_valid && strcmp(e->head, id) == 0 &&
 		  strcmp(e->head_index.id, id) == 0;
-	r = to_head ? load_checkpoint_header(e, ckfd, id, &m) : load_checkpoint(e, ckfd, id, &m);
+	r = to_head ? head_header(e, ckfd, &m) : load_checkpoint(e, ckfd, id, &m);
 	if (r < 0)
 		return log_error_errno(r, "Checkpoint %s of %s refused: %m", id, e->id);
-	r = verify_chain(e, ckfd, &m, to_head ? &e->head_index : &m);
+	r = verify_chain(e, ckfd, &m, to_head ? &e->head_index : &m, e->verified, &e->n_verified);
 	if (r < 0)
 		goto out;
 	snprintf(criu_dir, sizeof(criu_dir), "%s/criu", id);

@@ -93,6 +93,13 @@ struct sv_env {
 	/* How that rollback went: "dirty-set" (the paths changed since the head), "walk" (the
 	 * whole upper layer against the head's index), "rebuild" (from nothing). */
 	const char *rollback_path;
+	/* Ancestors whose manifest header this process validated, by the file's identity (a
+	 * restore's chain validation reads each one once, not at every restore). */
+	struct env_verified {
+		char id[ENV_ID_MAX + 1], parent[ENV_ID_MAX + 1];
+		uint64_t ino, size, mtime_ns;
+	} verified[16];
+	unsigned n_verified; /* entries filled in turn, the oldest replaced */
 };
 
 struct env_ckpt_params {
