@@ -445,8 +445,8 @@ static void criu_error(struct sv_env *e, int criufd, const char *log, int r)
  * ("path") and, for a walk, why. *ret_by_dirty: out is a partial index, delta and gone for
  * env_fs_delta_apply; else m's entries are the full index.
  */
-static int fs_phase(struct sv_env *e, const struct env_ckpt_params *p, struct env_manifest *base,
-		    int upperfd, int datafd, struct env_manifest *m, struct env_manifest *delta,
+static int fs_phase(const struct env_ckpt_params *p, struct env_manifest *base, int upperfd,
+		    int datafd, struct env_manifest *m, struct env_manifest *delta,
 		    struct env_fs_gone *gone, struct env_fs_stats *st, bool *ret_by_dirty)
 {
 	const struct env_fs_dirty *dirty = NULL;
@@ -496,7 +496,6 @@ static int fs_phase(struct sv_env *e, const struct env_ckpt_params *p, struct en
 	m->full_diff = true;
 	snprintf(m->full_diff_reason, sizeof(m->full_diff_reason), "%s", why);
 	snprintf(m->delta_path, sizeof(m->delta_path), "%s", ENV_DELTA_PATH_WALK);
-	(void)e;
 	return env_fs_scan(upperfd, base, p->force, p->userdata, p->cancel, datafd, m, st);
 }
 
@@ -586,7 +585,7 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	}
 	nproc = env_count_procs(e);
 	m.nproc = nproc > 0 ? (uint64_t)nproc : 0;
-	r = fs_phase(e, p, base, upperfd, datafd, &m, &delta, &gone, &st, &by_dirty);
+	r = fs_phase(p, base, upperfd, datafd, &m, &delta, &gone, &st, &by_dirty);
 	t_fs = mono_us();
 	if (r < 0) {
 		if (r != -ECANCELED)
@@ -725,13 +724,6 @@ static int manifest_ident(int ckfd, const char *id, struct env_verified *v)
 	return 0;
 }
 
-/* The checkpoint and its ancestors: all present, all valid, all this environment's (their
- * headers: the index of an ancestor is not what is restored); every data reference of idx (m's
- * index, or the same checkpoint's in memory) inside the chain. */
-static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manifest *m,
-			const struct env_manifest *idx, struct env_verified *cache,
-			unsigned *n_cache);
-
 /* An ancestor's parent, its header validated (load_checkpoint_header), unless this very file
  * was validated before (cache, NULL: none; n_cache counts the entries ever filled). */
 static int ancestor_parent(const struct sv_env *e, int ckfd, const char *id,
@@ -745,7 +737,7 @@ static int ancestor_parent(const struct sv_env *e, int ckfd, const char *id,
 		r = manifest_ident(ckfd, id, &v);
 		if (r < 0)
 			return r;
-		for (unsigned i = 0; i < 16 && i < *n_cache; i++)
+		for (unsigned i = 0; i < ENV_VERIFIED_MAX && i < *n_cache; i++)
 			if (strcmp(cache[i].id, v.id) == 0 && cache[i].ino == v.ino &&
 			    cache[i].size == v.size && cache[i].mtime_ns == v.mtime_ns) {
 				snprintf(ret_parent, ENV_ID_MAX + 1, "%s", cache[i].parent);
@@ -759,11 +751,14 @@ static int ancestor_parent(const struct sv_env *e, int ckfd, const char *id,
 	env_manifest_finish(&pm);
 	if (cache) {
 		snprintf(v.parent, sizeof(v.parent), "%s", ret_parent);
-		cache[(*n_cache)++ % 16] = v;
+		cache[(*n_cache)++ % ENV_VERIFIED_MAX] = v;
 	}
 	return 0;
 }
 
+/* The checkpoint and its ancestors: all present, all valid, all this environment's (their
+ * headers: the index of an ancestor is not what is restored); every data reference of idx (m's
+ * index, or the same checkpoint's in memory) inside the chain. */
 static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manifest *m,
 			const struct env_manifest *idx, struct env_verified *cache,
 			unsigned *n_cache)

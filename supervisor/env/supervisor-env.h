@@ -60,6 +60,8 @@ struct env_params {
 	uint32_t userns_base; /* [env] userns: root's host uid/gid (0: no user namespace) */
 };
 
+#define ENV_VERIFIED_MAX 16
+
 struct sv_env {
 	struct sv_env *next;
 	char id[ENV_ID_MAX + 1];
@@ -98,7 +100,7 @@ struct sv_env {
 	struct env_verified {
 		char id[ENV_ID_MAX + 1], parent[ENV_ID_MAX + 1];
 		uint64_t ino, size, mtime_ns;
-	} verified[16];
+	} verified[ENV_VERIFIED_MAX];
 	unsigned n_verified; /* entries filled in turn, the oldest replaced */
 };
 
