@@ -1148,7 +1148,7 @@ int env_restore_traced(struct sv_env *e, const char *id, const struct env_restor
 
 /* The oldest kept checkpoint becomes a chain root: data from deleted ancestors is
  * hard-linked into its own data/, its manifest rewritten (tmp + rename) without a parent. */
-static int rebase(const struct sv_env *e, int ckfd, const char *id, char **drop, size_t n_drop)
+static int rebase(struct sv_env *e, int ckfd, const char *id, char **drop, size_t n_drop)
 {
 	struct env_manifest m;
 	_cleanup_close_ int dfd = -1, datafd = -1;
@@ -1203,6 +1203,16 @@ static int rebase(const struct sv_env *e, int ckfd, const char *id, char **drop,
 		    (syncfs(dfd) < 0 ||
 		     renameat(dfd, "manifest.mpk.new", dfd, "manifest.mpk") < 0 || fsync(dfd) < 0))
 			r = -errno;
+		/* written here from a validated manifest: a restore's chain validation need not
+		 * read it again (e->verified) */
+		if (r >= 0) {
+			struct env_verified v = {0};
+
+			if (manifest_ident(ckfd, id, &v) >= 0) {
+				snprintf(v.parent, sizeof(v.parent), "%s", m.parent);
+				e->verified[e->n_verified++ % ENV_VERIFIED_MAX] = v;
+			}
+		}
 	}
 out:
 	env_manifest_finish(&m);
