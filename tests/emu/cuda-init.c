@@ -637,7 +637,13 @@ CUAPI CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 
 CUAPI CUresult cuCtxSynchronize(void)
 {
+	CUresult r;
+
 	EMU_ENTER();
+	/* Synchronising the device waits for capturing streams too: prohibited during capture. */
+	r = emu_capture_unsafe();
+	if (r != CUDA_SUCCESS)
+		return r;
 	/* Everything executes synchronously, at the call. */
 	return current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
@@ -717,7 +723,12 @@ CUAPI CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
 
 CUAPI CUresult cuCtxSynchronize_v2(CUcontext ctx)
 {
+	CUresult r;
+
 	EMU_ENTER();
+	r = emu_capture_unsafe();
+	if (r != CUDA_SUCCESS)
+		return r;
 	if (!ctx)
 		return current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 	return ctx_valid(ctx) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
