@@ -29,6 +29,7 @@
 
 #include "fdpass.h"
 #include "log.h"
+#include "shim-capture.h"
 #include "shim-device.h"
 #include "shim-ipc.h"
 #include "shim-real.h"
@@ -101,6 +102,7 @@ static void serve_one(int c)
 	if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 || cred.uid != geteuid())
 		rep.status = -EPERM;
 	else if (recv(c, &req, sizeof(req), 0) == (ssize_t)sizeof(req) && req.magic == IPC_MAGIC) {
+		capture_relax_thread();
 		fd = regions_export_fd(req.id, &rep.size);
 		rep.status = fd < 0 ? fd : 0;
 	}

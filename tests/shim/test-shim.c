@@ -455,6 +455,26 @@ static void test_memset_bumps_weights_version(void **state)
 	assert_int_equal(COUNT(f, "announce", wva, "version=4"), 0);
 }
 
+/* Review finding 3: the shim's NCCL poller queries the pending all-reduce's event every
+ * 500 us; in the default GLOBAL capture mode that is a prohibited call while the engine's
+ * main thread captures a CUDA graph, and it invalidates the capture (PyTorch's watchdog bug,
+ * pytorch PR #104487). The shim's own threads must not disturb the engine's capture. */
+static void test_capture_beside_pending_collective(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "capture", NULL};
+	struct wenv e;
+	struct proc w;
+	char line[256];
+
+	start_receiver(f, false);
+	spawn(&w, argv, workload_env(&e, f, "BELAYER_EMU_EVENT_DELAY_MS=300", NULL), true, false);
+	assert_true(expect_line(w.out, "ok capture", line, sizeof(line)));
+	/* CUDA_SUCCESS, not CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901). */
+	assert_string_equal(line, "ok capture end=0");
+	finish(f, &w);
+}
+
 static void test_engine_classification(void **state)
 {
 	struct fixture *f = *state;
@@ -820,6 +840,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_second_nccl_copy_passes_through, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_memset_bumps_weights_version, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_capture_beside_pending_collective, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_no_supervisor_runs_normally, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_storm_no_lost_or_duplicated_records, setup,
 						teardown),
