@@ -225,6 +225,15 @@ static void absorb(struct peer *p, struct proto_msg *m)
 				p->regs[i] = p->regs[--p->n_regs];
 				break;
 			}
+		/* A shadow region that left the layout (the supervisor's shadow_release); the
+		 * others keep their creation order. */
+		for (size_t i = 0; i < p->n_sregs; i++)
+			if (p->sregs[i].id == m->release.id) {
+				memmove(&p->sregs[i], &p->sregs[i + 1],
+					(p->n_sregs - i - 1) * sizeof(p->sregs[0]));
+				p->n_sregs--;
+				break;
+			}
 		break;
 	case PROTO_SHADOW_REGION:
 		assert_true(p->n_sregs < MAX_REGS);
@@ -539,6 +548,84 @@ static void test_shadow_parks_with_primary_layout_and_costs_scratch(void **state
 	/* the shadow's classes and sizes, in creation order, are the primary's */
 	for (size_t i = 0; i < f->shadow.n_sregs; i++)
 		assert_true(i == 0 || f->shadow.sregs[i].order > f->shadow.sregs[i - 1].order);
+}
+
+/* Opens a shadow-workload's IPC handle from a separate shimmed process (no supervisor) and
+ * returns the "bytes" line it printed for the first 16 bytes, or "" when it could not. */
+static void ipc_peer_read(struct fixture *f, const char *hex, char *line, size_t cap)
+{
+	const char *argv[] = {WORKLOAD_PATH, "ipc-open", hex, "0", NULL};
+	const char *env[] = {"BELAYER_SOCKET=/nonexistent/belayer.sock", "BELAYER_LOG_LEVEL=error",
+			     NULL};
+	struct peer o;
+	int status;
+
+	peer_init(&o);
+	spawn(f, &o, argv, "primary", env);
+	close(o.in);
+	o.in = -1;
+	line[0] = '\0';
+	while (read_line(o.out, line, cap) && strncmp(line, "bytes ", 6) != 0)
+		line[0] = '\0';
+	assert_int_equal(waitpid(o.pid, &status, 0), o.pid);
+	o.pid = -1;
+	peer_close(&o);
+}
+
+static void start_ipc_workload(struct fixture *f, struct peer *p, const char *role, unsigned seed,
+			       char *hex, size_t cap)
+{
+	char s[16], w[32], k[32], line[256];
+	const char *argv[] = {SHADOW_WORKLOAD_PATH, s, w, k, "ipc", NULL};
+
+	snprintf(s, sizeof(s), "%u", seed);
+	snprintf(w, sizeof(w), "%" PRIu64, 32 * MIB);
+	snprintf(k, sizeof(k), "%" PRIu64, 32 * MIB);
+	spawn(f, p, argv, role, NULL);
+	accept_peer(f, p);
+	expect_line(p, "ipc ", line, sizeof(line));
+	snprintf(hex, cap, "%s", line + 4);
+	expect_line(p, "ready", line, sizeof(line));
+}
+
+/* Review findings 1 and 4: a custom-all-reduce-style buffer (cuMemAlloc + cuIpcGetMemHandle
+ * before the KV probe, so `weights` by phase) must be openable by peers in a shadow too, hold
+ * real memory there, stay out of the layout and keep its backing across the promotion. */
+static void test_ipc_shared_buffer_is_real_and_never_swapped(void **state)
+{
+	static const char pattern[] = "bytes a5a4a7a6a1a0a3a2adacafaea9a8abaa";
+	struct fixture *f = *state;
+	uint64_t prim_sums[N_LAYOUT], hash;
+	char prim_hex[256], hex[256], line[256];
+	uint32_t n;
+
+	start_ipc_workload(f, &f->primary, "primary", 1, prim_hex, sizeof(prim_hex));
+	ipc_peer_read(f, prim_hex, line, sizeof(line));
+	assert_string_equal(line, pattern);
+
+	start_ipc_workload(f, &f->shadow, "shadow", 2, hex, sizeof(hex));
+	/* The peer opens the shadow's buffer and reads what the shadow wrote, after the
+	 * shadow's weights went through scratch. */
+	ipc_peer_read(f, hex, line, sizeof(line));
+	assert_string_equal(line, pattern);
+
+	/* 5 layout regions, the IPC buffer and the `other` one; the IPC buffer is not weights */
+	PUMP_UNTIL(&f->primary,
+		   f->primary.n_regs == N_LAYOUT + 2 && count_class(&f->primary, true) == N_LAYOUT);
+	sums(&f->primary, prim_sums);
+	PUMP_UNTIL(&f->shadow, f->shadow.parked >= 1 && f->shadow.n_sregs == N_LAYOUT &&
+				       f->shadow.park.n_entries == N_LAYOUT);
+	hash = primary_layout(&f->primary, &n, NULL);
+	assert_int_equal(n, N_LAYOUT);
+	assert_true(f->shadow.park.hash == hash);
+
+	send_maps(f);
+	kill_primary(f);
+	commit(f, f->shadow.park.hash, N_LAYOUT, 3);
+	expect_promoted(f, prim_sums, 3);
+	/* Not swapped: the peer still sees the shadow's own buffer. */
+	ipc_peer_read(f, hex, line, sizeof(line));
+	assert_string_equal(line, pattern);
 }
 
 static void test_promotion_remaps_every_region(void **state)
@@ -869,6 +956,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(
 			test_shadow_parks_with_primary_layout_and_costs_scratch, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_ipc_shared_buffer_is_real_and_never_swapped,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_promotion_remaps_every_region, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_layout_mismatch_is_refused_and_rolled_back,
