@@ -164,6 +164,10 @@ static int run_engine(void)
 	alloc(16 * MIB);
 	alloc(2 * MIB); /* tracked, small: closes the KV window */
 	alloc(16 * MIB);
+	/* vLLM's capture_model: empty_cache() and mem_get_info() right before capturing, then
+	 * the graph pool's first segment: activations, not KV. */
+	CHECK(d.mem_info(&fr, &tot));
+	alloc(16 * MIB);
 	fill(w2, 3); /* a weight update after load */
 	printf("ok engine w1=0x%llx w2=0x%llx\n", (unsigned long long)w1, (unsigned long long)w2);
 	hold();

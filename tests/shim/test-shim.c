@@ -502,6 +502,9 @@ static void test_engine_classification(void **state)
 	assert_int_equal(COUNT(f, "announce", "class=kv", "size=16777216", "order=3 "), 1);
 	assert_int_equal(COUNT(f, "announce", "class=other", "size=2097152", "order=4 "), 1);
 	assert_int_equal(COUNT(f, "announce", "class=other", "size=16777216", "order=5 "), 1);
+	/* A probe after the KV cache exists does not make another KV cache (review finding 8):
+	 * the graph pool's segment after capture_model's mem_get_info is `other`. */
+	assert_int_equal(COUNT(f, "announce", "class=other", "size=16777216", "order=6 "), 1);
 	assert_int_equal(COUNT(f, "announce", "class=kv"), 2);
 }
 
