@@ -25,10 +25,12 @@
  * own at the same address, its current bytes copied over. */
 static CUresult materialize(struct region *r)
 {
+	const struct dev_info *d = shim_device_info(r->dev);
 	CUmemAllocationProp prop = {
 		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
 		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
 		.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = r->dev},
+		.allocFlags.gpuDirectRDMACapable = d && d->rdma_vmm, /* as convert() makes it */
 	};
 	CUmemGenericAllocationHandle h;
 	CUdeviceptr tmp = 0;

@@ -295,6 +295,10 @@ static int attribute(CUdevice_attribute a, CUdevice dev)
 	case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
 	case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
 	case CU_DEVICE_ATTRIBUTE_ECC_ENABLED:
+	/* An H100/H200 with the peer-memory or dma-buf stack: GPUDirect RDMA, also of VMM memory
+	 * created with allocFlags.gpuDirectRDMACapable. */
+	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
 		return 1;
 	case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
 		return 2;

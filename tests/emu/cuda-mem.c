@@ -307,6 +307,24 @@ static CUresult pointer_attribute(void *data, CUpointer_attribute attribute, CUd
 	case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
 		*(int *)data = m->access[m->alloc->dev];
 		break;
+	case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+		/* cuMemAlloc memory on an RDMA-capable device is; VMM memory only when created
+		 * with allocFlags.gpuDirectRDMACapable (CUmemAllocationProp: "This flag if set
+		 * indicates that the memory will be used as a buffer for hardware accelerated
+		 * ... RDMA"). */
+		*(int *)data = r->kind == EMU_RES_VMM
+				       ? m->alloc->prop.allocFlags.gpuDirectRDMACapable != 0
+				       : 1;
+		break;
+	case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+		*(CUdeviceptr *)data = r->base + m->offset;
+		break;
+	case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+		*(size_t *)data = m->size;
+		break;
+	case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+		*(unsigned long long *)data = m->alloc->id;
+		break;
 	default:
 		ret = CUDA_ERROR_NOT_SUPPORTED;
 		break;

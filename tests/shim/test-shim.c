@@ -275,6 +275,10 @@ static void test_runtime_loader_tracked(void **state)
 	start_receiver(f, false);
 	spawn(&w, argv, workload_env(&e, f, "BELAYER_ENGINE_ID=eng-7", "BELAYER_RANK=3"), true,
 	      false);
+	/* Converted memory says what it is: POSIX-fd exportable, and GPUDirect-RDMA capable
+	 * like the driver's cuMemAlloc memory (review finding 9). */
+	assert_true(expect_line(w.out, "attrs ", line, sizeof(line)));
+	assert_string_equal(line, "attrs types=1 rdma=1 native_rdma=1");
 	assert_true(expect_line(w.out, "ok runtime", line, sizeof(line)));
 	snprintf(pid, sizeof(pid), "pid=%d ", w.pid);
 	WAIT_COUNT(f, 2, "announce", pid, "size=8388608", "class=weights", "fd=ok");
@@ -316,6 +320,8 @@ static void test_alloc_policy_passthrough(void **state)
 
 	start_receiver(f, false);
 	spawn(&w, argv, workload_env(&e, f, "BELAYER_ALLOC_POLICY=passthrough", NULL), true, false);
+	assert_true(expect_line(w.out, "attrs ", line, sizeof(line)));
+	assert_string_equal(line, "attrs types=0 rdma=1 native_rdma=1");
 	assert_true(expect_line(w.out, "ok runtime", line, sizeof(line)));
 	snprintf(pid, sizeof(pid), "pid=%d ", w.pid);
 	WAIT_COUNT(f, 1, "hello", pid);
