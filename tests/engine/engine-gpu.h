@@ -34,7 +34,9 @@
 	X(cuModuleGetFunction, 2000)      \
 	X(cuLaunchKernel, 4000)           \
 	X(cuStreamCreate, 2000)           \
-	X(cuStreamSynchronize, 2000)
+	X(cuStreamSynchronize, 2000)      \
+	X(cuIpcGetMemHandle, 4010)        \
+	X(cuIpcOpenMemHandle, 11000)
 
 #define ENGINE_NCCL_FUNCS(X) \
 	X(ncclGetUniqueId)   \

@@ -766,7 +766,8 @@ static void engine_start(struct fixture *f, struct peer *p, struct peer *p1, con
 			      "dummy",	   "--seed",
 			      seed,	   "--kv-cache-bytes",
 			      "16M",	   p1 ? "--tensor-parallel-size" : NULL,
-			      "2",	   NULL};
+			      "2",	   "--custom-all-reduce",
+			      NULL};
 	/* The shim's default threshold: the stand-in's caching allocator puts every tensor, the
 	 * smallest (norms) too, in segments of at least 2 MiB, so a promoted shadow holds all of
 	 * the primary's weights. RANK=0 for the leader's hello; the engine gives its followers
@@ -891,7 +892,10 @@ static void wait_gone(pid_t pid)
 }
 
 /* Both ranks of a TP=2 group: the primary group dies whole, both shadow ranks are promoted
- * (each onto the memory of the primary rank of the same number, on the same device). */
+ * (each onto the memory of the primary rank of the same number, on the same device). The
+ * ranks share custom-all-reduce buffers over legacy IPC before the KV probe, as vLLM's do by
+ * default: the shadow ranks must be able to open each other's (review finding 1), and those
+ * stay out of the layout. */
 static void test_engine_tp2_promoted_group_answers_like_the_primary(void **state)
 {
 	struct fixture *f = *state;
