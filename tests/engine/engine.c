@@ -51,6 +51,7 @@ enum {
 	ARG_MODEL,
 	ARG_NO_RANK_ENV,
 	ARG_CUSTOM_ALL_REDUCE,
+	ARG_CUDA_GRAPH,
 };
 
 static const struct option options[] = {
@@ -77,6 +78,7 @@ static const struct option options[] = {
 	{"nccl-id", required_argument, NULL, ARG_NCCL_ID},
 	{"no-rank-env", no_argument, NULL, ARG_NO_RANK_ENV},
 	{"custom-all-reduce", no_argument, NULL, ARG_CUSTOM_ALL_REDUCE},
+	{"cuda-graph", no_argument, NULL, ARG_CUDA_GRAPH},
 	{"help", no_argument, NULL, 'h'},
 	{},
 };
@@ -118,7 +120,9 @@ static void usage(FILE *f)
 		"workers\n"
 		"  --custom-all-reduce           TP ranks share cudaMalloc buffers over legacy IPC "
 		"before\n"
-		"                                the KV probe, as vLLM's custom all-reduce\n");
+		"                                the KV probe, as vLLM's custom all-reduce\n"
+		"  --cuda-graph                  decode steps captured as CUDA graphs and "
+		"replayed (TP 1)\n");
 }
 
 static int parse_size(const char *s, uint64_t *ret)
@@ -253,6 +257,9 @@ static int parse_args(int argc, char **argv, struct engine_options *o)
 			break;
 		case ARG_CUSTOM_ALL_REDUCE:
 			o->custom_all_reduce = true;
+			break;
+		case ARG_CUDA_GRAPH:
+			o->cuda_graph = true;
 			break;
 		case ARG_NCCL_ID:
 			id_hex = optarg;
@@ -557,6 +564,7 @@ int main(int argc, char **argv)
 			      : model_load_file(&e.m, e.o.model);
 	if (r < 0)
 		goto fail;
+	e.m.cuda_graph = e.o.cuda_graph;
 	e.model_path = strdup(e.o.model);
 	t[3] = now_s();
 	/* vLLM's finalize_p2p(): before determine_available_memory(). */

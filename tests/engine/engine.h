@@ -35,6 +35,7 @@ struct engine_options {
 	struct model_config dummy_config; /* --load-format dummy without --model */
 	bool no_rank_env;		  /* --no-rank-env: ranks get no RANK/LOCAL_RANK */
 	bool custom_all_reduce;		  /* --custom-all-reduce: IPC buffers, as vLLM's */
+	bool cuda_graph;		  /* --cuda-graph: decode steps from CUDA graphs */
 };
 
 struct request;

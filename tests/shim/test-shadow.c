@@ -760,13 +760,20 @@ static void engine_start(struct fixture *f, struct peer *p, struct peer *p1, con
 			 const char *seed, struct engine *e)
 {
 	char line[4096], *port;
-	const char *argv[] = {ENGINE_PATH, "--model",
-			      NULL,	   "--port",
-			      "0",	   "--load-format",
-			      "dummy",	   "--seed",
-			      seed,	   "--kv-cache-bytes",
-			      "16M",	   p1 ? "--tensor-parallel-size" : NULL,
-			      "2",	   "--custom-all-reduce",
+	const char *argv[] = {ENGINE_PATH,
+			      "--model",
+			      NULL,
+			      "--port",
+			      "0",
+			      "--load-format",
+			      "dummy",
+			      "--seed",
+			      seed,
+			      "--kv-cache-bytes",
+			      "16M",
+			      p1 ? "--tensor-parallel-size" : "--cuda-graph",
+			      p1 ? "2" : NULL,
+			      "--custom-all-reduce",
 			      NULL};
 	/* The shim's default threshold: the stand-in's caching allocator puts every tensor, the
 	 * smallest (norms) too, in segments of at least 2 MiB, so a promoted shadow holds all of
@@ -833,6 +840,9 @@ static void gen_model(struct fixture *f)
 	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* TP=1 with decode steps from CUDA graphs: the shadow captured its graphs on scratch at
+ * warm-up and replays them after the promotion against the primary's memory, mapped at the
+ * same addresses. */
 static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
 {
 	struct fixture *f = *state;
