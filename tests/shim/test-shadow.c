@@ -698,6 +698,25 @@ static void test_failed_remap_rolls_back(void **state)
 	expect_promoted(f, prim_sums, 5);
 }
 
+/* Review finding 10: the commit synchronises the shadow's devices before it unmaps anything
+ * (in-flight work would fault on a real GPU); a device that cannot (a sticky error) is not
+ * promoted onto, and nothing was swapped. */
+static void test_commit_synchronises_first(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t prim_sums[N_LAYOUT];
+
+	start_pair(f, 16 * MIB, 16 * MIB, prim_sums);
+	send_maps(f);
+	kill_primary(f);
+	assert_int_equal(emu_ctl("fail", "cuCtxSynchronize", "1", "CUDA_ERROR_ILLEGAL_ADDRESS"), 0);
+	commit(f, f->shadow.park.hash, N_LAYOUT, 5);
+	assert_int_equal(f->shadow.done.code, EIO);
+	expect_still_scratch(f, prim_sums);
+	commit(f, f->shadow.park.hash, N_LAYOUT, 5);
+	expect_promoted(f, prim_sums, 5);
+}
+
 /* The figure the README quotes: a parked shadow of 1 GiB weights + 1 GiB KV. */
 static void test_parked_cost_at_1g(void **state)
 {
@@ -978,6 +997,7 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failed_import_is_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failed_remap_rolls_back, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_commit_synchronises_first, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_parked_cost_at_1g, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_engine_promoted_shadow_answers_like_the_primary, setup, teardown),
