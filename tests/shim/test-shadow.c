@@ -681,16 +681,16 @@ static void test_failed_import_is_refused(void **state)
 	expect_promoted(f, prim_sums, 4);
 }
 
-static void test_failed_remap_rolls_back(void **state)
+/* A commit with the next call of func failing (emu-ctl fail func 1 result) is refused with EIO
+ * and leaves every region on scratch; the next commit promotes. */
+static void commit_fails_then_promotes(struct fixture *f, const char *func, const char *result)
 {
-	struct fixture *f = *state;
 	uint64_t prim_sums[N_LAYOUT];
 
 	start_pair(f, 16 * MIB, 16 * MIB, prim_sums);
 	send_maps(f);
 	kill_primary(f);
-	/* the first region is swapped, then granting access fails: it must go back to scratch */
-	assert_int_equal(emu_ctl("fail", "cuMemSetAccess", "1", "CUDA_ERROR_OUT_OF_MEMORY"), 0);
+	assert_int_equal(emu_ctl("fail", func, "1", result), 0);
 	commit(f, f->shadow.park.hash, N_LAYOUT, 5);
 	assert_int_equal(f->shadow.done.code, EIO);
 	expect_still_scratch(f, prim_sums);
@@ -698,23 +698,18 @@ static void test_failed_remap_rolls_back(void **state)
 	expect_promoted(f, prim_sums, 5);
 }
 
+static void test_failed_remap_rolls_back(void **state)
+{
+	/* the first region is swapped, then granting access fails: it must go back to scratch */
+	commit_fails_then_promotes(*state, "cuMemSetAccess", "CUDA_ERROR_OUT_OF_MEMORY");
+}
+
 /* Review finding 10: the commit synchronises the shadow's devices before it unmaps anything
  * (in-flight work would fault on a real GPU); a device that cannot (a sticky error) is not
  * promoted onto, and nothing was swapped. */
 static void test_commit_synchronises_first(void **state)
 {
-	struct fixture *f = *state;
-	uint64_t prim_sums[N_LAYOUT];
-
-	start_pair(f, 16 * MIB, 16 * MIB, prim_sums);
-	send_maps(f);
-	kill_primary(f);
-	assert_int_equal(emu_ctl("fail", "cuCtxSynchronize", "1", "CUDA_ERROR_ILLEGAL_ADDRESS"), 0);
-	commit(f, f->shadow.park.hash, N_LAYOUT, 5);
-	assert_int_equal(f->shadow.done.code, EIO);
-	expect_still_scratch(f, prim_sums);
-	commit(f, f->shadow.park.hash, N_LAYOUT, 5);
-	expect_promoted(f, prim_sums, 5);
+	commit_fails_then_promotes(*state, "cuCtxSynchronize", "CUDA_ERROR_ILLEGAL_ADDRESS");
 }
 
 /* The figure the README quotes: a parked shadow of 1 GiB weights + 1 GiB KV. */
