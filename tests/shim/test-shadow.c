@@ -733,6 +733,56 @@ static void test_parked_cost_at_1g(void **state)
 		      parked - before, total_b - free_b);
 }
 
+/* Mappings of p's scratch allocation of unit bytes (each cuMemMap of the emulator is one of
+ * the process's memory maps of the allocation's memfd, named ...:BYTES). */
+static size_t scratch_mappings(pid_t pid, uint64_t unit)
+{
+	char path[64], line[512], tail[32];
+	size_t n = 0;
+	FILE *in;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	snprintf(tail, sizeof(tail), ":%" PRIu64 " (deleted)", unit);
+	in = fopen(path, "re");
+	assert_non_null(in);
+	while (fgets(line, sizeof(line), in))
+		n += strstr(line, "belayer-emu:") && strstr(line, tail);
+	fclose(in);
+	return n;
+}
+
+/* Review finding 10: BELAYER_SHADOW_SCRATCH_UNIT maps scratch that much at a time: for 2 GiB
+ * of weights + kv, 32 mappings of one 64 MiB allocation instead of 1024 of one 2 MiB granule
+ * (as many cuMemMap calls at parking and cuMemUnmap calls at promotion). */
+static void test_scratch_unit_maps_fewer_pieces(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t before = live_bytes();
+
+	assert_int_equal(setenv("BELAYER_SHADOW_SCRATCH_UNIT", "64M", 1), 0);
+	start_workload(f, &f->shadow, "shadow", 2, 1024 * MIB, 1024 * MIB);
+	assert_int_equal(unsetenv("BELAYER_SHADOW_SCRATCH_UNIT"), 0);
+	PUMP_UNTIL(&f->shadow, f->shadow.parked == 1);
+	assert_true(live_bytes() - before == 64 * MIB + 2 * MIB);
+	assert_int_equal(scratch_mappings(f->shadow.pid, 64 * MIB), 2048 / 64);
+}
+
+/* A unit that does not divide the regions (6 MiB over 8 and 4 MiB regions): their tails map
+ * part of it, and the promotion unmaps the same pieces. */
+static void test_scratch_unit_tails_promote(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t prim_sums[N_LAYOUT];
+
+	assert_int_equal(setenv("BELAYER_SHADOW_SCRATCH_UNIT", "6M", 1), 0);
+	start_pair(f, 16 * MIB, 16 * MIB, prim_sums);
+	assert_int_equal(unsetenv("BELAYER_SHADOW_SCRATCH_UNIT"), 0);
+	send_maps(f);
+	kill_primary(f);
+	commit(f, f->shadow.park.hash, N_LAYOUT, 2);
+	expect_promoted(f, prim_sums, 2);
+}
+
 /* ---- the engine stand-in ---- */
 
 struct engine {
@@ -994,6 +1044,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_failed_remap_rolls_back, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_commit_synchronises_first, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_parked_cost_at_1g, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_scratch_unit_maps_fewer_pieces, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_scratch_unit_tails_promote, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_engine_promoted_shadow_answers_like_the_primary, setup, teardown),
 		cmocka_unit_test_setup_teardown(
