@@ -138,6 +138,10 @@ static int graph_append(struct CUgraph_st *g, const struct emu_op *op)
 
 static CUresult op_run(const struct emu_op *op)
 {
+	if (op->kind == EMU_OP_HOST) {
+		op->host_fn(op->user_data);
+		return CUDA_SUCCESS;
+	}
 	if (op->kind != EMU_OP_KERNEL)
 		return emu_mem_op_run(op);
 	if (op->params) {
@@ -578,3 +582,18 @@ CUAPI CUresult cuGraphDestroy(CUgraph hGraph)
 	pthread_mutex_unlock(&lock);
 	return r;
 }
+
+/* "Enqueues a host function call in a stream. The function will be called after currently
+ * enqueued work and will block work added after it." Captured, it is a host node: called at
+ * every replay. */
+CUAPI CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
+{
+	EMU_ENTER();
+	if (!fn)
+		return CUDA_ERROR_INVALID_VALUE;
+	return emu_stream_submit(
+		hStream,
+		&(struct emu_op){.kind = EMU_OP_HOST, .host_fn = fn, .user_data = userData});
+}
+EMU_VARIANT(cuLaunchHostFunc_ptsz, cuLaunchHostFunc,
+	    (CUstream hStream, CUhostFn fn, void *userData), (hStream, fn, userData));

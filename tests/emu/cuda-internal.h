@@ -73,6 +73,7 @@ enum emu_op_kind {
 	EMU_OP_DTOD,
 	EMU_OP_UNIFIED, /* cuMemcpy: either side device or host */
 	EMU_OP_MEMSET,
+	EMU_OP_HOST, /* cuLaunchHostFunc */
 };
 
 struct emu_op {
@@ -92,6 +93,9 @@ struct emu_op {
 	void *args;
 	size_t *sizes;
 	size_t nparams;
+	/* host functions */
+	CUhostFn host_fn;
+	void *user_data;
 };
 
 /* Copies and memsets (cuda-mem.c). */

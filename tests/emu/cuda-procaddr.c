@@ -198,6 +198,8 @@ static const struct entry table[] = {
 	PTSZ(cuGraphLaunch, 10000, cuGraphLaunch_ptsz),
 	E(cuGraphExecDestroy, 10000, cuGraphExecDestroy),
 	E(cuGraphDestroy, 10000, cuGraphDestroy),
+	E(cuLaunchHostFunc, 10000, cuLaunchHostFunc),
+	PTSZ(cuLaunchHostFunc, 10000, cuLaunchHostFunc_ptsz),
 	E(cuEventCreate, 2000, cuEventCreate),
 	E(cuEventRecord, 2000, cuEventRecord),
 	PTSZ(cuEventRecord, 7000, cuEventRecord_ptsz),

@@ -173,6 +173,35 @@ static void test_graph_replays_against_current_mapping(void **state)
 	CU_OK(cu.cuModuleUnload(m));
 }
 
+static void count_call(void *arg)
+{
+	(*(int *)arg)++;
+}
+
+/* A host function runs in stream order; captured, it is a node that runs at every replay. */
+static void test_host_function_node(void **state)
+{
+	CUstream s;
+	CUgraph g;
+	CUgraphExec x;
+	int calls = 0;
+
+	CU_OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	CU_OK(cu.cuLaunchHostFunc(s, count_call, &calls));
+	assert_int_equal(calls, 1);
+	CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+	CU_OK(cu.cuLaunchHostFunc(s, count_call, &calls));
+	CU_OK(cu.cuStreamEndCapture(s, &g));
+	assert_int_equal(calls, 1);
+	CU_OK(cu.cuGraphInstantiateWithFlags(&x, g, 0));
+	CU_OK(cu.cuGraphLaunch(x, s));
+	CU_OK(cu.cuGraphLaunch(x, s));
+	assert_int_equal(calls, 3);
+	CU_OK(cu.cuGraphExecDestroy(x));
+	CU_OK(cu.cuGraphDestroy(g));
+	CU_OK(cu.cuStreamDestroy(s));
+}
+
 struct other {
 	CUcontext ctx;
 	CUevent ev;
@@ -425,6 +454,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup(test_capture_records_and_graph_replays, setup),
 		cmocka_unit_test_setup(test_graph_replays_against_current_mapping, setup),
+		cmocka_unit_test_setup(test_host_function_node, setup),
 		cmocka_unit_test_setup(test_global_capture_prohibits_other_threads, setup),
 		cmocka_unit_test_setup(test_thread_local_and_relaxed_modes, setup),
 		cmocka_unit_test_setup(test_exchange_returns_previous_mode, setup),

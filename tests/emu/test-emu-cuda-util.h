@@ -97,7 +97,8 @@
 	X(cuGraphInstantiateWithFlags, 11040)            \
 	X(cuGraphLaunch, 10000)                          \
 	X(cuGraphExecDestroy, 10000)                     \
-	X(cuGraphDestroy, 10000)
+	X(cuGraphDestroy, 10000)                         \
+	X(cuLaunchHostFunc, 10000)
 
 #define CU_FIELD(name, ver) PFN_##name##_v##ver name;
 struct cu_api {

@@ -8,9 +8,8 @@
  * mapping) is read from the step buffer at the captured address. The warm-up's one-token step
  * is captured at startup, as vLLM captures before serving. A promoted shadow replays graphs
  * it captured on scratch against the primary's memory mapped at the same addresses.
- *
- * Only at TP 1 here: a graph would hold the TP all-reduces too, and the emulated NCCL runs
- * collectives at the call rather than capturing them.
+ * At TP > 1 the graph holds the step's all-reduces too, as vLLM's do (NCCL's kernels are
+ * captured; the emulated NCCL captures each collective as a host node that runs it at replay).
  */
 #include <errno.h>
 
@@ -63,7 +62,7 @@ int graph_run(struct model *m, uint32_t ntok, uint32_t nrows, uint32_t nsample,
 	CUgraphExec exec = NULL;
 	CUresult cr;
 
-	if (!m->cuda_graph || m->tp != 1 || ntok != nrows)
+	if (!m->cuda_graph || ntok != nrows)
 		return 0; /* eager: prefill, or graphs off */
 	for (size_t i = 0; i < n_graphs && !exec; i++)
 		if (graphs[i].ntok == ntok && graphs[i].nsample == nsample)

@@ -122,7 +122,7 @@ static void usage(FILE *f)
 		"before\n"
 		"                                the KV probe, as vLLM's custom all-reduce\n"
 		"  --cuda-graph                  decode steps captured as CUDA graphs and "
-		"replayed (TP 1)\n");
+		"replayed\n");
 }
 
 static int parse_size(const char *s, uint64_t *ret)

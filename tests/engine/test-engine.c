@@ -415,13 +415,16 @@ static void tp2_matches_tp1(void **state)
 	matches_default(tp2);
 }
 
-/* --cuda-graph: decode steps replayed from captured graphs answer exactly as eager ones. */
+/* --cuda-graph: decode steps replayed from captured graphs answer exactly as eager ones, at
+ * TP 2 too (the all-reduces captured into the graphs). */
 static void cuda_graph_matches_eager(void **state)
 {
 	static const char *const graph[] = {"--cuda-graph", NULL};
+	static const char *const graph_tp2[] = {"--cuda-graph", "--tp", "2", NULL};
 
 	(void)state;
 	matches_default(graph);
+	matches_default(graph_tp2);
 }
 
 static void streaming_equals_non_streaming(void **state)

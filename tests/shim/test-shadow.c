@@ -835,8 +835,9 @@ static void engine_start(struct fixture *f, struct peer *p, struct peer *p1, con
 			      seed,
 			      "--kv-cache-bytes",
 			      "16M",
-			      p1 ? "--tensor-parallel-size" : "--cuda-graph",
-			      p1 ? "2" : NULL,
+			      "--cuda-graph",
+			      p1 ? "--tensor-parallel-size" : NULL,
+			      "2",
 			      "--custom-all-reduce",
 			      NULL};
 	/* The shim's default threshold: the stand-in's caching allocator puts every tensor, the
@@ -904,9 +905,9 @@ static void gen_model(struct fixture *f)
 	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-/* TP=1 with decode steps from CUDA graphs: the shadow captured its graphs on scratch at
- * warm-up and replays them after the promotion against the primary's memory, mapped at the
- * same addresses. */
+/* TP=1 with decode steps from CUDA graphs (both engine tests): the shadow captured its graphs
+ * on scratch at warm-up and replays them after the promotion against the primary's memory,
+ * mapped at the same addresses. */
 static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
 {
 	struct fixture *f = *state;
@@ -969,7 +970,7 @@ static void wait_gone(pid_t pid)
  * (each onto the memory of the primary rank of the same number, on the same device). The
  * ranks share custom-all-reduce buffers over legacy IPC before the KV probe, as vLLM's do by
  * default: the shadow ranks must be able to open each other's (review finding 1), and those
- * stay out of the layout. */
+ * stay out of the layout. Their decode graphs, captured on scratch, hold the all-reduces. */
 static void test_engine_tp2_promoted_group_answers_like_the_primary(void **state)
 {
 	struct fixture *f = *state;
