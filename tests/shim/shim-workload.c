@@ -10,8 +10,8 @@
  * decides when the process may go, after the receiver has what it waits for. Exits 1 with a
  * message on any unexpected driver result.
  *
- * Usage: shim-workload runtime|engine|nccl|storm THREADS COUNT|fork|exec|small|procaddr|
- *                     ipc-export|ipc-open HANDLE OFFSET|tags TMS_LIBRARY|
+ * Usage: shim-workload runtime|engine|engine-reprobe|nccl|storm THREADS COUNT|fork|exec|
+ *                     small|procaddr|ipc-export|ipc-open HANDLE OFFSET|tags TMS_LIBRARY|
  *                     nccl-second-copy LIBNCCL_COPY|memset|capture
  */
 #include <dlfcn.h>
@@ -151,8 +151,9 @@ static int run_small(void)
 	return 0;
 }
 
-/* vLLM-like: memory query, weights load, KV probe, KV arena, then the rest and an RL update. */
-static int run_engine(void)
+/* vLLM-like: memory query, weights load, KV probe, KV arena, then the rest and an RL update;
+ * with reprobe, another memory query and a large allocation after the KV cache. */
+static int run_engine(bool reprobe)
 {
 	CUdeviceptr w1, w2;
 	size_t fr, tot;
@@ -168,10 +169,12 @@ static int run_engine(void)
 	alloc(16 * MIB);
 	alloc(2 * MIB); /* tracked, small: closes the KV window */
 	alloc(16 * MIB);
-	/* vLLM's capture_model: empty_cache() and mem_get_info() right before capturing, then
-	 * the graph pool's first segment: activations, not KV. */
-	CHECK(d.mem_info(&fr, &tot));
-	alloc(16 * MIB);
+	if (reprobe) {
+		/* vLLM's capture_model: empty_cache() and mem_get_info() right before
+		 * capturing, then the graph pool's first segment: activations, not KV. */
+		CHECK(d.mem_info(&fr, &tot));
+		alloc(16 * MIB);
+	}
 	fill(w2, 3); /* a weight update after load */
 	printf("ok engine w1=0x%llx w2=0x%llx\n", (unsigned long long)w1, (unsigned long long)w2);
 	hold();
@@ -701,7 +704,9 @@ int main(int argc, char **argv)
 	if (strcmp(argv[1], "small") == 0)
 		return run_small();
 	if (strcmp(argv[1], "engine") == 0)
-		return run_engine();
+		return run_engine(false);
+	if (strcmp(argv[1], "engine-reprobe") == 0)
+		return run_engine(true);
 	if (strcmp(argv[1], "nccl") == 0)
 		return run_nccl();
 	if (strcmp(argv[1], "memset") == 0)
