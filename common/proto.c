@@ -371,6 +371,7 @@ static const struct field env_info_fields[] = {
 	OPT_STR("kind", env_info.kind),
 	OPT_STR("mem", env_info.mem),
 	OPT_U32("sdirty", env_info.soft_dirty, 1),
+	OPT_STR("why", env_info.why),
 };
 
 static const struct field env_item_fields[] = {

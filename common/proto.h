@@ -101,6 +101,7 @@
  *     (µs, a checkpoint's commit phase), "path": str (its FS delta's: "walk", "dirty-set"),
  *     "kind": str (a checkpoint's: "full", "fs-only", "skipped"), "mem": str (an
  *     environment's memory checkpoint mode: "full", "pre-dump"), "sdirty": uint32 0..1.
+ *     "why": str (why it walked: the manifest's reason).
  *   PROTO_ENV_ITEM (32), supervisor -> peer: one dirty path or side-effect log record:
  *     "kind": str, "pid": uint32, "ts": uint64 (ns), "path", "p2", "txt": str.
  *   PROTO_ENV_EXEC (33), peer -> supervisor, 1 fd (stdin: a regular file, read from offset
@@ -643,6 +644,7 @@ struct proto_env_info {
 	 * soft-dirty page tracking */
 	char mem[16];
 	uint32_t soft_dirty;
+	char why[PROTO_MAX_STR + 1]; /* optional "why": why its delta walked */
 };
 
 struct proto_env_item {

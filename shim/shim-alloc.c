@@ -52,6 +52,9 @@ static CUresult convert(CUdeviceptr *dptr, size_t bytesize, const void *caller)
 		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
 		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
 		.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev},
+		/* cudaMalloc memory is GPUDirect-RDMA capable; VMM memory only with this flag
+		 * (NIXL/UCX, NCCL-IB registration of KV and activations: review finding 9). */
+		.allocFlags.gpuDirectRDMACapable = d->rdma_vmm,
 	};
 	r = reserve(&va, size, 0, 0, 0);
 	if (r != CUDA_SUCCESS)
@@ -202,7 +205,9 @@ CUresult shim_mem_get_address_range(CUdeviceptr *pbase, size_t *psize, CUdevicep
 
 /* What the driver says of cudaMalloc memory, where it differs from what it says of the VMM
  * memory we serve it with: the allocation's own range, legacy-IPC capable (the shim serves
- * that, shim-ipc.c), no shareable handle types. */
+ * that, shim-ipc.c). The shareable handle types are the VMM memory's own, reported as they
+ * are: a POSIX fd is what an importer outside the shim can open (UCX picks its transport by
+ * them). */
 static void patch_attribute(CUpointer_attribute attr, void *data, uint64_t base, uint64_t size)
 {
 	switch (attr) {
@@ -214,9 +219,6 @@ static void patch_attribute(CUpointer_attribute attr, void *data, uint64_t base,
 		break;
 	case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
 		*(int *)data = 1;
-		break;
-	case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
-		*(unsigned long long *)data = CU_MEM_HANDLE_TYPE_NONE;
 		break;
 	default:
 		break;

@@ -160,7 +160,10 @@ void classify_note_mem_get_info(void)
 {
 	pthread_mutex_lock(&phase_lock);
 	kv_window = false;
-	if (weights_seen)
+	/* Armed once: engines query free memory again after the KV cache exists (vLLM's
+	 * capture_model and sleep, SGLang's get_available_gpu_memory), and what follows those
+	 * (graph pools, per-step buffers) is no KV cache. */
+	if (weights_seen && !__atomic_load_n(&load_done, __ATOMIC_ACQUIRE))
 		probe_armed = true;
 	pthread_mutex_unlock(&phase_lock);
 }

@@ -122,6 +122,8 @@ static void config_load(void)
 	env_size("BELAYER_PARK_QUIET_MS", &config.park_quiet_ms);
 	config.private_max = 2 * MIB;
 	env_size("BELAYER_SHADOW_PRIVATE_MAX", &config.private_max);
+	config.scratch_unit = 0;
+	env_size("BELAYER_SHADOW_SCRATCH_UNIT", &config.scratch_unit);
 	config.queue_max = (uint32_t)(queue_max < 16	       ? 16
 				      : queue_max > (1u << 20) ? (1u << 20)
 							       : queue_max);

@@ -23,5 +23,7 @@ struct shim_config {
 	uint64_t park_quiet_ms; /* shadow: quiet time after the KV allocation before parking */
 	uint64_t private_max;	/* shadow: converted weights/kv regions up to this get their own
 				 * memory instead of scratch (index buffers live there) */
+	uint64_t scratch_unit;	/* shadow: bytes of the scratch allocation, mapped that much at a
+				 * time (0: one allocation granule) */
 };
 const struct shim_config *shim_config(void);

@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "shim-capture.h"
 #include "shim-classify.h"
 #include "shim-config.h"
 #include "shim-conn-queue.h"
@@ -195,6 +196,8 @@ static int read_incoming(void)
 			continue; /* a message we cannot read is dropped, the connection stays */
 		if (r < 0)
 			return r;
+		/* A shadow's PROMOTE_MAP imports and maps: the shim's own driver calls. */
+		capture_relax_thread();
 		r = shadow_on_message(&m, send_msg);
 		proto_msg_finish(&m);
 		if (r < 0)
@@ -284,6 +287,8 @@ static void *conn_thread(void *arg)
 			continue;
 		}
 
+		/* Exports and imports below are the shim's own driver calls. */
+		capture_relax_thread();
 		if (it.type == CONN_ANNOUNCE) {
 			if (!regions_build_announce(it.id, &m))
 				continue;

@@ -44,6 +44,13 @@ const struct dev_info *shim_device_info(CUdevice dev)
 						     CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
 			    CUDA_SUCCESS)
 			d->granularity = 0;
+		v = 0;
+		d->rdma_vmm =
+			x->cuDeviceGetAttribute &&
+			x->cuDeviceGetAttribute(
+				&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+				dev) == CUDA_SUCCESS &&
+			v;
 		d->uuid_ok = x->cuDeviceGetUuid_v2 &&
 			     x->cuDeviceGetUuid_v2((CUuuid *)d->uuid, dev) == CUDA_SUCCESS;
 		__atomic_store_n(&d->probed, true, __ATOMIC_RELEASE);

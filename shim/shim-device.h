@@ -18,6 +18,7 @@ struct dev_info {
 	size_t granularity;
 	bool uuid_ok;
 	uint8_t uuid[PROTO_UUID_LEN];
+	bool rdma_vmm; /* GPUDirect RDMA of VMM memory created with gpuDirectRDMACapable */
 };
 
 /* With shim_busy held: dev's properties, NULL for a device number out of range. */

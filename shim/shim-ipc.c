@@ -17,6 +17,7 @@
  * shim, which the engines' worker processes do, since they inherit LD_PRELOAD.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -29,10 +30,12 @@
 
 #include "fdpass.h"
 #include "log.h"
+#include "shim-capture.h"
 #include "shim-device.h"
 #include "shim-ipc.h"
 #include "shim-real.h"
 #include "shim-regions.h"
+#include "shim-share.h"
 #include "util.h"
 
 #define IPC_MAGIC     UINT64_C(0x3143504952594c42) /* "BLYRIPC1" */
@@ -101,6 +104,7 @@ static void serve_one(int c)
 	if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 || cred.uid != geteuid())
 		rep.status = -EPERM;
 	else if (recv(c, &req, sizeof(req), 0) == (ssize_t)sizeof(req) && req.magic == IPC_MAGIC) {
+		capture_relax_thread();
 		fd = regions_export_fd(req.id, &rep.size);
 		rep.status = fd < 0 ? fd : 0;
 	}
@@ -175,6 +179,12 @@ CUresult shim_ipc_get_mem_handle(CUipcMemHandle *handle, CUdeviceptr dptr)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (shim_busy || !handle || regions_converted_info(dptr, &base, &id, &size) < 0)
 		return real(handle, dptr);
+	/* Peers will map it: real memory, out of the layout (shim-share.c). */
+	r = share_converted(id);
+	if (r < 0) {
+		log_debug_errno(r, "Cannot share converted region %" PRIu64 ": %m", id);
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
 
 	pthread_mutex_lock(&ipc_lock);
 	r = server_start();

@@ -36,6 +36,7 @@
 
 #include "log.h"
 #include "nccl-counters.h"
+#include "shim-capture.h"
 #include "shim-conn-queue.h"
 #include "shim-device.h"
 #include "shim-nccl.h"
@@ -491,8 +492,13 @@ static void track(struct rec *r, uint64_t seq, bool p2p, cudaStream_t stream)
 	struct spare ev = {0};
 	bool have = false, ok = false, done = false;
 
+	CUstreamCaptureMode mode;
+
 	(void)pthread_once(&fn.once, resolve);
 	shim_busy++;
+	/* The engine's thread may itself be capturing on another stream (GLOBAL mode), where
+	 * the event query below would invalidate its capture. */
+	mode = capture_relax_begin();
 	if (fn.cuStreamIsCapturing && fn.cuStreamIsCapturing(s, &cap) != CUDA_SUCCESS)
 		cap = CU_STREAM_CAPTURE_STATUS_NONE;
 	if (cap == CU_STREAM_CAPTURE_STATUS_NONE && fn.cuEventRecord && fn.cuCtxGetCurrent &&
@@ -519,6 +525,7 @@ static void track(struct rec *r, uint64_t seq, bool p2p, cudaStream_t stream)
 		if (ok && fn.cuEventQuery && fn.cuEventQuery(ev.ev) == CUDA_SUCCESS)
 			done = true;
 	}
+	capture_relax_end(mode);
 	shim_busy--;
 
 	pthread_mutex_lock(&lock);
@@ -667,6 +674,7 @@ static void *poller(void *arg)
 
 	(void)arg;
 	shim_busy++; /* everything this thread calls is the shim's own */
+	capture_relax_thread();
 	pthread_mutex_lock(&lock);
 	for (;;) {
 		if (!poll_once_locked(&cur)) {

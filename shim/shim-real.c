@@ -117,6 +117,7 @@ static void resolve_cuda(void)
 	E(cuCtxSynchronize, "cuCtxSynchronize");
 	E(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle");
 	E(cuCtxSetCurrent, "cuCtxSetCurrent");
+	E(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode");
 #undef E
 	/* A driver reachable only through cuGetProcAddress: ask it for what names did not give. */
 	PFN_cuGetProcAddress_v12000 gpa =
@@ -139,6 +140,7 @@ static void resolve_cuda(void)
 		G(cuCtxSynchronize, "cuCtxSynchronize", 2000);
 		G(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020);
 		G(cuCtxSetCurrent, "cuCtxSetCurrent", 4000);
+		G(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", 10010);
 #undef G
 	}
 	shim_busy--;

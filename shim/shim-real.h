@@ -73,6 +73,7 @@ struct real_extra {
 	PFN_cuCtxSynchronize_v2000 cuCtxSynchronize;
 	PFN_cuMemImportFromShareableHandle_v10020 cuMemImportFromShareableHandle;
 	PFN_cuCtxSetCurrent_v4000 cuCtxSetCurrent;
+	PFN_cuThreadExchangeStreamCaptureMode_v10010 cuThreadExchangeStreamCaptureMode;
 };
 const struct real_extra *real_extra(void);
 

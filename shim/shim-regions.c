@@ -671,3 +671,18 @@ void regions_reset_after_fork(void)
 	layout_gen = 0;
 	pthread_rwlock_init(&lock, NULL);
 }
+
+void regions_reannounce_locked(struct region *r)
+{
+	r->announce_queued = false; /* an announce still queued is built with the new class */
+	announce_locked(r);
+}
+
+void regions_unscratch_locked(struct region *r)
+{
+	release_locked(r); /* while still scratch: the layout generation moves, it parks anew */
+	r->scratch = false;
+	r->priv = false;
+	r->exportable = true;
+	announce_locked(r);
+}

@@ -97,3 +97,8 @@ void regions_last_change_locked(uint64_t *ret_ms, uint64_t *ret_layout_gen);
 /* With the lock held: releases the imported primary memory r still holds (PROMOTE_MAP). */
 void regions_drop_pending_locked(struct region *r);
 void regions_reset_after_fork(void);
+/* With the lock held: r's class changed; the supervisor hears about it again. */
+void regions_reannounce_locked(struct region *r);
+/* With the lock held: scratch region r now has memory of its own (r->handle); it leaves the
+ * shadow's layout (the supervisor is told it is gone) and is announced like other memory. */
+void regions_unscratch_locked(struct region *r);

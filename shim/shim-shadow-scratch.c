@@ -11,10 +11,12 @@
 #include <string.h>
 
 #include "layout.h"
+#include "shim-config.h"
 #include "shim-device.h"
 #include "shim-real.h"
 #include "shim-role.h"
 #include "shim-shadow-scratch.h"
+#include "util.h"
 
 /* Fake handles carry this tag in their top 16 bits: no driver hands out such values
  * (real handles are small numbers or heap pointers). */
@@ -25,6 +27,11 @@ struct scratch {
 	bool made;
 	CUmemGenericAllocationHandle h;
 	size_t granularity;
+	/* The allocation's size, a multiple of the granularity: a region is mapped unit by
+	 * unit (its tail with part of it), so a larger unit costs memory once per device and
+	 * saves map/unmap calls at parking and promotion (review finding 10: about 40,000 of
+	 * each per 80 GB at 2 MiB). */
+	size_t unit;
 };
 
 static struct scratch scratch[MAX_DEVS];
@@ -75,8 +82,12 @@ static CUresult scratch_get(int dev, struct scratch **ret)
 							     CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 		if (r == CUDA_SUCCESS && s->granularity == 0)
 			r = CUDA_ERROR_NOT_SUPPORTED;
-		if (r == CUDA_SUCCESS)
-			r = REAL(cuMemCreate)(&s->h, s->granularity, &prop, 0);
+		if (r == CUDA_SUCCESS) {
+			uint64_t u = shim_config()->scratch_unit / s->granularity;
+
+			s->unit = (size_t)(u ? u : 1) * s->granularity;
+			r = REAL(cuMemCreate)(&s->h, s->unit, &prop, 0);
+		}
 		if (r == CUDA_SUCCESS)
 			__atomic_store_n(&s->made, true, __ATOMIC_RELEASE);
 	}
@@ -111,8 +122,8 @@ CUresult shadow_scratch_map(int dev, uint64_t va, uint64_t size)
 		return CUDA_ERROR_NOT_SUPPORTED;
 	if (size == 0 || size % s->granularity || va % s->granularity)
 		return CUDA_ERROR_INVALID_VALUE;
-	for (off = 0; off < size; off += s->granularity) {
-		r = map(va + off, s->granularity, 0, s->h, 0);
+	for (off = 0; off < size; off += MIN((uint64_t)s->unit, size - off)) {
+		r = map(va + off, MIN((uint64_t)s->unit, size - off), 0, s->h, 0);
 		if (r != CUDA_SUCCESS)
 			break;
 	}
@@ -135,8 +146,9 @@ CUresult shadow_scratch_unmap(int dev, uint64_t va, uint64_t size)
 		return r;
 	if (!unmap)
 		return CUDA_ERROR_NOT_SUPPORTED;
-	for (uint64_t off = 0; off < size; off += s->granularity) {
-		r = unmap(va + off, s->granularity);
+	/* The same pieces as shadow_scratch_map made. */
+	for (uint64_t off = 0; off < size; off += MIN((uint64_t)s->unit, size - off)) {
+		r = unmap(va + off, MIN((uint64_t)s->unit, size - off));
 		if (r != CUDA_SUCCESS && first == CUDA_SUCCESS)
 			first = r;
 	}

@@ -258,6 +258,29 @@ static CUresult swap_in(struct region *r)
 	return cr;
 }
 
+/* With shim_busy held: cuCtxSynchronize in the primary context of every device of list. */
+static CUresult sync_devices_locked(struct region *const *list, size_t n)
+{
+	const struct real_extra *x = real_extra();
+	uint64_t done = 0; /* devices synchronised, a bit each */
+	CUresult cr = CUDA_SUCCESS;
+
+	if (!x->cuCtxSynchronize)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	for (size_t i = 0; i < n && cr == CUDA_SUCCESS; i++) {
+		int dev = list[i]->dev;
+
+		if (dev >= 0 && dev < 64 && (done & (UINT64_C(1) << dev)))
+			continue;
+		cr = ctx_for(dev);
+		if (cr == CUDA_SUCCESS)
+			cr = x->cuCtxSynchronize();
+		if (dev >= 0 && dev < 64)
+			done |= UINT64_C(1) << dev;
+	}
+	return cr;
+}
+
 static int commit_locked(const struct proto_promote_commit *c, struct proto_promote_done *d)
 {
 	_cleanup_free_ struct region **list = NULL;
@@ -286,7 +309,19 @@ static int commit_locked(const struct proto_promote_commit *c, struct proto_prom
 			return list[i]->pending_error ?: -ENOENT;
 		}
 
+	/* Nothing of the shadow may still run on the memory about to be unmapped (a warm-up,
+	 * SGLang's /health generation, a graph replay): cuMemUnmap does not wait for it (PyTorch,
+	 * ExpandableSegment::unmapHandles: "MemUnmap and MemRelease do not appear to synchronize
+	 * in all cases"; review finding 10). Every device of the layout, once. A device that
+	 * cannot synchronise (a sticky error) is no device to promote onto. */
 	shim_busy++;
+	cr = sync_devices_locked(list, n);
+	if (cr != CUDA_SUCCESS) {
+		shim_busy--;
+		snprintf(d->message, sizeof(d->message),
+			 "synchronising the shadow's devices failed (CUresult %d)", (int)cr);
+		return -EIO;
+	}
 	for (; done < n; done++) {
 		cr = ctx_for(list[done]->dev);
 		if (cr == CUDA_SUCCESS)

@@ -290,8 +290,22 @@ static bool entry_same(const struct env_entry *a, const struct env_entry *b)
 	       strcmp(a->target ?: "", b->target ?: "") == 0;
 }
 
+/* Whether the dirty-set delta removed path (relative): it, or a directory it is below. */
+static bool gone_has(const struct env_fs_gone *g, const char *path)
+{
+	for (size_t i = 0; i < g->n; i++) {
+		size_t n = strlen(g->paths[i]);
+
+		if (strcmp(g->paths[i], path) == 0 ||
+		    (g->below && g->below[i] && strncmp(g->paths[i], path, n) == 0 &&
+		     path[n] == '/'))
+			return true;
+	}
+	return false;
+}
+
 bool env_activity_open_changed(const struct sv_env *e, const struct env_manifest *base,
-			       const struct env_manifest *m)
+			       const struct env_manifest *m, const struct env_fs_gone *gone)
 {
 	struct open_walk w = {0};
 	const struct env_entry **now = NULL, **was = NULL;
@@ -338,6 +352,10 @@ bool env_activity_open_changed(const struct sv_env *e, const struct env_manifest
 	entries_of(m, w.paths, w.n, now);
 	if (base)
 		entries_of(base, w.paths, w.n, was);
+	/* A partial index: what the delta did not touch is as it was. */
+	for (size_t i = 0; gone && i < w.n; i++)
+		if (!now[i] && !gone_has(gone, w.paths[i]))
+			now[i] = was[i];
 	for (size_t i = 0; i < w.n && !changed; i++)
 		if (!entry_same(now[i], was[i])) {
 			changed = true;

@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "supervisor-env-fs.h"
 #include "supervisor-env-manifest.h"
 
 struct sv_env;
@@ -51,10 +52,12 @@ int env_activity_tasks(const struct sv_env *e, uint64_t *ret_hash);
 bool env_activity_unchanged(const struct sv_env *e, env_activity_fn fn, void *userdata, int parked,
 			    uint64_t tasks_hash, uint64_t *ret_count);
 /* Whether a file a process of e holds open, mapped, as its cwd or executable is one that
- * changed between base (the head's index) and m (the new checkpoint's), or was deleted: the
- * head's images would not restore against it. Frozen. -errno counts as changed. */
+ * changed between base (the head's index) and the new checkpoint's, or was deleted: the head's
+ * images would not restore against it. m: the new checkpoint's index, or (gone not NULL) the
+ * dirty-set delta's partial one, a path it lacks then being base's unless gone removed it.
+ * Frozen. -errno counts as changed. */
 bool env_activity_open_changed(const struct sv_env *e, const struct env_manifest *base,
-			       const struct env_manifest *m);
+			       const struct env_manifest *m, const struct env_fs_gone *gone);
 /* Hard-links checkpoint from's images (its criu/, env_link_images) into criufd (empty). */
 int env_activity_link_images(int ckfd, const char *from, int criufd);
 /* Unfrozen (a skipped checkpoint's test): e->act is the head's and valid, of watch, and

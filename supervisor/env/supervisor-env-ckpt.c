@@ -355,7 +355,24 @@ static uint64_t commit_us_load(int dfd)
 	return errno || *end || end == text ? 0 : (uint64_t)v;
 }
 
+static int load_checkpoint_as(const struct sv_env *e, int ckfd, const char *id, bool header,
+			      struct env_manifest *m);
+
 static int load_checkpoint(const struct sv_env *e, int ckfd, const char *id, struct env_manifest *m)
+{
+	return load_checkpoint_as(e, ckfd, id, false, m);
+}
+
+/* Its header only (no index): an ancestor's validation, a restore to the head whose index is
+ * in memory. */
+static int load_checkpoint_header(const struct sv_env *e, int ckfd, const char *id,
+				  struct env_manifest *m)
+{
+	return load_checkpoint_as(e, ckfd, id, true, m);
+}
+
+static int load_checkpoint_as(const struct sv_env *e, int ckfd, const char *id, bool header,
+			      struct env_manifest *m)
 {
 	char name[ENV_ID_MAX + 32];
 	int r;
@@ -369,7 +386,8 @@ static int load_checkpoint(const struct sv_env *e, int ckfd, const char *id, str
 
 		if (dfd < 0)
 			return -errno;
-		r = env_manifest_load(dfd, "manifest.mpk", m);
+		r = header ? env_manifest_load_header(dfd, "manifest.mpk", m)
+			   : env_manifest_load(dfd, "manifest.mpk", m);
 		if (r >= 0 && !m->commit_us)
 			m->commit_us = commit_us_load(dfd);
 	}
@@ -425,12 +443,75 @@ static void criu_error(struct sv_env *e, int criufd, const char *log, int r)
 			e->id, e->error);
 }
 
+/*
+ * The FS phase, frozen (issue 23 item 1): the delta from the tracer's dirty set when it vouches
+ * for the interval since the parent (its paths looked at, the parent's index looked up: the
+ * cost of what changed), else a walk of the whole upper layer. The manifest says which
+ * ("path") and, for a walk, why. *ret_by_dirty: out is a partial index, delta and gone for
+ * env_fs_delta_apply; else m's entries are the full index.
+ */
+static int fs_phase(const struct env_ckpt_params *p, struct env_manifest *base, int upperfd,
+		    int datafd, struct env_manifest *m, struct env_manifest *delta,
+		    struct env_fs_gone *gone, struct env_fs_stats *st, bool *ret_by_dirty)
+{
+	const struct env_fs_dirty *dirty = NULL;
+	const char *why = NULL;
+	size_t n = 0;
+	int r;
+
+	*ret_by_dirty = false;
+	if (!base)
+		why = "first checkpoint";
+	else if (!p->frozen)
+		why = p->full_diff_reason ? p->full_diff_reason : "no tracer";
+	else if (p->frozen(p->userdata, &dirty, &n, &why) != 0)
+		why = why ? why : "tracer";
+	if (!why) {
+		/* CRIU's dump (the parent's) makes and removes a directory in the environment's
+		 * /tmp, to reach its tmpfs mounts: /tmp copied up, its mtime changed, by a process
+		 * the tracer does not watch. Its own entry is always looked at again. */
+		_cleanup_free_ struct env_fs_dirty *all = calloc(n + 1, sizeof(*all));
+
+		if (!all)
+			return -ENOMEM;
+		if (n)
+			memcpy(all, dirty, n * sizeof(*all));
+		all[n++] = (struct env_fs_dirty){.path = "/tmp", .subtree = false};
+		/* its copies are this checkpoint's data */
+		snprintf(delta->id, sizeof(delta->id), "%s", m->id);
+		r = env_fs_scan_dirty(upperfd, base, all, n, p->cancel, datafd, delta, gone, st);
+		if (r >= 0) {
+			*ret_by_dirty = true;
+			snprintf(m->delta_path, sizeof(m->delta_path), "%s",
+				 ENV_DELTA_PATH_DIRTY_SET);
+			return 0;
+		}
+		if (r != -EMLINK && r != -ENOTRECOVERABLE)
+			return r;
+		why = r == -EMLINK ? "a hard link changed"
+				   : "the dirty set names the whole tree or a path no entry has";
+		/* what the dirty pass copied goes: the walk numbers its own data */
+		env_manifest_finish(delta);
+		env_fs_gone_finish(gone);
+		*st = (struct env_fs_stats){0};
+		r = env_fs_wipe(datafd);
+		if (r < 0)
+			return r;
+	}
+	m->full_diff = true;
+	snprintf(m->full_diff_reason, sizeof(m->full_diff_reason), "%s", why);
+	snprintf(m->delta_path, sizeof(m->delta_path), "%s", ENV_DELTA_PATH_WALK);
+	return env_fs_scan(upperfd, base, p->force, p->userdata, p->cancel, datafd, m, st);
+}
+
 int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env_manifest *ret)
 {
-	struct env_manifest m = {0}, parent = {0};
-	const struct env_manifest *base = NULL;
+	struct env_manifest m = {0}, parent = {0}, delta = {0};
+	struct env_manifest *base = NULL;
 	_cleanup_close_ int ckfd = -1, tmpfd = -1, datafd = -1, criufd = -1, upperfd = -1;
 	struct env_fs_stats st = {0};
+	struct env_fs_gone gone = {0};
+	bool by_dirty = false;
 	char tmpname[ENV_ID_MAX + 8];
 	uint64_t t_freeze, t_fs, t_dump, t_thaw, t_commit, netns, tasks = 0, activity;
 	bool frozen = false, fs_only;
@@ -467,13 +548,10 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 					       e->head, e->id);
 		base = &parent;
 	}
-	/* The upper layer is always walked; without the tracer's dirty set (or when it asks for
-	 * a full diff) metadata alone decides what changed. */
-	m.full_diff = !p->force || p->full_diff_reason;
-	if (m.full_diff)
-		snprintf(m.full_diff_reason, sizeof(m.full_diff_reason), "%s",
-			 p->full_diff_reason ? p->full_diff_reason : "no tracer");
-	snprintf(m.delta_path, sizeof(m.delta_path), "%s", ENV_DELTA_PATH_WALK);
+	/* The parent's entries by path, for the FS phase's look-ups: sorted now, not while
+	 * frozen (kept with the index until it changes). */
+	if (base && !env_manifest_index(base))
+		return -ENOMEM;
 
 	snprintf(tmpname, sizeof(tmpname), ".tmp-%s", m.id);
 	if (mkdirat(ckfd, tmpname, 0700) < 0) {
@@ -515,7 +593,7 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	/* Issue 23 item 3: processes that did not run keep the head's images. */
 	parked = env_activity_tasks(e, &tasks);
 	fs_only = env_activity_unchanged(e, p->activity, p->userdata, parked, tasks, &activity);
-	r = env_fs_scan(upperfd, base, p->force, p->userdata, p->cancel, datafd, &m, &st);
+	r = fs_phase(p, base, upperfd, datafd, &m, &delta, &gone, &st, &by_dirty);
 	t_fs = mono_us();
 	if (r < 0) {
 		if (r != -ECANCELED)
@@ -526,7 +604,8 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 		r = -ECANCELED;
 		goto out;
 	}
-	if (fs_only && env_activity_open_changed(e, base, &m))
+	if (fs_only &&
+	    env_activity_open_changed(e, base, by_dirty ? &delta : &m, by_dirty ? &gone : NULL))
 		fs_only = false;
 	snprintf(m.kind, sizeof(m.kind), "%s", fs_only ? ENV_KIND_FS_ONLY : ENV_KIND_FULL);
 	snprintf(m.images, sizeof(m.images), "%s", fs_only ? e->act.images : m.id);
@@ -586,6 +665,16 @@ dumped:
 	if (r < 0)
 		goto out;
 
+	/* The dirty-set delta becomes the full index here, the environment running again: from
+	 * the parent's index and what the frozen phase found, both in memory, nothing of the
+	 * upper layer read after the thaw. The checkpoint stays exactly the dump's instant and
+	 * atomic: the manifest goes into .tmp-<id> beside the data and images, one syncfs, then
+	 * the rename commits all of it (a crash before leaves nothing that is read). */
+	if (by_dirty) {
+		r = env_fs_delta_apply(base, &delta, &gone, &m, &st.removed);
+		if (r < 0)
+			goto out;
+	}
 	m.fs_bytes = st.bytes;
 	m.fs_files = st.files;
 	m.fs_removed = st.removed;
@@ -616,6 +705,9 @@ dumped:
 	e->head_index = m;
 	e->head_valid = true;
 	memset(&m, 0, sizeof(m));
+	/* Its path index now, the environment running: the next checkpoint's FS phase and a
+	 * restore by what differs look paths up in it. */
+	(void)env_manifest_index(&e->head_index);
 	r = env_gc(e, e->keep);
 	if (r < 0)
 		log_warning_errno(r, "GC of %s's checkpoints failed: %m, ignoring.", e->id);
@@ -639,12 +731,65 @@ out:
 	}
 	env_manifest_finish(&m);
 	env_manifest_finish(&parent);
+	env_manifest_finish(&delta);
+	env_fs_gone_finish(&gone);
 	return r;
 }
 
-/* The checkpoint and its ancestors: all present, all valid, all this environment's; every
- * data reference inside the chain. */
-static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manifest *m)
+/* id's manifest as it is on disk (its identity), or -errno. */
+static int manifest_ident(int ckfd, const char *id, struct env_verified *v)
+{
+	char name[ENV_ID_MAX + 32];
+	struct stat st;
+
+	snprintf(name, sizeof(name), "%s/manifest.mpk", id);
+	if (fstatat(ckfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	snprintf(v->id, sizeof(v->id), "%s", id);
+	v->ino = st.st_ino;
+	v->size = (uint64_t)st.st_size;
+	v->mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+	return 0;
+}
+
+/* An ancestor's parent, its header validated (load_checkpoint_header), unless this very file
+ * was validated before (cache, NULL: none; n_cache counts the entries ever filled). */
+static int ancestor_parent(const struct sv_env *e, int ckfd, const char *id,
+			   struct env_verified *cache, unsigned *n_cache, char *ret_parent)
+{
+	struct env_verified v = {0};
+	struct env_manifest pm;
+	int r;
+
+	if (cache) {
+		r = manifest_ident(ckfd, id, &v);
+		if (r < 0)
+			return r;
+		for (unsigned i = 0; i < ENV_VERIFIED_MAX && i < *n_cache; i++)
+			if (strcmp(cache[i].id, v.id) == 0 && cache[i].ino == v.ino &&
+			    cache[i].size == v.size && cache[i].mtime_ns == v.mtime_ns) {
+				snprintf(ret_parent, ENV_ID_MAX + 1, "%s", cache[i].parent);
+				return 0;
+			}
+	}
+	r = load_checkpoint_header(e, ckfd, id, &pm);
+	if (r < 0)
+		return r;
+	snprintf(ret_parent, ENV_ID_MAX + 1, "%s", pm.parent);
+	env_manifest_finish(&pm);
+	if (cache) {
+		snprintf(v.parent, sizeof(v.parent), "%s", ret_parent);
+		cache[(*n_cache)++ % ENV_VERIFIED_MAX] = v;
+	}
+	return 0;
+}
+
+/* The checkpoint and its ancestors: all present, all valid, all this environment's (their
+ * headers: the index of an ancestor is not what is restored); every data reference of idx (m's
+ * index, or the same checkpoint's in memory) inside the chain. */
+static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manifest *m,
+			const struct env_manifest *idx, struct env_verified *cache,
+			unsigned *n_cache)
 {
 	char(*chain)[ENV_ID_MAX + 1] = NULL;
 	size_t n = 0;
@@ -657,7 +802,7 @@ static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manif
 	snprintf(chain[n++], sizeof(chain[0]), "%s", m->id);
 	snprintf(next, sizeof(next), "%s", m->parent);
 	while (next[0]) {
-		struct env_manifest pm;
+		char parent[ENV_ID_MAX + 1];
 
 		if (n >= CHAIN_MAX) {
 			r = -ELOOP;
@@ -677,7 +822,7 @@ static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manif
 				r = -ELOOP;
 				goto out;
 			}
-		r = load_checkpoint(e, ckfd, next, &pm);
+		r = ancestor_parent(e, ckfd, next, cache, n_cache, parent);
 		if (r == -ENOENT) {
 			r = log_error_errno(-ENOLINK,
 					    "Checkpoint %s of %s: ancestor %s is missing: the "
@@ -692,21 +837,21 @@ static int verify_chain(const struct sv_env *e, int ckfd, const struct env_manif
 			break;
 		}
 		snprintf(chain[n++], sizeof(chain[0]), "%s", next);
-		snprintf(next, sizeof(next), "%s", pm.parent);
-		env_manifest_finish(&pm);
+		snprintf(next, sizeof(next), "%s", parent);
 	}
-	for (size_t i = 0; r >= 0 && i < m->n_entries; i++) {
+	for (size_t i = 0; r >= 0 && i < idx->n_entries; i++) {
 		bool found = false;
 
-		if (m->entries[i].kind != ENV_ENTRY_REG)
+		if (idx->entries[i].kind != ENV_ENTRY_REG)
 			continue;
 		for (size_t j = 0; j < n && !found; j++)
-			found = strcmp(chain[j], m->entries[i].src) == 0;
+			found = strcmp(chain[j], idx->entries[i].src) == 0;
 		if (!found)
 			r = log_error_errno(-ENOLINK,
 					    "Checkpoint %s of %s: %s's data is in %s, outside its "
 					    "chain.",
-					    m->id, e->id, m->entries[i].path, m->entries[i].src);
+					    m->id, e->id, idx->entries[i].path,
+					    idx->entries[i].src);
 	}
 out:
 	free(chain);
@@ -720,7 +865,7 @@ int env_ckpt_load_verified(const struct sv_env *e, int ckfd, const char *id,
 
 	if (r < 0)
 		return r;
-	r = verify_chain(e, ckfd, ret);
+	r = verify_chain(e, ckfd, ret, ret, NULL, NULL);
 	if (r < 0)
 		env_manifest_finish(ret);
 	return r;
@@ -757,11 +902,76 @@ static int cg_roots_of(const struct sv_env *e, struct cg_roots *c)
 	return r < 0 ? log_debug_errno(r, "No cgroup roots for %s: %m", e->id) : 0;
 }
 
+/* The upper layer, last indexed as the head's index, made m's (the head's index becomes m's
+ * when *ret_moved: m's entries are then the head index's, refreshed). By the paths changed since
+ * the head when the caller knows them, else by a walk. */
+static int rollback(struct sv_env *e, const struct env_restore_params *p, int upperfd,
+		    struct env_manifest *m, bool header_only, int ckfd, bool *ret_moved)
+{
+	const struct env_fs_dirty *dirty = NULL;
+	const char *why = NULL;
+	size_t n = 0;
+	int r;
+
+	*ret_moved = false;
+	if (p && p->killed && p->killed(p->userdata, &dirty, &n, &why) == 0) {
+		/* the head's own dump touched /tmp after its FS phase, untraced (fs_phase) */
+		_cleanup_free_ struct env_fs_dirty *all = calloc(n + 1, sizeof(*all));
+		bool to_head = strcmp(m->id, e->head_index.id) == 0;
+
+		if (!all)
+			return -ENOMEM;
+		if (n)
+			memcpy(all, dirty, n * sizeof(*all));
+		all[n++] = (struct env_fs_dirty){.path = "/tmp", .subtree = false};
+		r = env_fs_rollback_dirty(upperfd, &e->head_index, to_head ? &e->head_index : m,
+					  all, n, ckfd);
+		if (r >= 0) {
+			e->rollback_path = "dirty-set";
+			*ret_moved = true;
+			if (!to_head) {
+				env_manifest_finish(&e->head_index);
+				e->head_index = *m;
+				*m = (struct env_manifest){0};
+			}
+			return 0;
+		}
+		log_debug_errno(r, "Rollback of %s by its dirty set failed (%m): walking it.",
+				e->id);
+	} else if (p && p->killed) {
+		log_debug("Rollback of %s walks its upper layer: %s.", e->id, why ? why : "?");
+	}
+	e->rollback_path = "walk";
+	/* m without its index (a restore to the head): the head's in memory is the target */
+	return env_fs_rollback(upperfd, &e->head_index, header_only ? &e->head_index : m, ckfd);
+}
+
+/* The head's manifest without its index, from memory (this process wrote it, or read and
+ * validated it): the file must still be there. */
+static int head_header(const struct sv_env *e, int ckfd, struct env_manifest *m)
+{
+	struct env_verified v;
+	int r = manifest_ident(ckfd, e->head_index.id, &v);
+
+	if (r < 0)
+		return r;
+	*m = e->head_index;
+	m->entries = NULL;
+	m->n_entries = m->cap_entries = 0;
+	m->xattr_bytes = 0;
+	m->by_path = NULL;
+	m->link_targets = NULL;
+	m->n_link_targets = 0;
+	return 0;
+}
+
 /* One restore of id. *stopped: the environment was killed (what ran is gone; a failure from
  * there on leaves it down and its upper layer in between). */
-static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
-		      struct env_manifest *ret)
+static int restore_at(struct sv_env *e, int ckfd, const char *id,
+		      const struct env_restore_params *p, bool *stopped, struct env_manifest *ret)
 {
+	bool moved = false, to_head;
+
 	_cleanup_(cg_roots_finish) struct cg_roots roots = {0};
 	_cleanup_close_ int upperfd = -1, workfd = -1, criufd = -1, netfd = -1;
 	struct env_manifest m = {0};
@@ -771,10 +981,14 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 	pid_t pid;
 	int r;
 
-	r = load_checkpoint(e, ckfd, id, &m);
+	/* A traced restore to the head whose index is in memory reads the manifest's header
+	 * only: the index it would decode is the one in memory (issue 23 item 4). */
+	to_head = p && p->killed && e->head_valid && strcmp(e->head, id) == 0 &&
+		  strcmp(e->head_index.id, id) == 0;
+	r = to_head ? head_header(e, ckfd, &m) : load_checkpoint(e, ckfd, id, &m);
 	if (r < 0)
 		return log_error_errno(r, "Checkpoint %s of %s refused: %m", id, e->id);
-	r = verify_chain(e, ckfd, &m);
+	r = verify_chain(e, ckfd, &m, to_head ? &e->head_index : &m, e->verified, &e->n_verified);
 	if (r < 0)
 		goto out;
 	snprintf(criu_dir, sizeof(criu_dir), "%s/criu", id);
@@ -806,8 +1020,9 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 	r = env_fs_wipe(workfd);
 	t[2] = mono_us();
 	if (r >= 0 && e->head_valid && strcmp(e->head_index.id, e->head) == 0) {
-		r = env_fs_rollback(upperfd, &e->head_index, &m, ckfd);
+		r = rollback(e, p, upperfd, &m, to_head, ckfd, &moved);
 	} else if (r >= 0) {
+		e->rollback_path = "rebuild";
 		r = env_fs_wipe(upperfd);
 		if (r >= 0)
 			r = env_fs_rebuild(upperfd, &m, ckfd);
@@ -815,7 +1030,7 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 	t[3] = mono_us();
 	e->rollback_us = t[3] - t[2];
 	/* From here the layer is the target's or in between: the head's index no longer says
-	 * what it holds. */
+	 * what it holds (unless the rollback made it the target's: moved). */
 	e->head_valid = false;
 	if (r < 0) {
 		log_error_errno(r, "Rebuilding %s's upper layer from %s failed: %m", e->id, id);
@@ -876,6 +1091,18 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id, bool *stopped,
 	r = write_atomic(e->dir, "head", id);
 	if (r < 0)
 		goto out;
+	if (moved) {
+		/* the rollback left the target's index in e->head_index, refreshed where it
+		 * rebuilt; the caller's copy from disk when m went there */
+		e->head_valid = true;
+		if (!m.id[0])
+			r = load_checkpoint(e, ckfd, id, &m);
+		if (r >= 0) {
+			*ret = m;
+			memset(&m, 0, sizeof(m));
+		}
+		goto out;
+	}
 	env_manifest_finish(&e->head_index);
 	r = load_checkpoint(e, ckfd, id, &e->head_index);
 	if (r >= 0) {
@@ -889,6 +1116,12 @@ out:
 }
 
 int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
+{
+	return env_restore_traced(e, id, NULL, ret);
+}
+
+int env_restore_traced(struct sv_env *e, const char *id, const struct env_restore_params *p,
+		       struct env_manifest *ret)
 {
 	_cleanup_close_ int ckfd = -1;
 	struct env_manifest back = {0};
@@ -907,7 +1140,7 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 	ckfd = env_ckpts_open(e);
 	if (ckfd < 0)
 		return ckfd;
-	r = restore_at(e, ckfd, want, &stopped, ret);
+	r = restore_at(e, ckfd, want, p, &stopped, ret);
 	if (r >= 0 || !stopped)
 		return r;
 
@@ -924,7 +1157,7 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 	}
 	e->error[0] = '\0';
 	stopped = false;
-	k = restore_at(e, ckfd, head, &stopped, &back);
+	k = restore_at(e, ckfd, head, NULL, &stopped, &back);
 	env_manifest_finish(&back);
 	if (k < 0) {
 		log_error_errno(k,
@@ -945,7 +1178,7 @@ int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret)
 
 /* The oldest kept checkpoint becomes a chain root: data from deleted ancestors is
  * hard-linked into its own data/, its manifest rewritten (tmp + rename) without a parent. */
-static int rebase(const struct sv_env *e, int ckfd, const char *id, char **drop, size_t n_drop)
+static int rebase(struct sv_env *e, int ckfd, const char *id, char **drop, size_t n_drop)
 {
 	struct env_manifest m;
 	_cleanup_close_ int dfd = -1, datafd = -1;
@@ -1000,6 +1233,16 @@ static int rebase(const struct sv_env *e, int ckfd, const char *id, char **drop,
 		    (syncfs(dfd) < 0 ||
 		     renameat(dfd, "manifest.mpk.new", dfd, "manifest.mpk") < 0 || fsync(dfd) < 0))
 			r = -errno;
+		/* written here from a validated manifest: a restore's chain validation need not
+		 * read it again (e->verified) */
+		if (r >= 0) {
+			struct env_verified v = {0};
+
+			if (manifest_ident(ckfd, id, &v) >= 0) {
+				snprintf(v.parent, sizeof(v.parent), "%s", m.parent);
+				e->verified[e->n_verified++ % ENV_VERIFIED_MAX] = v;
+			}
+		}
 	}
 out:
 	env_manifest_finish(&m);
@@ -1070,6 +1313,7 @@ out:
 					fresh.entries[i].ctime_ns =
 						e->head_index.entries[i].ctime_ns;
 				}
+				(void)env_manifest_index_like(&fresh, &e->head_index);
 				env_manifest_finish(&e->head_index);
 				e->head_index = fresh;
 				e->head_valid = true;

@@ -17,6 +17,8 @@
 #include "supervisor-dirty.h"
 #include "supervisor-env-ctl.h"
 #include "supervisor-env-exec.h"
+#include "supervisor-env-fs.h"
+#include "supervisor-env-handover.h"
 #include "supervisor-env-sandbox.h"
 #include "supervisor-env-slots.h"
 #include "supervisor-env.h"
@@ -136,6 +138,7 @@ static int slot_watch(struct supervisor *s, struct env_slot *sl)
 		return log_warning_errno(r, "Failed to trace %s: %m, ignoring.", sl->cgroup);
 	}
 	sl->trace_id = id;
+	sl->vouched = false; /* what ran before the watch is unknown */
 	(void)dirty_rescan_writers(sl->dirty, sl->cgroup, sl->root[0] ? sl->root : NULL);
 	return 0;
 }
@@ -260,6 +263,8 @@ int envs_start(struct supervisor *s, int (*watch_fd)(struct supervisor *s, int f
 		return -ENOMEM;
 	s->envs->next_trace_id = 1;
 	s->envs->watch_fd = watch_fd;
+	if (env_handover_start(s) < 0)
+		log_warning("No freeze handover: checkpoints walk the upper layer, ignoring.");
 	if (s->config.env_trace_preload)
 		tracer_load(s);
 	reopen_all(s);
@@ -272,6 +277,7 @@ void envs_stop(struct supervisor *s)
 
 	if (!es)
 		return;
+	env_handover_stop(s);
 	env_exec_stop(s);
 	while (es->slots) {
 		struct env_slot *sl = es->slots;
@@ -337,6 +343,7 @@ static void info_of_manifest(const char *env, const struct env_manifest *mf, uin
 	snprintf(m->env_info.path, sizeof(m->env_info.path), "%s", mf->delta_path);
 	snprintf(m->env_info.kind, sizeof(m->env_info.kind), "%s",
 		 mf->kind[0] ? mf->kind : ENV_KIND_FULL);
+	snprintf(m->env_info.why, sizeof(m->env_info.why), "%s", mf->full_diff_reason);
 }
 
 static int send_end(struct supervisor *s, struct sv_client *c, uint32_t n)
@@ -394,6 +401,7 @@ static void job_free(struct sv_job *jb)
 	for (size_t i = 0; i < j->n_dirty; i++)
 		free(j->dirty_paths[i]);
 	free(j->dirty_paths);
+	free(j->fs_dirty);
 	if (j->have_manifest)
 		env_manifest_finish(&j->m);
 	free(j);
@@ -411,6 +419,40 @@ static void job_thawed(void *userdata)
 	atomic_store(&j->policy->thawed, true);
 	if (j->policy->on_thawed)
 		j->policy->on_thawed(j->policy);
+}
+
+/* Offload thread, env_checkpoint's frozen callback (and a restore's, once the environment is
+ * stopped): the dirty set up to the freeze, from the loop (supervisor-env-handover.h). */
+static int job_frozen(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n,
+		      const char **ret_why)
+{
+	struct env_job *j = userdata;
+	int r;
+
+	if (!j->traced) {
+		*ret_why = "no tracer";
+		return 1;
+	}
+	if (!j->full_reason[0] && !j->vouched) {
+		*ret_why = "the tracer started after the last checkpoint (a creation, restore, "
+			   "fork or supervisor restart)";
+		return 1;
+	}
+	if (!j->full_reason[0]) {
+		r = env_handover_wait(j->sv, j);
+		if (r < 0) {
+			log_debug_errno(r, "No dirty set at the freeze of %s: %m", j->q.env);
+			*ret_why = "the tracer's handover at the freeze failed";
+			return 1;
+		}
+	}
+	if (j->full_reason[0]) {
+		*ret_why = j->full_reason;
+		return 1;
+	}
+	*ret = j->fs_dirty;
+	*ret_n = j->n_fs_dirty;
+	return 0;
 }
 
 /* Offload thread: the slot's env is the job's alone while busy. */
@@ -458,6 +500,7 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 			.dumping = j->policy ? &j->policy->dumping : NULL,
 			.thawed = job_thawed,
 			.activity = env_job_activity,
+			.frozen = job_frozen,
 		};
 
 		j->r = env_checkpoint(e, &cp, &j->m);
@@ -465,7 +508,9 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 		break;
 	}
 	case ENV_OP_RESTORE:
-		j->r = env_restore(e, j->q.ckpt[0] ? j->q.ckpt : NULL, &j->m);
+		j->r = env_restore_traced(
+			e, j->q.ckpt[0] ? j->q.ckpt : NULL,
+			&(struct env_restore_params){.killed = job_frozen, .userdata = j}, &j->m);
 		j->have_manifest = j->r >= 0;
 		break;
 	case ENV_OP_REBUILD:
@@ -621,7 +666,11 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 		envs_drain(s);
 		sl->full_diff_of_dump =
 			dirty_needs_full_diff(sl->dirty, NULL) && dirty_count(sl->dirty) == 0;
+		/* the set since its snapshot, before the freeze, is the next one's whole delta */
+		sl->vouched = j->traced;
 	}
+	if (j->q.op == ENV_OP_RESTORE || j->q.op == ENV_OP_REBUILD)
+		sl->vouched = false; /* a new tree, watched anew (or not at all) */
 	if (j->q.op == ENV_OP_CHECKPOINT)
 		job_report_checkpoint(s, j);
 	if (j->q.op == ENV_OP_CHECKPOINT && j->r >= 0 && j->have_manifest)
@@ -687,6 +736,7 @@ struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct en
 	j->job.free = job_free;
 	j->client = c ? c->serial : 0; /* 0: the policy's, nobody to answer */
 	j->slot = sl;
+	j->sv = s;
 	j->q = *q;
 	snprintf(j->state_dir, sizeof(j->state_dir), "%s", s->config.state_dir);
 	snprintf(j->cgroup_parent, sizeof(j->cgroup_parent), "%s", s->config.env_cgroup);
@@ -715,6 +765,74 @@ struct env_job *env_job_new(struct supervisor *s, struct sv_client *c, struct en
 	j->watch = sl->trace_id;
 	sl->busy = true;
 	return j;
+}
+
+/* j->dirty_paths as the FS phase takes them. */
+static int job_fs_dirty(struct env_job *j)
+{
+	struct env_fs_dirty *a = reallocarray(j->fs_dirty, j->n_dirty + 1, sizeof(*a));
+
+	if (!a)
+		return -ENOMEM;
+	for (size_t i = 0; i < j->n_dirty; i++)
+		a[i] = (struct env_fs_dirty){.path = j->dirty_paths[i],
+					     .subtree = dirty_path_subtree(j->dirty_paths[i])};
+	j->fs_dirty = a;
+	j->n_fs_dirty = j->n_dirty;
+	return 0;
+}
+
+void env_job_take_late(struct supervisor *s, struct env_job *j)
+{
+	struct env_slot *sl = j->slot;
+	struct envtrace_env_stats st;
+	struct dirty_item *items = NULL;
+	const char *reason = NULL;
+	size_t n = 0, old = j->n_dirty;
+	char **a;
+
+	envs_drain(s);
+	if (!sl->dirty || !s->envs->et) {
+		snprintf(j->full_reason, sizeof(j->full_reason), "%s", "the tracer stopped");
+		return;
+	}
+	if (envtrace_env_stats(s->envs->et, sl->trace_id, &st) >= 0)
+		dirty_note_drops(sl->dirty, st.drops);
+	if (dirty_needs_full_diff(sl->dirty, &reason)) {
+		snprintf(j->full_reason, sizeof(j->full_reason), "%s", reason ? reason : "tracer");
+		return;
+	}
+	if (dirty_list(sl->dirty, &items, &n) < 0)
+		goto oom;
+	a = reallocarray(j->dirty_paths, old + n + 1, sizeof(*a));
+	if (!a)
+		goto oom;
+	j->dirty_paths = a;
+	for (size_t i = 0; i < n; i++) {
+		const char *p = items[i].path;
+		char **hit = bsearch(&p, j->dirty_paths, old, sizeof(*j->dirty_paths), cmp_str_ptr);
+		size_t len = strlen(p);
+
+		if (hit) {
+			if (items[i].subtree)
+				(*hit)[strlen(*hit) + 1] = '1';
+			continue;
+		}
+		j->dirty_paths[j->n_dirty] = malloc(len + 2);
+		if (!j->dirty_paths[j->n_dirty])
+			goto oom;
+		memcpy(j->dirty_paths[j->n_dirty], p, len + 1);
+		j->dirty_paths[j->n_dirty][len + 1] = items[i].subtree ? '1' : '0';
+		j->n_dirty++;
+	}
+	free(items);
+	qsort(j->dirty_paths, j->n_dirty, sizeof(*j->dirty_paths), cmp_str_ptr);
+	if (job_fs_dirty(j) < 0)
+		snprintf(j->full_reason, sizeof(j->full_reason), "%s", "out of memory");
+	return;
+oom:
+	free(items);
+	snprintf(j->full_reason, sizeof(j->full_reason), "%s", "out of memory");
 }
 
 /* Snapshot the dirty set for the checkpoint, then start a new one (loop thread). */
@@ -757,6 +875,10 @@ int env_job_snapshot_dirty(struct supervisor *s, struct env_slot *sl, struct env
 	free(items);
 	qsort(j->dirty_paths, j->n_dirty, sizeof(*j->dirty_paths), cmp_str_ptr);
 	j->traced = true;
+	j->vouched = sl->vouched;
+	r = job_fs_dirty(j);
+	if (r < 0)
+		return r;
 	dirty_reset(sl->dirty);
 	sl->full_diff_of_dump = false;
 	(void)dirty_rescan_writers(sl->dirty, sl->cgroup, sl->root[0] ? sl->root : NULL);
@@ -1124,6 +1246,12 @@ int envs_dispatch(struct supervisor *s, struct sv_client *c, const struct proto_
 	 * or a destroy unmounts it, so tracing stops first (a rebuild's restarts when done). */
 	if (q->op == ENV_OP_REBUILD || q->op == ENV_OP_DESTROY)
 		slot_unwatch(es, sl);
+	/* A restore rolls back by the dirty set since the head, taken once the environment is
+	 * stopped (job_frozen: the same handover). */
+	if (q->op == ENV_OP_RESTORE && sl->dirty && s->envs->et) {
+		j->traced = true;
+		j->vouched = sl->vouched;
+	}
 	if (q->op == ENV_OP_CHECKPOINT && env_job_snapshot_dirty(s, sl, j) < 0)
 		j->traced = false; /* metadata comparison alone still catches every change */
 	offload_submit(s, &j->job);

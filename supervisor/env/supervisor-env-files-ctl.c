@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "supervisor-dirty.h"
 #include "util.h"
 #include "supervisor-client.h"
 #include "supervisor-env-exec.h"
@@ -30,6 +31,7 @@ struct file_job {
 	const char *why;
 	struct stat st;
 	uint64_t n;
+	char dir[PATH_MAX]; /* a write's directory, resolved (env_file_write) */
 };
 
 static void file_run(struct supervisor *s, struct sv_job *jb)
@@ -59,7 +61,39 @@ static void file_run(struct supervisor *s, struct sv_job *jb)
 		return;
 	}
 	j->r = env_file_write(j->root, j->q.path, j->data_fd, ENV_FILE_MAX_DEFAULT,
-			      j->q.mode ? j->q.mode : 0644, hu, hg, &j->n);
+			      j->q.mode ? j->q.mode : 0644, hu, hg, &j->n, j->dir, sizeof(j->dir));
+}
+
+/* A write is the supervisor's, not a process of the environment's: the tracer does not see it,
+ * the dirty set is told here (issue 23 item 1: a checkpoint's delta is the dirty set). The
+ * directory as the kernel names it: under the environment's root as the supervisor sees it
+ * (stripped), or already relative to it; both kept when unsure (a false positive costs a
+ * look, a false negative a wrong checkpoint). Unnamed: a full diff. */
+static void file_dirty(struct file_job *j)
+{
+	struct env_slot *sl = j->slot;
+	const char *base = strrchr(j->q.path, '/');
+	size_t rl = strlen(sl->root);
+	char p[PATH_MAX * 2];
+
+	if (!sl->dirty)
+		return;
+	base = base ? base + 1 : j->q.path;
+	if (j->dir[0] != '/' || !*base) {
+		dirty_require_full_diff(sl->dirty, "a file written by the supervisor");
+		return;
+	}
+	(void)dirty_add_self(sl->dirty, j->dir);
+	snprintf(p, sizeof(p), "%s/%s", strcmp(j->dir, "/") ? j->dir : "", base);
+	(void)dirty_add(sl->dirty, p);
+	if (rl > 1 && strncmp(j->dir, sl->root, rl) == 0 &&
+	    (j->dir[rl] == '/' || j->dir[rl] == '\0')) {
+		const char *rel = j->dir[rl] ? j->dir + rl : "/";
+
+		(void)dirty_add_self(sl->dirty, rel);
+		snprintf(p, sizeof(p), "%s/%s", strcmp(rel, "/") ? rel : "", base);
+		(void)dirty_add(sl->dirty, p);
+	}
 }
 
 static void file_done(struct supervisor *s, struct sv_job *jb)
@@ -70,11 +104,9 @@ static void file_done(struct supervisor *s, struct sv_job *jb)
 
 	if (j->slot->execs > 0)
 		j->slot->execs--;
-	/* The supervisor wrote it, not a traced process: the dirty set hears it from here (issue
-	 * 23 item 3: a checkpoint with nothing dirty is skipped). Even a failed write may have
-	 * left its temporary file. */
-	if (j->type == PROTO_ENV_FILE_WRITE && j->slot->dirty)
-		env_files_mark_dirty(j->slot->dirty, j->root, j->q.path);
+	/* Even a failed write may have made and removed its temporary file in the directory. */
+	if (j->type == PROTO_ENV_FILE_WRITE && (j->r >= 0 || j->dir[0]))
+		file_dirty(j);
 	if (!c)
 		return;
 	if (j->r == -EINVAL && j->type == PROTO_ENV_FILE_READ && (j->st.st_mode & S_IFMT) &&

@@ -202,7 +202,7 @@ static int split_path(const char *path, char *dir, size_t dcap, char *base, size
 }
 
 int env_file_write(int root, const char *path, int data_fd, uint64_t max, mode_t mode, uid_t uid,
-		   gid_t gid, uint64_t *ret_n)
+		   gid_t gid, uint64_t *ret_n, char *ret_dir, size_t dir_cap)
 {
 	_cleanup_close_ int dfd = -1, tfd = -1;
 	char dir[PATH_MAX], base[NAME_MAX + 1], tmp[64];
@@ -236,6 +236,16 @@ int env_file_write(int root, const char *path, int data_fd, uint64_t max, mode_t
 		r = -errno;
 	if (r < 0)
 		(void)unlinkat(dfd, tmp, 0);
+	if (r >= 0 && ret_dir && dir_cap) {
+		char link[32];
+		ssize_t n;
+
+		snprintf(link, sizeof(link), "/proc/self/fd/%d", dfd);
+		n = readlink(link, ret_dir, dir_cap - 1);
+		ret_dir[n > 0 ? n : 0] = '\0';
+		if (n <= 0 || (size_t)n >= dir_cap - 1)
+			ret_dir[0] = '\0';
+	}
 	return r;
 }
 

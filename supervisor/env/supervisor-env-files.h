@@ -39,9 +39,12 @@ int env_file_read(int root, const char *path, uint64_t max, int *ret_fd, struct 
 /* "a FIFO", "a character device", ...: the kind of file mode's type names, for errors. */
 const char *env_file_kind(mode_t mode);
 /* Replaces path with the first bytes of data_fd (a regular file; more than max: -EFBIG),
- * owned by uid:gid (host ids) with mode. *ret_n: the bytes written. */
+ * owned by uid:gid (host ids) with mode. *ret_n: the bytes written. ret_dir (NULL: not
+ * wanted): the directory written in, as the kernel names the one resolved (its symlinks
+ * followed), for the dirty set (the supervisor's writes are not the tracer's to see); "" when
+ * it cannot be named. */
 int env_file_write(int root, const char *path, int data_fd, uint64_t max, mode_t mode, uid_t uid,
-		   gid_t gid, uint64_t *ret_n);
+		   gid_t gid, uint64_t *ret_n, char *ret_dir, size_t dir_cap);
 /* user as the environment knows it: "" (root), "UID[:GID]", or "NAME[:GROUP]" looked up in
  * the environment's /etc/passwd and /etc/group. A numeric uid's group is its passwd entry's,
  * else 0. -ENOENT: no such user or group. */

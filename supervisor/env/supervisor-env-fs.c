@@ -198,6 +198,9 @@ struct scan {
 	uint64_t next_key;
 	struct ino_seen *inos;
 	size_t n_inos, cap_inos;
+	/* The dirty-set delta: a regular file of more than one name ends it (-EMLINK), the
+	 * walk takes over (its names elsewhere are not in the delta). */
+	bool no_links;
 	char path[ENV_PATH_MAX + 2];
 };
 
@@ -407,7 +410,11 @@ static int scan_entry(struct scan *sc, int dirfd, const char *name, const struct
 		e.kind = ENV_ENTRY_DIR;
 		e.size = 0;
 	} else if (S_ISREG(st->st_mode)) {
-		const struct ino_seen *seen = st->st_nlink > 1 ? find_ino(sc, st) : NULL;
+		const struct ino_seen *seen;
+
+		if (sc->no_links && st->st_nlink > 1)
+			return -EMLINK;
+		seen = st->st_nlink > 1 ? find_ino(sc, st) : NULL;
 
 		if (seen) {
 			e.kind = ENV_ENTRY_HARDLINK;
@@ -557,13 +564,17 @@ int env_fs_scan(int upper_fd, const struct env_manifest *base, env_fs_force_cb f
 	};
 	int r;
 
-	if (base && base->n_entries) {
-		sc.base_sorted = calloc(base->n_entries, sizeof(*sc.base_sorted));
-		if (!sc.base_sorted)
+	if (base && base->by_path) {
+		sc.base_sorted = base->by_path; /* env_manifest_index's, built before the freeze */
+	} else if (base && base->n_entries) {
+		const struct env_entry **a = calloc(base->n_entries, sizeof(*a));
+
+		if (!a)
 			return -ENOMEM;
 		for (size_t i = 0; i < base->n_entries; i++)
-			sc.base_sorted[i] = &base->entries[i];
-		qsort(sc.base_sorted, base->n_entries, sizeof(*sc.base_sorted), cmp_entry_ptr);
+			a[i] = &base->entries[i];
+		qsort(a, base->n_entries, sizeof(*a), cmp_entry_ptr);
+		sc.base_sorted = a;
 	}
 	r = scan_dir(&sc, upper_fd, 0, 0);
 	if (r >= 0 && base && base->n_entries) {
@@ -584,7 +595,8 @@ int env_fs_scan(int upper_fd, const struct env_manifest *base, env_fs_force_cb f
 		}
 		free(now);
 	}
-	free(sc.base_sorted);
+	if (!(base && base->by_path))
+		free((void *)sc.base_sorted);
 	free(sc.inos);
 	if (r >= 0 && ret_stats)
 		*ret_stats = sc.stats;
@@ -947,4 +959,635 @@ int env_fs_refresh(int upper_fd, struct env_manifest *m)
 		e->ctime_ns = ts_ns(&st.st_ctim);
 	}
 	return 0;
+}
+
+/* --- the delta from the dirty set -------------------------------------------------------- */
+
+struct touch {
+	char *path; /* relative */
+	bool subtree;
+};
+
+static int cmp_touch(const void *a, const void *b)
+{
+	return strcmp(((const struct touch *)a)->path, ((const struct touch *)b)->path);
+}
+
+static bool always(const char *path, void *userdata)
+{
+	(void)path;
+	(void)userdata;
+	return true;
+}
+
+void env_fs_gone_finish(struct env_fs_gone *g)
+{
+	for (size_t i = 0; i < g->n; i++)
+		free(g->paths[i]);
+	free(g->paths);
+	free(g->below);
+	*g = (struct env_fs_gone){0};
+}
+
+static int gone_add(struct env_fs_gone *g, const char *path, bool below)
+{
+	if (g->n == g->cap) {
+		size_t cap = g->cap ? g->cap * 2 : 16;
+		char **p = reallocarray(g->paths, cap, sizeof(*p));
+		bool *b;
+
+		if (!p)
+			return -ENOMEM;
+		g->paths = p;
+		b = reallocarray(g->below, cap, sizeof(*b));
+		if (!b)
+			return -ENOMEM;
+		g->below = b;
+		g->cap = cap;
+	}
+	g->paths[g->n] = strdup(path);
+	if (!g->paths[g->n])
+		return -ENOMEM;
+	g->below[g->n++] = below;
+	return 0;
+}
+
+/* The first index of m->by_path whose path is >= key. */
+static size_t lower_bound(const struct env_manifest *m, const char *key)
+{
+	size_t lo = 0, hi = m->n_entries;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (strcmp(m->by_path[mid]->path, key) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Calls f for base's entry at path (when there) and, when below, every one under path/:
+ * contiguous in by_path (everything that starts with "path/" sorts together). */
+static int base_range(const struct env_manifest *base, const char *path, bool below,
+		      int (*f)(const struct env_manifest *base, const struct env_entry *e, void *u),
+		      void *u)
+{
+	char key[ENV_PATH_MAX + 2];
+	size_t n = strlen(path), i;
+	const struct env_entry *e;
+	int r;
+
+	if (!base || !base->by_path)
+		return 0;
+	e = env_manifest_find(base, path);
+	if (e && (r = f(base, e, u)) < 0)
+		return r;
+	if (!below || n + 1 > ENV_PATH_MAX)
+		return 0;
+	memcpy(key, path, n);
+	key[n] = '/';
+	key[n + 1] = '\0';
+	for (i = lower_bound(base, key); i < base->n_entries; i++) {
+		e = base->by_path[i];
+		if (strncmp(e->path, key, n + 1) != 0)
+			break;
+		r = f(base, e, u);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+/* A base entry that goes or changes: a hard link, or a file one names, is not ours to change
+ * alone (its other names are not in the delta). */
+static int check_links(const struct env_manifest *base, const struct env_entry *e, void *u)
+{
+	(void)u;
+	if (e->kind == ENV_ENTRY_HARDLINK ||
+	    (e->kind == ENV_ENTRY_REG && env_manifest_link_target(base, e->path)))
+		return -EMLINK;
+	return 0;
+}
+
+/* The dirty paths relative, each with its ancestors (for themselves), sorted, merged, and
+ * without what lies below a path dirty with its subtree (its scan covers it). */
+static int touches_of(const struct env_fs_dirty *dirty, size_t n_dirty, struct touch **ret,
+		      size_t *ret_n)
+{
+	struct touch *t = NULL;
+	size_t n = 0, cap = 0, k = 0;
+	int r = 0;
+
+	for (size_t i = 0; i < n_dirty && r >= 0; i++) {
+		const char *p = dirty[i].path;
+		size_t len;
+
+		while (*p == '/')
+			p++;
+		len = strlen(p);
+		while (len > 0 && p[len - 1] == '/')
+			len--;
+		if (len == 0) {
+			if (dirty[i].subtree)
+				r = -ENOTRECOVERABLE; /* everything: that is a walk */
+			continue;
+		}
+		/* a name no index entry can have (too long, not normalized): the walk decides */
+		if (len > ENV_PATH_MAX) {
+			r = -ENOTRECOVERABLE;
+			break;
+		}
+		/* the path, then each ancestor */
+		for (bool first = true; len > 0; first = false) {
+			if (n == cap) {
+				size_t c = cap ? cap * 2 : 64;
+				struct touch *a = reallocarray(t, c, sizeof(*a));
+
+				if (!a) {
+					r = -ENOMEM;
+					break;
+				}
+				t = a;
+				cap = c;
+			}
+			t[n].path = strndup(p, len);
+			if (!t[n].path) {
+				r = -ENOMEM;
+				break;
+			}
+			if (first && !env_path_valid(t[n].path)) {
+				free(t[n].path);
+				r = -ENOTRECOVERABLE;
+				break;
+			}
+			t[n].subtree = first && dirty[i].subtree;
+			n++;
+			while (len > 0 && p[len - 1] != '/')
+				len--;
+			if (len > 0)
+				len--;
+		}
+	}
+	if (r < 0)
+		goto fail;
+	if (n)
+		qsort(t, n, sizeof(*t), cmp_touch);
+	for (size_t i = 0; i < n; i++) {
+		/* a duplicate: one entry, subtree if either was */
+		if (k > 0 && strcmp(t[k - 1].path, t[i].path) == 0) {
+			t[k - 1].subtree |= t[i].subtree;
+			free(t[i].path);
+			continue;
+		}
+		t[k++] = t[i];
+	}
+	n = k;
+	k = 0;
+	for (size_t i = 0; i < n; i++) {
+		/* below a kept path dirty with its subtree (an ancestor: kept before it) */
+		bool covered = false;
+		char *c = t[i].path;
+
+		while (!covered && (c = strchr(c, '/'))) {
+			struct touch key = {.path = t[i].path}, *hit;
+
+			*c = '\0';
+			hit = bsearch(&key, t, k, sizeof(*t), cmp_touch);
+			*c++ = '/';
+			covered = hit && hit->subtree;
+		}
+		if (covered) {
+			free(t[i].path);
+			continue;
+		}
+		t[k++] = t[i];
+	}
+	*ret = t;
+	*ret_n = k;
+	return 0;
+fail:
+	for (size_t i = 0; i < n; i++)
+		free(t[i].path);
+	free(t);
+	return r;
+}
+
+/* One touched path: looked up in the upper layer (never through a symlink); what it is now
+ * into the delta, what went of base's into gone. */
+static int scan_touch(struct scan *sc, int upper_fd, const struct touch *t, struct env_fs_gone *g)
+{
+	_cleanup_close_ int pfd = -1, sub = -1;
+	const char *name;
+	size_t plen = strlen(t->path);
+	unsigned depth = 0;
+	struct stat st;
+	int r;
+
+	for (const char *c = t->path; *c; c++)
+		depth += *c == '/';
+	memcpy(sc->path, t->path, plen + 1);
+	pfd = open_parent(upper_fd, t->path, &name);
+	if (pfd < 0 && pfd != -ENOENT && pfd != -ENOTDIR && pfd != -ELOOP && pfd != -EXDEV)
+		return pfd;
+	if (pfd < 0 || fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (pfd >= 0 && errno != ENOENT)
+			return -errno;
+		/* gone, with all it held */
+		r = base_range(sc->base, t->path, true, check_links, NULL);
+		return r < 0 ? r : gone_add(g, t->path, true);
+	}
+	/* base's entry (and, when rescanned or no longer a directory, what it had below) goes
+	 * unless the delta has it again */
+	r = base_range(sc->base, t->path, t->subtree || !S_ISDIR(st.st_mode), check_links, NULL);
+	if (r >= 0)
+		r = gone_add(g, t->path, t->subtree || !S_ISDIR(st.st_mode));
+	if (r < 0)
+		return r;
+	if (!S_ISDIR(st.st_mode))
+		return scan_entry(sc, pfd, name, &st);
+	sub = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (sub < 0)
+		return -errno;
+	r = scan_entry(sc, sub, name, &st);
+	if (r >= 0 && t->subtree)
+		r = scan_dir(sc, sub, plen, depth + 1);
+	return r;
+}
+
+int env_fs_scan_dirty(int upper_fd, const struct env_manifest *base,
+		      const struct env_fs_dirty *dirty, size_t n_dirty, const atomic_bool *cancel,
+		      int data_fd, struct env_manifest *out, struct env_fs_gone *out_gone,
+		      struct env_fs_stats *ret_stats)
+{
+	struct scan sc = {
+		.base = base,
+		.base_sorted = base ? base->by_path : NULL,
+		.force = always, /* dirty: copied, whatever its metadata says */
+		.cancel = cancel,
+		.data_fd = data_fd,
+		.out = out,
+		.no_links = true,
+	};
+	struct touch *t = NULL;
+	size_t n = 0;
+	int r;
+
+	if (base && base->n_entries && !base->by_path)
+		return -EINVAL; /* env_manifest_index first: no sort while frozen */
+	r = touches_of(dirty, n_dirty, &t, &n);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < n && r >= 0; i++) {
+		if (cancelled(cancel))
+			r = -ECANCELED;
+		else
+			r = scan_touch(&sc, upper_fd, &t[i], out_gone);
+	}
+	for (size_t i = 0; i < n; i++)
+		free(t[i].path);
+	free(t);
+	free(sc.inos);
+	if (r >= 0 && ret_stats)
+		*ret_stats = sc.stats;
+	return r;
+}
+
+struct apply {
+	const struct env_manifest *base;
+	bool *drop;
+};
+
+static int mark_drop(const struct env_manifest *base, const struct env_entry *e, void *u)
+{
+	struct apply *a = u;
+
+	a->drop[e - base->entries] = true;
+	return 0;
+}
+
+int env_fs_delta_apply(const struct env_manifest *base, const struct env_manifest *delta,
+		       const struct env_fs_gone *gone, struct env_manifest *full,
+		       uint64_t *ret_removed)
+{
+	const struct env_entry **ds = NULL;
+	struct apply a = {.base = base};
+	bool *used = NULL;
+	uint64_t removed = 0;
+	int r = -ENOMEM;
+
+	ds = sorted_of(delta);
+	used = calloc(delta->n_entries + 1, sizeof(*used));
+	a.drop = calloc((base ? base->n_entries : 0) + 1, sizeof(*a.drop));
+	if (!ds || !used || !a.drop)
+		goto out;
+	r = 0;
+	for (size_t i = 0; base && i < gone->n && r >= 0; i++)
+		r = base_range(base, gone->paths[i], gone->below[i], mark_drop, &a);
+	/* base's order; a changed entry in its place */
+	for (size_t i = 0; base && i < base->n_entries && r >= 0; i++) {
+		const struct env_entry *e = &base->entries[i];
+		const struct env_entry *d = find_in(ds, delta->n_entries, e->path);
+
+		if (d) {
+			used[d - delta->entries] = true;
+			r = env_manifest_add(full, d);
+		} else if (a.drop[i]) {
+			removed++;
+		} else {
+			r = env_manifest_add(full, e);
+		}
+	}
+	/* the new ones, by path: a directory before what it holds */
+	for (size_t i = 0; i < delta->n_entries && r >= 0; i++)
+		if (!used[ds[i] - delta->entries])
+			r = env_manifest_add(full, ds[i]);
+	if (r >= 0 && ret_removed)
+		*ret_removed = removed;
+out:
+	free(ds);
+	free(used);
+	free(a.drop);
+	return r;
+}
+
+/* --- the rollback by what differs --------------------------------------------------------- */
+
+/* Overlay makes whiteouts as hard links of one shared inode (its workdir's): any whiteout
+ * made or removed changes every whiteout's ctime, so theirs (and their inode) say nothing. */
+static bool entry_same(const struct env_entry *a, const struct env_entry *b)
+{
+	bool wh = a->kind == ENV_ENTRY_WHITEOUT;
+
+	if (a->kind != b->kind || a->mode != b->mode || a->uid != b->uid || a->gid != b->gid ||
+	    a->size != b->size || a->mtime_ns != b->mtime_ns ||
+	    (!wh && (a->ctime_ns != b->ctime_ns || a->ino != b->ino)) || a->opaque != b->opaque ||
+	    a->n_xattrs != b->n_xattrs || a->data_key != b->data_key ||
+	    strcmp(a->src, b->src) != 0 ||
+	    strcmp(a->target ? a->target : "", b->target ? b->target : "") != 0 ||
+	    strcmp(a->hardlink ? a->hardlink : "", b->hardlink ? b->hardlink : "") != 0)
+		return false;
+	for (uint32_t i = 0; i < a->n_xattrs; i++) {
+		const struct env_xattr *y = env_entry_xattr(b, a->xattrs[i].name);
+
+		if (!y || y->len != a->xattrs[i].len ||
+		    memcmp(y->value, a->xattrs[i].value, y->len) != 0)
+			return false;
+	}
+	return true;
+}
+
+struct rb_touch {
+	struct env_fs_dirty *v;
+	char **owned;
+	size_t n, cap, n_owned;
+};
+
+static int rb_touch_add(struct rb_touch *t, const char *rel, bool subtree)
+{
+	char *p;
+
+	if (t->n == t->cap) {
+		size_t cap = t->cap ? t->cap * 2 : 64;
+		struct env_fs_dirty *v = reallocarray(t->v, cap, sizeof(*v));
+		char **o;
+
+		if (!v)
+			return -ENOMEM;
+		t->v = v;
+		o = reallocarray(t->owned, cap, sizeof(*o));
+		if (!o)
+			return -ENOMEM;
+		t->owned = o;
+		t->cap = cap;
+	}
+	if (asprintf(&p, "/%s", rel) < 0)
+		return -ENOMEM;
+	t->owned[t->n_owned++] = p;
+	t->v[t->n++] = (struct env_fs_dirty){.path = p, .subtree = subtree};
+	return 0;
+}
+
+/* The paths whose entries differ between cur and target (both indexed): changed, only in one
+ * (what cur alone has goes with its subtree). */
+static int diff_indexes(const struct env_manifest *cur, const struct env_manifest *target,
+			struct rb_touch *t)
+{
+	size_t i = 0, k = 0;
+	int r = 0;
+
+	while (r >= 0 && (i < cur->n_entries || k < target->n_entries)) {
+		const struct env_entry *a = i < cur->n_entries ? cur->by_path[i] : NULL;
+		const struct env_entry *b = k < target->n_entries ? target->by_path[k] : NULL;
+		int c = !a ? 1 : !b ? -1 : strcmp(a->path, b->path);
+
+		if (c < 0) {
+			r = rb_touch_add(t, a->path, true);
+			i++;
+		} else if (c > 0) {
+			r = rb_touch_add(t, b->path, false);
+			k++;
+		} else {
+			if (!entry_same(a, b))
+				r = rb_touch_add(t, a->path, a->kind != b->kind);
+			i++;
+			k++;
+		}
+	}
+	return r;
+}
+
+static int rb_check_links(const struct env_manifest *m, const struct env_entry *e, void *u)
+{
+	(void)u;
+	return check_links(m, e, NULL);
+}
+
+/* dirfd/name removed, whatever it is (a directory with all it holds). */
+static int remove_at(int dirfd, const char *name)
+{
+	struct stat st;
+
+	if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (S_ISDIR(st.st_mode)) {
+		_cleanup_close_ int sub =
+			openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		int r;
+
+		if (sub < 0)
+			return -errno;
+		r = wipe_dir(sub, 1);
+		if (r < 0)
+			return r;
+		return unlinkat(dirfd, name, AT_REMOVEDIR) < 0 ? -errno : 0;
+	}
+	return unlinkat(dirfd, name, 0) < 0 ? -errno : 0;
+}
+
+/* An entry's inode and ctime as on disk now (after its rebuild). */
+static int refresh_entry(int upper_fd, const struct env_entry *e)
+{
+	_cleanup_close_ int pfd = -1;
+	struct env_entry *w = (struct env_entry *)e; /* the caller's own index */
+	const char *name;
+	struct stat st;
+
+	pfd = open_parent(upper_fd, e->path, &name);
+	if (pfd < 0)
+		return pfd;
+	if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	w->ino = st.st_ino;
+	w->ctime_ns = ts_ns(&st.st_ctim);
+	return 0;
+}
+
+struct rb_dirs {
+	const struct env_entry **v;
+	size_t n, cap;
+};
+
+static int rb_dir_add(struct rb_dirs *d, const struct env_entry *e)
+{
+	if (d->n == d->cap) {
+		size_t cap = d->cap ? d->cap * 2 : 64;
+		const struct env_entry **v = reallocarray(d->v, cap, sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		d->v = v;
+		d->cap = cap;
+	}
+	d->v[d->n++] = e;
+	return 0;
+}
+
+/* One touched path made what target says: what is there removed (kept when both are
+ * directories and only the directory itself is touched), target's entry (and, for a subtree,
+ * everything target has below it) rebuilt. Directories' metadata afterwards (dirs). */
+static int rollback_touch(int upper_fd, const struct env_manifest *target, const struct touch *t,
+			  int ckpts_fd, struct rb_dirs *dirs)
+{
+	const struct env_entry *te = env_manifest_find(target, t->path);
+	_cleanup_close_ int pfd = -1;
+	const char *name;
+	struct stat st;
+	bool there, sub;
+	int r;
+
+	pfd = open_parent(upper_fd, t->path, &name);
+	if (pfd < 0 && pfd != -ENOENT && pfd != -ENOTDIR && pfd != -ELOOP && pfd != -EXDEV)
+		return pfd;
+	if (pfd < 0) {
+		/* no parent: target has none either (a parent is touched first, sorted) */
+		return te ? -ENOENT : 0;
+	}
+	there = fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0;
+	if (!there && errno != ENOENT)
+		return -errno;
+	if (there && te && te->kind == ENV_ENTRY_DIR && S_ISDIR(st.st_mode) && !t->subtree)
+		return rb_dir_add(dirs, te); /* kept: its metadata later */
+	if (there) {
+		r = remove_at(pfd, name);
+		if (r < 0)
+			return r;
+	}
+	if (!te)
+		return 0;
+	/* a directory made anew gets all target has below it */
+	sub = t->subtree || te->kind == ENV_ENTRY_DIR;
+	r = rebuild_entry(upper_fd, te, ckpts_fd);
+	if (r >= 0 && te->kind == ENV_ENTRY_DIR)
+		r = rb_dir_add(dirs, te);
+	if (r >= 0 && te->kind != ENV_ENTRY_DIR)
+		r = refresh_entry(upper_fd, te);
+	if (r < 0 || te->kind != ENV_ENTRY_DIR || !sub)
+		return r;
+	/* everything target has below it, parents first (by path) */
+	{
+		size_t n = strlen(t->path);
+		char key[ENV_PATH_MAX + 2];
+
+		memcpy(key, t->path, n);
+		key[n] = '/';
+		key[n + 1] = '\0';
+		for (size_t i = lower_bound(target, key); r >= 0 && i < target->n_entries; i++) {
+			const struct env_entry *e = target->by_path[i];
+
+			if (strncmp(e->path, key, n + 1) != 0)
+				break;
+			r = rebuild_entry(upper_fd, e, ckpts_fd);
+			if (r >= 0)
+				r = e->kind == ENV_ENTRY_DIR ? rb_dir_add(dirs, e)
+							     : refresh_entry(upper_fd, e);
+		}
+	}
+	return r;
+}
+
+static int cmp_entry_ptr_desc(const void *a, const void *b)
+{
+	return -cmp_entry_ptr(a, b);
+}
+
+int env_fs_rollback_dirty(int upper_fd, struct env_manifest *cur, struct env_manifest *target,
+			  const struct env_fs_dirty *dirty, size_t n_dirty, int ckpts_fd)
+{
+	struct rb_touch extra = {0};
+	struct rb_dirs dirs = {0};
+	struct touch *t = NULL;
+	size_t n = 0;
+	int r;
+
+	if (!env_manifest_index(cur) || !env_manifest_index(target))
+		return -ENOMEM;
+	/* the dirty paths, and what differs between the two indexes */
+	for (size_t i = 0; i < n_dirty; i++) {
+		r = rb_touch_add(&extra,
+				 dirty[i].path[0] == '/' ? dirty[i].path + 1 : dirty[i].path,
+				 dirty[i].subtree);
+		if (r < 0)
+			goto out;
+	}
+	r = cur == target ? 0 : diff_indexes(cur, target, &extra);
+	if (r >= 0)
+		r = touches_of(extra.v, extra.n, &t, &n);
+	/* a hard link's other names are not touched: the full rollback */
+	for (size_t i = 0; r >= 0 && i < n; i++) {
+		r = base_range(cur, t[i].path, t[i].subtree, rb_check_links, NULL);
+		if (r >= 0)
+			r = base_range(target, t[i].path, t[i].subtree, rb_check_links, NULL);
+	}
+	for (size_t i = 0; r >= 0 && i < n; i++)
+		r = rollback_touch(upper_fd, target, &t[i], ckpts_fd, &dirs);
+	/* directories last, deepest first: their mtime survives what was made in them */
+	if (r >= 0 && dirs.n)
+		qsort(dirs.v, dirs.n, sizeof(*dirs.v), cmp_entry_ptr_desc);
+	for (size_t i = 0; r >= 0 && i < dirs.n; i++) {
+		_cleanup_close_ int pfd = -1;
+		const char *name;
+
+		if (i > 0 && dirs.v[i] == dirs.v[i - 1])
+			continue;
+		pfd = open_parent(upper_fd, dirs.v[i]->path, &name);
+		if (pfd < 0) {
+			r = pfd;
+			break;
+		}
+		r = set_metadata(pfd, name, dirs.v[i]);
+		if (r >= 0)
+			r = refresh_entry(upper_fd, dirs.v[i]);
+	}
+out:
+	for (size_t i = 0; i < n; i++)
+		free(t[i].path);
+	free(t);
+	for (size_t i = 0; i < extra.n_owned; i++)
+		free(extra.owned[i]);
+	free(extra.owned);
+	free(extra.v);
+	free(dirs.v);
+	return r;
 }

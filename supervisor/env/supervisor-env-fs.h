@@ -50,6 +50,52 @@ int env_fs_scan(int upper_fd, const struct env_manifest *base, env_fs_force_cb f
 		void *userdata, const atomic_bool *cancel, int data_fd, struct env_manifest *out,
 		struct env_fs_stats *ret_stats);
 
+/*
+ * The delta from the eBPF dirty set (issue 23 item 1), at the cost of what changed: only the
+ * dirty paths, their ancestors (an overlay copy-up makes a file's directories in the upper
+ * layer, unnamed by the tracer) and, for a path dirty with its subtree (created, renamed,
+ * removed), what lies below it are looked at; base (the parent's index, env_manifest_index
+ * built) is not walked, only looked up. What is found goes into out (a partial index: the
+ * entries new or changed, every regular file among them copied as env_fs_scan copies a forced
+ * one), what is gone into out_gone; env_fs_delta_apply() makes the full index of it once the
+ * environment runs again. A path is gone when the upper layer no longer has it (what was below
+ * it too), or when it is no longer a directory (what was below it); a path dirty with its
+ * subtree takes everything base had below it, replaced by what is found there now.
+ *
+ * -EMLINK: a hard link is involved (a regular file of more than one name found, or a base
+ * entry touched that is a hard link or the target of one): the names elsewhere are not in the
+ * delta; the caller walks instead (env_fs_scan), after emptying data_fd. -ENOTRECOVERABLE: the
+ * dirty set names the root itself with its subtree, or a path no index entry can have (too
+ * long, not normalized): walk.
+ */
+struct env_fs_dirty {
+	const char *path; /* as the environment sees it: "/"-rooted */
+	bool subtree;
+};
+
+/* Paths whose base entries go, unless the delta has them again: the path itself and, when
+ * below, everything base had under it. */
+struct env_fs_gone {
+	char **paths; /* relative */
+	bool *below;
+	size_t n, cap;
+};
+
+void env_fs_gone_finish(struct env_fs_gone *g);
+
+int env_fs_scan_dirty(int upper_fd, const struct env_manifest *base,
+		      const struct env_fs_dirty *dirty, size_t n_dirty, const atomic_bool *cancel,
+		      int data_fd, struct env_manifest *out, struct env_fs_gone *out_gone,
+		      struct env_fs_stats *ret_stats);
+
+/* base with delta and gone applied into the empty full (delta's id and fields otherwise
+ * untouched): base's order kept (a directory before what it holds, a hard link after its
+ * target), an entry delta changes in its place, new ones after, parents first.
+ * ret_removed: base's paths that are no longer there. */
+int env_fs_delta_apply(const struct env_manifest *base, const struct env_manifest *delta,
+		       const struct env_fs_gone *gone, struct env_manifest *full,
+		       uint64_t *ret_removed);
+
 /* Empties dir_fd (recursively, never following a symlink). */
 int env_fs_wipe(int dir_fd);
 
@@ -63,6 +109,20 @@ int env_fs_rebuild(int upper_fd, const struct env_manifest *m, int ckpts_fd);
  * env_fs_rebuild, at the cost of what differs. */
 int env_fs_rollback(int upper_fd, const struct env_manifest *cur, const struct env_manifest *target,
 		    int ckpts_fd);
+
+/*
+ * The rollback by what differs (issue 23 item 4): the upper layer, last indexed as cur (the
+ * head's index, inode and ctime as on disk), made target's by the paths that changed since
+ * (dirty: the tracer's since the head, "/"-rooted) and those whose entries differ between cur
+ * and target (none when they are the same index): each removed and rebuilt from target (a
+ * path with its subtree: all below it too), touched directories' metadata set last, deepest
+ * first. target's inode and ctime are refreshed for what was rebuilt; the rest is as cur said
+ * (unchanged since). -EMLINK: a hard link is among them (its other names are not): the caller
+ * rolls back with env_fs_rollback, which needs nothing this left. No symlink is followed
+ * (parents by openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, the rest O_NOFOLLOW).
+ */
+int env_fs_rollback_dirty(int upper_fd, struct env_manifest *cur, struct env_manifest *target,
+			  const struct env_fs_dirty *dirty, size_t n_dirty, int ckpts_fd);
 
 /* After a rebuild: the entries' inode and ctime as they are now, so the next scan compares
  * against the rebuilt files rather than the originals. */

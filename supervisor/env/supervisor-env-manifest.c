@@ -81,6 +81,99 @@ void env_manifest_finish(struct env_manifest *m)
 	m->entries = NULL;
 	m->n_entries = m->cap_entries = 0;
 	m->xattr_bytes = 0;
+	free(m->by_path);
+	m->by_path = NULL;
+	free(m->link_targets);
+	m->link_targets = NULL;
+	m->n_link_targets = 0;
+}
+
+static int cmp_str_ptr(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int cmp_entry_path(const void *a, const void *b)
+{
+	return strcmp((*(const struct env_entry *const *)a)->path,
+		      (*(const struct env_entry *const *)b)->path);
+}
+
+const struct env_entry **env_manifest_index(struct env_manifest *m)
+{
+	const struct env_entry **a;
+
+	if (m->by_path)
+		return m->by_path;
+	a = calloc(m->n_entries + 1, sizeof(*a));
+	if (!a)
+		return NULL;
+	for (size_t i = 0; i < m->n_entries; i++)
+		a[i] = &m->entries[i];
+	qsort(a, m->n_entries, sizeof(*a), cmp_entry_path);
+	free(m->link_targets);
+	m->link_targets = NULL;
+	m->n_link_targets = 0;
+	for (size_t i = 0; i < m->n_entries; i++) {
+		if (m->entries[i].kind != ENV_ENTRY_HARDLINK || !m->entries[i].hardlink)
+			continue;
+		if (!m->link_targets) {
+			m->link_targets = calloc(m->n_entries, sizeof(*m->link_targets));
+			if (!m->link_targets) {
+				free(a);
+				return NULL;
+			}
+		}
+		m->link_targets[m->n_link_targets++] = m->entries[i].hardlink;
+	}
+	if (m->n_link_targets)
+		qsort(m->link_targets, m->n_link_targets, sizeof(*m->link_targets), cmp_str_ptr);
+	m->by_path = a;
+	return a;
+}
+
+const struct env_entry **env_manifest_index_like(struct env_manifest *m,
+						 const struct env_manifest *like)
+{
+	const struct env_entry **a;
+
+	if (m->by_path || !like->by_path || like->n_entries != m->n_entries)
+		return env_manifest_index(m);
+	a = calloc(m->n_entries + 1, sizeof(*a));
+	if (!a)
+		return NULL;
+	for (size_t i = 0; i < m->n_entries; i++) {
+		size_t k = (size_t)(like->by_path[i] - like->entries);
+
+		a[i] = &m->entries[k];
+		if (strcmp(a[i]->path, like->by_path[i]->path) != 0) {
+			free(a); /* not the same entries in the same order */
+			return env_manifest_index(m);
+		}
+	}
+	if (like->n_link_targets) {
+		free(a); /* hard links: rare, sorted again */
+		return env_manifest_index(m);
+	}
+	m->by_path = a;
+	return a;
+}
+
+bool env_manifest_link_target(const struct env_manifest *m, const char *path)
+{
+	return m->n_link_targets && bsearch(&path, m->link_targets, m->n_link_targets,
+					    sizeof(*m->link_targets), cmp_str_ptr);
+}
+
+const struct env_entry *env_manifest_find(const struct env_manifest *m, const char *path)
+{
+	struct env_entry key = {.path = (char *)path};
+	const struct env_entry *kp = &key, **hit;
+
+	if (!m->by_path)
+		return NULL;
+	hit = bsearch(&kp, m->by_path, m->n_entries, sizeof(*m->by_path), cmp_entry_path);
+	return hit ? *hit : NULL;
 }
 
 /* "<namespace>.<name>" in one of the namespaces Linux has (anything else no file system
@@ -163,6 +256,11 @@ int env_manifest_add(struct env_manifest *m, const struct env_entry *e)
 
 	if (m->n_entries >= ENV_MANIFEST_MAX_ENTRIES)
 		return -E2BIG;
+	free(m->by_path); /* its pointers may move, and it lacks the new entry */
+	m->by_path = NULL;
+	free(m->link_targets);
+	m->link_targets = NULL;
+	m->n_link_targets = 0;
 	xbytes = xattrs_check(e);
 	if (xbytes < 0)
 		return (int)xbytes;
@@ -558,7 +656,7 @@ static int decode_index(const msgpack_object *o, struct env_manifest *m)
 	return 0;
 }
 
-static int decode_map(const msgpack_object *o, struct env_manifest *m)
+static int decode_map(const msgpack_object *o, struct env_manifest *m, bool header)
 {
 	unsigned seen = 0;
 	uint64_t v = 0;
@@ -647,6 +745,8 @@ static int decode_map(const msgpack_object *o, struct env_manifest *m)
 	}
 	if (r < 0)
 		return r;
+	if (header)
+		seen |= M_INDEX; /* taken out by env_manifest_load_header */
 	if (seen != M_REQUIRED || !env_id_valid(m->id) || !env_id_valid(m->env) ||
 	    (m->parent[0] && !env_id_valid(m->parent)) || strcmp(m->id, m->parent) == 0)
 		return -EBADMSG;
@@ -660,7 +760,7 @@ static int preflight(const uint8_t *p, size_t len)
 	return mpbound_object_size(p, len, len) == (ssize_t)len ? 0 : -EBADMSG;
 }
 
-int env_manifest_decode(const void *buf, size_t len, struct env_manifest *ret)
+static int decode(const void *buf, size_t len, bool header, struct env_manifest *ret)
 {
 	msgpack_unpacked u;
 	size_t off = 0;
@@ -675,7 +775,7 @@ int env_manifest_decode(const void *buf, size_t len, struct env_manifest *ret)
 	else if (off != len)
 		r = -EBADMSG; /* nothing after the map */
 	else
-		r = decode_map(&u.data, ret);
+		r = decode_map(&u.data, ret, header);
 	msgpack_unpacked_destroy(&u);
 	if (r < 0) {
 		env_manifest_finish(ret);
@@ -684,7 +784,91 @@ int env_manifest_decode(const void *buf, size_t len, struct env_manifest *ret)
 	return r;
 }
 
+int env_manifest_decode(const void *buf, size_t len, struct env_manifest *ret)
+{
+	return decode(buf, len, false, ret);
+}
+
+/* The top-level map of buf without its "fs_index" pair, into out (len bytes at most): the
+ * raw bytes walked (bounded, common/mpbound.h), nothing of the index unpacked. */
+static int strip_index(const uint8_t *p, size_t len, uint8_t *out, size_t *ret_len)
+{
+	static const uint8_t key[] = {0xa8, 'f', 's', '_', 'i', 'n', 'd', 'e', 'x'};
+	size_t off, o = 5, n;
+	uint32_t kept = 0;
+
+	if (len < 1)
+		return -EBADMSG;
+	if ((p[0] & 0xf0) == 0x80) {
+		n = p[0] & 0x0f;
+		off = 1;
+	} else if (p[0] == 0xde && len >= 3) {
+		n = (size_t)p[1] << 8 | p[2];
+		off = 3;
+	} else if (p[0] == 0xdf && len >= 5) {
+		n = (size_t)p[1] << 24 | (size_t)p[2] << 16 | (size_t)p[3] << 8 | p[4];
+		off = 5;
+	} else {
+		return -EBADMSG;
+	}
+	if (n > 64)
+		return -EBADMSG;
+	for (size_t i = 0; i < n; i++) {
+		ssize_t kl = mpbound_object_size(p + off, len - off, len - off), vl;
+
+		if (kl <= 0)
+			return -EBADMSG;
+		vl = mpbound_object_size(p + off + kl, len - off - (size_t)kl,
+					 len - off - (size_t)kl);
+		if (vl <= 0)
+			return -EBADMSG;
+		if ((size_t)kl != sizeof(key) || memcmp(p + off, key, sizeof(key)) != 0) {
+			memcpy(out + o, p + off, (size_t)(kl + vl));
+			o += (size_t)(kl + vl);
+			kept++;
+		}
+		off += (size_t)(kl + vl);
+	}
+	if (off != len)
+		return -EBADMSG;
+	out[0] = 0xdf; /* map32: whatever the original used */
+	out[1] = (uint8_t)(kept >> 24);
+	out[2] = (uint8_t)(kept >> 16);
+	out[3] = (uint8_t)(kept >> 8);
+	out[4] = (uint8_t)kept;
+	*ret_len = o;
+	return 0;
+}
+
+int env_manifest_decode_header(const void *buf, size_t len, struct env_manifest *ret)
+{
+	_cleanup_free_ uint8_t *hdr = NULL;
+	size_t hl;
+	int r;
+
+	memset(ret, 0, sizeof(*ret));
+	if (!buf || len > ENV_MANIFEST_MAX_BYTES || preflight(buf, len) < 0)
+		return -EBADMSG;
+	hdr = malloc(len + 5);
+	if (!hdr)
+		return -ENOMEM;
+	r = strip_index(buf, len, hdr, &hl);
+	return r < 0 ? r : decode(hdr, hl, true, ret);
+}
+
+static int load(int dirfd, const char *name, bool header, struct env_manifest *ret);
+
 int env_manifest_load(int dirfd, const char *name, struct env_manifest *ret)
+{
+	return load(dirfd, name, false, ret);
+}
+
+int env_manifest_load_header(int dirfd, const char *name, struct env_manifest *ret)
+{
+	return load(dirfd, name, true, ret);
+}
+
+static int load(int dirfd, const char *name, bool header, struct env_manifest *ret)
 {
 	_cleanup_close_ int fd = -1;
 	_cleanup_free_ char *buf = NULL;
@@ -713,7 +897,8 @@ int env_manifest_load(int dirfd, const char *name, struct env_manifest *ret)
 			return -EBADMSG;
 		got += (size_t)n;
 	}
-	return env_manifest_decode(buf, got, ret);
+	return header ? env_manifest_decode_header(buf, got, ret)
+		      : env_manifest_decode(buf, got, ret);
 }
 
 int env_manifest_store(int dirfd, const char *name, const struct env_manifest *m)

@@ -111,6 +111,12 @@ struct env_manifest {
 	 * the checkpoint whose CRIU dump its criu/ holds ("img": its own id for a full one). */
 	char kind[ENV_KIND_MAX + 1];
 	char images[ENV_ID_MAX + 1];
+	/* NULL, or the entries sorted by path (env_manifest_index): a cache, never encoded,
+	 * dropped by env_manifest_add and env_manifest_finish. */
+	const struct env_entry **by_path;
+	/* With by_path: the paths hard links name (their targets), sorted. */
+	const char **link_targets;
+	size_t n_link_targets;
 };
 
 /* A name usable as an environment or checkpoint id: 1..ENV_ID_MAX of [A-Za-z0-9_.-], not
@@ -123,6 +129,18 @@ void env_manifest_finish(struct env_manifest *m);
 /* Appends a copy of e (strings and xattrs duplicated); -E2BIG past the entry or xattr limits,
  * -EINVAL for an xattr name that is not "<namespace>.<name>" of a namespace Linux knows. */
 int env_manifest_add(struct env_manifest *m, const struct env_entry *e);
+/* The entries sorted by path, built once and kept in m->by_path until m changes: the FS
+ * phase looks its parent's entries up by path without sorting 100,000 of them while the
+ * environment is frozen. NULL with errno set when out of memory. */
+const struct env_entry **env_manifest_index(struct env_manifest *m);
+/* env_manifest_index of m, taken from like's when like holds the same paths in the same order
+ * (a manifest read again): O(n), no sort. */
+const struct env_entry **env_manifest_index_like(struct env_manifest *m,
+						 const struct env_manifest *like);
+/* m's entry at path (NULL: none); by m->by_path, which must be built. */
+const struct env_entry *env_manifest_find(const struct env_manifest *m, const char *path);
+/* A hard link of m names path (by m->link_targets, built with by_path). */
+bool env_manifest_link_target(const struct env_manifest *m, const char *path);
 void env_xattrs_free(struct env_xattr *x, uint32_t n);
 /* An entry's xattr (NULL: none of that name). */
 const struct env_xattr *env_entry_xattr(const struct env_entry *e, const char *name);
@@ -132,5 +150,9 @@ int env_manifest_decode(const void *buf, size_t len, struct env_manifest *ret);
 
 /* Reads and validates dirfd/name (at most ENV_MANIFEST_MAX_BYTES). */
 int env_manifest_load(int dirfd, const char *name, struct env_manifest *ret);
+/* The same without the index ("fs_index" skipped over in the raw bytes, never unpacked; no
+ * entries): what a chain's validation needs of an ancestor, at the cost of its header. */
+int env_manifest_load_header(int dirfd, const char *name, struct env_manifest *ret);
+int env_manifest_decode_header(const void *buf, size_t len, struct env_manifest *ret);
 /* Writes dirfd/name and fsyncs it. */
 int env_manifest_store(int dirfd, const char *name, const struct env_manifest *m);

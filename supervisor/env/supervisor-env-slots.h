@@ -38,6 +38,10 @@ struct env_slot {
 	uint64_t followers[MAX_FOLLOWERS]; /* client serials of `env log --follow` */
 	/* execs and file operations running (supervisor-env-exec.h): no job meanwhile */
 	uint32_t execs;
+	/* The dirty set covers everything since the head: the tracer has watched the environment
+	 * without a break since that checkpoint's freeze (false after a new watch: a creation,
+	 * restore, rebuild, fork, supervisor restart). Else the next checkpoint walks. */
+	bool vouched;
 };
 
 struct sv_envs {
@@ -82,6 +86,14 @@ struct env_job {
 	/* The tracer and the slot's watch as the job began (issue 23 item 3: its activity). */
 	struct sv_envtrace *et;
 	uint32_t watch;
+	/* Checkpoints: the slot vouched at the snapshot; the freeze handover's (supervisor-env-
+	 * handover.h) list link and answer; dirty_paths as the FS phase takes them. */
+	bool vouched;
+	struct supervisor *sv;
+	struct env_job *ho_next;
+	bool ho_done;
+	struct env_fs_dirty *fs_dirty;
+	size_t n_fs_dirty;
 };
 
 struct env_slot *env_slot_find(struct sv_envs *es, const char *id);
@@ -116,6 +128,7 @@ bool envs_unchanged(struct supervisor *s, struct env_slot *sl);
 int envs_activity_of(struct sv_envtrace *et, uint32_t watch, uint64_t *ret);
 /* env_activity_fn of a checkpoint job (userdata: the job). */
 int env_job_activity(void *userdata, uint32_t *ret_watch, uint64_t *ret_count);
-/* An ENV_FILE_WRITE's path (as the client gave it, inside root, an fd of the environment's
- * root) into the dirty set. */
-void env_files_mark_dirty(struct sv_dirty *d, int root, const char *path);
+/* Loop thread, the environment frozen: the tracer drained, what the slot's set gained since
+ * the snapshot added to j's (left in the slot's too: dirty again at the next checkpoint, a
+ * false positive at worst), a full diff it asks for into j->full_reason. */
+void env_job_take_late(struct supervisor *s, struct env_job *j);

@@ -28,6 +28,8 @@
 #include "supervisor-env-limits.h"
 #include "supervisor-env-manifest.h"
 
+struct env_fs_dirty;
+
 #define ENV_CMD_MAX	 4096
 #define ENV_KEEP_DEFAULT 8
 #define ENV_ERROR_MAX	 256
@@ -58,6 +60,8 @@ struct env_params {
 	size_t error_cap;
 	uint32_t userns_base; /* [env] userns: root's host uid/gid (0: no user namespace) */
 };
+
+#define ENV_VERIFIED_MAX 16
 
 struct sv_env {
 	struct sv_env *next;
@@ -91,6 +95,16 @@ struct sv_env {
 	uint64_t rollback_us;
 	/* Issue 23 item 3: the tasks as of the last CRIU dump (supervisor-env-activity.h). */
 	struct env_activity act;
+	/* How that rollback went: "dirty-set" (the paths changed since the head), "walk" (the
+	 * whole upper layer against the head's index), "rebuild" (from nothing). */
+	const char *rollback_path;
+	/* Ancestors whose manifest header this process validated, by the file's identity (a
+	 * restore's chain validation reads each one once, not at every restore). */
+	struct env_verified {
+		char id[ENV_ID_MAX + 1], parent[ENV_ID_MAX + 1];
+		uint64_t ino, size, mtime_ns;
+	} verified[ENV_VERIFIED_MAX];
+	unsigned n_verified; /* entries filled in turn, the oldest replaced */
 };
 
 struct env_ckpt_params {
@@ -127,6 +141,14 @@ struct env_ckpt_params {
 	/* Issue 23 item 3: the tracer's activity counter (NULL: none, every checkpoint dumps the
 	 * processes); with userdata. */
 	env_activity_fn activity;
+	/* NULL, or called once the environment is frozen, before the FS phase (issue 23 item 1):
+	 * the tracer's paths changed since the parent checkpoint, up to this instant (changes
+	 * made between the caller's snapshot of its dirty set and the freeze included). 0: the
+	 * tracer vouches for the interval, *ret_dirty/ret_n (the caller's, valid until
+	 * env_checkpoint returns) are the whole delta; else *ret_why says why the upper layer is
+	 * walked instead (tracer off, records lost, watch started after the head). */
+	int (*frozen)(void *userdata, const struct env_fs_dirty **ret_dirty, size_t *ret_n,
+		      const char **ret_why);
 };
 
 /* Creates the state directory, overlay, cgroup, and starts the environment. */
@@ -187,6 +209,18 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
  * to a checkpoint that failed to restore); the call still fails, e->error says why and how
  * the fallback went. */
 int env_restore(struct sv_env *e, const char *id, struct env_manifest *ret);
+/* env_restore, the upper layer rolled back by what differs (issue 23 item 4) when the caller
+ * knows what changed since the head: killed (NULL: not known) is called once the environment is
+ * stopped, and returns 0 with the paths changed since the head's freeze (the tracer's dirty set,
+ * "/"-rooted; the caller's until env_restore_traced returns), or else why not (*ret_why):
+ * then, as without it, the upper layer is walked. */
+struct env_restore_params {
+	int (*killed)(void *userdata, const struct env_fs_dirty **ret_dirty, size_t *ret_n,
+		      const char **ret_why);
+	void *userdata;
+};
+int env_restore_traced(struct sv_env *e, const char *id, const struct env_restore_params *p,
+		       struct env_manifest *ret);
 /* Checkpoint ids, oldest first (free each and the array). */
 int env_checkpoints(const struct sv_env *e, char ***ret, size_t *ret_n);
 /* Keeps the newest keep checkpoints and the head; the oldest kept one absorbs the data it

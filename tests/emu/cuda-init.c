@@ -295,6 +295,10 @@ static int attribute(CUdevice_attribute a, CUdevice dev)
 	case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
 	case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
 	case CU_DEVICE_ATTRIBUTE_ECC_ENABLED:
+	/* An H100/H200 with the peer-memory or dma-buf stack: GPUDirect RDMA, also of VMM memory
+	 * created with allocFlags.gpuDirectRDMACapable. */
+	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
 		return 1;
 	case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
 		return 2;
@@ -637,7 +641,13 @@ CUAPI CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 
 CUAPI CUresult cuCtxSynchronize(void)
 {
+	CUresult r;
+
 	EMU_ENTER();
+	/* Synchronising the device waits for capturing streams too: prohibited during capture. */
+	r = emu_capture_unsafe();
+	if (r != CUDA_SUCCESS)
+		return r;
 	/* Everything executes synchronously, at the call. */
 	return current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
@@ -717,7 +727,12 @@ CUAPI CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
 
 CUAPI CUresult cuCtxSynchronize_v2(CUcontext ctx)
 {
+	CUresult r;
+
 	EMU_ENTER();
+	r = emu_capture_unsafe();
+	if (r != CUDA_SUCCESS)
+		return r;
 	if (!ctx)
 		return current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 	return ctx_valid(ctx) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;

@@ -60,6 +60,58 @@ CUresult emu_current_device(CUdevice *ret_dev);
  * CU_STREAM_PER_THREAD; CUDA_ERROR_INVALID_HANDLE otherwise. */
 CUresult emu_stream_check(CUstream s);
 
+/* Flags the stream was created with (0 for the built-in streams). */
+unsigned emu_stream_flags(CUstream s);
+
+/* ---- stream capture and graphs (cuda-graph.c) ---- */
+
+/* One piece of work for a stream: run now, or recorded by a capture and replayed by a graph. */
+enum emu_op_kind {
+	EMU_OP_KERNEL,
+	EMU_OP_HTOD,
+	EMU_OP_DTOH,
+	EMU_OP_DTOD,
+	EMU_OP_UNIFIED, /* cuMemcpy: either side device or host */
+	EMU_OP_MEMSET,
+	EMU_OP_HOST, /* cuLaunchHostFunc */
+};
+
+struct emu_op {
+	enum emu_op_kind kind;
+	/* copies and memsets */
+	CUdeviceptr dst, src;
+	void *hdst;
+	const void *hsrc;
+	size_t n;
+	size_t width; /* memset element width */
+	uint32_t value;
+	/* kernels: the caller's params at submit time; args (sizes[i] bytes each, packed)
+	 * once a graph holds the operation */
+	belayer_emu_kernel_fn fn;
+	struct belayer_emu_launch launch;
+	void **params;
+	void *args;
+	size_t *sizes;
+	size_t nparams;
+	/* host functions */
+	CUhostFn host_fn;
+	void *user_data;
+};
+
+/* Copies and memsets (cuda-mem.c). */
+CUresult emu_mem_op_run(const struct emu_op *op);
+/* Work enqueued on stream s: executed now, or captured when s is capturing; on the legacy
+ * stream while a blocking stream captures, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT. */
+CUresult emu_stream_submit(CUstream s, const struct emu_op *op);
+/* A synchronous call's use of the legacy stream. */
+CUresult emu_legacy_use(void);
+/* A potentially unsafe call (cuThreadExchangeStreamCaptureMode): CUDA_SUCCESS, or
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED after invalidating the captures that prohibit it. */
+CUresult emu_capture_unsafe(void);
+/* Synchronising or querying stream s. */
+CUresult emu_capture_sync_stream(CUstream s);
+void emu_capture_stream_destroyed(CUstream s);
+
 /* ---- physical allocations and the process's virtual address space (cuda-va.c) ---- */
 
 struct emu_alloc {

@@ -58,8 +58,12 @@ out:
 
 CUAPI CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
+	CUresult r;
+
 	EMU_ENTER();
-	return mem_alloc(dptr, bytesize);
+	/* The documented example of a call unsafe during capture (cudaMalloc). */
+	r = emu_capture_unsafe();
+	return r != CUDA_SUCCESS ? r : mem_alloc(dptr, bytesize);
 }
 
 /* The CUDA 2.x entry point with 32-bit device pointers: the emulator's device addresses do
@@ -87,8 +91,12 @@ static CUresult mem_free(CUdeviceptr dptr)
 
 CUAPI CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
+	CUresult r;
+
 	EMU_ENTER();
-	return mem_free(dptr);
+	/* cuMemFree synchronises the device, as cudaFree does. */
+	r = emu_capture_unsafe();
+	return r != CUDA_SUCCESS ? r : mem_free(dptr);
 }
 
 CUAPI CUresult cuMemFree(CUdeviceptr_v1 dptr)
@@ -299,6 +307,24 @@ static CUresult pointer_attribute(void *data, CUpointer_attribute attribute, CUd
 	case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
 		*(int *)data = m->access[m->alloc->dev];
 		break;
+	case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+		/* cuMemAlloc memory on an RDMA-capable device is; VMM memory only when created
+		 * with allocFlags.gpuDirectRDMACapable (CUmemAllocationProp: "This flag if set
+		 * indicates that the memory will be used as a buffer for hardware accelerated
+		 * ... RDMA"). */
+		*(int *)data = r->kind == EMU_RES_VMM
+				       ? m->alloc->prop.allocFlags.gpuDirectRDMACapable != 0
+				       : 1;
+		break;
+	case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+		*(CUdeviceptr *)data = r->base + m->offset;
+		break;
+	case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+		*(size_t *)data = m->size;
+		break;
+	case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+		*(unsigned long long *)data = m->alloc->id;
+		break;
 	default:
 		ret = CUDA_ERROR_NOT_SUPPORTED;
 		break;
@@ -396,92 +422,6 @@ static CUresult unified(CUdeviceptr dst, CUdeviceptr src, size_t n)
 	return copy(d, s, n);
 }
 
-CUAPI CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
-{
-	EMU_ENTER();
-	return htod(dstDevice, srcHost, ByteCount);
-}
-EMU_VARIANT(cuMemcpyHtoD_v2_ptds, cuMemcpyHtoD_v2,
-	    (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount),
-	    (dstDevice, srcHost, ByteCount));
-
-CUAPI CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
-{
-	EMU_ENTER();
-	return dtoh(dstHost, srcDevice, ByteCount);
-}
-EMU_VARIANT(cuMemcpyDtoH_v2_ptds, cuMemcpyDtoH_v2,
-	    (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount),
-	    (dstHost, srcDevice, ByteCount));
-
-CUAPI CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
-{
-	EMU_ENTER();
-	return dtod(dstDevice, srcDevice, ByteCount);
-}
-EMU_VARIANT(cuMemcpyDtoD_v2_ptds, cuMemcpyDtoD_v2,
-	    (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount),
-	    (dstDevice, srcDevice, ByteCount));
-
-CUAPI CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
-{
-	EMU_ENTER();
-	return unified(dst, src, ByteCount);
-}
-EMU_VARIANT(cuMemcpy_ptds, cuMemcpy, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount),
-	    (dst, src, ByteCount));
-
-CUAPI CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
-				    CUstream hStream)
-{
-	CUresult r;
-
-	EMU_ENTER();
-	r = emu_stream_check(hStream);
-	return r != CUDA_SUCCESS ? r : htod(dstDevice, srcHost, ByteCount);
-}
-EMU_VARIANT(cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyHtoDAsync_v2,
-	    (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream),
-	    (dstDevice, srcHost, ByteCount, hStream));
-
-CUAPI CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
-				    CUstream hStream)
-{
-	CUresult r;
-
-	EMU_ENTER();
-	r = emu_stream_check(hStream);
-	return r != CUDA_SUCCESS ? r : dtoh(dstHost, srcDevice, ByteCount);
-}
-EMU_VARIANT(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync_v2,
-	    (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream),
-	    (dstHost, srcDevice, ByteCount, hStream));
-
-CUAPI CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
-				    CUstream hStream)
-{
-	CUresult r;
-
-	EMU_ENTER();
-	r = emu_stream_check(hStream);
-	return r != CUDA_SUCCESS ? r : dtod(dstDevice, srcDevice, ByteCount);
-}
-EMU_VARIANT(cuMemcpyDtoDAsync_v2_ptsz, cuMemcpyDtoDAsync_v2,
-	    (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream),
-	    (dstDevice, srcDevice, ByteCount, hStream));
-
-CUAPI CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
-{
-	CUresult r;
-
-	EMU_ENTER();
-	r = emu_stream_check(hStream);
-	return r != CUDA_SUCCESS ? r : unified(dst, src, ByteCount);
-}
-EMU_VARIANT(cuMemcpyAsync_ptsz, cuMemcpyAsync,
-	    (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream),
-	    (dst, src, ByteCount, hStream));
-
 /* ---- memsets ---- */
 
 static CUresult memset_n(CUdeviceptr dst, const void *value, size_t width, size_t n)
@@ -504,10 +444,118 @@ static CUresult memset_n(CUdeviceptr dst, const void *value, size_t width, size_
 	return CUDA_SUCCESS;
 }
 
+CUresult emu_mem_op_run(const struct emu_op *op)
+{
+	switch (op->kind) {
+	case EMU_OP_HTOD:
+		return htod(op->dst, op->hsrc, op->n);
+	case EMU_OP_DTOH:
+		return dtoh(op->hdst, op->src, op->n);
+	case EMU_OP_DTOD:
+		return dtod(op->dst, op->src, op->n);
+	case EMU_OP_UNIFIED:
+		return unified(op->dst, op->src, op->n);
+	case EMU_OP_MEMSET:
+		return memset_n(op->dst, &op->value, op->width, op->n);
+	default:
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+}
+
+/* A synchronous copy or memset runs on the legacy stream (and so conflicts with a blocking
+ * stream's capture); an Async one on its stream, where a capture records it. */
+static CUresult sync_op(const struct emu_op *op)
+{
+	CUresult r = emu_legacy_use();
+
+	return r != CUDA_SUCCESS ? r : emu_mem_op_run(op);
+}
+
+#define HTOD(d, s, c) (&(struct emu_op){.kind = EMU_OP_HTOD, .dst = (d), .hsrc = (s), .n = (c)})
+#define DTOH(d, s, c) (&(struct emu_op){.kind = EMU_OP_DTOH, .hdst = (d), .src = (s), .n = (c)})
+#define DTOD(d, s, c) (&(struct emu_op){.kind = EMU_OP_DTOD, .dst = (d), .src = (s), .n = (c)})
+#define UNIF(d, s, c) (&(struct emu_op){.kind = EMU_OP_UNIFIED, .dst = (d), .src = (s), .n = (c)})
+#define MSET(d, v, w, c) \
+	(&(struct emu_op){.kind = EMU_OP_MEMSET, .dst = (d), .value = (v), .width = (w), .n = (c)})
+
+CUAPI CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+	EMU_ENTER();
+	return sync_op(HTOD(dstDevice, srcHost, ByteCount));
+}
+EMU_VARIANT(cuMemcpyHtoD_v2_ptds, cuMemcpyHtoD_v2,
+	    (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount),
+	    (dstDevice, srcHost, ByteCount));
+
+CUAPI CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+	EMU_ENTER();
+	return sync_op(DTOH(dstHost, srcDevice, ByteCount));
+}
+EMU_VARIANT(cuMemcpyDtoH_v2_ptds, cuMemcpyDtoH_v2,
+	    (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount),
+	    (dstHost, srcDevice, ByteCount));
+
+CUAPI CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
+{
+	EMU_ENTER();
+	return sync_op(DTOD(dstDevice, srcDevice, ByteCount));
+}
+EMU_VARIANT(cuMemcpyDtoD_v2_ptds, cuMemcpyDtoD_v2,
+	    (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount),
+	    (dstDevice, srcDevice, ByteCount));
+
+CUAPI CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+	EMU_ENTER();
+	return sync_op(UNIF(dst, src, ByteCount));
+}
+EMU_VARIANT(cuMemcpy_ptds, cuMemcpy, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount),
+	    (dst, src, ByteCount));
+
+CUAPI CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+				    CUstream hStream)
+{
+	EMU_ENTER();
+	return emu_stream_submit(hStream, HTOD(dstDevice, srcHost, ByteCount));
+}
+EMU_VARIANT(cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyHtoDAsync_v2,
+	    (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream),
+	    (dstDevice, srcHost, ByteCount, hStream));
+
+CUAPI CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+				    CUstream hStream)
+{
+	EMU_ENTER();
+	return emu_stream_submit(hStream, DTOH(dstHost, srcDevice, ByteCount));
+}
+EMU_VARIANT(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync_v2,
+	    (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream),
+	    (dstHost, srcDevice, ByteCount, hStream));
+
+CUAPI CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+				    CUstream hStream)
+{
+	EMU_ENTER();
+	return emu_stream_submit(hStream, DTOD(dstDevice, srcDevice, ByteCount));
+}
+EMU_VARIANT(cuMemcpyDtoDAsync_v2_ptsz, cuMemcpyDtoDAsync_v2,
+	    (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream),
+	    (dstDevice, srcDevice, ByteCount, hStream));
+
+CUAPI CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
+{
+	EMU_ENTER();
+	return emu_stream_submit(hStream, UNIF(dst, src, ByteCount));
+}
+EMU_VARIANT(cuMemcpyAsync_ptsz, cuMemcpyAsync,
+	    (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream),
+	    (dst, src, ByteCount, hStream));
+
 CUAPI CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
 	EMU_ENTER();
-	return memset_n(dstDevice, &uc, 1, N);
+	return sync_op(MSET(dstDevice, uc, 1, N));
 }
 EMU_VARIANT(cuMemsetD8_v2_ptds, cuMemsetD8_v2, (CUdeviceptr dstDevice, unsigned char uc, size_t N),
 	    (dstDevice, uc, N));
@@ -515,7 +563,7 @@ EMU_VARIANT(cuMemsetD8_v2_ptds, cuMemsetD8_v2, (CUdeviceptr dstDevice, unsigned 
 CUAPI CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N)
 {
 	EMU_ENTER();
-	return memset_n(dstDevice, &us, 2, N);
+	return sync_op(MSET(dstDevice, us, 2, N));
 }
 EMU_VARIANT(cuMemsetD16_v2_ptds, cuMemsetD16_v2,
 	    (CUdeviceptr dstDevice, unsigned short us, size_t N), (dstDevice, us, N));
@@ -523,18 +571,15 @@ EMU_VARIANT(cuMemsetD16_v2_ptds, cuMemsetD16_v2,
 CUAPI CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
 {
 	EMU_ENTER();
-	return memset_n(dstDevice, &ui, 4, N);
+	return sync_op(MSET(dstDevice, ui, 4, N));
 }
 EMU_VARIANT(cuMemsetD32_v2_ptds, cuMemsetD32_v2, (CUdeviceptr dstDevice, unsigned int ui, size_t N),
 	    (dstDevice, ui, N));
 
 CUAPI CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
 {
-	CUresult r;
-
 	EMU_ENTER();
-	r = emu_stream_check(hStream);
-	return r != CUDA_SUCCESS ? r : memset_n(dstDevice, &uc, 1, N);
+	return emu_stream_submit(hStream, MSET(dstDevice, uc, 1, N));
 }
 EMU_VARIANT(cuMemsetD8Async_ptsz, cuMemsetD8Async,
 	    (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream),
@@ -543,11 +588,8 @@ EMU_VARIANT(cuMemsetD8Async_ptsz, cuMemsetD8Async,
 CUAPI CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N,
 				CUstream hStream)
 {
-	CUresult r;
-
 	EMU_ENTER();
-	r = emu_stream_check(hStream);
-	return r != CUDA_SUCCESS ? r : memset_n(dstDevice, &us, 2, N);
+	return emu_stream_submit(hStream, MSET(dstDevice, us, 2, N));
 }
 EMU_VARIANT(cuMemsetD16Async_ptsz, cuMemsetD16Async,
 	    (CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream),
@@ -555,11 +597,8 @@ EMU_VARIANT(cuMemsetD16Async_ptsz, cuMemsetD16Async,
 
 CUAPI CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
 {
-	CUresult r;
-
 	EMU_ENTER();
-	r = emu_stream_check(hStream);
-	return r != CUDA_SUCCESS ? r : memset_n(dstDevice, &ui, 4, N);
+	return emu_stream_submit(hStream, MSET(dstDevice, ui, 4, N));
 }
 EMU_VARIANT(cuMemsetD32Async_ptsz, cuMemsetD32Async,
 	    (CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream),

@@ -7,6 +7,7 @@
  * are functions, as cuLaunchKernel accepts a CUkernel cast to CUfunction.
  */
 #include <ctype.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda-internal.h"
@@ -20,15 +21,23 @@ struct kernel {
 	belayer_emu_kernel_fn fn;
 };
 
+/* Sizes of an entry's parameters, from its PTX .param list: what cuLaunchKernel copies. */
+struct params {
+	size_t n;
+	size_t *sizes;
+};
+
 struct CUfunc_st {
 	struct CUfunc_st *next;
 	struct CUmod_st *module;
 	char *name;
+	struct params params;
 };
 
 struct CUmod_st {
 	struct CUmod_st *next;
 	char **entries;
+	struct params *params; /* per entry */
 	size_t nentries;
 	struct CUfunc_st *functions;
 };
@@ -83,13 +92,17 @@ static void module_free(struct CUmod_st *m)
 {
 	if (!m)
 		return;
-	for (size_t i = 0; i < m->nentries; i++)
+	for (size_t i = 0; i < m->nentries; i++) {
 		free(m->entries[i]);
+		free(m->params[i].sizes);
+	}
 	free(m->entries);
+	free(m->params);
 	while (m->functions) {
 		struct CUfunc_st *f = m->functions;
 		m->functions = f->next;
 		free(f->name);
+		free(f->params.sizes);
 		free(f);
 	}
 	free(m);
@@ -101,7 +114,85 @@ static bool ident_char(char c, bool first)
 	       (!first && isdigit((unsigned char)c));
 }
 
-/* Collects the names after each ".entry" directive of a PTX text. */
+/* Bytes of a PTX scalar type (.b8, .u32, .f64, ...); 0 for other directives. */
+static size_t ptx_type_size(const char *t, size_t len)
+{
+	if (len < 3 || t[0] != '.' || !strchr("busf", t[1]))
+		return 0;
+	if (len == 3 && t[2] == '8')
+		return 1;
+	if (len == 4 && memcmp(t + 2, "16", 2) == 0)
+		return 2;
+	if (len == 4 && memcmp(t + 2, "32", 2) == 0)
+		return 4;
+	if (len == 4 && memcmp(t + 2, "64", 2) == 0)
+		return 8;
+	return 0;
+}
+
+#define PARAMS_MAX	1024
+#define PARAM_BYTES_MAX 32764 /* the kernel parameter limit since CUDA 12.1 */
+
+/* The parameter list "( .param .u64 a, .param .align 8 .b8 b[24] )" at p, into ret. */
+static CUresult parse_params(const char **pp, const char *end, struct params *ret)
+{
+	const char *p = *pp;
+	size_t total = 0;
+
+	while (p < end && isspace((unsigned char)*p))
+		p++;
+	if (p == end || *p != '(') /* no parameters */
+		return CUDA_SUCCESS;
+	p++;
+	for (;;) {
+		size_t size = 0, count = 1;
+		size_t *v;
+
+		while (p < end && (isspace((unsigned char)*p) || *p == ','))
+			p++;
+		if (p == end)
+			return CUDA_ERROR_INVALID_PTX;
+		if (*p == ')')
+			break;
+		if (end - p < 6 || memcmp(p, ".param", 6) != 0)
+			return CUDA_ERROR_INVALID_PTX;
+		p += 6;
+		/* Directives up to the name: .align N, .ptr, state spaces, then the type. */
+		while (p < end && *p != ',' && *p != ')') {
+			const char *t;
+
+			while (p < end && isspace((unsigned char)*p))
+				p++;
+			t = p;
+			while (p < end && !isspace((unsigned char)*p) && *p != ',' && *p != ')' &&
+			       *p != '[')
+				p++;
+			if (t < p && *t == '.' && ptx_type_size(t, (size_t)(p - t)))
+				size = ptx_type_size(t, (size_t)(p - t));
+			if (p < end && *p == '[') {
+				char *e;
+				unsigned long c = strtoul(p + 1, &e, 10);
+
+				if (e >= end || *e != ']' || c == 0 || c > PARAM_BYTES_MAX)
+					return CUDA_ERROR_INVALID_PTX;
+				count = c;
+				p = e + 1;
+			}
+		}
+		if (!size || ret->n == PARAMS_MAX || size * count > PARAM_BYTES_MAX - total)
+			return CUDA_ERROR_INVALID_PTX;
+		total += size * count;
+		v = realloc(ret->sizes, (ret->n + 1) * sizeof(*v));
+		if (!v)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		ret->sizes = v;
+		ret->sizes[ret->n++] = size * count;
+	}
+	*pp = p + 1;
+	return CUDA_SUCCESS;
+}
+
+/* Collects the names after each ".entry" directive of a PTX text, and their parameters. */
 static CUresult parse_ptx(const char *text, struct CUmod_st *m)
 {
 	size_t len = strnlen(text, PTX_MAX);
@@ -131,10 +222,24 @@ static CUresult parse_ptx(const char *text, struct CUmod_st *m)
 		if (!v)
 			return CUDA_ERROR_OUT_OF_MEMORY;
 		m->entries = v;
+		{
+			struct params *pv = realloc(m->params, (m->nentries + 1) * sizeof(*pv));
+
+			if (!pv)
+				return CUDA_ERROR_OUT_OF_MEMORY;
+			m->params = pv;
+			m->params[m->nentries] = (struct params){0};
+		}
 		m->entries[m->nentries] = strndup(n, (size_t)(p - n));
 		if (!m->entries[m->nentries])
 			return CUDA_ERROR_OUT_OF_MEMORY;
 		m->nentries++;
+		{
+			CUresult r = parse_params(&p, end, &m->params[m->nentries - 1]);
+
+			if (r != CUDA_SUCCESS)
+				return r;
+		}
 	}
 	return CUDA_SUCCESS;
 }
@@ -188,6 +293,7 @@ static CUresult get_function(CUfunction *hfunc, CUmodule hmod, const char *name)
 	struct CUfunc_st *f = NULL;
 	CUresult r = CUDA_ERROR_NOT_FOUND;
 	bool in_image = false;
+	size_t entry = 0;
 
 	if (!hfunc || !name)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -205,16 +311,28 @@ static CUresult get_function(CUfunction *hfunc, CUmodule hmod, const char *name)
 			goto out;
 		}
 	for (size_t i = 0; i < m->nentries; i++)
-		if (strcmp(m->entries[i], name) == 0)
+		if (strcmp(m->entries[i], name) == 0) {
 			in_image = true;
+			entry = i;
+		}
 	/* "CUDA_ERROR_NOT_FOUND" when the module has no such function; here also when the
 	 * test has not registered a host implementation for it. */
 	if (!in_image)
 		goto out;
 	f = calloc(1, sizeof(*f));
-	if (f)
+	if (f) {
 		f->name = strdup(name);
-	if (!f || !f->name) {
+		f->params.n = m->params[entry].n;
+		if (f->params.n) {
+			f->params.sizes = malloc(f->params.n * sizeof(size_t));
+			if (f->params.sizes)
+				memcpy(f->params.sizes, m->params[entry].sizes,
+				       f->params.n * sizeof(size_t));
+		}
+	}
+	if (!f || !f->name || (f->params.n && !f->params.sizes)) {
+		if (f)
+			free(f->name);
 		free(f);
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto out;
@@ -353,9 +471,6 @@ CUAPI CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int 
 	r = emu_current_device(&l.device);
 	if (r != CUDA_SUCCESS)
 		return r;
-	r = emu_stream_check(hStream);
-	if (r != CUDA_SUCCESS)
-		return r;
 	if (!gridDimX || !gridDimY || !gridDimZ || !blockDimX || !blockDimY || !blockDimZ ||
 	    (uint64_t)blockDimX * blockDimY * blockDimZ > 1024 || blockDimZ > 64)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -366,8 +481,15 @@ CUAPI CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int 
 	fn = kernel_lookup(f->name);
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
-	fn(&l, kernelParams);
-	return CUDA_SUCCESS;
+	if (f->params.n && !kernelParams)
+		return CUDA_ERROR_INVALID_VALUE;
+	/* Run now, or captured with its arguments copied (the sizes come from the PTX). */
+	return emu_stream_submit(hStream, &(struct emu_op){.kind = EMU_OP_KERNEL,
+							   .fn = fn,
+							   .launch = l,
+							   .params = kernelParams,
+							   .sizes = f->params.sizes,
+							   .nparams = f->params.n});
 }
 EMU_VARIANT(cuLaunchKernel_ptsz, cuLaunchKernel,
 	    (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,

@@ -4,6 +4,7 @@
  * is always idle and an event completes when it is recorded: what the documentation allows
  * an implementation to do, and what the callers of these functions must already cope with.
  */
+#include <stdlib.h>
 #include <time.h>
 
 #include "cuda-internal.h"
@@ -27,6 +28,18 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct CUstream_st *streams;
 static struct CUevent_st *events;
 static unsigned long long next_stream_id = 3; /* 0-2 stand for the built-in streams */
+
+unsigned emu_stream_flags(CUstream s)
+{
+	unsigned flags = 0;
+
+	pthread_mutex_lock(&lock);
+	for (struct CUstream_st *p = streams; p; p = p->next)
+		if (p == s)
+			flags = p->flags;
+	pthread_mutex_unlock(&lock);
+	return flags;
+}
 
 CUresult emu_stream_check(CUstream s)
 {
@@ -101,11 +114,15 @@ static CUresult stream_destroy(CUstream hStream)
 	for (struct CUstream_st **p = &streams; *p; p = &(*p)->next)
 		if (*p == hStream) {
 			*p = hStream->next;
-			free(hStream);
 			r = CUDA_SUCCESS;
 			break;
 		}
 	pthread_mutex_unlock(&lock);
+	if (r == CUDA_SUCCESS) {
+		/* A capture still open on it ends with it (its graph is dropped). */
+		emu_capture_stream_destroyed(hStream);
+		free(hStream);
+	}
 	return r;
 }
 
@@ -118,15 +135,21 @@ EMU_VARIANT(cuStreamDestroy, cuStreamDestroy_v2, (CUstream hStream), (hStream));
 
 CUAPI CUresult cuStreamSynchronize(CUstream hStream)
 {
+	CUresult r;
+
 	EMU_ENTER();
-	return emu_stream_check(hStream);
+	r = emu_stream_check(hStream);
+	return r != CUDA_SUCCESS ? r : emu_capture_sync_stream(hStream);
 }
 EMU_VARIANT(cuStreamSynchronize_ptsz, cuStreamSynchronize, (CUstream hStream), (hStream));
 
 CUAPI CUresult cuStreamQuery(CUstream hStream)
 {
+	CUresult r;
+
 	EMU_ENTER();
-	return emu_stream_check(hStream);
+	r = emu_stream_check(hStream);
+	return r != CUDA_SUCCESS ? r : emu_capture_sync_stream(hStream);
 }
 EMU_VARIANT(cuStreamQuery_ptsz, cuStreamQuery, (CUstream hStream), (hStream));
 
@@ -245,18 +268,73 @@ CUAPI CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned
 EMU_VARIANT(cuEventRecordWithFlags_ptsz, cuEventRecordWithFlags,
 	    (CUevent hEvent, CUstream hStream, unsigned int flags), (hEvent, hStream, flags));
 
+/* BELAYER_EMU_EVENT_DELAY_MS: an event reports CUDA_ERROR_NOT_READY for that long after it
+ * was recorded, as a GPU still running the work before it would (the work itself is done:
+ * nothing can read its results before the event completes without racing). 0 by default. */
+static long event_delay_ns(void)
+{
+	static long delay = -1;
+	long d = __atomic_load_n(&delay, __ATOMIC_RELAXED);
+
+	if (d < 0) {
+		const char *e = secure_getenv("BELAYER_EMU_EVENT_DELAY_MS");
+		char *end;
+		long ms = e ? strtol(e, &end, 10) : 0;
+
+		d = e && *e && !*end && ms > 0 && ms < 60000 ? ms * 1000000L : 0;
+		__atomic_store_n(&delay, d, __ATOMIC_RELAXED);
+	}
+	return d;
+}
+
+static bool event_pending(const struct CUevent_st *e)
+{
+	struct timespec now;
+	long d = event_delay_ns();
+
+	if (!d || !e->recorded)
+		return false;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (now.tv_sec - e->when.tv_sec) * 1000000000L + (now.tv_nsec - e->when.tv_nsec) < d;
+}
+
+/* The live event h, for a call that waits for or queries its work: PyTorch's NCCL watchdog
+ * found cuEventQuery unsafe during another thread's global capture. */
+static CUresult event_wait_begin(CUevent h, struct CUevent_st **ret)
+{
+	*ret = event_find(h);
+	if (!*ret)
+		return CUDA_ERROR_INVALID_HANDLE;
+	return emu_capture_unsafe();
+}
+
 CUAPI CUresult cuEventQuery(CUevent hEvent)
 {
+	struct CUevent_st *e;
+	CUresult r;
+
 	EMU_ENTER();
+	r = event_wait_begin(hEvent, &e);
+	if (r != CUDA_SUCCESS)
+		return r;
 	/* Recorded work has completed; an event never recorded also reports CUDA_SUCCESS, as
 	 * documented. */
-	return event_find(hEvent) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+	return event_pending(e) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuEventSynchronize(CUevent hEvent)
 {
+	struct timespec ts = {.tv_nsec = 1000000};
+	struct CUevent_st *e;
+	CUresult r;
+
 	EMU_ENTER();
-	return event_find(hEvent) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+	r = event_wait_begin(hEvent, &e);
+	if (r != CUDA_SUCCESS)
+		return r;
+	while (event_pending(e))
+		(void)nanosleep(&ts, NULL);
+	return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuEventDestroy_v2(CUevent hEvent)

@@ -53,6 +53,7 @@ struct nccl_op {
 	int phase;
 	size_t pos; /* elements done (collectives), bytes done (send/recv) */
 	size_t len; /* elements of the current step */
+	cudaStream_t stream;
 };
 
 struct group {
@@ -496,7 +497,18 @@ static ncclResult_t group_fail(ncclResult_t res)
 	return res;
 }
 
-/* Validates, then runs now or queues for ncclGroupEnd. */
+/* A captured collective, at a graph replay: a fresh copy of it runs (run_ops advances it). */
+static void replay_op(void *arg)
+{
+	struct nccl_op op = *(const struct nccl_op *)arg;
+	int r = run_ops(&op, 1);
+
+	if (r < 0)
+		nccl_set_last_error("rank %d: a collective replayed from a graph failed (%d)",
+				    op.comm->rank, r);
+}
+
+/* Validates, then runs now, captures it, or queues it for ncclGroupEnd. */
 static ncclResult_t submit(struct nccl_op *op, size_t send_elems, size_t recv_elems)
 {
 	struct ncclComm *c = op->comm;
@@ -548,6 +560,20 @@ static ncclResult_t submit(struct nccl_op *op, size_t send_elems, size_t recv_el
 		r = group_append(op);
 		return r < 0 ? group_fail(ncclSystemError) : ncclSuccess;
 	}
+	if (nccl_cuda_capturing(op->stream)) {
+		/* NCCL's kernels are captured into the stream's graph and run at every replay;
+		 * here the collective is a host node that runs it then (never freed: a graph may
+		 * be replayed for the life of the process). */
+		struct nccl_op *copy = malloc(sizeof(*copy));
+
+		if (!copy)
+			return ncclSystemError;
+		*copy = *op;
+		r = nccl_cuda_host_func(op->stream, replay_op, copy);
+		if (r < 0)
+			free(copy);
+		return nccl_result_from_errno(r);
+	}
 	return nccl_result_from_errno(run_ops(op, 1));
 }
 
@@ -570,7 +596,8 @@ _public_ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t
 			    .recv = recvbuff,
 			    .count = count,
 			    .type = datatype,
-			    .redop = op};
+			    .redop = op,
+			    .stream = stream};
 
 	FAULT_POINT("ncclAllReduce");
 	return submit(&o, count, count);
@@ -588,7 +615,8 @@ _public_ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t
 			    .recv = recvbuff,
 			    .count = count,
 			    .type = datatype,
-			    .root = root};
+			    .root = root,
+			    .stream = stream};
 
 	FAULT_POINT("ncclBroadcast");
 	return submit(&o, is_root ? count : 0, count);
@@ -605,7 +633,8 @@ _public_ ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatyp
 			    .recv = buff,
 			    .count = count,
 			    .type = datatype,
-			    .root = root};
+			    .root = root,
+			    .stream = stream};
 
 	FAULT_POINT("ncclBcast");
 	return submit(&o, is_root ? count : 0, count);
@@ -625,7 +654,8 @@ _public_ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t co
 			    .count = count,
 			    .type = datatype,
 			    .redop = op,
-			    .root = root};
+			    .root = root,
+			    .stream = stream};
 
 	FAULT_POINT("ncclReduce");
 	return submit(&o, count, is_root ? count : 0);
@@ -641,7 +671,8 @@ _public_ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t
 			    .send = sendbuff,
 			    .recv = recvbuff,
 			    .count = sendcount,
-			    .type = datatype};
+			    .type = datatype,
+			    .stream = stream};
 
 	FAULT_POINT("ncclAllGather");
 	if (n > 1 && sendcount > SIZE_MAX / n)
@@ -661,7 +692,8 @@ _public_ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, si
 			    .recv = recvbuff,
 			    .count = recvcount,
 			    .type = datatype,
-			    .redop = op};
+			    .redop = op,
+			    .stream = stream};
 
 	FAULT_POINT("ncclReduceScatter");
 	if (n > 1 && recvcount > SIZE_MAX / n)
@@ -681,7 +713,8 @@ _public_ ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_
 			    .send = sendbuff,
 			    .count = count,
 			    .type = datatype,
-			    .peer = peer};
+			    .peer = peer,
+			    .stream = stream};
 
 	FAULT_POINT("ncclSend");
 	return submit(&o, count, 0);
@@ -696,7 +729,8 @@ _public_ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t data
 			    .recv = recvbuff,
 			    .count = count,
 			    .type = datatype,
-			    .peer = peer};
+			    .peer = peer,
+			    .stream = stream};
 
 	FAULT_POINT("ncclRecv");
 	return submit(&o, 0, count);

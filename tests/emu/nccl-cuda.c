@@ -32,6 +32,8 @@ struct cuda_api {
 	CUresult (*unmap)(CUdeviceptr, size_t);
 	CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 	void *(*translate)(CUdeviceptr, size_t);
+	CUresult (*is_capturing)(CUstream, CUstreamCaptureStatus *);
+	CUresult (*launch_host_func)(CUstream, CUhostFn, void *);
 };
 
 static struct cuda_api cuda;
@@ -88,6 +90,8 @@ static void cuda_load(void)
 	r = r ?: resolve(gpa, "cuMemMap", (void **)&cuda.map);
 	r = r ?: resolve(gpa, "cuMemUnmap", (void **)&cuda.unmap);
 	r = r ?: resolve(gpa, "cuMemSetAccess", (void **)&cuda.set_access);
+	r = r ?: resolve(gpa, "cuStreamIsCapturing", (void **)&cuda.is_capturing);
+	r = r ?: resolve(gpa, "cuLaunchHostFunc", (void **)&cuda.launch_host_func);
 	if (r < 0) {
 		nccl_set_last_error("cuGetProcAddress_v2 failed to resolve a driver entry point");
 		cuda_error = -EIO;
@@ -177,4 +181,20 @@ void *nccl_cuda_translate(const void *ptr, size_t size)
 	if (cuda_get() < 0 || !ptr)
 		return NULL;
 	return cuda.translate((CUdeviceptr)(uintptr_t)ptr, size);
+}
+
+bool nccl_cuda_capturing(cudaStream_t s)
+{
+	CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+
+	if (cuda_get() < 0 || cuda.is_capturing((CUstream)s, &st) != CUDA_SUCCESS)
+		return false;
+	return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+int nccl_cuda_host_func(cudaStream_t s, void (*fn)(void *), void *arg)
+{
+	if (cuda_get() < 0)
+		return -EIO;
+	return cuda.launch_host_func((CUstream)s, fn, arg) == CUDA_SUCCESS ? 0 : -EIO;
 }

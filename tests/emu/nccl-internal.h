@@ -138,6 +138,10 @@ int nccl_cuda_vmm_alloc(int dev, size_t size, struct nccl_vmm *ret);
 void nccl_cuda_vmm_free(struct nccl_vmm *vmm);
 /* Host view of device memory [ptr, ptr + size), NULL when not mapped and accessible. */
 void *nccl_cuda_translate(const void *ptr, size_t size);
+/* Whether stream s is capturing (cuStreamIsCapturing), false when it cannot tell. */
+bool nccl_cuda_capturing(cudaStream_t s);
+/* cuLaunchHostFunc(s, fn, arg): 0 or -EIO. */
+int nccl_cuda_host_func(cudaStream_t s, void (*fn)(void *), void *arg);
 
 /* nccl-reduce.c */
 size_t nccl_type_size(ncclDataType_t type); /* 0: not supported by the emulator */

@@ -329,12 +329,58 @@ static void test_ipc_exporter_death(void **state)
 	close(sv[1]);
 }
 
+/* GPUDirect RDMA and handle types: cuMemAlloc memory is RDMA-capable and has no shareable
+ * handle type; VMM memory reports what its allocation properties requested. */
+static void test_rdma_and_handle_type_attributes(void **state)
+{
+	CUmemAllocationProp prop = {
+		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+		.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+	};
+	CUmemGenericAllocationHandle h;
+	unsigned long long types = 7;
+	CUdeviceptr a, va, base;
+	int v = 0, rdma = 0;
+	size_t size;
+
+	CU_OK(cu.cuDeviceGetAttribute(
+		&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0));
+	assert_int_equal(v, 1);
+	CU_OK(cu.cuMemAlloc(&a, 4096));
+	CU_OK(cu.cuPointerGetAttribute(&rdma, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, a));
+	assert_int_equal(rdma, 1);
+	CU_OK(cu.cuPointerGetAttribute(&types, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, a));
+	assert_true(types == CU_MEM_HANDLE_TYPE_NONE);
+	CU_OK(cu.cuMemFree(a));
+
+	for (int flag = 0; flag <= 1; flag++) {
+		prop.allocFlags.gpuDirectRDMACapable = (unsigned char)flag;
+		CU_OK(cu.cuMemCreate(&h, 4 << 20, &prop, 0));
+		CU_OK(cu_vmm_map(h, 4 << 20, 0, &va));
+		CU_OK(cu.cuPointerGetAttribute(
+			&rdma, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, va + 4096));
+		assert_int_equal(rdma, flag);
+		CU_OK(cu.cuPointerGetAttribute(&types, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+					       va));
+		assert_true(types == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+		CU_OK(cu.cuPointerGetAttribute(&base, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+					       va + 4096));
+		CU_OK(cu.cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_MAPPING_SIZE,
+					       va + 4096));
+		assert_true(base == va && size == (4 << 20));
+		cu_vmm_unmap(va, 4 << 20);
+		CU_OK(cu.cuMemRelease(h));
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup(test_alloc_copy_memset, setup),
 		cmocka_unit_test_setup(test_mem_get_info, setup),
 		cmocka_unit_test_setup(test_streams_events, setup),
+		cmocka_unit_test_setup(test_rdma_and_handle_type_attributes, setup),
 		cmocka_unit_test_setup(test_device_memory_not_host_dereferenceable, setup),
 		cmocka_unit_test_setup(test_host_access_mode, setup),
 		cmocka_unit_test_setup(test_ipc_across_processes, setup),

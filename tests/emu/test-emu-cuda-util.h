@@ -87,7 +87,18 @@
 	X(cuModuleGetFunction, 2000)                     \
 	X(cuLibraryLoadData, 12000)                      \
 	X(cuLibraryGetKernel, 12000)                     \
-	X(cuLaunchKernel, 4000)
+	X(cuLaunchKernel, 4000)                          \
+	X(cuStreamQuery, 2000)                           \
+	X(cuStreamBeginCapture, 10010)                   \
+	X(cuStreamEndCapture, 10000)                     \
+	X(cuStreamIsCapturing, 10000)                    \
+	X(cuStreamGetCaptureInfo, 12030)                 \
+	X(cuThreadExchangeStreamCaptureMode, 10010)      \
+	X(cuGraphInstantiateWithFlags, 11040)            \
+	X(cuGraphLaunch, 10000)                          \
+	X(cuGraphExecDestroy, 10000)                     \
+	X(cuGraphDestroy, 10000)                         \
+	X(cuLaunchHostFunc, 10000)
 
 #define CU_FIELD(name, ver) PFN_##name##_v##ver name;
 struct cu_api {

@@ -14,27 +14,34 @@
 #include <cudaTypedefs.h>
 #include <nccl.h>
 
-#define ENGINE_CU_FUNCS(X)                \
-	X(cuInit, 2000)                   \
-	X(cuGetErrorName, 6000)           \
-	X(cuDeviceGet, 2000)              \
-	X(cuDeviceGetCount, 2000)         \
-	X(cuDeviceGetName, 2000)          \
-	X(cuDevicePrimaryCtxRetain, 7000) \
-	X(cuCtxSetCurrent, 4000)          \
-	X(cuCtxSynchronize, 2000)         \
-	X(cuMemAlloc, 3020)               \
-	X(cuMemFree, 3020)                \
-	X(cuMemGetInfo, 3020)             \
-	X(cuMemcpyHtoD, 3020)             \
-	X(cuMemcpyDtoH, 3020)             \
-	X(cuMemcpyDtoD, 3020)             \
-	X(cuMemsetD8, 3020)               \
-	X(cuModuleLoadData, 2000)         \
-	X(cuModuleGetFunction, 2000)      \
-	X(cuLaunchKernel, 4000)           \
-	X(cuStreamCreate, 2000)           \
-	X(cuStreamSynchronize, 2000)
+#define ENGINE_CU_FUNCS(X)                    \
+	X(cuInit, 2000)                       \
+	X(cuGetErrorName, 6000)               \
+	X(cuDeviceGet, 2000)                  \
+	X(cuDeviceGetCount, 2000)             \
+	X(cuDeviceGetName, 2000)              \
+	X(cuDevicePrimaryCtxRetain, 7000)     \
+	X(cuCtxSetCurrent, 4000)              \
+	X(cuCtxSynchronize, 2000)             \
+	X(cuMemAlloc, 3020)                   \
+	X(cuMemFree, 3020)                    \
+	X(cuMemGetInfo, 3020)                 \
+	X(cuMemcpyHtoD, 3020)                 \
+	X(cuMemcpyDtoH, 3020)                 \
+	X(cuMemcpyDtoD, 3020)                 \
+	X(cuMemsetD8, 3020)                   \
+	X(cuModuleLoadData, 2000)             \
+	X(cuModuleGetFunction, 2000)          \
+	X(cuLaunchKernel, 4000)               \
+	X(cuStreamCreate, 2000)               \
+	X(cuStreamSynchronize, 2000)          \
+	X(cuIpcGetMemHandle, 4010)            \
+	X(cuIpcOpenMemHandle, 11000)          \
+	X(cuStreamBeginCapture, 10010)        \
+	X(cuStreamEndCapture, 10000)          \
+	X(cuGraphInstantiateWithFlags, 11040) \
+	X(cuGraphLaunch, 10000)               \
+	X(cuGraphDestroy, 10000)
 
 #define ENGINE_NCCL_FUNCS(X) \
 	X(ncclGetUniqueId)   \

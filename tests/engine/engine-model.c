@@ -253,7 +253,8 @@ static size_t widx(const struct model *m, const char *name)
 	return i < 0 ? 0 : (size_t)i; /* names come from model_layout: always found */
 }
 
-int model_forward(struct model *m, uint32_t ntok, uint32_t nrows, uint32_t nsample, float *logits)
+/* Every launch of a step, on the engine's stream: what a decode graph captures. */
+static int forward_launch(struct model *m, uint32_t ntok, uint32_t nrows, uint32_t nsample)
 {
 	const struct model_config *c = &m->c;
 	uint32_t hd = c->hidden / c->heads, nparts = m->tp == 1 ? 2 : 1;
@@ -384,18 +385,27 @@ int model_forward(struct model *m, uint32_t ntok, uint32_t nrows, uint32_t nsamp
 					   .in = c->hidden,
 					   .out = c->vocab,
 					   .x_rows = ntok};
-		CUresult cr;
 
 		r = r ?: gpu_launch("engine_rmsnorm", nh, &nf);
 		r = r ?: gpu_launch("engine_matmul_rows", engine_matmul_rows_count(&lm), &lm);
-		r = r ?: gpu_sync();
-		if (r == 0) {
-			cr = gpu.cuMemcpyDtoH(logits, m->logits, 4ull * nsample * c->vocab);
-			if (cr != CUDA_SUCCESS)
-				r = log_error_errno(gpu_errno(cr), "D2H of logits failed: %s",
-						    gpu_strerror(cr));
-		}
 	}
 #undef LN
-	return r ?: gpu_sync();
+	return r;
+}
+
+int model_forward(struct model *m, uint32_t ntok, uint32_t nrows, uint32_t nsample, float *logits)
+{
+	int r = graph_run(m, ntok, nrows, nsample, forward_launch);
+
+	if (r == 0)
+		r = forward_launch(m, ntok, nrows, nsample);
+	r = r < 0 ? r : gpu_sync();
+	if (r == 0 && m->rank == 0 && nsample > 0) {
+		CUresult cr = gpu.cuMemcpyDtoH(logits, m->logits, 4ull * nsample * m->c.vocab);
+
+		if (cr != CUDA_SUCCESS)
+			r = log_error_errno(gpu_errno(cr), "D2H of logits failed: %s",
+					    gpu_strerror(cr));
+	}
+	return r;
 }

@@ -75,6 +75,7 @@ struct model {
 	uint64_t kv_bytes, block_bytes;
 	uint32_t num_blocks, block_size;
 	uint64_t weights_version;
+	bool cuda_graph; /* --cuda-graph: decode steps from captured graphs (engine-graph.c) */
 };
 
 /* Offsets of the step's arrays in model->step (all uint32). */
@@ -102,6 +103,10 @@ uint64_t model_block_bytes(const struct model *m, uint32_t block_size);
 /* Runs the model on the step already in m->step; on rank 0 the logits of the nsample sampled
  * tokens land in host (nsample * vocab floats). */
 int model_forward(struct model *m, uint32_t ntok, uint32_t nrows, uint32_t nsample, float *logits);
+/* engine-graph.c: a decode step from its captured graph, capturing it with launch on first
+ * use. 1: done; 0: not a graph step (the caller launches eagerly); -errno. */
+int graph_run(struct model *m, uint32_t ntok, uint32_t nrows, uint32_t nsample,
+	      int (*launch)(struct model *, uint32_t, uint32_t, uint32_t));
 /* Seed of tensor i of a model generated from seed (gen-weights and the dummy format). */
 uint64_t model_tensor_seed(uint64_t seed, size_t i);
 /* Index of a tensor by name, or -ENOENT. */

@@ -50,6 +50,8 @@ enum {
 	ARG_PORT,
 	ARG_MODEL,
 	ARG_NO_RANK_ENV,
+	ARG_CUSTOM_ALL_REDUCE,
+	ARG_CUDA_GRAPH,
 };
 
 static const struct option options[] = {
@@ -75,6 +77,8 @@ static const struct option options[] = {
 	{"rank", required_argument, NULL, ARG_RANK},
 	{"nccl-id", required_argument, NULL, ARG_NCCL_ID},
 	{"no-rank-env", no_argument, NULL, ARG_NO_RANK_ENV},
+	{"custom-all-reduce", no_argument, NULL, ARG_CUSTOM_ALL_REDUCE},
+	{"cuda-graph", no_argument, NULL, ARG_CUDA_GRAPH},
 	{"help", no_argument, NULL, 'h'},
 	{},
 };
@@ -113,7 +117,12 @@ static void usage(FILE *f)
 		"  --no-rank-env                 ranks learn their rank from arguments only, "
 		"without\n"
 		"                                RANK/LOCAL_RANK, as vLLM's and SGLang's "
-		"workers\n");
+		"workers\n"
+		"  --custom-all-reduce           TP ranks share cudaMalloc buffers over legacy IPC "
+		"before\n"
+		"                                the KV probe, as vLLM's custom all-reduce\n"
+		"  --cuda-graph                  decode steps captured as CUDA graphs and "
+		"replayed\n");
 }
 
 static int parse_size(const char *s, uint64_t *ret)
@@ -245,6 +254,12 @@ static int parse_args(int argc, char **argv, struct engine_options *o)
 			break;
 		case ARG_NO_RANK_ENV:
 			o->no_rank_env = true;
+			break;
+		case ARG_CUSTOM_ALL_REDUCE:
+			o->custom_all_reduce = true;
+			break;
+		case ARG_CUDA_GRAPH:
+			o->cuda_graph = true;
 			break;
 		case ARG_NCCL_ID:
 			id_hex = optarg;
@@ -549,8 +564,13 @@ int main(int argc, char **argv)
 			      : model_load_file(&e.m, e.o.model);
 	if (r < 0)
 		goto fail;
+	e.m.cuda_graph = e.o.cuda_graph;
 	e.model_path = strdup(e.o.model);
 	t[3] = now_s();
+	/* vLLM's finalize_p2p(): before determine_available_memory(). */
+	r = car_init(&e);
+	if (r < 0)
+		goto fail;
 	/* The KV cache first, then the buffers of the serving steps: in vLLM the forward pass's
 	 * tensors come from the caching allocator after the KV cache is allocated. */
 	r = size_kv(&e, &blocks);

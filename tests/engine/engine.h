@@ -34,6 +34,8 @@ struct engine_options {
 	ncclUniqueId tp_id;		  /* followers: the TP group's id (--nccl-id) */
 	struct model_config dummy_config; /* --load-format dummy without --model */
 	bool no_rank_env;		  /* --no-rank-env: ranks get no RANK/LOCAL_RANK */
+	bool custom_all_reduce;		  /* --custom-all-reduce: IPC buffers, as vLLM's */
+	bool cuda_graph;		  /* --cuda-graph: decode steps from CUDA graphs */
 };
 
 struct request;
@@ -130,3 +132,6 @@ int ctl_init(struct engine *e);
 
 /* ---- engine-http.c ---- */
 int http_start(struct engine *e);
+
+/* engine-car.c: --custom-all-reduce's IPC buffers, shared by the TP ranks before the KV probe. */
+int car_init(struct engine *e);

@@ -383,22 +383,21 @@ static void same_prompt_same_output(void **state)
 	engine_stop(&e);
 }
 
-static void tp2_matches_tp1(void **state)
+/* The engine started with args answers exactly as with none: greedy, and sampled with a seed. */
+static void matches_default(const char *const *args)
 {
-	static const char *const tp2[] = {"--tp", "2", NULL};
 	const uint32_t *prompts[] = {prompt_a, prompt_b, prompt_c};
 	size_t lens[] = {ARRAY_SIZE(prompt_a), ARRAY_SIZE(prompt_b), ARRAY_SIZE(prompt_c)};
 	struct output one[3], two[3], s1, s2;
 	struct engine e;
 
-	(void)state;
 	engine_start(&e, w1, NULL, NULL);
 	for (size_t i = 0; i < 3; i++)
 		greedy(e.port, prompts[i], lens[i], &one[i]);
 	generate(e.port, 1, prompt_b, ARRAY_SIZE(prompt_b), 24, 0.7, 3, false, &s1);
 	engine_stop(&e);
 
-	engine_start(&e, w1, tp2, NULL);
+	engine_start(&e, w1, args, NULL);
 	for (size_t i = 0; i < 3; i++) {
 		greedy(e.port, prompts[i], lens[i], &two[i]);
 		assert_same(&one[i], &two[i]);
@@ -406,6 +405,26 @@ static void tp2_matches_tp1(void **state)
 	generate(e.port, 1, prompt_b, ARRAY_SIZE(prompt_b), 24, 0.7, 3, false, &s2);
 	assert_same(&s1, &s2);
 	engine_stop(&e);
+}
+
+static void tp2_matches_tp1(void **state)
+{
+	static const char *const tp2[] = {"--tp", "2", NULL};
+
+	(void)state;
+	matches_default(tp2);
+}
+
+/* --cuda-graph: decode steps replayed from captured graphs answer exactly as eager ones, at
+ * TP 2 too (the all-reduces captured into the graphs). */
+static void cuda_graph_matches_eager(void **state)
+{
+	static const char *const graph[] = {"--cuda-graph", NULL};
+	static const char *const graph_tp2[] = {"--cuda-graph", "--tp", "2", NULL};
+
+	(void)state;
+	matches_default(graph);
+	matches_default(graph_tp2);
 }
 
 static void streaming_equals_non_streaming(void **state)
@@ -1243,6 +1262,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(same_prompt_same_output, kill_leftovers),
 		cmocka_unit_test_teardown(tp2_matches_tp1, kill_leftovers),
+		cmocka_unit_test_teardown(cuda_graph_matches_eager, kill_leftovers),
 		cmocka_unit_test_teardown(streaming_equals_non_streaming, kill_leftovers),
 		cmocka_unit_test_teardown(kv_corruption_changes_output, kill_leftovers),
 		cmocka_unit_test_teardown(weights_update_from_disk, kill_leftovers),

@@ -3,6 +3,9 @@
  * env_manifest_decode() (a checkpoint's manifest, supervisor-env-manifest.h) on arbitrary
  * bytes: it never crashes, never leaks, and whatever it accepts re-encodes and decodes again
  * to the same entries, xattrs byte for byte (the restore trusts nothing else about a manifest).
+ * env_manifest_decode_header() (a chain's ancestors, their index skipped in the raw bytes) on
+ * the same bytes: never crashes, and accepts whatever the full decoder accepts, with the same
+ * header.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -14,12 +17,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	struct env_manifest m, again;
+	struct env_manifest m, again, hdr;
 	char *buf;
 	size_t len;
+	int h = env_manifest_decode_header(data, size, &hdr);
 
+	if (h >= 0)
+		env_manifest_finish(&hdr);
 	if (env_manifest_decode(data, size, &m) < 0)
 		return 0;
+	if (h < 0 || strcmp(hdr.id, m.id) != 0 || strcmp(hdr.parent, m.parent) != 0 ||
+	    memcmp(hdr.uuid, m.uuid, sizeof(m.uuid)) != 0 || hdr.n_entries != 0)
+		abort();
 	if (env_manifest_encode(&m, &buf, &len) < 0)
 		abort();
 	if (env_manifest_decode(buf, len, &again) < 0 || again.n_entries != m.n_entries ||

@@ -345,6 +345,7 @@ static void sample_env_info(struct proto_msg *m)
 	(void)snprintf(m->env_info.kind, sizeof(m->env_info.kind), "fs-only");
 	(void)snprintf(m->env_info.mem, sizeof(m->env_info.mem), "full");
 	m->env_info.soft_dirty = 1;
+	(void)snprintf(m->env_info.why, sizeof(m->env_info.why), "ring buffer overflow");
 }
 
 static void sample_env_item(struct proto_msg *m)

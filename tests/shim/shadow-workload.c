@@ -15,7 +15,12 @@
  *   info   prints "info FREE TOTAL" (cuMemGetInfo)
  * and exits 0 at EOF. Any unexpected driver result exits 1 with a message.
  *
- * Usage: shadow-workload SEED WEIGHTS_BYTES KV_BYTES   (sizes multiples of 8 MiB)
+ * With "ipc" after the sizes, first of all (before the weights, as vLLM's custom all-reduce
+ * sets up its buffers before the KV probe): an 8 MiB cuMemAlloc filled with bytes 0xa5 ^ i (i
+ * the offset, mod 256) and exported with cuIpcGetMemHandle, printed as "ipc HEX" before
+ * "ready"; a peer opens it.
+ *
+ * Usage: shadow-workload SEED WEIGHTS_BYTES KV_BYTES [ipc]   (sizes multiples of 8 MiB)
  */
 #include <inttypes.h>
 #include <stdbool.h>
@@ -128,6 +133,23 @@ static uint64_t sum(size_t idx)
 	return h;
 }
 
+/* A custom-all-reduce-style buffer shared with peers through legacy IPC. */
+static void ipc_buffer(void)
+{
+	CUresult (*get)(CUipcMemHandle *, CUdeviceptr) = wl_resolve("cuIpcGetMemHandle", 4010);
+	CUipcMemHandle h;
+	CUdeviceptr p = alloc(8 * MIB);
+
+	for (size_t i = 0; i < CHUNK; i++)
+		buf[i] = (unsigned char)(0xa5 ^ i);
+	CHECK(d.htod(p, buf, CHUNK));
+	CHECK(get(&h, p));
+	printf("ipc ");
+	for (size_t i = 0; i < sizeof(h.reserved); i++)
+		printf("%02x", (unsigned char)h.reserved[i]);
+	printf("\n");
+}
+
 int main(int argc, char **argv)
 {
 	unsigned long long w, kv;
@@ -135,8 +157,8 @@ int main(int argc, char **argv)
 	size_t free_b, total_b;
 	unsigned seed;
 
-	if (argc != 4)
-		wl_die("usage: shadow-workload SEED WEIGHTS_BYTES KV_BYTES");
+	if (argc != 4 && !(argc == 5 && strcmp(argv[4], "ipc") == 0))
+		wl_die("usage: shadow-workload SEED WEIGHTS_BYTES KV_BYTES [ipc]");
 	seed = (unsigned)strtoul(argv[1], NULL, 10);
 	w = strtoull(argv[2], NULL, 10);
 	kv = strtoull(argv[3], NULL, 10);
@@ -144,6 +166,8 @@ int main(int argc, char **argv)
 		wl_die("sizes must be positive multiples of 8 MiB");
 
 	driver_open();
+	if (argc == 5)
+		ipc_buffer();
 	add(alloc(w / 2), w / 2);
 	add(vmm(w / 4), w / 4);
 	add(alloc(w / 4), w / 4);

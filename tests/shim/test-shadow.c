@@ -225,6 +225,15 @@ static void absorb(struct peer *p, struct proto_msg *m)
 				p->regs[i] = p->regs[--p->n_regs];
 				break;
 			}
+		/* A shadow region that left the layout (the supervisor's shadow_release); the
+		 * others keep their creation order. */
+		for (size_t i = 0; i < p->n_sregs; i++)
+			if (p->sregs[i].id == m->release.id) {
+				memmove(&p->sregs[i], &p->sregs[i + 1],
+					(p->n_sregs - i - 1) * sizeof(p->sregs[0]));
+				p->n_sregs--;
+				break;
+			}
 		break;
 	case PROTO_SHADOW_REGION:
 		assert_true(p->n_sregs < MAX_REGS);
@@ -541,6 +550,84 @@ static void test_shadow_parks_with_primary_layout_and_costs_scratch(void **state
 		assert_true(i == 0 || f->shadow.sregs[i].order > f->shadow.sregs[i - 1].order);
 }
 
+/* Opens a shadow-workload's IPC handle from a separate shimmed process (no supervisor) and
+ * returns the "bytes" line it printed for the first 16 bytes, or "" when it could not. */
+static void ipc_peer_read(struct fixture *f, const char *hex, char *line, size_t cap)
+{
+	const char *argv[] = {WORKLOAD_PATH, "ipc-open", hex, "0", NULL};
+	const char *env[] = {"BELAYER_SOCKET=/nonexistent/belayer.sock", "BELAYER_LOG_LEVEL=error",
+			     NULL};
+	struct peer o;
+	int status;
+
+	peer_init(&o);
+	spawn(f, &o, argv, "primary", env);
+	close(o.in);
+	o.in = -1;
+	line[0] = '\0';
+	while (read_line(o.out, line, cap) && strncmp(line, "bytes ", 6) != 0)
+		line[0] = '\0';
+	assert_int_equal(waitpid(o.pid, &status, 0), o.pid);
+	o.pid = -1;
+	peer_close(&o);
+}
+
+static void start_ipc_workload(struct fixture *f, struct peer *p, const char *role, unsigned seed,
+			       char *hex, size_t cap)
+{
+	char s[16], w[32], k[32], line[256];
+	const char *argv[] = {SHADOW_WORKLOAD_PATH, s, w, k, "ipc", NULL};
+
+	snprintf(s, sizeof(s), "%u", seed);
+	snprintf(w, sizeof(w), "%" PRIu64, 32 * MIB);
+	snprintf(k, sizeof(k), "%" PRIu64, 32 * MIB);
+	spawn(f, p, argv, role, NULL);
+	accept_peer(f, p);
+	expect_line(p, "ipc ", line, sizeof(line));
+	snprintf(hex, cap, "%s", line + 4);
+	expect_line(p, "ready", line, sizeof(line));
+}
+
+/* Review findings 1 and 4: a custom-all-reduce-style buffer (cuMemAlloc + cuIpcGetMemHandle
+ * before the KV probe, so `weights` by phase) must be openable by peers in a shadow too, hold
+ * real memory there, stay out of the layout and keep its backing across the promotion. */
+static void test_ipc_shared_buffer_is_real_and_never_swapped(void **state)
+{
+	static const char pattern[] = "bytes a5a4a7a6a1a0a3a2adacafaea9a8abaa";
+	struct fixture *f = *state;
+	uint64_t prim_sums[N_LAYOUT], hash;
+	char prim_hex[256], hex[256], line[256];
+	uint32_t n;
+
+	start_ipc_workload(f, &f->primary, "primary", 1, prim_hex, sizeof(prim_hex));
+	ipc_peer_read(f, prim_hex, line, sizeof(line));
+	assert_string_equal(line, pattern);
+
+	start_ipc_workload(f, &f->shadow, "shadow", 2, hex, sizeof(hex));
+	/* The peer opens the shadow's buffer and reads what the shadow wrote, after the
+	 * shadow's weights went through scratch. */
+	ipc_peer_read(f, hex, line, sizeof(line));
+	assert_string_equal(line, pattern);
+
+	/* 5 layout regions, the IPC buffer and the `other` one; the IPC buffer is not weights */
+	PUMP_UNTIL(&f->primary,
+		   f->primary.n_regs == N_LAYOUT + 2 && count_class(&f->primary, true) == N_LAYOUT);
+	sums(&f->primary, prim_sums);
+	PUMP_UNTIL(&f->shadow, f->shadow.parked >= 1 && f->shadow.n_sregs == N_LAYOUT &&
+				       f->shadow.park.n_entries == N_LAYOUT);
+	hash = primary_layout(&f->primary, &n, NULL);
+	assert_int_equal(n, N_LAYOUT);
+	assert_true(f->shadow.park.hash == hash);
+
+	send_maps(f);
+	kill_primary(f);
+	commit(f, f->shadow.park.hash, N_LAYOUT, 3);
+	expect_promoted(f, prim_sums, 3);
+	/* Not swapped: the peer still sees the shadow's own buffer. */
+	ipc_peer_read(f, hex, line, sizeof(line));
+	assert_string_equal(line, pattern);
+}
+
 static void test_promotion_remaps_every_region(void **state)
 {
 	struct fixture *f = *state;
@@ -594,21 +681,35 @@ static void test_failed_import_is_refused(void **state)
 	expect_promoted(f, prim_sums, 4);
 }
 
-static void test_failed_remap_rolls_back(void **state)
+/* A commit with the next call of func failing (emu-ctl fail func 1 result) is refused with EIO
+ * and leaves every region on scratch; the next commit promotes. */
+static void commit_fails_then_promotes(struct fixture *f, const char *func, const char *result)
 {
-	struct fixture *f = *state;
 	uint64_t prim_sums[N_LAYOUT];
 
 	start_pair(f, 16 * MIB, 16 * MIB, prim_sums);
 	send_maps(f);
 	kill_primary(f);
-	/* the first region is swapped, then granting access fails: it must go back to scratch */
-	assert_int_equal(emu_ctl("fail", "cuMemSetAccess", "1", "CUDA_ERROR_OUT_OF_MEMORY"), 0);
+	assert_int_equal(emu_ctl("fail", func, "1", result), 0);
 	commit(f, f->shadow.park.hash, N_LAYOUT, 5);
 	assert_int_equal(f->shadow.done.code, EIO);
 	expect_still_scratch(f, prim_sums);
 	commit(f, f->shadow.park.hash, N_LAYOUT, 5);
 	expect_promoted(f, prim_sums, 5);
+}
+
+static void test_failed_remap_rolls_back(void **state)
+{
+	/* the first region is swapped, then granting access fails: it must go back to scratch */
+	commit_fails_then_promotes(*state, "cuMemSetAccess", "CUDA_ERROR_OUT_OF_MEMORY");
+}
+
+/* Review finding 10: the commit synchronises the shadow's devices before it unmaps anything
+ * (in-flight work would fault on a real GPU); a device that cannot (a sticky error) is not
+ * promoted onto, and nothing was swapped. */
+static void test_commit_synchronises_first(void **state)
+{
+	commit_fails_then_promotes(*state, "cuCtxSynchronize", "CUDA_ERROR_ILLEGAL_ADDRESS");
 }
 
 /* The figure the README quotes: a parked shadow of 1 GiB weights + 1 GiB KV. */
@@ -630,6 +731,56 @@ static void test_parked_cost_at_1g(void **state)
 	print_message("parked shadow of 1 GiB weights + 1 GiB kv: %" PRIu64
 		      " bytes of device memory (device used: %zu)\n",
 		      parked - before, total_b - free_b);
+}
+
+/* Mappings of p's scratch allocation of unit bytes (each cuMemMap of the emulator is one of
+ * the process's memory maps of the allocation's memfd, named ...:BYTES). */
+static size_t scratch_mappings(pid_t pid, uint64_t unit)
+{
+	char path[64], line[512], tail[32];
+	size_t n = 0;
+	FILE *in;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	snprintf(tail, sizeof(tail), ":%" PRIu64 " (deleted)", unit);
+	in = fopen(path, "re");
+	assert_non_null(in);
+	while (fgets(line, sizeof(line), in))
+		n += strstr(line, "belayer-emu:") && strstr(line, tail);
+	fclose(in);
+	return n;
+}
+
+/* Review finding 10: BELAYER_SHADOW_SCRATCH_UNIT maps scratch that much at a time: for 2 GiB
+ * of weights + kv, 32 mappings of one 64 MiB allocation instead of 1024 of one 2 MiB granule
+ * (as many cuMemMap calls at parking and cuMemUnmap calls at promotion). */
+static void test_scratch_unit_maps_fewer_pieces(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t before = live_bytes();
+
+	assert_int_equal(setenv("BELAYER_SHADOW_SCRATCH_UNIT", "64M", 1), 0);
+	start_workload(f, &f->shadow, "shadow", 2, 1024 * MIB, 1024 * MIB);
+	assert_int_equal(unsetenv("BELAYER_SHADOW_SCRATCH_UNIT"), 0);
+	PUMP_UNTIL(&f->shadow, f->shadow.parked == 1);
+	assert_true(live_bytes() - before == 64 * MIB + 2 * MIB);
+	assert_int_equal(scratch_mappings(f->shadow.pid, 64 * MIB), 2048 / 64);
+}
+
+/* A unit that does not divide the regions (6 MiB over 8 and 4 MiB regions): their tails map
+ * part of it, and the promotion unmaps the same pieces. */
+static void test_scratch_unit_tails_promote(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t prim_sums[N_LAYOUT];
+
+	assert_int_equal(setenv("BELAYER_SHADOW_SCRATCH_UNIT", "6M", 1), 0);
+	start_pair(f, 16 * MIB, 16 * MIB, prim_sums);
+	assert_int_equal(unsetenv("BELAYER_SHADOW_SCRATCH_UNIT"), 0);
+	send_maps(f);
+	kill_primary(f);
+	commit(f, f->shadow.park.hash, N_LAYOUT, 2);
+	expect_promoted(f, prim_sums, 2);
 }
 
 /* ---- the engine stand-in ---- */
@@ -673,13 +824,22 @@ static void engine_start(struct fixture *f, struct peer *p, struct peer *p1, con
 			 const char *seed, struct engine *e)
 {
 	char line[4096], *port;
-	const char *argv[] = {ENGINE_PATH, "--model",
-			      NULL,	   "--port",
-			      "0",	   "--load-format",
-			      "dummy",	   "--seed",
-			      seed,	   "--kv-cache-bytes",
-			      "16M",	   p1 ? "--tensor-parallel-size" : NULL,
-			      "2",	   NULL};
+	const char *argv[] = {ENGINE_PATH,
+			      "--model",
+			      NULL,
+			      "--port",
+			      "0",
+			      "--load-format",
+			      "dummy",
+			      "--seed",
+			      seed,
+			      "--kv-cache-bytes",
+			      "16M",
+			      "--cuda-graph",
+			      p1 ? "--tensor-parallel-size" : NULL,
+			      "2",
+			      "--custom-all-reduce",
+			      NULL};
 	/* The shim's default threshold: the stand-in's caching allocator puts every tensor, the
 	 * smallest (norms) too, in segments of at least 2 MiB, so a promoted shadow holds all of
 	 * the primary's weights. RANK=0 for the leader's hello; the engine gives its followers
@@ -745,6 +905,9 @@ static void gen_model(struct fixture *f)
 	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* TP=1 with decode steps from CUDA graphs (both engine tests): the shadow captured its graphs
+ * on scratch at warm-up and replays them after the promotion against the primary's memory,
+ * mapped at the same addresses. */
 static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
 {
 	struct fixture *f = *state;
@@ -804,7 +967,10 @@ static void wait_gone(pid_t pid)
 }
 
 /* Both ranks of a TP=2 group: the primary group dies whole, both shadow ranks are promoted
- * (each onto the memory of the primary rank of the same number, on the same device). */
+ * (each onto the memory of the primary rank of the same number, on the same device). The
+ * ranks share custom-all-reduce buffers over legacy IPC before the KV probe, as vLLM's do by
+ * default: the shadow ranks must be able to open each other's (review finding 1), and those
+ * stay out of the layout. Their decode graphs, captured on scratch, hold the all-reduces. */
 static void test_engine_tp2_promoted_group_answers_like_the_primary(void **state)
 {
 	struct fixture *f = *state;
@@ -869,13 +1035,19 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(
 			test_shadow_parks_with_primary_layout_and_costs_scratch, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_ipc_shared_buffer_is_real_and_never_swapped,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_promotion_remaps_every_region, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_layout_mismatch_is_refused_and_rolled_back,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failed_import_is_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failed_remap_rolls_back, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_commit_synchronises_first, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_parked_cost_at_1g, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_scratch_unit_maps_fewer_pieces, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_scratch_unit_tails_promote, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_engine_promoted_shadow_answers_like_the_primary, setup, teardown),
 		cmocka_unit_test_setup_teardown(

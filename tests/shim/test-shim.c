@@ -275,6 +275,10 @@ static void test_runtime_loader_tracked(void **state)
 	start_receiver(f, false);
 	spawn(&w, argv, workload_env(&e, f, "BELAYER_ENGINE_ID=eng-7", "BELAYER_RANK=3"), true,
 	      false);
+	/* Converted memory says what it is: POSIX-fd exportable, and GPUDirect-RDMA capable
+	 * like the driver's cuMemAlloc memory (review finding 9). */
+	assert_true(expect_line(w.out, "attrs ", line, sizeof(line)));
+	assert_string_equal(line, "attrs types=1 rdma=1 native_rdma=1");
 	assert_true(expect_line(w.out, "ok runtime", line, sizeof(line)));
 	snprintf(pid, sizeof(pid), "pid=%d ", w.pid);
 	WAIT_COUNT(f, 2, "announce", pid, "size=8388608", "class=weights", "fd=ok");
@@ -316,6 +320,8 @@ static void test_alloc_policy_passthrough(void **state)
 
 	start_receiver(f, false);
 	spawn(&w, argv, workload_env(&e, f, "BELAYER_ALLOC_POLICY=passthrough", NULL), true, false);
+	assert_true(expect_line(w.out, "attrs ", line, sizeof(line)));
+	assert_string_equal(line, "attrs types=0 rdma=1 native_rdma=1");
 	assert_true(expect_line(w.out, "ok runtime", line, sizeof(line)));
 	snprintf(pid, sizeof(pid), "pid=%d ", w.pid);
 	WAIT_COUNT(f, 1, "hello", pid);
@@ -455,10 +461,30 @@ static void test_memset_bumps_weights_version(void **state)
 	assert_int_equal(COUNT(f, "announce", wva, "version=4"), 0);
 }
 
+/* Review finding 3: the shim's NCCL poller queries the pending all-reduce's event every
+ * 500 us; in the default GLOBAL capture mode that is a prohibited call while the engine's
+ * main thread captures a CUDA graph, and it invalidates the capture (PyTorch's watchdog bug,
+ * pytorch PR #104487). The shim's own threads must not disturb the engine's capture. */
+static void test_capture_beside_pending_collective(void **state)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "capture", NULL};
+	struct wenv e;
+	struct proc w;
+	char line[256];
+
+	start_receiver(f, false);
+	spawn(&w, argv, workload_env(&e, f, "BELAYER_EMU_EVENT_DELAY_MS=300", NULL), true, false);
+	assert_true(expect_line(w.out, "ok capture", line, sizeof(line)));
+	/* CUDA_SUCCESS, not CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901). */
+	assert_string_equal(line, "ok capture end=0");
+	finish(f, &w);
+}
+
 static void test_engine_classification(void **state)
 {
 	struct fixture *f = *state;
-	const char *argv[] = {WORKLOAD_PATH, "engine", NULL};
+	const char *argv[] = {WORKLOAD_PATH, "engine-reprobe", NULL};
 	struct wenv e;
 	struct proc w;
 	char line[256], w1[64], w2[64];
@@ -482,6 +508,9 @@ static void test_engine_classification(void **state)
 	assert_int_equal(COUNT(f, "announce", "class=kv", "size=16777216", "order=3 "), 1);
 	assert_int_equal(COUNT(f, "announce", "class=other", "size=2097152", "order=4 "), 1);
 	assert_int_equal(COUNT(f, "announce", "class=other", "size=16777216", "order=5 "), 1);
+	/* A probe after the KV cache exists does not make another KV cache (review finding 8):
+	 * the graph pool's segment after capture_model's mem_get_info is `other`. */
+	assert_int_equal(COUNT(f, "announce", "class=other", "size=16777216", "order=6 "), 1);
 	assert_int_equal(COUNT(f, "announce", "class=kv"), 2);
 }
 
@@ -820,6 +849,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_second_nccl_copy_passes_through, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_memset_bumps_weights_version, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_capture_beside_pending_collective, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_no_supervisor_runs_normally, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_storm_no_lost_or_duplicated_records, setup,
 						teardown),

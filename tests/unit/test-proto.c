@@ -535,6 +535,7 @@ static bool key_is_optional(enum proto_type type, const char *key)
 		{PROTO_ENV_INFO, "kind"},
 		{PROTO_ENV_INFO, "mem"},
 		{PROTO_ENV_INFO, "sdirty"},
+		{PROTO_ENV_INFO, "why"},
 		/* A fork's new environment and count (issue 20 item 4). */
 		{PROTO_ENV_REQUEST, "dst"},
 		{PROTO_ENV_REQUEST, "n"},

@@ -78,6 +78,8 @@ static void print_info(const struct ctl_options *o, const struct proto_env_info 
 				json_object_object_add(j, "path", json_object_new_string(i->path));
 			if (i->kind[0])
 				json_object_object_add(j, "kind", json_object_new_string(i->kind));
+			if (i->why[0])
+				json_object_object_add(j, "why", json_object_new_string(i->why));
 		}
 		json_print(j, true);
 		return;
@@ -91,13 +93,14 @@ static void print_info(const struct ctl_options *o, const struct proto_env_info 
 	}
 	printf("%s %s%s%s (parent %s) turn %" PRIu64 " prefix %" PRIu64 " tokens hash %016" PRIx64
 	       " traj \"%s\": %u procs, FS delta %" PRIu64 " files %" PRIu64
-	       " bytes%s%s%s, CRIU %" PRIu64 " bytes; frozen %.1f ms (dump %.1f, fs %.1f), "
+	       " bytes%s%s%s%s%s, CRIU %" PRIu64 " bytes; frozen %.1f ms (dump %.1f, fs %.1f), "
 	       "commit %.1f ms, total %.1f ms\n",
 	       i->env, i->ckpt, i->kind[0] ? " " : "", i->kind, i->parent[0] ? i->parent : "-",
 	       i->turn, i->prefix_tokens, i->prefix_hash, i->trajectory, i->nproc, i->fs_files,
 	       i->fs_bytes, i->full_diff ? " (full diff)" : "", i->path[0] ? " by " : "", i->path,
-	       i->criu_bytes, (double)i->freeze_us / 1e3, (double)i->dump_us / 1e3,
-	       (double)i->fs_us / 1e3, (double)i->commit_us / 1e3, (double)i->total_us / 1e3);
+	       i->why[0] ? ": " : "", i->why, i->criu_bytes, (double)i->freeze_us / 1e3,
+	       (double)i->dump_us / 1e3, (double)i->fs_us / 1e3, (double)i->commit_us / 1e3,
+	       (double)i->total_us / 1e3);
 }
 
 static void print_item(const struct ctl_options *o, const struct proto_env_item *i)

@@ -13,6 +13,9 @@
  *              and a side-effect log while the workload runs, as the supervisor would
  *              (woken when 256 KiB wait, else draining every 50 ms)
  *   wake_all   the same, the consumer woken for every record (the kernel's default)
+ *   loaded_noact  as "loaded", without the process-activity programs ([env] activity = no:
+ *              the two that run at every syscall of every process on the node), so that
+ *              "loaded" against it is what those cost outside environments
  * Reported, as medians: wall time; the CPU time of the workload's processes (user + system:
  * the programs run in their context, so it shows the tracing's cost even when the machine's
  * other load makes wall time noisy); the time spent in the BPF programs (kernel run-time
@@ -47,7 +50,7 @@
 #define ENV_ID	   1
 #define NFILES	   160 /* C files in the generated tree */
 #define NTESTS	   120 /* test runs in "make check" */
-#define CONFIGS	   4
+#define CONFIGS	   5
 #define MAX_ROUNDS 15
 
 enum {
@@ -55,8 +58,10 @@ enum {
 	CFG_LOADED,
 	CFG_WATCHED,
 	CFG_WAKE_ALL,
+	CFG_LOADED_NOACT,
 };
-static const char *const cfg_names[CONFIGS] = {"off", "loaded", "watched", "wake_all"};
+static const char *const cfg_names[CONFIGS] = {"off", "loaded", "watched", "wake_all",
+					       "loaded_noact"};
 
 struct run {
 	double wall_s;
@@ -230,6 +235,7 @@ static int run_once(const char *base, const char *cgroup, int cfg, struct run *r
 	(void)unlink(logp);
 	if (cfg == CFG_WAKE_ALL)
 		opts.wakeup_bytes = -1;
+	opts.no_activity = cfg == CFG_LOADED_NOACT;
 	if (cfg != CFG_OFF) {
 		r = envtrace_create(&opts, &et);
 		if (r < 0)
@@ -426,6 +432,7 @@ int bench_bpf_overhead(const struct bench_args *a, int argc, char **argv)
 		for (int k = 0; k < CONFIGS; k++)
 			printf("\"%s_wall_s\":%.4f,\"%s_workload_cpu_s\":%.4f,\"%s_bpf_s\":%.4f,",
 			       cfg_names[k], med[k], cfg_names[k], cpu[k], cfg_names[k], bpf[k]);
+		printf("\"activity_bpf_s\":%.4f,", bpf[CFG_LOADED] - bpf[CFG_LOADED_NOACT]);
 		printf("\"loaded_slowdown_pct\":%.2f,\"watched_slowdown_pct\":%.2f,"
 		       "\"watched_cpu_overhead_pct\":%.2f,"
 		       "\"records_per_run\":%" PRIu64 ",\"records_per_s\":%.0f,\"drops\":%" PRIu64
@@ -440,12 +447,19 @@ int bench_bpf_overhead(const struct bench_args *a, int argc, char **argv)
 		printf("bpf-overhead: unpack %d C files, make -j2, %d test processes, git, rm -rf; "
 		       "median of %d rounds\n",
 		       NFILES, NTESTS, rounds);
-		printf("  %-8s %9s %9s %14s %9s %12s\n", "config", "wall s", "vs off",
+		printf("  %-12s %9s %9s %14s %9s %12s\n", "config", "wall s", "vs off",
 		       "workload cpu s", "vs off", "in BPF s");
 		for (int k = 0; k < CONFIGS; k++)
-			printf("  %-8s %9.3f %8.2f%% %14.3f %8.2f%% %12.4f\n", cfg_names[k], med[k],
-			       (med[k] / med[CFG_OFF] - 1) * 100, cpu[k],
+			printf("  %-12s %9.3f %8.2f%% %14.3f %8.2f%% %12.4f\n", cfg_names[k],
+			       med[k], (med[k] / med[CFG_OFF] - 1) * 100, cpu[k],
 			       (cpu[k] / cpu[CFG_OFF] - 1) * 100, bpf[k]);
+		printf("  the activity programs (loaded - loaded_noact): %.4f s in BPF per run, "
+		       "%.2f%% "
+		       "of the workload's CPU, paid by every process on the node\n",
+		       bpf[CFG_LOADED] - bpf[CFG_LOADED_NOACT],
+		       cpu[CFG_OFF] > 0
+			       ? (bpf[CFG_LOADED] - bpf[CFG_LOADED_NOACT]) / cpu[CFG_OFF] * 100
+			       : 0.0);
 		printf("  watched: %" PRIu64 " records/run, %.0f records/s, %" PRIu64
 		       " drops, %zu dirty paths%s, consumer CPU %.2f%% of wall\n",
 		       records / (uint64_t)rounds,

@@ -7,10 +7,14 @@
  * restored to that checkpoint: the restore's time and its rollback phase. Last, a turn that
  * adds 100,000 files to the smallest environment.
  *
- * Each row names the path that computed the delta ("walk": the whole upper layer; later
- * paths are printed beside it in the same run). The environments are driven through the
- * library (supervisor-env.h) as env-recovery drives them, without the tracer: the walk.
- * The files are written inside the environment by one python3 process (the host's /usr).
+ * Each row names the path that computed the delta: "walk" (the whole upper layer) and
+ * "dirty-set" (issue 23 item 1), side by side in one run, on the same environment. The
+ * environments are driven through the library (supervisor-env.h) as env-recovery drives them;
+ * the dirty-set rows are given the paths the tracer records for the bench's own changes (a
+ * rewrite: the file, its directory for itself; the added tree: its root with its subtree),
+ * through the checkpoint's frozen callback (the daemon's comes from the tracer, tested by
+ * env-daemon). The files are written inside the environment by one python3 process (the
+ * host's /usr).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -30,6 +34,7 @@
 #include "envckpt-fixture.h"
 #include "log.h"
 #include "supervisor-criu.h"
+#include "supervisor-env-fs.h"
 #include "supervisor-env.h"
 #include "util.h"
 
@@ -87,10 +92,36 @@ static int scaling_touch(const struct sv_env *e, unsigned salt)
 	return scaling_run(e, action);
 }
 
-static int scaling_checkpoint(struct sv_env *e, unsigned turn, struct scaling_row *row,
-			      char *ret_id, size_t cap)
+/* The tracer's view of the bench's change (NULL: no tracer, the walk). */
+struct scaling_dirty {
+	struct env_fs_dirty items[2];
+	size_t n;
+};
+
+static int scaling_frozen(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n,
+			  const char **ret_why)
 {
-	struct env_ckpt_params cp = {.trajectory = "scaling", .turn = turn};
+	struct scaling_dirty *d = userdata;
+
+	(void)ret_why;
+	*ret = d->items;
+	*ret_n = d->n;
+	return 0;
+}
+
+static const struct scaling_dirty touched = {
+	.items = {{.path = "/work/tree/d000/f000000", .subtree = true},
+		  {.path = "/work/tree/d000", .subtree = false}},
+	.n = 2,
+};
+
+static int scaling_checkpoint(struct sv_env *e, unsigned turn, const struct scaling_dirty *d,
+			      struct scaling_row *row, char *ret_id, size_t cap)
+{
+	struct env_ckpt_params cp = {.trajectory = "scaling",
+				     .turn = turn,
+				     .frozen = d ? scaling_frozen : NULL,
+				     .userdata = (void *)d};
 	struct env_manifest m;
 	int r;
 
@@ -113,27 +144,16 @@ static int scaling_checkpoint(struct sv_env *e, unsigned turn, struct scaling_ro
 	return 0;
 }
 
-/* One environment of n files: reps of (touch, checkpoint, touch, restore), medians in ret;
- * add > 0: then a turn that adds that many files, in ret_add. */
-static int scaling_size(const struct env_params *base_p, unsigned n, unsigned reps, unsigned add,
-			struct scaling_row *ret, struct scaling_row *ret_add)
+/* reps of (touch, checkpoint, touch, restore) by the walk (d NULL) or the dirty set, medians
+ * in ret. */
+static int scaling_reps(struct sv_env *e, unsigned n, unsigned reps, unsigned *turn,
+			const struct scaling_dirty *d, struct scaling_row *ret)
 {
 	uint64_t v[7][REPS_MAX];
 	struct scaling_row rows[REPS_MAX];
-	struct env_params p = *base_p;
-	struct sv_env *e = NULL;
-	char id[ENV_ID_MAX + 1], name[32];
-	unsigned turn = 1;
-	int r;
+	char id[ENV_ID_MAX + 1];
+	int r = 0;
 
-	snprintf(name, sizeof(name), "scale%u", n);
-	p.id = name;
-	r = env_create(&p, &e);
-	if (r < 0)
-		return log_error_errno(r, "Failed to create the environment: %m");
-	r = scaling_fill(e, "tree", n);
-	if (r >= 0)
-		r = scaling_checkpoint(e, turn++, &rows[0], NULL, 0);
 	for (unsigned i = 0; r >= 0 && i < reps; i++) {
 		struct env_manifest m;
 		uint64_t t0;
@@ -141,13 +161,18 @@ static int scaling_size(const struct env_params *base_p, unsigned n, unsigned re
 		rows[i].files = n;
 		r = scaling_touch(e, 2 * i + 1);
 		if (r >= 0)
-			r = scaling_checkpoint(e, turn++, &rows[i], id, sizeof(id));
+			r = scaling_checkpoint(e, (*turn)++, d, &rows[i], id, sizeof(id));
 		if (r >= 0)
 			r = scaling_touch(e, 2 * i + 2);
 		if (r < 0)
 			break;
 		t0 = bench_now_ns() / 1000;
-		r = env_restore(e, id, &m);
+		/* the dirty set's rows: rolled back by the path changed since (the same) */
+		r = env_restore_traced(e, id,
+				       d ? &(struct env_restore_params){.killed = scaling_frozen,
+									.userdata = (void *)d}
+					 : NULL,
+				       &m);
 		if (r < 0) {
 			log_error_errno(r, "Restore of %s failed: %m (%s)", e->id, e->error);
 			break;
@@ -175,12 +200,47 @@ static int scaling_size(const struct env_params *base_p, unsigned n, unsigned re
 		ret->rollback_us = bench_median_u64(v[5], reps);
 		ret->fs_files = bench_median_u64(v[6], reps);
 	}
+	return r;
+}
+
+/* One environment of n files: the walk's rows in ret[0], the dirty set's in ret[1]; add > 0:
+ * then a turn that adds that many files, for each path (ret_add[0], ret_add[1]). */
+static int scaling_size(const struct env_params *base_p, unsigned n, unsigned reps, unsigned add,
+			struct scaling_row ret[2], struct scaling_row ret_add[2])
+{
+	static const struct scaling_dirty added = {
+		.items = {{.path = "/work/added1", .subtree = true},
+			  {.path = "/work", .subtree = false}},
+		.n = 2,
+	};
+	struct env_params p = *base_p;
+	struct scaling_row first;
+	struct sv_env *e = NULL;
+	char name[32];
+	unsigned turn = 1;
+	int r;
+
+	snprintf(name, sizeof(name), "scale%u", n);
+	p.id = name;
+	r = env_create(&p, &e);
+	if (r < 0)
+		return log_error_errno(r, "Failed to create the environment: %m");
+	r = scaling_fill(e, "tree", n);
+	if (r >= 0)
+		r = scaling_checkpoint(e, turn++, NULL, &first, NULL, 0);
+	if (r >= 0)
+		r = scaling_reps(e, n, reps, &turn, NULL, &ret[0]);
+	if (r >= 0)
+		r = scaling_reps(e, n, reps, &turn, &touched, &ret[1]);
 	if (r >= 0 && add) {
-		ret_add->files = n;
-		r = scaling_fill(e, "added", add);
+		r = scaling_fill(e, "added0", add);
 		if (r >= 0)
-			r = scaling_checkpoint(e, turn++, ret_add, NULL, 0);
-		ret_add->files = add;
+			r = scaling_checkpoint(e, turn++, NULL, &ret_add[0], NULL, 0);
+		if (r >= 0)
+			r = scaling_fill(e, "added1", add);
+		if (r >= 0)
+			r = scaling_checkpoint(e, turn++, &added, &ret_add[1], NULL, 0);
+		ret_add[0].files = ret_add[1].files = add;
 	}
 	env_destroy(e);
 	return r;
@@ -245,7 +305,7 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 	const unsigned *sizes = sizes_full;
 	size_t n_sizes = ARRAY_SIZE(sizes_full);
 	unsigned reps = REPS_MAX, add = 100000;
-	struct scaling_row rows[ARRAY_SIZE(sizes_full)] = {0}, added = {0};
+	struct scaling_row rows[ARRAY_SIZE(sizes_full)][2] = {0}, added[2] = {0};
 	struct bench_kinds kinds = {0};
 	int rk;
 	char dir[] = "/tmp/belayer-bench-scale.XXXXXX", base[PATH_MAX], state[PATH_MAX],
@@ -297,7 +357,7 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 	p.criu = criu;
 	p.keep = 4;
 	for (size_t i = 0; i < n_sizes && r >= 0; i++)
-		r = scaling_size(&p, sizes[i], reps, i == 0 ? add : 0, &rows[i], &added);
+		r = scaling_size(&p, sizes[i], reps, i == 0 ? add : 0, rows[i], added);
 	if (r < 0)
 		goto out;
 	/* Checkpoint kinds (issue 23 item 3): they need the tracer; without it, not shown. */
@@ -307,8 +367,10 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 			    *adds = json_object_new_array();
 
 		for (size_t i = 0; i < n_sizes; i++)
-			scaling_json_row(arr, &rows[i]);
-		scaling_json_row(adds, &added);
+			for (size_t k = 0; k < 2; k++)
+				scaling_json_row(arr, &rows[i][k]);
+		for (size_t k = 0; k < 2; k++)
+			scaling_json_row(adds, &added[k]);
 		json_object_object_add(j, "reps", json_object_new_int((int)reps));
 		json_object_object_add(j, "one_changed_file", arr);
 		json_object_object_add(j, "added_files", adds);
@@ -329,17 +391,18 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 		       reps);
 		printf("%-14s %-9s %9s %9s %9s %9s %8s %10s %10s\n", "upper files", "path",
 		       "frozen", "fs", "dump", "commit", "copied", "restore", "rollback");
-		for (size_t i = 0; i < n_sizes; i++) {
+		for (size_t i = 0; i < n_sizes; i++)
+			for (size_t k = 0; k < 2; k++) {
+				char what[32];
+
+				snprintf(what, sizeof(what), "%u", rows[i][k].files);
+				scaling_print_row(what, &rows[i][k]);
+			}
+		for (size_t k = 0; k < 2; k++) {
 			char what[32];
 
-			snprintf(what, sizeof(what), "%u", rows[i].files);
-			scaling_print_row(what, &rows[i]);
-		}
-		{
-			char what[32];
-
-			snprintf(what, sizeof(what), "+%u new", added.files);
-			scaling_print_row(what, &added);
+			snprintf(what, sizeof(what), "+%u new", added[k].files);
+			scaling_print_row(what, &added[k]);
 		}
 		if (rk >= 0) {
 			printf("\nenv-scaling: checkpoint kinds at %u files (median of %u); ms\n",

@@ -31,6 +31,7 @@
 
 #include "envckpt-fixture.h"
 #include "envckpt-test.h"
+#include "supervisor-env-fs.h"
 #include "supervisor-env.h"
 #include "test-util.h"
 #include "util.h"
@@ -292,12 +293,416 @@ static void test_stale_socket(void **state)
 	env_manifest_finish(&m1);
 }
 
+/* --- the dirty-set delta against the walk (issue 23 items 1 and 6) ---------------------- */
+
+/* The tracer's view, as a test gives it: the paths (what envtrace records for each change:
+ * the path with its subtree, its directory for itself when an entry was added or removed)
+ * and whether it vouches for the interval. */
+struct fake_tracer {
+	struct env_fs_dirty items[64];
+	size_t n;
+	const char *why; /* NULL: it vouches */
+	unsigned calls;
+};
+
+static int fake_frozen(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n,
+		       const char **ret_why)
+{
+	struct fake_tracer *t = userdata;
+
+	t->calls++;
+	if (t->why) {
+		*ret_why = t->why;
+		return 1;
+	}
+	*ret = t->items;
+	*ret_n = t->n;
+	return 0;
+}
+
+static void dirty(struct fake_tracer *t, const char *path, bool subtree)
+{
+	assert_true(t->n < ARRAY_SIZE(t->items));
+	t->items[t->n++] = (struct env_fs_dirty){.path = path, .subtree = subtree};
+}
+
+static void checkpoint_traced(struct envckpt_fx *f, uint64_t turn, struct fake_tracer *t,
+			      struct env_manifest *m)
+{
+	struct env_ckpt_params p = {
+		.trajectory = "traj-fs", .turn = turn, .frozen = fake_frozen, .userdata = t};
+
+	assert_int_equal(env_checkpoint(f->env, &p, m), 0);
+	assert_int_equal(t->calls, 1);
+}
+
+/* The bytes an entry's data reference names (ckpts/<src>/data/<key>), or, for src "walk",
+ * walk_data/<key>. */
+static size_t entry_data(const char *ckpts, const char *walk_data, const struct env_entry *e,
+			 char *buf, size_t cap)
+{
+	char path[PATH_MAX];
+	ssize_t n;
+	int fd;
+
+	if (strcmp(e->src, "walk") == 0)
+		snprintf(path, sizeof(path), "%s/%" PRIu64, walk_data, e->data_key);
+	else
+		snprintf(path, sizeof(path), "%s/%s/data/%" PRIu64, ckpts, e->src, e->data_key);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		print_message("%s: %s\n", path, strerror(errno));
+	assert_true(fd >= 0);
+	n = read(fd, buf, cap);
+	close(fd);
+	assert_true(n >= 0);
+	return (size_t)n;
+}
+
+static const struct env_entry *entry_of(const struct env_manifest *m, const char *path)
+{
+	for (size_t i = 0; i < m->n_entries; i++)
+		if (strcmp(m->entries[i].path, path) == 0)
+			return &m->entries[i];
+	return NULL;
+}
+
+/* a and b hold the same entries: paths, kinds, metadata, xattrs, symlink targets, and the
+ * same bytes behind every regular file's data reference; with_inodes: inode and ctime too (the
+ * same upper layer indexed twice), else not (a rebuilt one). */
+static void same_entries(const char *what, const char *ckpts, const char *walk_data,
+			 const struct env_manifest *a, const struct env_manifest *b,
+			 bool with_inodes)
+{
+	static char da[1 << 16], db[1 << 16];
+
+	if (a->n_entries != b->n_entries) {
+		for (size_t i = 0; i < a->n_entries; i++)
+			if (!entry_of(b, a->entries[i].path))
+				print_message("%s: only in the first: %s\n", what,
+					      a->entries[i].path);
+		for (size_t i = 0; i < b->n_entries; i++)
+			if (!entry_of(a, b->entries[i].path))
+				print_message("%s: only in the second: %s\n", what,
+					      b->entries[i].path);
+	}
+	assert_int_equal(a->n_entries, b->n_entries);
+	for (size_t i = 0; i < a->n_entries; i++) {
+		const struct env_entry *x = &a->entries[i], *y = entry_of(b, x->path);
+		/* The same layer indexed at the freeze and walked after the dump: the dump itself
+		 * made and removed a directory in /tmp since (see fs_phase). Whiteouts are links
+		 * of one inode of the overlay's (any whiteout made or removed changes their ctime):
+		 * their inode and ctime say nothing. */
+		bool times = !(with_inodes && strcmp(x->path, "tmp") == 0);
+		bool wh = x->kind == ENV_ENTRY_WHITEOUT;
+
+		if (!y || x->kind != y->kind || x->mode != y->mode || x->uid != y->uid ||
+		    x->gid != y->gid || x->size != y->size ||
+		    (times && x->mtime_ns != y->mtime_ns) || x->opaque != y->opaque ||
+		    x->n_xattrs != y->n_xattrs ||
+		    (with_inodes && !wh &&
+		     (x->ino != y->ino || (times && x->ctime_ns != y->ctime_ns))))
+			print_message("%s: %s differs: kind %d/%d mode %o/%o size %" PRIu64
+				      "/%" PRIu64 " mtime %" PRIu64 "/%" PRIu64 " ctime %" PRIu64
+				      "/%" PRIu64 " xattrs %u/%u\n",
+				      what, x->path, x->kind, y ? (int)y->kind : -1, x->mode,
+				      y ? y->mode : 0, x->size, y ? y->size : 0, x->mtime_ns,
+				      y ? y->mtime_ns : 0, x->ctime_ns, y ? y->ctime_ns : 0,
+				      x->n_xattrs, y ? y->n_xattrs : 0);
+		assert_non_null(y);
+		assert_int_equal(x->kind, y->kind);
+		assert_int_equal(x->mode, y->mode);
+		assert_int_equal(x->uid, y->uid);
+		assert_int_equal(x->gid, y->gid);
+		assert_int_equal(x->size, y->size);
+		if (times)
+			assert_int_equal(x->mtime_ns, y->mtime_ns);
+		assert_int_equal(x->opaque, y->opaque);
+		if (with_inodes && !wh) {
+			assert_int_equal(x->ino, y->ino);
+			if (times)
+				assert_int_equal(x->ctime_ns, y->ctime_ns);
+		}
+		assert_int_equal(x->n_xattrs, y->n_xattrs);
+		for (uint32_t k = 0; k < x->n_xattrs; k++) {
+			const struct env_xattr *xy = env_entry_xattr(y, x->xattrs[k].name);
+
+			assert_non_null(xy);
+			assert_int_equal(xy->len, x->xattrs[k].len);
+			assert_memory_equal(xy->value, x->xattrs[k].value, xy->len);
+		}
+		if (x->kind == ENV_ENTRY_SYMLINK)
+			assert_string_equal(x->target, y->target);
+		if (x->kind == ENV_ENTRY_HARDLINK)
+			assert_string_equal(x->hardlink, y->hardlink);
+		if (x->kind == ENV_ENTRY_REG && x->size <= sizeof(da)) {
+			size_t na = entry_data(ckpts, walk_data, x, da, sizeof(da));
+			size_t nb = entry_data(ckpts, walk_data, y, db, sizeof(db));
+
+			assert_int_equal(na, nb);
+			assert_memory_equal(da, db, na);
+		}
+	}
+}
+
+/* The upper layer walked now, against base (NULL: from nothing, every file copied), into
+ * an index whose data is in <dir>/walk-data. */
+static void walk_now(struct envckpt_fx *f, const struct env_manifest *base, struct env_manifest *w,
+		     char *walk_data)
+{
+	int up, dfd;
+
+	snprintf(walk_data, PATH_MAX, "%s/walk-data", f->dir);
+	if (access(walk_data, F_OK) == 0) {
+		dfd = open(walk_data, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		assert_int_equal(env_fs_wipe(dfd), 0);
+		close(dfd);
+	} else {
+		assert_int_equal(mkdir(walk_data, 0700), 0);
+	}
+	*w = (struct env_manifest){0};
+	snprintf(w->id, sizeof(w->id), "walk");
+	up = open(f->env->upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	dfd = open(walk_data, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	assert_true(up >= 0 && dfd >= 0);
+	assert_int_equal(env_fs_scan(up, base, NULL, NULL, NULL, dfd, w, NULL), 0);
+	close(up);
+	close(dfd);
+}
+
+/* After a restore to m: the upper layer is m's (walked from nothing and compared), and the
+ * head's index in memory is exactly the layer, inodes and ctimes included (the next checkpoint
+ * and restore rely on them). */
+static void upper_is(struct envckpt_fx *f, const struct env_manifest *m)
+{
+	char ckpts[PATH_MAX], walk_data[PATH_MAX];
+	struct env_manifest w;
+
+	snprintf(ckpts, sizeof(ckpts), "%s/ckpt", f->env->dir);
+	walk_now(f, NULL, &w, walk_data);
+	same_entries("restored", ckpts, walk_data, m, &w, false);
+	assert_true(f->env->head_valid);
+	assert_string_equal(f->env->head_index.id, m->id);
+	same_entries("head index", ckpts, walk_data, &f->env->head_index, &w, true);
+	env_manifest_finish(&w);
+}
+
+static void restore_traced(struct envckpt_fx *f, const char *id, struct fake_tracer *t)
+{
+	struct env_restore_params p = {.killed = fake_frozen, .userdata = t};
+	struct env_manifest back = {0};
+
+	assert_int_equal(env_restore_traced(f->env, id, &p, &back), 0);
+	assert_string_equal(back.id, id);
+	env_manifest_finish(&back);
+}
+
+/*
+ * Every kind of change between two checkpoints, the second's delta from the dirty set alone:
+ * its index equals a walk of the same upper layer entry for entry (inodes, ctimes, xattrs, the
+ * bytes of every file), and restores to either checkpoint rebuild exactly its index. Changes:
+ * a file created, rewritten, deleted, renamed; a directory renamed, created with content,
+ * removed and replaced by a file; base files deleted (whiteouts) and a base directory removed
+ * (whiteout over its subtree); a base file deep in base directories rewritten (the overlay
+ * copies its directories up: not named by the tracer); a symlink made and one retargeted;
+ * xattrs set on a new file and on a base file; a sparse file; a base directory's mode.
+ */
+static void test_dirty_kinds(void **state)
+{
+	struct envckpt_fx *f = *state;
+	struct env_manifest m1 = {0}, m2 = {0}, w = {0};
+	struct fake_tracer t = {0}, t2 = {0}, none = {0};
+	char path[PATH_MAX], ckpts[PATH_MAX], walk_data[PATH_MAX];
+	struct stat st;
+
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
+	envckpt_fx_prepare(f, "belayer-envckpt-fs");
+	snprintf(path, sizeof(path), "%s/work/basefile", f->base);
+	write_file(path, "base\n", 0644);
+	snprintf(path, sizeof(path), "%s/work/xattrbase", f->base);
+	write_file(path, "xb\n", 0644);
+	snprintf(path, sizeof(path), "%s/work/lowdir", f->base);
+	assert_int_equal(mkdir(path, 0755), 0);
+	snprintf(path, sizeof(path), "%s/work/lowdir/a", f->base);
+	write_file(path, "a\n", 0644);
+	snprintf(path, sizeof(path), "%s/work/deep", f->base);
+	assert_int_equal(mkdir(path, 0755), 0);
+	snprintf(path, sizeof(path), "%s/work/deep/er", f->base);
+	assert_int_equal(mkdir(path, 0755), 0);
+	snprintf(path, sizeof(path), "%s/work/deep/er/file", f->base);
+	write_file(path, "deep\n", 0644);
+	snprintf(path, sizeof(path), "%s/work/modedir", f->base);
+	assert_int_equal(mkdir(path, 0755), 0);
+	envckpt_fx_create(f, "dirty", env_cmd, 0);
+	snprintf(ckpts, sizeof(ckpts), "%s/ckpt", f->env->dir);
+
+	env_exec(f, "mkdir -p /work/d1/d2 /work/mv/in && echo keep >/work/keep && "
+		    "echo old >/work/old && echo f1 >/work/d1/f1 && echo f2 >/work/d1/d2/f2 && "
+		    "echo x >/work/mv/in/x && echo y >/work/mv/y && ln -s keep /work/sym && "
+		    "mkdir /work/gone && echo g >/work/gone/g");
+	for (int i = 0; i < 50; i++) {
+		snprintf(path, sizeof(path), "work/many%02d", i);
+		write_file(in_root(f, path), "unchanged\n", 0644);
+	}
+	/* the first: no tracer (no parent either) */
+	checkpoint(f, 1, &m1);
+	assert_string_equal(m1.delta_path, "walk");
+
+	/* the changes, each with what the tracer records for it */
+	env_exec(f, "echo new >/work/new");
+	dirty(&t, "/work/new", true), dirty(&t, "/work", false);
+	env_exec(f, "echo rewritten >/work/keep");
+	dirty(&t, "/work/keep", true);
+	env_exec(f, "rm /work/old");
+	dirty(&t, "/work/old", true);
+	env_exec(f, "mv /work/d1/f1 /work/d1/f1r");
+	dirty(&t, "/work/d1/f1", true), dirty(&t, "/work/d1/f1r", true);
+	dirty(&t, "/work/d1", false);
+	env_exec(f, "mv /work/mv /work/mv2");
+	dirty(&t, "/work/mv", true), dirty(&t, "/work/mv2", true);
+	env_exec(f, "mkdir -p /work/nd/ne && echo n >/work/nd/ne/n && echo m >/work/nd/m");
+	dirty(&t, "/work/nd", true), dirty(&t, "/work/nd/ne", true);
+	dirty(&t, "/work/nd/ne/n", true), dirty(&t, "/work/nd/m", true);
+	env_exec(f, "rm -rf /work/d1/d2 && echo now-a-file >/work/d1/d2");
+	dirty(&t, "/work/d1/d2", true), dirty(&t, "/work/d1/d2/f2", true);
+	env_exec(f, "rm -rf /work/gone");
+	dirty(&t, "/work/gone", true), dirty(&t, "/work/gone/g", true);
+	env_exec(f, "rm /work/basefile && rm -rf /work/lowdir");
+	dirty(&t, "/work/basefile", true), dirty(&t, "/work/lowdir", true);
+	dirty(&t, "/work/lowdir/a", true);
+	env_exec(f, "echo deeper >>/work/deep/er/file");
+	dirty(&t, "/work/deep/er/file", true);
+	env_exec(f, "ln -s new /work/sym2 && rm /work/sym && ln -s new /work/sym");
+	dirty(&t, "/work/sym2", true), dirty(&t, "/work/sym", true);
+	assert_int_equal(setxattr(in_root(f, "work/nd/m"), "user.t", "nd", 2, 0), 0);
+	assert_int_equal(setxattr(in_root(f, "work/xattrbase"), "user.t", "xb", 2, 0), 0);
+	dirty(&t, "/work/xattrbase", true);
+	env_exec(f, "truncate -s 1G /work/sparse && printf ab | "
+		    "dd of=/work/sparse bs=1 seek=4096 conv=notrunc status=none");
+	dirty(&t, "/work/sparse", true);
+	env_exec(f, "chmod 0700 /work/modedir");
+	dirty(&t, "/work/modedir", true);
+
+	checkpoint_traced(f, 2, &t, &m2);
+	print_message("dirty-set delta: %zu paths, %" PRIu64 " files copied, %" PRIu64
+		      " removed, FS phase %" PRIu64 " us\n",
+		      t.n, m2.fs_files, m2.fs_removed, m2.fs_us);
+	assert_string_equal(m2.delta_path, "dirty-set");
+	assert_false(m2.full_diff);
+	/* what changed only: not the 50 unchanged files, not the rest */
+	assert_true(m2.fs_files <= 12);
+	assert_int_equal(m2.fs_removed, 9); /* old, f1, mv, mv/in, mv/in/x, mv/y, d2/f2, gone, g */
+	assert_null(entry_of(&m2, "work/old"));
+	assert_non_null(entry_of(&m2, "work/many00"));
+	assert_int_equal(entry_of(&m2, "work/basefile")->kind, ENV_ENTRY_WHITEOUT);
+	assert_int_equal(entry_of(&m2, "work/deep/er")->kind, ENV_ENTRY_DIR);
+
+	/* the walk of the same layer against the same parent sees the same */
+	walk_now(f, &m1, &w, walk_data);
+	same_entries("dirty-set vs walk", ckpts, walk_data, &m2, &w, true);
+	env_manifest_finish(&w);
+
+	/* Restores by what differs (issue 23 item 4): to the head after more changes (their
+	 * dirty set), to the parent (what differs between the two indexes), and back. */
+	env_exec(f, "echo after >/work/keep && rm -rf /work/nd && mkdir -p /work/z/y && "
+		    "echo z >/work/z/y/z && rm /work/new && echo q >/work/d1/f1r && "
+		    "rm /work/deep/er/file && mv /work/mv2 /work/mv3");
+	dirty(&t2, "/work/keep", true), dirty(&t2, "/work/nd", true);
+	dirty(&t2, "/work/nd/ne", true), dirty(&t2, "/work/nd/ne/n", true);
+	dirty(&t2, "/work/nd/m", true), dirty(&t2, "/work/z", true);
+	dirty(&t2, "/work/z/y", true), dirty(&t2, "/work/z/y/z", true);
+	dirty(&t2, "/work/new", true), dirty(&t2, "/work", false);
+	dirty(&t2, "/work/d1/f1r", true), dirty(&t2, "/work/deep/er/file", true);
+	dirty(&t2, "/work/deep/er", false), dirty(&t2, "/work/mv2", true);
+	dirty(&t2, "/work/mv3", true);
+	restore_traced(f, m2.id, &t2);
+	assert_string_equal(f->env->rollback_path, "dirty-set");
+	upper_is(f, &m2);
+	content_is(in_root(f, "work/keep"), "rewritten\n");
+	content_is(in_root(f, "work/nd/ne/n"), "n\n");
+	assert_int_equal(access(in_root(f, "work/z"), F_OK), -1);
+	restore_traced(f, m1.id, &none);
+	assert_string_equal(f->env->rollback_path, "dirty-set");
+	upper_is(f, &m1);
+	content_is(in_root(f, "work/keep"), "keep\n");
+	content_is(in_root(f, "work/basefile"), "base\n");
+	content_is(in_root(f, "work/lowdir/a"), "a\n");
+	restore_traced(f, m2.id, &none);
+	assert_string_equal(f->env->rollback_path, "dirty-set");
+	upper_is(f, &m2);
+
+	/* and by the walk, the same */
+	restore(f, m1.id);
+	assert_string_equal(f->env->rollback_path, "walk");
+	upper_is(f, &m1);
+	content_is(in_root(f, "work/keep"), "keep\n");
+	content_is(in_root(f, "work/basefile"), "base\n");
+	restore(f, m2.id);
+	upper_is(f, &m2);
+	content_is(in_root(f, "work/keep"), "rewritten\n");
+	content_is(in_root(f, "work/deep/er/file"), "deep\ndeeper\n");
+	assert_int_equal(access(in_root(f, "work/lowdir/a"), F_OK), -1);
+	assert_int_equal(lstat(in_root(f, "work/sparse"), &st), 0);
+	assert_true((uint64_t)st.st_blocks * 512 < (1ull << 20));
+	xattr_is(in_root(f, "work/xattrbase"), "user.t", "xb", 2);
+	env_manifest_finish(&m1);
+	env_manifest_finish(&m2);
+}
+
+/* A hard link's inode changed through one name: its other names are not in the dirty set, so
+ * the delta walks, and says why; a tracer that cannot vouch (records lost) walks too. Either
+ * way the index equals the walk's and restores exactly. */
+static void test_dirty_walks(void **state)
+{
+	struct envckpt_fx *f = *state;
+	struct env_manifest m1 = {0}, m2 = {0}, m3 = {0}, w = {0};
+	struct fake_tracer t = {0}, lost = {.why = "ring buffer overflow: records lost"};
+	char ckpts[PATH_MAX], walk_data[PATH_MAX];
+
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
+	envckpt_fx_prepare(f, "belayer-envckpt-fs");
+	envckpt_fx_create(f, "dirtylinks", env_cmd, 0);
+	snprintf(ckpts, sizeof(ckpts), "%s/ckpt", f->env->dir);
+	env_exec(f, "echo one >/work/h1 && ln /work/h1 /work/h2 && echo s >/work/solo");
+	checkpoint(f, 1, &m1);
+
+	env_exec(f, "echo two >>/work/h1");
+	dirty(&t, "/work/h1", true);
+	checkpoint_traced(f, 2, &t, &m2);
+	assert_string_equal(m2.delta_path, "walk");
+	assert_true(m2.full_diff);
+	assert_string_equal(m2.full_diff_reason, "a hard link changed");
+	walk_now(f, &m1, &w, walk_data);
+	same_entries("hard link", ckpts, walk_data, &m2, &w, true);
+	env_manifest_finish(&w);
+
+	env_exec(f, "echo lost >/work/solo");
+	checkpoint_traced(f, 3, &lost, &m3);
+	assert_string_equal(m3.delta_path, "walk");
+	assert_string_equal(m3.full_diff_reason, "ring buffer overflow: records lost");
+	assert_int_equal(m3.fs_files, 1);
+
+	restore(f, m2.id);
+	upper_is(f, &m2);
+	content_is(in_root(f, "work/h2"), "one\ntwo\n");
+	restore(f, m3.id);
+	upper_is(f, &m3);
+	content_is(in_root(f, "work/solo"), "lost\n");
+	env_manifest_finish(&m1);
+	env_manifest_finish(&m2);
+	env_manifest_finish(&m3);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_xattrs, envckpt_fx_setup, envckpt_fx_teardown),
 		cmocka_unit_test_setup_teardown(test_sparse, envckpt_fx_setup, envckpt_fx_teardown),
 		cmocka_unit_test_setup_teardown(test_stale_socket, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_dirty_kinds, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_dirty_walks, envckpt_fx_setup,
 						envckpt_fx_teardown),
 	};
 
