@@ -132,6 +132,12 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 	criu_local_set_file_locks(o, true);
 	if (ghost_limit)
 		criu_local_set_ghost_limit(o, ghost_limit);
+	/* A file held open whose path no longer leads to it but whose fstat says it is linked:
+	 * an overlay's base file replaced or deleted (the overlay reports the lower inode's
+	 * nlink). Without --link-remap CRIU refuses it outright; with it, CRIU's linkat() into
+	 * the overlay fails with ENOENT and CRIU saves the file as a ghost in the images (its
+	 * overlayfs fallback, up to ghost_limit), as an unlinked one. */
+	criu_local_set_link_remap(o, true);
 	r = criu_local_set_log_file(o, "dump.log");
 	if (r >= 0 && freeze_cgroup)
 		r = criu_local_set_freeze_cgroup(o, freeze_cgroup);
@@ -205,10 +211,12 @@ int sv_criu_restore(const char *binary, int images_fd, const char *root, int net
 }
 
 /* Lines CRIU logs as errors and carries on from (seen in successful dumps here: the
- * sandbox's hard RLIMIT_NOFILE cannot be raised). */
+ * sandbox's hard RLIMIT_NOFILE cannot be raised; a link remap of an overlay's base file that
+ * cannot be linked, saved as a ghost file instead, or refused with a line of its own when over
+ * the ghost limit). */
 static bool error_is_benign(const char *text)
 {
-	static const char *const benign[] = {"rlimit: Can't setup RLIMIT_NOFILE"};
+	static const char *const benign[] = {"rlimit: Can't setup RLIMIT_NOFILE", "trim failed: @"};
 
 	for (size_t i = 0; i < ARRAY_SIZE(benign); i++)
 		if (strncmp(text, benign[i], strlen(benign[i])) == 0)
@@ -222,6 +230,7 @@ int sv_criu_log_error(int images_fd, const char *log, char *buf, size_t cap)
 {
 	_cleanup_fclose_ FILE *f = NULL;
 	_cleanup_free_ char *line = NULL;
+	bool skipped = false;
 	size_t lcap = 0;
 	ssize_t n;
 	int fd;
@@ -242,10 +251,17 @@ int sv_criu_log_error(int images_fd, const char *log, char *buf, size_t cap)
 			continue;
 		text += 3;
 		text[strcspn(text, "\n")] = '\0';
-		if (!*text || error_is_benign(text))
+		if (!*text)
 			continue;
+		/* a benign line is the reason only when no other follows */
+		if (error_is_benign(text)) {
+			if (!skipped)
+				snprintf(buf, cap, "%s", text);
+			skipped = true;
+			continue;
+		}
 		snprintf(buf, cap, "%s", text);
 		return 0;
 	}
-	return -ENOENT;
+	return skipped ? 0 : -ENOENT;
 }

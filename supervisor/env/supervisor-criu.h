@@ -67,5 +67,6 @@ int sv_criu_restore(const char *binary, int images_fd, const char *root, int net
 		    const char *const *cg_roots, bool dev_bind, pid_t *ret_pid);
 /* Why CRIU failed, in its own words: the text of the first "Error (file:line): TEXT" line of
  * log ("dump.log", "restore.log") in images_fd, skipping the ones CRIU logs as errors and
- * carries on from. -ENOENT: no log, or no such line. */
+ * carries on from (the first of those when no other line follows). -ENOENT: no log, or no
+ * such line. */
 int sv_criu_log_error(int images_fd, const char *log, char *buf, size_t cap);

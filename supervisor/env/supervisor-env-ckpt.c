@@ -37,6 +37,7 @@
 #include "log.h"
 #include "util.h"
 #include "supervisor-criu.h"
+#include "supervisor-criu-remap.h"
 #include "supervisor-env-fs.h"
 #include "supervisor-env-net.h"
 #include "supervisor-env-sandbox.h"
@@ -429,10 +430,14 @@ static void criu_error(struct sv_env *e, int criufd, const char *log, int r)
 			 "an established TCP connection (to the outside, or between two of its "
 			 "processes) cannot be checkpointed: close it first (CRIU: %s)",
 			 line);
-	else if (strstr(line, "ghost file") && strstr(line, "increase limit"))
-		snprintf(e->error, sizeof(e->error), "%s ([env] ghost_limit is %" PRIu32 " bytes)",
-			 line, e->ghost_limit);
-	else
+	else if (strstr(line, "ghost file") && strstr(line, "increase limit")) {
+		char held[512];
+
+		(void)sv_criu_ghost_holders(line, e->cgroup, held, sizeof(held));
+		snprintf(e->error, sizeof(e->error),
+			 "%s ([env] ghost_limit is %" PRIu32 " bytes%s%s)", line, e->ghost_limit,
+			 *held ? "; held by " : "", held);
+	} else
 		snprintf(e->error, sizeof(e->error), "%s", line);
 	log_debug_errno(r, "CRIU %s of %s failed: %s", strcmp(log, "dump.log") ? "restore" : "dump",
 			e->id, e->error);
@@ -644,6 +649,10 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 		criu_error(e, criufd, "dump.log", r);
 		goto out;
 	}
+	/* A linked remap is gone from the file system already: its images cannot restore. */
+	r = sv_criu_refuse_linked_remaps(criufd, e->cgroup, e->error, sizeof(e->error));
+	if (r < 0)
+		goto out;
 	env_activity_note_dump(e, p->activity, p->userdata, parked, tasks, activity, m.id);
 dumped:
 	/* Cancelled while CRIU ran: its images go (out: thaw, then remove the .tmp-*). */
