@@ -186,7 +186,8 @@ static const struct key keys[] = {
 	    "environments' jobs run side by side, one job per environment at a time."),
 	SIZE("env", "ghost_limit", env_ghost_limit, 1, UINT32_MAX, "64M",
 	     "Largest deleted-but-open file (what pytest's output capture and other temporary "
-	     "files are) a checkpoint copies into its CRIU images; a bigger one fails the "
+	     "files are; also a base file replaced or deleted while held open) a checkpoint "
+	     "copies into its CRIU images; a bigger one fails the "
 	     "checkpoint, and its error names the file (CRIU's own default is 1M; at most 4G-1)."),
 
 	U32("env", "pids_max", env_pids_max, 0, 4194304, "4096",

@@ -114,8 +114,7 @@ for t in 2 3 4; do
 done
 # A file a process holds open, rewritten from outside while nothing ran: the images hold its old
 # size (CRIU refuses to restore against another), so the checkpoint dumps; and it restores.
-# (In the upper layer: a base file held open and replaced is one CRIU cannot dump at all, "Can't
-# create link remap": the overlay still shows it linked, in the base.)
+# (A base file held open and replaced is saved as a CRIU ghost file: env-remap.)
 ctl env create k3 --root "$dir/base" --cmd 'echo held >/work/held; exec 3</work/held; exec sleep infinity' >/dev/null
 for _ in $(seq 100); do [[ -e $dir/state/envs/k3/upper/work/held ]] && break; sleep 0.05; done
 read -r id kind < <(ckpt k3 1)
