@@ -402,6 +402,7 @@ static void job_free(struct sv_job *jb)
 		free(j->dirty_paths[i]);
 	free(j->dirty_paths);
 	free(j->fs_dirty);
+	free(j->late_fs);
 	if (j->have_manifest)
 		env_manifest_finish(&j->m);
 	free(j);
@@ -455,6 +456,50 @@ static int job_frozen(void *userdata, const struct env_fs_dirty **ret, size_t *r
 	return 0;
 }
 
+/* Offload thread, before the freeze (supervisor-env-precopy.h): round 0 the snapshot, then
+ * what the loop's set gained since the previous round (the slot's set restarted). */
+static int job_precopy(void *userdata, unsigned round, const struct env_fs_dirty **ret,
+		       size_t *ret_n, const char **ret_why)
+{
+	struct env_job *j = userdata;
+	int r;
+
+	if (!j->traced || j->full_reason[0] || !j->vouched) {
+		*ret_why = j->full_reason[0] ? j->full_reason : "the tracer cannot vouch";
+		return 1;
+	}
+	/* every round asked before this one was copied */
+	j->n_late = 0;
+	if (round == 0) {
+		*ret = j->fs_dirty;
+		*ret_n = j->n_fs_dirty;
+		return 0;
+	}
+	j->ho_reset = true;
+	r = env_handover_wait(j->sv, j);
+	j->ho_reset = false;
+	if (r < 0) {
+		log_debug_errno(r, "No dirty set for the pre-copy of %s: %m", j->q.env);
+		*ret_why = "the tracer's handover failed";
+		return 1;
+	}
+	if (j->full_reason[0]) {
+		*ret_why = j->full_reason;
+		return 1;
+	}
+	*ret = j->late_fs;
+	*ret_n = j->n_late;
+	return 0;
+}
+
+static void job_late(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n)
+{
+	struct env_job *j = userdata;
+
+	*ret = j->late_fs;
+	*ret_n = j->n_late;
+}
+
 /* Offload thread: the slot's env is the job's alone while busy. */
 static void job_run(struct supervisor *s, struct sv_job *jb)
 {
@@ -501,6 +546,8 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 			.thawed = job_thawed,
 			.activity = env_job_activity,
 			.frozen = job_frozen,
+			.precopy = job_precopy,
+			.late = job_late,
 		};
 
 		j->r = env_checkpoint(e, &cp, &j->m);
@@ -808,6 +855,15 @@ void env_job_take_late(struct supervisor *s, struct env_job *j)
 	if (!a)
 		goto oom;
 	j->dirty_paths = a;
+	if (j->n_late + n > j->cap_late) {
+		size_t cap = j->n_late + n + 16;
+		struct env_fs_dirty *l = reallocarray(j->late_fs, cap, sizeof(*l));
+
+		if (!l)
+			goto oom;
+		j->late_fs = l;
+		j->cap_late = cap;
+	}
 	for (size_t i = 0; i < n; i++) {
 		const char *p = items[i].path;
 		char **hit = bsearch(&p, j->dirty_paths, old, sizeof(*j->dirty_paths), cmp_str_ptr);
@@ -816,6 +872,9 @@ void env_job_take_late(struct supervisor *s, struct env_job *j)
 		if (hit) {
 			if (items[i].subtree)
 				(*hit)[strlen(*hit) + 1] = '1';
+			/* the string stays where it is: the pre-copy's list may point at it */
+			j->late_fs[j->n_late++] =
+				(struct env_fs_dirty){.path = *hit, .subtree = items[i].subtree};
 			continue;
 		}
 		j->dirty_paths[j->n_dirty] = malloc(len + 2);
@@ -823,9 +882,17 @@ void env_job_take_late(struct supervisor *s, struct env_job *j)
 			goto oom;
 		memcpy(j->dirty_paths[j->n_dirty], p, len + 1);
 		j->dirty_paths[j->n_dirty][len + 1] = items[i].subtree ? '1' : '0';
+		j->late_fs[j->n_late++] = (struct env_fs_dirty){.path = j->dirty_paths[j->n_dirty],
+								.subtree = items[i].subtree};
 		j->n_dirty++;
 	}
 	free(items);
+	if (j->ho_reset) {
+		/* a pre-copy round: what comes from now on is the next round's (or the frozen
+		 * phase's); a file still open for writing is dirty again at once */
+		dirty_reset(sl->dirty);
+		(void)dirty_rescan_writers(sl->dirty, sl->cgroup, sl->root[0] ? sl->root : NULL);
+	}
 	qsort(j->dirty_paths, j->n_dirty, sizeof(*j->dirty_paths), cmp_str_ptr);
 	if (job_fs_dirty(j) < 0)
 		snprintf(j->full_reason, sizeof(j->full_reason), "%s", "out of memory");

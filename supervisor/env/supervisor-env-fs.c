@@ -1221,7 +1221,18 @@ int env_fs_scan_dirty(int upper_fd, const struct env_manifest *base,
 		      int data_fd, struct env_manifest *out, struct env_fs_gone *out_gone,
 		      struct env_fs_stats *ret_stats)
 {
+	return env_fs_scan_dirty_keyed(upper_fd, base, dirty, n_dirty, cancel, data_fd, 0, out,
+				       out_gone, ret_stats);
+}
+
+int env_fs_scan_dirty_keyed(int upper_fd, const struct env_manifest *base,
+			    const struct env_fs_dirty *dirty, size_t n_dirty,
+			    const atomic_bool *cancel, int data_fd, uint64_t first_key,
+			    struct env_manifest *out, struct env_fs_gone *out_gone,
+			    struct env_fs_stats *ret_stats)
+{
 	struct scan sc = {
+		.next_key = first_key,
 		.base = base,
 		.base_sorted = base ? base->by_path : NULL,
 		.force = always, /* dirty: copied, whatever its metadata says */

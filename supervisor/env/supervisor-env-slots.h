@@ -94,6 +94,12 @@ struct env_job {
 	bool ho_done;
 	struct env_fs_dirty *fs_dirty;
 	size_t n_fs_dirty;
+	/* Pre-copy (supervisor-env-precopy.h): the paths gained since the last pre-copy round's
+	 * set (pointing into dirty_paths), and whether the next handover restarts the slot's
+	 * set (a pre-copy round's: what comes after it is the next round's). */
+	struct env_fs_dirty *late_fs;
+	size_t n_late, cap_late;
+	bool ho_reset;
 };
 
 struct env_slot *env_slot_find(struct sv_envs *es, const char *id);

@@ -149,6 +149,16 @@ struct env_ckpt_params {
 	 * walked instead (tracer off, records lost, watch started after the head). */
 	int (*frozen)(void *userdata, const struct env_fs_dirty **ret_dirty, size_t *ret_n,
 		      const char **ret_why);
+	/* NULL (no pre-copy), or called before the freeze, the environment running (issue 23
+	 * item 2, supervisor-env-precopy.h): round 0, the dirty set the caller snapshotted;
+	 * round k > 0, the paths the tracer saw dirtied since round k - 1's set was taken (its
+	 * set restarted from now). 0 and the set (the caller's until env_checkpoint returns), or
+	 * 1 with *ret_why when the tracer cannot vouch (no pre-copy then). */
+	int (*precopy)(void *userdata, unsigned round, const struct env_fs_dirty **ret_dirty,
+		       size_t *ret_n, const char **ret_why);
+	/* With precopy: after frozen returned 0, the paths dirtied since the last pre-copy round's
+	 * set was taken, up to the freeze (valid until env_checkpoint returns). */
+	void (*late)(void *userdata, const struct env_fs_dirty **ret_dirty, size_t *ret_n);
 };
 
 /* Creates the state directory, overlay, cgroup, and starts the environment. */

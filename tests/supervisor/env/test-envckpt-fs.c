@@ -690,7 +690,222 @@ static void test_dirty_walks(void **state)
 	content_is(in_root(f, "work/solo"), "lost\n");
 	env_manifest_finish(&m1);
 	env_manifest_finish(&m2);
-	env_manifest_finish(&m3);
+}
+
+/* --- pre-copy (issue 23 item 2) ----------------------------------------------------------- */
+
+/*
+ * The tracer as a pre-copy sees it: round 0 the turn's dirty set; every later round and the
+ * frozen phase what a writer running all along dirties (its file). The frozen callback
+ * records the instant the dump sees: the rewritten file's bytes and a walk of the upper layer,
+ * both read while frozen.
+ */
+struct precopy_tracer {
+	struct fake_tracer all; /* the whole set (frozen's answer) */
+	struct env_fs_dirty late[2];
+	unsigned precopy_calls, late_calls;
+	struct envckpt_fx *f;
+	const struct env_manifest *base;
+	char at_start[64], at_freeze[64];
+	struct env_manifest walk;
+	char walk_data[PATH_MAX];
+};
+
+static void read_small(const char *path, char *buf, size_t cap)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n;
+
+	assert_true(fd >= 0);
+	n = read(fd, buf, cap - 1);
+	close(fd);
+	assert_true(n >= 0);
+	buf[n] = '\0';
+}
+
+/* m without the entry at path, into out. */
+static void without(const struct env_manifest *m, const char *path, struct env_manifest *out)
+{
+	*out = (struct env_manifest){0};
+	snprintf(out->id, sizeof(out->id), "%s", m->id);
+	for (size_t i = 0; i < m->n_entries; i++)
+		if (strcmp(m->entries[i].path, path) != 0)
+			assert_int_equal(env_manifest_add(out, &m->entries[i]), 0);
+}
+
+/* The environment's cgroup frozen (or thawed), waited for. */
+static void freeze(struct envckpt_fx *f, bool on)
+{
+	char path[PATH_MAX], ev[256];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/cgroup.freeze", f->env->cgroup);
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, on ? "1" : "0", 1), 1);
+	close(fd);
+	snprintf(path, sizeof(path), "%s/cgroup.events", f->env->cgroup);
+	for (int i = 0; i < 5000; i++) {
+		read_small(path, ev, sizeof(ev));
+		if (strstr(ev, on ? "frozen 1" : "frozen 0"))
+			return;
+		usleep(1000);
+	}
+	fail_msg("%s: not %s", f->env->cgroup, on ? "frozen" : "thawed");
+}
+
+static int pc_precopy(void *userdata, unsigned round, const struct env_fs_dirty **ret,
+		      size_t *ret_n, const char **ret_why)
+{
+	struct precopy_tracer *t = userdata;
+
+	(void)ret_why;
+	t->precopy_calls++;
+	if (round == 0) {
+		char path[PATH_MAX];
+
+		snprintf(path, sizeof(path), "%s/work/loop", t->f->env->upper);
+		read_small(path, t->at_start, sizeof(t->at_start));
+		*ret = t->all.items;
+		*ret_n = t->all.n;
+		return 0;
+	}
+	*ret = t->late;
+	*ret_n = ARRAY_SIZE(t->late);
+	return 0;
+}
+
+static void pc_late(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n)
+{
+	struct precopy_tracer *t = userdata;
+	char path[PATH_MAX];
+
+	t->late_calls++;
+	/* frozen: what the dump sees */
+	snprintf(path, sizeof(path), "%s/work/loop", t->f->env->upper);
+	read_small(path, t->at_freeze, sizeof(t->at_freeze));
+	walk_now(t->f, t->base, &t->walk, t->walk_data);
+	*ret = t->late;
+	*ret_n = ARRAY_SIZE(t->late);
+}
+
+static int pc_frozen(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n,
+		     const char **ret_why)
+{
+	struct precopy_tracer *t = userdata;
+
+	return fake_frozen(&t->all, ret, ret_n, ret_why);
+}
+
+/*
+ * A turn of 3,000 new files copied before the freeze while a process rewrites a file in a loop
+ * the whole time: the checkpoint holds the file as the dump saw it (read while frozen), not as
+ * the pre-copy read it, and its index equals a walk of the upper layer at the frozen instant,
+ * entry for entry; the frozen phase copied the rewritten file, not the 3,000. A restore
+ * rebuilds exactly that index.
+ */
+static void test_precopy_rewritten(void **state)
+{
+	struct envckpt_fx *f = *state;
+	struct env_manifest m1 = {0}, m2 = {0};
+	struct precopy_tracer t = {.f = f};
+	char path[PATH_MAX], ckpts[PATH_MAX], data[64];
+	const struct env_entry *e;
+	struct env_ckpt_params p = {.trajectory = "traj-fs",
+				    .turn = 2,
+				    .frozen = pc_frozen,
+				    .precopy = pc_precopy,
+				    .late = pc_late,
+				    .userdata = &t};
+
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
+	envckpt_fx_prepare(f, "belayer-envckpt-fs");
+	/* the writer: the environment's own process, rewriting its file in place all along (never
+	 * truncated: a count of fixed width over the last) */
+	envckpt_fx_create(f, "precopy",
+			  "cd /work; echo 000000000 >/work/loop; touch /work/ready; i=0; "
+			  "while :; do i=$((i+1)); printf %09d $i 1<>/work/loop; done",
+			  0);
+	snprintf(ckpts, sizeof(ckpts), "%s/ckpt", f->env->dir);
+	checkpoint(f, 1, &m1);
+	t.base = &m1;
+
+	/* the turn: 3,000 files in a new directory, and the writer */
+	assert_int_equal(mkdir(in_root(f, "work/bulk"), 0755), 0);
+	for (int d = 0; d < 3; d++) {
+		snprintf(path, sizeof(path), "work/bulk/%d", d);
+		assert_int_equal(mkdir(in_root(f, path), 0755), 0);
+		for (int i = 1; i <= 1000; i++) {
+			snprintf(path, sizeof(path), "work/bulk/%d/%d", d, i);
+			snprintf(data, sizeof(data), "file %d of %d\n", i, d);
+			write_file(in_root(f, path), data, 0644);
+		}
+	}
+	dirty(&t.all, "/work/bulk", true), dirty(&t.all, "/work", false);
+	dirty(&t.all, "/work/loop", true);
+	t.late[0] = (struct env_fs_dirty){.path = "/work/loop", .subtree = true};
+	t.late[1] = (struct env_fs_dirty){.path = "/work", .subtree = false};
+
+	assert_int_equal(env_checkpoint(f->env, &p, &m2), 0);
+	print_message("pre-copy: %u calls; frozen FS phase %" PRIu64 " us for %" PRIu64
+		      " files; loop %s at the pre-copy's start, %s frozen\n",
+		      t.precopy_calls, m2.fs_us, m2.fs_files, t.at_start, t.at_freeze);
+	assert_true(t.precopy_calls >= 1);
+	assert_int_equal(t.late_calls, 1);
+	assert_string_equal(m2.delta_path, "dirty-set");
+	assert_false(m2.full_diff);
+	/* the writer ran during the pre-copy: its file's pre-copied bytes are stale */
+	assert_string_not_equal(t.at_start, t.at_freeze);
+	e = entry_of(&m2, "work/loop");
+	assert_non_null(e);
+	assert_string_equal(e->src, m2.id);
+	snprintf(path, sizeof(path), "%s/%s/data/%" PRIu64, ckpts, e->src, e->data_key);
+	read_small(path, data, sizeof(data));
+	assert_string_equal(data, t.at_freeze);
+	/* the whole index is the frozen instant's */
+	same_entries("pre-copy vs walk frozen", ckpts, t.walk_data, &m2, &t.walk, true);
+	assert_non_null(entry_of(&m2, "work/bulk/2/1000"));
+	/* nothing stale left in its data: one file per copy it references */
+	{
+		size_t refs = 0, files = 0;
+		DIR *d;
+		struct dirent *de;
+
+		for (size_t i = 0; i < m2.n_entries; i++)
+			refs += m2.entries[i].kind == ENV_ENTRY_REG &&
+				strcmp(m2.entries[i].src, m2.id) == 0;
+		snprintf(path, sizeof(path), "%s/%s/data", ckpts, m2.id);
+		d = opendir(path);
+		assert_non_null(d);
+		while ((de = readdir(d)))
+			files += de->d_name[0] != '.';
+		closedir(d);
+		assert_int_equal(files, refs);
+	}
+
+	/* The restore rebuilds exactly m2's index; its writer runs again at once: frozen, the
+	 * layer is m2's but for the loop's file, which holds the frozen count or a later one. */
+	restore(f, m2.id);
+	freeze(f, true);
+	{
+		struct env_manifest a = {0}, b = {0}, w = {0};
+		char walk_data[PATH_MAX];
+
+		walk_now(f, NULL, &w, walk_data);
+		without(&m2, "work/loop", &a);
+		without(&w, "work/loop", &b);
+		same_entries("restored", ckpts, walk_data, &a, &b, false);
+		env_manifest_finish(&a);
+		env_manifest_finish(&b);
+		env_manifest_finish(&w);
+	}
+	read_small(in_root(f, "work/loop"), data, sizeof(data));
+	print_message("restored: loop %s (frozen %s)\n", data, t.at_freeze);
+	assert_true(strtoull(data, NULL, 10) >= strtoull(t.at_freeze, NULL, 10));
+	freeze(f, false);
+	env_manifest_finish(&t.walk);
+	env_manifest_finish(&m1);
+	env_manifest_finish(&m2);
 }
 
 int main(void)
@@ -703,6 +918,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_dirty_kinds, envckpt_fx_setup,
 						envckpt_fx_teardown),
 		cmocka_unit_test_setup_teardown(test_dirty_walks, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_precopy_rewritten, envckpt_fx_setup,
 						envckpt_fx_teardown),
 	};
 
