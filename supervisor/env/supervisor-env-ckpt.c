@@ -1068,6 +1068,8 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id,
 	r = env_fresh_cgroup(e);
 	if (r < 0)
 		goto out;
+	if (p && p->cgroup_ready)
+		p->cgroup_ready(p->userdata);
 	t[4] = mono_us();
 	if (faccessat(criufd, NETNS_MARK, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
 		netfd = env_sandbox_netns_new();

@@ -492,6 +492,21 @@ static int job_precopy(void *userdata, unsigned round, const struct env_fs_dirty
 	return 0;
 }
 
+/* Offload thread, a restore's: the fresh cgroup watched by the loop before CRIU restores into
+ * it (env_job_take_late's other task). */
+static void job_cgroup_ready(void *userdata)
+{
+	struct env_job *j = userdata;
+	int r;
+
+	j->ho_rewatch = true;
+	r = env_handover_wait(j->sv, j);
+	j->ho_rewatch = false;
+	if (r < 0)
+		log_debug_errno(r, "%s's fresh cgroup not watched before its restore: %m",
+				j->q.env);
+}
+
 static void job_late(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n)
 {
 	struct env_job *j = userdata;
@@ -557,7 +572,10 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 	case ENV_OP_RESTORE:
 		j->r = env_restore_traced(
 			e, j->q.ckpt[0] ? j->q.ckpt : NULL,
-			&(struct env_restore_params){.killed = job_frozen, .userdata = j}, &j->m);
+			&(struct env_restore_params){.killed = job_frozen,
+						     .userdata = j,
+						     .cgroup_ready = job_cgroup_ready},
+			&j->m);
 		j->have_manifest = j->r >= 0;
 		break;
 	case ENV_OP_REBUILD:
@@ -718,6 +736,10 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 	}
 	if (j->q.op == ENV_OP_RESTORE || j->q.op == ENV_OP_REBUILD)
 		sl->vouched = false; /* a new tree, watched anew (or not at all) */
+	/* a restore watched before CRIU put its tasks in: the tracer saw everything since the
+	 * restored checkpoint (issue 23 item 2) */
+	if (j->q.op == ENV_OP_RESTORE && j->r >= 0 && j->rewatched)
+		sl->vouched = true;
 	if (j->q.op == ENV_OP_CHECKPOINT)
 		job_report_checkpoint(s, j);
 	if (j->q.op == ENV_OP_CHECKPOINT && j->r >= 0 && j->have_manifest)
@@ -740,6 +762,11 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 			dirty_restore(sl, j);
 		if (j->q.op == ENV_OP_REBUILD && sl->env && !sl->trace_id)
 			(void)slot_watch(s, sl);
+		if (j->q.op == ENV_OP_RESTORE && j->rewatched && sl->env) {
+			/* going back to the head made yet another cgroup */
+			slot_unwatch(s->envs, sl);
+			(void)slot_watch(s, sl);
+		}
 		job_report_failure(s, c, j);
 		return;
 	}
@@ -749,6 +776,9 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 		sl = NULL;
 		break;
 	case ENV_OP_RESTORE:
+		if (j->rewatched)
+			break; /* watched since its fresh cgroup was made */
+			       /* fall through */
 	case ENV_OP_REBUILD:
 		/* The tree is new: the tracer's view restarts with it (the cgroup is new too). */
 		slot_unwatch(s->envs, sl);
@@ -839,6 +869,13 @@ void env_job_take_late(struct supervisor *s, struct env_job *j)
 	char **a;
 
 	envs_drain(s);
+	if (j->ho_rewatch) {
+		/* a restore's fresh cgroup, before CRIU puts the tasks in: what they do from
+		 * their first instruction on is seen (the old watch's cgroup is gone) */
+		slot_unwatch(s->envs, sl);
+		j->rewatched = slot_watch(s, sl) >= 0 && sl->trace_id;
+		return;
+	}
 	if (!sl->dirty || !s->envs->et) {
 		snprintf(j->full_reason, sizeof(j->full_reason), "%s", "the tracer stopped");
 		return;

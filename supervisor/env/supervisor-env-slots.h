@@ -100,6 +100,9 @@ struct env_job {
 	struct env_fs_dirty *late_fs;
 	size_t n_late, cap_late;
 	bool ho_reset;
+	/* Restores: the next handover watches the slot's fresh cgroup instead (before CRIU
+	 * restores into it); rewatched: it did. */
+	bool ho_rewatch, rewatched;
 };
 
 struct env_slot *env_slot_find(struct sv_envs *es, const char *id);

@@ -228,6 +228,11 @@ struct env_restore_params {
 	int (*killed)(void *userdata, const struct env_fs_dirty **ret_dirty, size_t *ret_n,
 		      const char **ret_why);
 	void *userdata;
+	/* NULL, or called once the fresh cgroup is made and the upper layer is the target's,
+	 * before CRIU restores the tasks into it (issue 23 item 2): the caller starts the
+	 * tracer's watch of the cgroup there, so that it vouches for everything the restored
+	 * processes do (the next checkpoint's delta from the dirty set, not a walk). */
+	void (*cgroup_ready)(void *userdata);
 };
 int env_restore_traced(struct sv_env *e, const char *id, const struct env_restore_params *p,
 		       struct env_manifest *ret);

@@ -170,7 +170,7 @@ static int scaling_checkpoint_as(struct sv_env *e, unsigned turn, const struct s
 	};
 	snprintf(row->path, sizeof(row->path), "%s",
 		 precopy && strcmp(m.delta_path, ENV_DELTA_PATH_DIRTY_SET) == 0 ? "pre-copy"
-										 : m.delta_path);
+										: m.delta_path);
 	if (ret_id)
 		snprintf(ret_id, cap, "%s", m.id);
 	env_manifest_finish(&m);
