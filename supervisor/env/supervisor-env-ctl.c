@@ -435,8 +435,8 @@ static int job_frozen(void *userdata, const struct env_fs_dirty **ret, size_t *r
 		return 1;
 	}
 	if (!j->full_reason[0] && !j->vouched) {
-		*ret_why = "the tracer started after the last checkpoint (a creation, restore, "
-			   "fork or supervisor restart)";
+		*ret_why = "the tracer started after the last checkpoint (a creation, a supervisor "
+			   "restart, or a restore or fork not watched from its start)";
 		return 1;
 	}
 	if (!j->full_reason[0]) {
@@ -505,6 +505,19 @@ static void job_cgroup_ready(void *userdata)
 	if (r < 0)
 		log_debug_errno(r, "%s's fresh cgroup not watched before its restore: %m",
 				j->q.env);
+}
+
+/* Offload thread, a fork's (env_params' restore_watch): the same for the new environment. */
+static void job_fork_watch(void *userdata, const struct sv_env *e)
+{
+	struct env_job *j = userdata;
+	int r;
+
+	j->ho_fork = e;
+	r = env_handover_wait(j->sv, j);
+	j->ho_fork = NULL;
+	if (r < 0)
+		log_debug_errno(r, "Fork %s not watched before its restore: %m", e->id);
 }
 
 static void job_late(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n)
@@ -593,6 +606,8 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 			struct env_manifest fm;
 
 			p.id = j->fork_slots[i]->id;
+			p.restore_watch = job_fork_watch;
+			p.restore_watch_data = j;
 			j->r = env_fork(e, j->q.ckpt, &p, &j->forks[i], &fm, j->why,
 					sizeof(j->why));
 			if (j->r >= 0)
@@ -700,7 +715,12 @@ static void forks_done(struct supervisor *s, struct sv_client *c, struct env_job
 		snprintf(sl->root, sizeof(sl->root), "%s", sl->env->root);
 		snprintf(sl->cgroup, sizeof(sl->cgroup), "%s", sl->env->cgroup);
 		snprintf(sl->log_path, sizeof(sl->log_path), "%s/sidelog.mpk", sl->env->dir);
-		(void)slot_watch(s, sl);
+		if (sl->trace_id)
+			/* watched since before CRIU restored its tasks (job_fork_watch): the
+			 * tracer vouches from its first checkpoint, the copied one, on */
+			sl->vouched = true;
+		else
+			(void)slot_watch(s, sl);
 	}
 	if (j->r < 0) {
 		job_report_failure(s, c, j);
@@ -874,6 +894,22 @@ void env_job_take_late(struct supervisor *s, struct env_job *j)
 		 * their first instruction on is seen (the old watch's cgroup is gone) */
 		slot_unwatch(s->envs, sl);
 		j->rewatched = slot_watch(s, sl) >= 0 && sl->trace_id;
+		return;
+	}
+	if (j->ho_fork) {
+		/* a fork's, the same: its slot watched before its tasks run (forks_done) */
+		for (size_t i = 0; i < j->n_forks; i++) {
+			struct env_slot *f = j->fork_slots[i];
+
+			if (strcmp(f->id, j->ho_fork->id) != 0)
+				continue;
+			snprintf(f->root, sizeof(f->root), "%s", j->ho_fork->root);
+			snprintf(f->cgroup, sizeof(f->cgroup), "%s", j->ho_fork->cgroup);
+			snprintf(f->log_path, sizeof(f->log_path), "%s/sidelog.mpk",
+				 j->ho_fork->dir);
+			slot_unwatch(s->envs, f);
+			(void)slot_watch(s, f);
+		}
 		return;
 	}
 	if (!sl->dirty || !s->envs->et) {

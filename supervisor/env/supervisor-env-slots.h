@@ -103,6 +103,9 @@ struct env_job {
 	/* Restores: the next handover watches the slot's fresh cgroup instead (before CRIU
 	 * restores into it); rewatched: it did. */
 	bool ho_rewatch, rewatched;
+	/* A fork's: the new environment to watch instead (its slot's root, cgroup and log
+	 * taken from it). */
+	const struct sv_env *ho_fork;
 };
 
 struct env_slot *env_slot_find(struct sv_envs *es, const char *id);

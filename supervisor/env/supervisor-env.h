@@ -59,6 +59,11 @@ struct env_params {
 	char *error; /* NULL or where a failed create says why beyond its errno */
 	size_t error_cap;
 	uint32_t userns_base; /* [env] userns: root's host uid/gid (0: no user namespace) */
+	/* env_fork (issue 23 item 2): NULL, or called with restore_watch_data and the new
+	 * environment once its fresh cgroup is made, before CRIU restores the tasks into it:
+	 * the caller starts the tracer's watch there (env_restore_params' cgroup_ready). */
+	void (*restore_watch)(void *userdata, const struct sv_env *e);
+	void *restore_watch_data;
 };
 
 #define ENV_VERIFIED_MAX 16

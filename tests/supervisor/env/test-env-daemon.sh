@@ -13,7 +13,7 @@ ctl_bin=$2
 source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
 
-env_fixture envd e1 big small hold late
+env_fixture envd e1 big small hold late late-f
 cat >"$dir/conf.ini" <<CONF
 [supervisor]
 socket = $dir/sv.sock
@@ -260,6 +260,20 @@ in_env 'rm -rf /work/after && echo c >/work/written && echo n >/work/new6 && mkd
 ctl env restore late --checkpoint "$late_id" >/dev/null
 after=$(listing)
 [[ $after == "$before" ]] || fail "restored to turn 6, the tree differs: $(diff <(echo "$before") <(echo "$after"))"
+# The same after a fork: watched before CRIU restores its tasks, its first checkpoint is by the
+# dirty set, and holds what the fork changed.
+ctl env fork late --as late-f >/dev/null
+pid=$(pid_of late-f)
+in_env 'echo forked >/work/forked'
+ctl --json env checkpoint late-f --turn 7 >"$dir/fork7.json"
+grep -Eq '"path": ?"dirty-set"' "$dir/fork7.json" ||
+	fail "a fork's first checkpoint walked: $(cat "$dir/fork7.json")"
+fork_id=$(sed -n 's/.*"checkpoint": *"\([^"]*\)".*/\1/p' "$dir/fork7.json")
+in_env 'rm /work/forked'
+ctl env restore late-f --checkpoint "$fork_id" >/dev/null
+[[ $(cat "$dir/state/envs/late-f/root/work/forked" 2>/dev/null) == forked ]] ||
+	fail "the fork's first checkpoint lacks what it wrote"
+ctl env destroy late-f >/dev/null
 ctl env destroy hold >/dev/null
 ctl env destroy late >/dev/null
 echo "OK"
