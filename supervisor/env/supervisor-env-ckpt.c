@@ -489,7 +489,7 @@ static int fs_phase(const struct env_ckpt_params *p, struct env_manifest *base, 
 		/* its copies are this checkpoint's data */
 		snprintf(delta->id, sizeof(delta->id), "%s", m->id);
 		r = env_fs_scan_dirty_keyed(upperfd, base, all, n, p->cancel, datafd,
-					    pc->done ? pc->next_key : 0, delta, gone, st);
+					    pc->done ? pc->next_key : 0, false, delta, gone, st);
 		if (r >= 0) {
 			*ret_by_dirty = true;
 			snprintf(m->delta_path, sizeof(m->delta_path), "%s",

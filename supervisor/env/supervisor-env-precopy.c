@@ -146,8 +146,8 @@ static int round_of(const struct env_manifest *base, int upper_fd, int data_fd, 
 	/* the parent's dump touched /tmp untraced (supervisor-env-ckpt.c fs_phase) */
 	all[n++] = (struct env_fs_dirty){.path = "/tmp", .subtree = false};
 	snprintf(d.id, sizeof(d.id), "%s", id);
-	r = env_fs_scan_dirty_keyed(upper_fd, base, all, n, cancel, data_fd, pc->next_key, &d, &g,
-				    &st);
+	r = env_fs_scan_dirty_keyed(upper_fd, base, all, n, cancel, data_fd, pc->next_key, true, &d,
+				    &g, &st);
 	if (r >= 0 && pc->done) {
 		struct env_fs_stats prev = pc->st;
 

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -702,7 +703,11 @@ static void test_dirty_walks(void **state)
  */
 struct precopy_tracer {
 	struct fake_tracer all; /* the whole set (frozen's answer) */
-	struct env_fs_dirty late[2];
+	struct env_fs_dirty late[3];
+	/* a tree removed while round 0 reads it (through the overlay, as the environment
+	 * would; done before the next round) */
+	const char *rm_path;
+	pid_t rm_pid;
 	unsigned precopy_calls, late_calls;
 	struct envckpt_fx *f;
 	const struct env_manifest *base;
@@ -754,6 +759,18 @@ static void freeze(struct envckpt_fx *f, bool on)
 	fail_msg("%s: not %s", f->env->cgroup, on ? "frozen" : "thawed");
 }
 
+/* The removal done (before the freeze's instant, as the environment's own would be). */
+static void rm_wait(struct precopy_tracer *t)
+{
+	int status;
+
+	if (t->rm_pid <= 0)
+		return;
+	assert_int_equal(waitpid(t->rm_pid, &status, 0), t->rm_pid);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	t->rm_pid = 0;
+}
+
 static int pc_precopy(void *userdata, unsigned round, const struct env_fs_dirty **ret,
 		      size_t *ret_n, const char **ret_why)
 {
@@ -761,6 +778,16 @@ static int pc_precopy(void *userdata, unsigned round, const struct env_fs_dirty 
 
 	(void)ret_why;
 	t->precopy_calls++;
+	if (round == 0 && t->rm_path) {
+		t->rm_pid = fork();
+		assert_true(t->rm_pid >= 0);
+		if (t->rm_pid == 0) {
+			execlp("rm", "rm", "-rf", t->rm_path, (char *)NULL);
+			_exit(127);
+		}
+	} else {
+		rm_wait(t);
+	}
 	if (round == 0) {
 		char path[PATH_MAX];
 
@@ -781,6 +808,7 @@ static void pc_late(void *userdata, const struct env_fs_dirty **ret, size_t *ret
 	char path[PATH_MAX];
 
 	t->late_calls++;
+	assert_int_equal(t->rm_pid, 0);
 	/* frozen: what the dump sees */
 	snprintf(path, sizeof(path), "%s/work/loop", t->f->env->upper);
 	read_small(path, t->at_freeze, sizeof(t->at_freeze));
@@ -794,22 +822,24 @@ static int pc_frozen(void *userdata, const struct env_fs_dirty **ret, size_t *re
 {
 	struct precopy_tracer *t = userdata;
 
+	rm_wait(t); /* a pre-copy given up after round 0 asked no further round */
 	return fake_frozen(&t->all, ret, ret_n, ret_why);
 }
 
 /*
  * A turn of 3,000 new files copied before the freeze while a process rewrites a file in a loop
- * the whole time: the checkpoint holds the file as the dump saw it (read while frozen), not as
- * the pre-copy read it, and its index equals a walk of the upper layer at the frozen instant,
- * entry for entry; the frozen phase copied the rewritten file, not the 3,000. A restore
- * rebuilds exactly that index.
+ * the whole time, and 3,000 more removed while the pre-copy reads them: the checkpoint holds the
+ * file as the dump saw it (read while frozen), not as the pre-copy read it, and its index equals
+ * a walk of the upper layer at the frozen instant, entry for entry (the removed tree absent);
+ * the pre-copy survived the names vanishing under it (the frozen phase was asked for what came
+ * since its last round only). A restore rebuilds exactly that index.
  */
 static void test_precopy_rewritten(void **state)
 {
 	struct envckpt_fx *f = *state;
 	struct env_manifest m1 = {0}, m2 = {0};
 	struct precopy_tracer t = {.f = f};
-	char path[PATH_MAX], ckpts[PATH_MAX], data[64];
+	char path[PATH_MAX], ckpts[PATH_MAX], data[64], rm_path[PATH_MAX];
 	const struct env_entry *e;
 	struct env_ckpt_params p = {.trajectory = "traj-fs",
 				    .turn = 2,
@@ -843,8 +873,23 @@ static void test_precopy_rewritten(void **state)
 	}
 	dirty(&t.all, "/work/bulk", true), dirty(&t.all, "/work", false);
 	dirty(&t.all, "/work/loop", true);
+	/* and 3,000 more in a tree removed while the pre-copy reads it (first, by name): names
+	 * that vanish between the pre-copy's readdir, stat and copy */
+	assert_int_equal(mkdir(in_root(f, "work/a-gone"), 0755), 0);
+	for (int d = 0; d < 3; d++) {
+		snprintf(path, sizeof(path), "work/a-gone/%d", d);
+		assert_int_equal(mkdir(in_root(f, path), 0755), 0);
+		for (int i = 1; i <= 1000; i++) {
+			snprintf(path, sizeof(path), "work/a-gone/%d/%d", d, i);
+			write_file(in_root(f, path), "gone\n", 0644);
+		}
+	}
+	dirty(&t.all, "/work/a-gone", true);
+	snprintf(rm_path, sizeof(rm_path), "%s", in_root(f, "work/a-gone"));
+	t.rm_path = rm_path;
 	t.late[0] = (struct env_fs_dirty){.path = "/work/loop", .subtree = true};
 	t.late[1] = (struct env_fs_dirty){.path = "/work", .subtree = false};
+	t.late[2] = (struct env_fs_dirty){.path = "/work/a-gone", .subtree = true};
 
 	assert_int_equal(env_checkpoint(f->env, &p, &m2), 0);
 	print_message("pre-copy: %u calls; frozen FS phase %" PRIu64 " us for %" PRIu64
@@ -865,6 +910,7 @@ static void test_precopy_rewritten(void **state)
 	/* the whole index is the frozen instant's */
 	same_entries("pre-copy vs walk frozen", ckpts, t.walk_data, &m2, &t.walk, true);
 	assert_non_null(entry_of(&m2, "work/bulk/2/1000"));
+	assert_null(entry_of(&m2, "work/a-gone"));
 	/* nothing stale left in its data: one file per copy it references */
 	{
 		size_t refs = 0, files = 0;
@@ -908,6 +954,86 @@ static void test_precopy_rewritten(void **state)
 	env_manifest_finish(&m2);
 }
 
+struct cancel_tracer {
+	struct fake_tracer all;
+	atomic_bool cancel;
+	unsigned precopy_calls;
+};
+
+static int cancel_precopy(void *userdata, unsigned round, const struct env_fs_dirty **ret,
+			  size_t *ret_n, const char **ret_why)
+{
+	struct cancel_tracer *t = userdata;
+
+	(void)round, (void)ret_why;
+	t->precopy_calls++;
+	/* the bubble ends as the pre-copy starts */
+	atomic_store(&t->cancel, true);
+	*ret = t->all.items;
+	*ret_n = t->all.n;
+	return 0;
+}
+
+static void cancel_late(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n)
+{
+	(void)userdata, (void)ret;
+	*ret_n = 0;
+	fail_msg("a cancelled pre-copy froze");
+}
+
+static void cancel_thawed(void *userdata)
+{
+	(void)userdata;
+	fail_msg("a checkpoint cancelled before its freeze thawed");
+}
+
+/* A checkpoint cancelled during its pre-copy (the policy's bubble ended): -ECANCELED, never
+ * frozen, nothing left of it (no .tmp-*, the head unchanged), and the next one commits. */
+static void test_precopy_cancel(void **state)
+{
+	struct envckpt_fx *f = *state;
+	struct env_manifest m1 = {0}, m2 = {0}, m3 = {0};
+	struct cancel_tracer t = {0};
+	struct env_ckpt_params p = {.trajectory = "traj-fs",
+				    .turn = 2,
+				    .frozen = fake_frozen,
+				    .precopy = cancel_precopy,
+				    .late = cancel_late,
+				    .thawed = cancel_thawed,
+				    .cancel = &t.cancel,
+				    .userdata = &t};
+	char path[PATH_MAX], head[ENV_ID_MAX + 1];
+	struct dirent *de;
+	DIR *d;
+
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
+	envckpt_fx_prepare(f, "belayer-envckpt-fs");
+	envckpt_fx_create(f, "precancel", env_cmd, 0);
+	checkpoint(f, 1, &m1);
+	assert_int_equal(mkdir(in_root(f, "work/bulk"), 0755), 0);
+	for (int i = 0; i < 500; i++) {
+		snprintf(path, sizeof(path), "work/bulk/%d", i);
+		write_file(in_root(f, path), "x\n", 0644);
+	}
+	dirty(&t.all, "/work/bulk", true), dirty(&t.all, "/work", false);
+	snprintf(head, sizeof(head), "%s", f->env->head);
+	/* fake_frozen's userdata is the fake_tracer at t's start */
+	assert_int_equal(env_checkpoint(f->env, &p, &m2), -ECANCELED);
+	assert_int_equal(t.precopy_calls, 1);
+	assert_int_equal(t.all.calls, 0);
+	assert_string_equal(f->env->head, head);
+	snprintf(path, sizeof(path), "%s/ckpt", f->env->dir);
+	d = opendir(path);
+	assert_non_null(d);
+	while ((de = readdir(d)))
+		assert_false(strncmp(de->d_name, ".tmp-", 5) == 0);
+	closedir(d);
+	checkpoint(f, 3, &m3);
+	assert_non_null(entry_of(&m3, "work/bulk/499"));
+	env_manifest_finish(&m1);
+	env_manifest_finish(&m3);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -920,6 +1046,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_dirty_walks, envckpt_fx_setup,
 						envckpt_fx_teardown),
 		cmocka_unit_test_setup_teardown(test_precopy_rewritten, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_precopy_cancel, envckpt_fx_setup,
 						envckpt_fx_teardown),
 	};
 
