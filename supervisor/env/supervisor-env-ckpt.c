@@ -624,6 +624,11 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	if (fs_only &&
 	    env_activity_open_changed(e, base, by_dirty ? &delta : &m, by_dirty ? &gone : NULL))
 		fs_only = false;
+	/* what the pre-copy found is merged after the thaw: looked at as it is (a superset:
+	 * entries the frozen pass replaced are looked at too) */
+	if (fs_only && by_dirty && pc.done &&
+	    env_activity_open_changed(e, base, &pc.delta, &pc.gone))
+		fs_only = false;
 	snprintf(m.kind, sizeof(m.kind), "%s", fs_only ? ENV_KIND_FS_ONLY : ENV_KIND_FULL);
 	snprintf(m.images, sizeof(m.images), "%s", fs_only ? e->act.images : m.id);
 	if (fs_only) {
