@@ -149,11 +149,13 @@ static int round_of(const struct env_manifest *base, int upper_fd, int data_fd, 
 	r = env_fs_scan_dirty_keyed(upper_fd, base, all, n, cancel, data_fd, pc->next_key, true, &d,
 				    &g, &st);
 	if (r >= 0 && pc->done) {
-		struct env_fs_stats prev = pc->st;
+		struct env_precopy prev = *pc; /* the counts (merge empties pc) */
 
 		r = env_precopy_merge(pc, &d, &g, data_fd);
-		st.bytes += prev.bytes;
-		st.files += prev.files;
+		st.bytes += prev.st.bytes;
+		st.files += prev.st.files;
+		pc->next_key = prev.next_key;
+		pc->rounds = prev.rounds;
 	}
 	if (r < 0) {
 		env_manifest_finish(&d);
