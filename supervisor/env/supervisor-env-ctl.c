@@ -796,10 +796,9 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 		sl = NULL;
 		break;
 	case ENV_OP_RESTORE:
-		if (j->rewatched)
-			break; /* watched since its fresh cgroup was made */
-			       /* fall through */
 	case ENV_OP_REBUILD:
+		if (j->q.op == ENV_OP_RESTORE && j->rewatched)
+			break; /* watched since its fresh cgroup was made */
 		/* The tree is new: the tracer's view restarts with it (the cgroup is new too). */
 		slot_unwatch(s->envs, sl);
 		(void)slot_watch(s, sl);
