@@ -148,6 +148,9 @@ static int round_of(const struct env_manifest *base, int upper_fd, int data_fd, 
 	snprintf(d.id, sizeof(d.id), "%s", id);
 	r = env_fs_scan_dirty_keyed(upper_fd, base, all, n, cancel, data_fd, pc->next_key, true, &d,
 				    &g, &st);
+	/* what this round looked at (a path dirty with its subtree stands for all below it) */
+	size_t looked = d.n_entries;
+
 	if (r >= 0 && pc->done) {
 		struct env_precopy prev = *pc; /* the counts (merge empties pc) */
 
@@ -167,6 +170,7 @@ static int round_of(const struct env_manifest *base, int upper_fd, int data_fd, 
 	pc->gone = g;
 	pc->st = st;
 	pc->done = true;
+	pc->last_files = looked;
 	return 0;
 }
 
@@ -174,7 +178,6 @@ int env_precopy_run(const struct env_ckpt_params *p, const struct env_manifest *
 		    int data_fd, const char *id, struct env_precopy *pc)
 {
 	uint64_t t0 = mono_us();
-	size_t prev_n = SIZE_MAX;
 	int r = 0;
 
 	*pc = (struct env_precopy){0};
@@ -197,8 +200,9 @@ int env_precopy_run(const struct env_ckpt_params *p, const struct env_manifest *
 			break;
 		}
 		/* round 0 always (the turn's delta); later ones while the re-dirtied set
-		 * shrinks and is worth a round */
-		if (round > 0 && (n >= prev_n || n <= ENV_PRECOPY_SMALL)) {
+		 * shrinks (fewer paths than the entries the previous round looked at) and is
+		 * worth a round */
+		if (round > 0 && (n >= pc->last_files || n <= ENV_PRECOPY_SMALL)) {
 			pc->last_n = n;
 			break;
 		}
@@ -206,7 +210,6 @@ int env_precopy_run(const struct env_ckpt_params *p, const struct env_manifest *
 		if (r < 0)
 			break;
 		pc->rounds++;
-		prev_n = n;
 		pc->last_n = n;
 	}
 	pc->us = mono_us() - t0;

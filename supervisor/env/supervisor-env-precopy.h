@@ -35,8 +35,9 @@ struct env_precopy {
 	struct env_fs_stats st;
 	uint64_t next_key; /* the data directory's next free key */
 	unsigned rounds;
-	uint64_t us;   /* time spent, the environment running */
-	size_t last_n; /* paths of the last round */
+	uint64_t us;	     /* time spent, the environment running */
+	size_t last_n;	     /* paths of the last round */
+	uint64_t last_files; /* entries the last round copied or recorded */
 };
 
 void env_precopy_finish(struct env_precopy *pc);

@@ -954,6 +954,137 @@ static void test_precopy_rewritten(void **state)
 	env_manifest_finish(&m2);
 }
 
+/*
+ * Rounds: the tracer as a turn that keeps rewriting fewer and fewer files while they are
+ * copied. Round k (k = 1, 2, 3) rewrites the first ROUND_N[k] files of bulk/0 with "r<k>" and
+ * names them (what was dirtied since the previous round's set); round 3's 10 are too few for a
+ * round of their own: the frozen phase copies them.
+ */
+static const unsigned round_n[] = {0, 300, 100, 10};
+
+struct rounds_tracer {
+	struct fake_tracer all;
+	char paths[300][32];
+	struct env_fs_dirty set[300];
+	size_t n_set;
+	unsigned calls, late_calls;
+	struct envckpt_fx *f;
+	const struct env_manifest *base;
+	struct env_manifest walk;
+	char walk_data[PATH_MAX];
+};
+
+static int rounds_precopy(void *userdata, unsigned round, const struct env_fs_dirty **ret,
+			  size_t *ret_n, const char **ret_why)
+{
+	struct rounds_tracer *t = userdata;
+	char path[PATH_MAX], data[16];
+
+	(void)ret_why;
+	t->calls++;
+	if (round == 0) {
+		*ret = t->all.items;
+		*ret_n = t->all.n;
+		return 0;
+	}
+	assert_true(round < ARRAY_SIZE(round_n));
+	snprintf(data, sizeof(data), "r%u\n", round);
+	t->n_set = 0;
+	for (unsigned i = 1; i <= round_n[round]; i++) {
+		snprintf(path, sizeof(path), "work/bulk/0/%u", i);
+		write_file(in_root(t->f, path), data, 0644);
+		snprintf(t->paths[t->n_set], sizeof(t->paths[0]), "/%s", path);
+		t->set[t->n_set] =
+			(struct env_fs_dirty){.path = t->paths[t->n_set], .subtree = true};
+		t->n_set++;
+	}
+	*ret = t->set;
+	*ret_n = t->n_set;
+	return 0;
+}
+
+static void rounds_late(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n)
+{
+	struct rounds_tracer *t = userdata;
+
+	t->late_calls++;
+	walk_now(t->f, t->base, &t->walk, t->walk_data);
+	/* the last round's set, not copied, and nothing since */
+	*ret = t->set;
+	*ret_n = t->n_set;
+}
+
+/* Rounds while the re-dirtied set shrinks (300, 100, then 10: frozen): every file holds its
+ * last bytes, the index equals a walk at the frozen instant, and the data directory holds one
+ * file per copy the index references (the superseded ones removed). */
+static void test_precopy_rounds(void **state)
+{
+	struct envckpt_fx *f = *state;
+	struct env_manifest m1 = {0}, m2 = {0};
+	struct rounds_tracer t = {.f = f};
+	struct env_ckpt_params p = {.trajectory = "traj-fs",
+				    .turn = 2,
+				    .frozen = fake_frozen,
+				    .precopy = rounds_precopy,
+				    .late = rounds_late,
+				    .userdata = &t};
+	char path[PATH_MAX], ckpts[PATH_MAX], data[64];
+	size_t refs = 0, files = 0;
+	struct dirent *de;
+	DIR *d;
+
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
+	envckpt_fx_prepare(f, "belayer-envckpt-fs");
+	envckpt_fx_create(f, "rounds", env_cmd, 0);
+	snprintf(ckpts, sizeof(ckpts), "%s/ckpt", f->env->dir);
+	checkpoint(f, 1, &m1);
+	t.base = &m1;
+	assert_int_equal(mkdir(in_root(f, "work/bulk"), 0755), 0);
+	for (int dd = 0; dd < 2; dd++) {
+		snprintf(path, sizeof(path), "work/bulk/%d", dd);
+		assert_int_equal(mkdir(in_root(f, path), 0755), 0);
+		for (int i = 1; i <= 1000; i++) {
+			snprintf(path, sizeof(path), "work/bulk/%d/%d", dd, i);
+			write_file(in_root(f, path), "r0\n", 0644);
+		}
+	}
+	dirty(&t.all, "/work/bulk", true), dirty(&t.all, "/work", false);
+
+	assert_int_equal(env_checkpoint(f->env, &p, &m2), 0);
+	assert_int_equal(t.calls, 4); /* rounds 0-2 copied, round 3's set left to the freeze */
+	assert_int_equal(t.late_calls, 1);
+	assert_string_equal(m2.delta_path, "dirty-set");
+	same_entries("rounds vs walk frozen", ckpts, t.walk_data, &m2, &t.walk, true);
+	for (unsigned i = 1; i <= 1000; i += 1) {
+		const struct env_entry *e;
+
+		snprintf(path, sizeof(path), "work/bulk/0/%u", i);
+		e = entry_of(&m2, path);
+		assert_non_null(e);
+		snprintf(path, sizeof(path), "%s/%s/data/%" PRIu64, ckpts, e->src, e->data_key);
+		read_small(path, data, sizeof(data));
+		assert_string_equal(data, i <= 10    ? "r3\n"
+					  : i <= 100 ? "r2\n"
+					  : i <= 300 ? "r1\n"
+						     : "r0\n");
+	}
+	for (size_t i = 0; i < m2.n_entries; i++)
+		refs += m2.entries[i].kind == ENV_ENTRY_REG &&
+			strcmp(m2.entries[i].src, m2.id) == 0;
+	snprintf(path, sizeof(path), "%s/%s/data", ckpts, m2.id);
+	d = opendir(path);
+	assert_non_null(d);
+	while ((de = readdir(d)))
+		files += de->d_name[0] != '.';
+	closedir(d);
+	assert_int_equal(files, refs);
+	print_message("rounds: %" PRIu64 " copies for %zu files, frozen FS phase %" PRIu64 " us\n",
+		      m2.fs_files, refs, m2.fs_us);
+	env_manifest_finish(&t.walk);
+	env_manifest_finish(&m1);
+	env_manifest_finish(&m2);
+}
+
 struct cancel_tracer {
 	struct fake_tracer all;
 	atomic_bool cancel;
@@ -1048,6 +1179,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_precopy_rewritten, envckpt_fx_setup,
 						envckpt_fx_teardown),
 		cmocka_unit_test_setup_teardown(test_precopy_cancel, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_precopy_rounds, envckpt_fx_setup,
 						envckpt_fx_teardown),
 	};
 
