@@ -47,7 +47,7 @@ struct scaling_row {
 	uint64_t freeze_us, fs_us, dump_us, commit_us, restore_us, rollback_us;
 	uint64_t fs_files, fs_bytes;
 	/* the pre-copy's row (issue 23 item 2): the time before the freeze (the copy, the
-	 * environment running), the checkpoint's wall time less its frozen and commit phases */
+	 * environment running), from its first round to the freeze */
 	uint64_t precopy_us;
 };
 
@@ -101,11 +101,15 @@ struct scaling_dirty {
 	size_t n;
 };
 
+/* The pre-copy's span: from its round 0 to the freeze (the frozen callback). */
+static uint64_t precopy_start_us, frozen_at_us;
+
 static int scaling_frozen(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n,
 			  const char **ret_why)
 {
 	struct scaling_dirty *d = userdata;
 
+	frozen_at_us = bench_now_ns() / 1000;
 	(void)ret_why;
 	*ret = d->items;
 	*ret_n = d->n;
@@ -126,6 +130,8 @@ static int scaling_precopy(void *userdata, unsigned round, const struct env_fs_d
 	const struct scaling_dirty *d = userdata;
 
 	(void)ret_why;
+	if (round == 0)
+		precopy_start_us = bench_now_ns() / 1000;
 	*ret = d->items;
 	*ret_n = round == 0 ? d->n : 0;
 	return 0;
@@ -149,11 +155,10 @@ static int scaling_checkpoint_as(struct sv_env *e, unsigned turn, const struct s
 				     .late = d && precopy ? scaling_late : NULL,
 				     .userdata = (void *)d};
 	struct env_manifest m;
-	uint64_t t0 = bench_now_ns() / 1000, wall;
 	int r;
 
+	precopy_start_us = frozen_at_us = 0;
 	r = env_checkpoint(e, &cp, &m);
-	wall = bench_now_ns() / 1000 - t0;
 	if (r < 0)
 		return log_error_errno(r, "Checkpoint of %s failed: %m (%s)", e->id, e->error);
 	*row = (struct scaling_row){
@@ -164,8 +169,8 @@ static int scaling_checkpoint_as(struct sv_env *e, unsigned turn, const struct s
 		.commit_us = m.commit_us,
 		.fs_files = m.fs_files,
 		.fs_bytes = m.fs_bytes,
-		.precopy_us = precopy && wall > m.freeze_us + m.commit_us
-				      ? wall - m.freeze_us - m.commit_us
+		.precopy_us = precopy && precopy_start_us && frozen_at_us > precopy_start_us
+				      ? frozen_at_us - precopy_start_us
 				      : 0,
 	};
 	snprintf(row->path, sizeof(row->path), "%s",
