@@ -40,6 +40,7 @@
 #include "supervisor-criu-remap.h"
 #include "supervisor-env-fs.h"
 #include "supervisor-env-net.h"
+#include "supervisor-env-precopy.h"
 #include "supervisor-env-sandbox.h"
 #include "supervisor-env-userns.h"
 #include "supervisor-env.h"
@@ -451,8 +452,9 @@ static void criu_error(struct sv_env *e, int criufd, const char *log, int r)
  * env_fs_delta_apply; else m's entries are the full index.
  */
 static int fs_phase(const struct env_ckpt_params *p, struct env_manifest *base, int upperfd,
-		    int datafd, struct env_manifest *m, struct env_manifest *delta,
-		    struct env_fs_gone *gone, struct env_fs_stats *st, bool *ret_by_dirty)
+		    int datafd, struct env_precopy *pc, struct env_manifest *m,
+		    struct env_manifest *delta, struct env_fs_gone *gone, struct env_fs_stats *st,
+		    bool *ret_by_dirty)
 {
 	const struct env_fs_dirty *dirty = NULL;
 	const char *why = NULL;
@@ -466,6 +468,18 @@ static int fs_phase(const struct env_ckpt_params *p, struct env_manifest *base, 
 		why = p->full_diff_reason ? p->full_diff_reason : "no tracer";
 	else if (p->frozen(p->userdata, &dirty, &n, &why) != 0)
 		why = why ? why : "tracer";
+	if (!why && pc->done) {
+		/* Pre-copied (supervisor-env-precopy.h): what was dirtied since its last round's
+		 * set was taken is copied again, frozen, over it. */
+		p->late(p->userdata, &dirty, &n);
+	}
+	if (why && pc->done) {
+		/* the walk numbers its own data: the pre-copy's goes */
+		env_precopy_finish(pc);
+		r = env_fs_wipe(datafd);
+		if (r < 0)
+			return r;
+	}
 	if (!why) {
 		/* CRIU's dump (the parent's) makes and removes a directory in the environment's
 		 * /tmp, to reach its tmpfs mounts: /tmp copied up, its mtime changed, by a process
@@ -479,7 +493,8 @@ static int fs_phase(const struct env_ckpt_params *p, struct env_manifest *base, 
 		all[n++] = (struct env_fs_dirty){.path = "/tmp", .subtree = false};
 		/* its copies are this checkpoint's data */
 		snprintf(delta->id, sizeof(delta->id), "%s", m->id);
-		r = env_fs_scan_dirty(upperfd, base, all, n, p->cancel, datafd, delta, gone, st);
+		r = env_fs_scan_dirty_keyed(upperfd, base, all, n, p->cancel, datafd,
+					    pc->done ? pc->next_key : 0, false, delta, gone, st);
 		if (r >= 0) {
 			*ret_by_dirty = true;
 			snprintf(m->delta_path, sizeof(m->delta_path), "%s",
@@ -491,6 +506,7 @@ static int fs_phase(const struct env_ckpt_params *p, struct env_manifest *base, 
 		why = r == -EMLINK ? "a hard link changed"
 				   : "the dirty set names the whole tree or a path no entry has";
 		/* what the dirty pass copied goes: the walk numbers its own data */
+		env_precopy_finish(pc);
 		env_manifest_finish(delta);
 		env_fs_gone_finish(gone);
 		*st = (struct env_fs_stats){0};
@@ -511,6 +527,7 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	_cleanup_close_ int ckfd = -1, tmpfd = -1, datafd = -1, criufd = -1, upperfd = -1;
 	struct env_fs_stats st = {0};
 	struct env_fs_gone gone = {0};
+	struct env_precopy pc = {0};
 	bool by_dirty = false;
 	char tmpname[ENV_ID_MAX + 8];
 	uint64_t t_freeze, t_fs, t_dump, t_thaw, t_commit, netns, tasks = 0, activity;
@@ -571,6 +588,11 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 		goto out;
 	}
 
+	/* Issue 23 item 2: the dirty set copied while the environment runs (cancellable as the
+	 * frozen copy is); frozen, only what it dirtied meanwhile is copied again. */
+	r = env_precopy_run(p, base, upperfd, datafd, m.id, &pc);
+	if (r < 0)
+		goto out;
 	if (cancelled(p)) {
 		r = -ECANCELED;
 		goto out;
@@ -593,7 +615,7 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	/* Issue 23 item 3: processes that did not run keep the head's images. */
 	parked = env_activity_tasks(e, &tasks);
 	fs_only = env_activity_unchanged(e, p->activity, p->userdata, parked, tasks, &activity);
-	r = fs_phase(p, base, upperfd, datafd, &m, &delta, &gone, &st, &by_dirty);
+	r = fs_phase(p, base, upperfd, datafd, &pc, &m, &delta, &gone, &st, &by_dirty);
 	t_fs = mono_us();
 	if (r < 0) {
 		if (r != -ECANCELED)
@@ -606,6 +628,11 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	}
 	if (fs_only &&
 	    env_activity_open_changed(e, base, by_dirty ? &delta : &m, by_dirty ? &gone : NULL))
+		fs_only = false;
+	/* what the pre-copy found is merged after the thaw: looked at as it is (a superset:
+	 * entries the frozen pass replaced are looked at too) */
+	if (fs_only && by_dirty && pc.done &&
+	    env_activity_open_changed(e, base, &pc.delta, &pc.gone))
 		fs_only = false;
 	snprintf(m.kind, sizeof(m.kind), "%s", fs_only ? ENV_KIND_FS_ONLY : ENV_KIND_FULL);
 	snprintf(m.images, sizeof(m.images), "%s", fs_only ? e->act.images : m.id);
@@ -670,6 +697,17 @@ dumped:
 	 * upper layer read after the thaw. The checkpoint stays exactly the dump's instant and
 	 * atomic: the manifest goes into .tmp-<id> beside the data and images, one syncfs, then
 	 * the rename commits all of it (a crash before leaves nothing that is read). */
+	if (by_dirty && pc.done) {
+		/* the frozen pass's entries over the pre-copy's (its superseded copies go) */
+		st.bytes += pc.st.bytes;
+		st.files += pc.st.files;
+		log_debug("Pre-copy of %s: %u rounds, %" PRIu64 " files in %" PRIu64
+			  " us running; %zu paths copied again frozen.",
+			  e->id, pc.rounds, pc.st.files, pc.us, pc.last_n);
+		r = env_precopy_merge(&pc, &delta, &gone, datafd);
+		if (r < 0)
+			goto out;
+	}
 	if (by_dirty) {
 		r = env_fs_delta_apply(base, &delta, &gone, &m, &st.removed);
 		if (r < 0)
@@ -733,6 +771,7 @@ out:
 	env_manifest_finish(&parent);
 	env_manifest_finish(&delta);
 	env_fs_gone_finish(&gone);
+	env_precopy_finish(&pc);
 	return r;
 }
 
@@ -1043,6 +1082,8 @@ static int restore_at(struct sv_env *e, int ckfd, const char *id,
 	r = env_fresh_cgroup(e);
 	if (r < 0)
 		goto out;
+	if (p && p->cgroup_ready)
+		p->cgroup_ready(p->userdata);
 	t[4] = mono_us();
 	if (faccessat(criufd, NETNS_MARK, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
 		netfd = env_sandbox_netns_new();

@@ -402,6 +402,7 @@ static void job_free(struct sv_job *jb)
 		free(j->dirty_paths[i]);
 	free(j->dirty_paths);
 	free(j->fs_dirty);
+	free(j->late_fs);
 	if (j->have_manifest)
 		env_manifest_finish(&j->m);
 	free(j);
@@ -434,8 +435,8 @@ static int job_frozen(void *userdata, const struct env_fs_dirty **ret, size_t *r
 		return 1;
 	}
 	if (!j->full_reason[0] && !j->vouched) {
-		*ret_why = "the tracer started after the last checkpoint (a creation, restore, "
-			   "fork or supervisor restart)";
+		*ret_why = "the tracer started after the last checkpoint (a creation, a supervisor "
+			   "restart, or a restore or fork not watched from its start)";
 		return 1;
 	}
 	if (!j->full_reason[0]) {
@@ -453,6 +454,78 @@ static int job_frozen(void *userdata, const struct env_fs_dirty **ret, size_t *r
 	*ret = j->fs_dirty;
 	*ret_n = j->n_fs_dirty;
 	return 0;
+}
+
+/* Offload thread, before the freeze (supervisor-env-precopy.h): round 0 the snapshot, then
+ * what the loop's set gained since the previous round (the slot's set restarted). */
+static int job_precopy(void *userdata, unsigned round, const struct env_fs_dirty **ret,
+		       size_t *ret_n, const char **ret_why)
+{
+	struct env_job *j = userdata;
+	int r;
+
+	if (!j->traced || j->full_reason[0] || !j->vouched) {
+		*ret_why = j->full_reason[0] ? j->full_reason : "the tracer cannot vouch";
+		return 1;
+	}
+	/* every round asked before this one was copied */
+	j->n_late = 0;
+	if (round == 0) {
+		*ret = j->fs_dirty;
+		*ret_n = j->n_fs_dirty;
+		return 0;
+	}
+	j->ho_reset = true;
+	r = env_handover_wait(j->sv, j);
+	j->ho_reset = false;
+	if (r < 0) {
+		log_debug_errno(r, "No dirty set for the pre-copy of %s: %m", j->q.env);
+		*ret_why = "the tracer's handover failed";
+		return 1;
+	}
+	if (j->full_reason[0]) {
+		*ret_why = j->full_reason;
+		return 1;
+	}
+	*ret = j->late_fs;
+	*ret_n = j->n_late;
+	return 0;
+}
+
+/* Offload thread, a restore's: the fresh cgroup watched by the loop before CRIU restores into
+ * it (env_job_take_late's other task). */
+static void job_cgroup_ready(void *userdata)
+{
+	struct env_job *j = userdata;
+	int r;
+
+	j->ho_rewatch = true;
+	r = env_handover_wait(j->sv, j);
+	j->ho_rewatch = false;
+	if (r < 0)
+		log_debug_errno(r, "%s's fresh cgroup not watched before its restore: %m",
+				j->q.env);
+}
+
+/* Offload thread, a fork's (env_params' restore_watch): the same for the new environment. */
+static void job_fork_watch(void *userdata, const struct sv_env *e)
+{
+	struct env_job *j = userdata;
+	int r;
+
+	j->ho_fork = e;
+	r = env_handover_wait(j->sv, j);
+	j->ho_fork = NULL;
+	if (r < 0)
+		log_debug_errno(r, "Fork %s not watched before its restore: %m", e->id);
+}
+
+static void job_late(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n)
+{
+	struct env_job *j = userdata;
+
+	*ret = j->late_fs;
+	*ret_n = j->n_late;
 }
 
 /* Offload thread: the slot's env is the job's alone while busy. */
@@ -501,6 +574,8 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 			.thawed = job_thawed,
 			.activity = env_job_activity,
 			.frozen = job_frozen,
+			.precopy = job_precopy,
+			.late = job_late,
 		};
 
 		j->r = env_checkpoint(e, &cp, &j->m);
@@ -510,7 +585,10 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 	case ENV_OP_RESTORE:
 		j->r = env_restore_traced(
 			e, j->q.ckpt[0] ? j->q.ckpt : NULL,
-			&(struct env_restore_params){.killed = job_frozen, .userdata = j}, &j->m);
+			&(struct env_restore_params){.killed = job_frozen,
+						     .userdata = j,
+						     .cgroup_ready = job_cgroup_ready},
+			&j->m);
 		j->have_manifest = j->r >= 0;
 		break;
 	case ENV_OP_REBUILD:
@@ -528,6 +606,8 @@ static void job_run(struct supervisor *s, struct sv_job *jb)
 			struct env_manifest fm;
 
 			p.id = j->fork_slots[i]->id;
+			p.restore_watch = job_fork_watch;
+			p.restore_watch_data = j;
 			j->r = env_fork(e, j->q.ckpt, &p, &j->forks[i], &fm, j->why,
 					sizeof(j->why));
 			if (j->r >= 0)
@@ -635,7 +715,12 @@ static void forks_done(struct supervisor *s, struct sv_client *c, struct env_job
 		snprintf(sl->root, sizeof(sl->root), "%s", sl->env->root);
 		snprintf(sl->cgroup, sizeof(sl->cgroup), "%s", sl->env->cgroup);
 		snprintf(sl->log_path, sizeof(sl->log_path), "%s/sidelog.mpk", sl->env->dir);
-		(void)slot_watch(s, sl);
+		if (sl->trace_id)
+			/* watched since before CRIU restored its tasks (job_fork_watch): the
+			 * tracer vouches from its first checkpoint, the copied one, on */
+			sl->vouched = true;
+		else
+			(void)slot_watch(s, sl);
 	}
 	if (j->r < 0) {
 		job_report_failure(s, c, j);
@@ -671,6 +756,10 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 	}
 	if (j->q.op == ENV_OP_RESTORE || j->q.op == ENV_OP_REBUILD)
 		sl->vouched = false; /* a new tree, watched anew (or not at all) */
+	/* a restore watched before CRIU put its tasks in: the tracer saw everything since the
+	 * restored checkpoint (issue 23 item 2) */
+	if (j->q.op == ENV_OP_RESTORE && j->r >= 0 && j->rewatched)
+		sl->vouched = true;
 	if (j->q.op == ENV_OP_CHECKPOINT)
 		job_report_checkpoint(s, j);
 	if (j->q.op == ENV_OP_CHECKPOINT && j->r >= 0 && j->have_manifest)
@@ -693,6 +782,11 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 			dirty_restore(sl, j);
 		if (j->q.op == ENV_OP_REBUILD && sl->env && !sl->trace_id)
 			(void)slot_watch(s, sl);
+		if (j->q.op == ENV_OP_RESTORE && j->rewatched && sl->env) {
+			/* going back to the head made yet another cgroup */
+			slot_unwatch(s->envs, sl);
+			(void)slot_watch(s, sl);
+		}
 		job_report_failure(s, c, j);
 		return;
 	}
@@ -703,6 +797,8 @@ static void job_done(struct supervisor *s, struct sv_job *jb)
 		break;
 	case ENV_OP_RESTORE:
 	case ENV_OP_REBUILD:
+		if (j->q.op == ENV_OP_RESTORE && j->rewatched)
+			break; /* watched since its fresh cgroup was made */
 		/* The tree is new: the tracer's view restarts with it (the cgroup is new too). */
 		slot_unwatch(s->envs, sl);
 		(void)slot_watch(s, sl);
@@ -792,6 +888,29 @@ void env_job_take_late(struct supervisor *s, struct env_job *j)
 	char **a;
 
 	envs_drain(s);
+	if (j->ho_rewatch) {
+		/* a restore's fresh cgroup, before CRIU puts the tasks in: what they do from
+		 * their first instruction on is seen (the old watch's cgroup is gone) */
+		slot_unwatch(s->envs, sl);
+		j->rewatched = slot_watch(s, sl) >= 0 && sl->trace_id;
+		return;
+	}
+	if (j->ho_fork) {
+		/* a fork's, the same: its slot watched before its tasks run (forks_done) */
+		for (size_t i = 0; i < j->n_forks; i++) {
+			struct env_slot *f = j->fork_slots[i];
+
+			if (strcmp(f->id, j->ho_fork->id) != 0)
+				continue;
+			snprintf(f->root, sizeof(f->root), "%s", j->ho_fork->root);
+			snprintf(f->cgroup, sizeof(f->cgroup), "%s", j->ho_fork->cgroup);
+			snprintf(f->log_path, sizeof(f->log_path), "%s/sidelog.mpk",
+				 j->ho_fork->dir);
+			slot_unwatch(s->envs, f);
+			(void)slot_watch(s, f);
+		}
+		return;
+	}
 	if (!sl->dirty || !s->envs->et) {
 		snprintf(j->full_reason, sizeof(j->full_reason), "%s", "the tracer stopped");
 		return;
@@ -808,6 +927,15 @@ void env_job_take_late(struct supervisor *s, struct env_job *j)
 	if (!a)
 		goto oom;
 	j->dirty_paths = a;
+	if (j->n_late + n > j->cap_late) {
+		size_t cap = j->n_late + n + 16;
+		struct env_fs_dirty *l = reallocarray(j->late_fs, cap, sizeof(*l));
+
+		if (!l)
+			goto oom;
+		j->late_fs = l;
+		j->cap_late = cap;
+	}
 	for (size_t i = 0; i < n; i++) {
 		const char *p = items[i].path;
 		char **hit = bsearch(&p, j->dirty_paths, old, sizeof(*j->dirty_paths), cmp_str_ptr);
@@ -816,6 +944,9 @@ void env_job_take_late(struct supervisor *s, struct env_job *j)
 		if (hit) {
 			if (items[i].subtree)
 				(*hit)[strlen(*hit) + 1] = '1';
+			/* the string stays where it is: the pre-copy's list may point at it */
+			j->late_fs[j->n_late++] =
+				(struct env_fs_dirty){.path = *hit, .subtree = items[i].subtree};
 			continue;
 		}
 		j->dirty_paths[j->n_dirty] = malloc(len + 2);
@@ -823,9 +954,17 @@ void env_job_take_late(struct supervisor *s, struct env_job *j)
 			goto oom;
 		memcpy(j->dirty_paths[j->n_dirty], p, len + 1);
 		j->dirty_paths[j->n_dirty][len + 1] = items[i].subtree ? '1' : '0';
+		j->late_fs[j->n_late++] = (struct env_fs_dirty){.path = j->dirty_paths[j->n_dirty],
+								.subtree = items[i].subtree};
 		j->n_dirty++;
 	}
 	free(items);
+	if (j->ho_reset) {
+		/* a pre-copy round: what comes from now on is the next round's (or the frozen
+		 * phase's); a file still open for writing is dirty again at once */
+		dirty_reset(sl->dirty);
+		(void)dirty_rescan_writers(sl->dirty, sl->cgroup, sl->root[0] ? sl->root : NULL);
+	}
 	qsort(j->dirty_paths, j->n_dirty, sizeof(*j->dirty_paths), cmp_str_ptr);
 	if (job_fs_dirty(j) < 0)
 		snprintf(j->full_reason, sizeof(j->full_reason), "%s", "out of memory");

@@ -136,6 +136,18 @@ out:
 	return r;
 }
 
+struct fork_watch {
+	const struct env_params *p;
+	const struct sv_env *dst;
+};
+
+static void fork_cgroup_ready(void *userdata)
+{
+	const struct fork_watch *w = userdata;
+
+	w->p->restore_watch(w->p->restore_watch_data, w->dst);
+}
+
 int env_fork(const struct sv_env *src, const char *ckpt, const struct env_params *p,
 	     struct sv_env **ret, struct env_manifest *ret_m, char *why, size_t cap)
 {
@@ -186,7 +198,13 @@ int env_fork(const struct sv_env *src, const char *ckpt, const struct env_params
 	}
 	env_write_identity(dst);
 	env_manifest_finish(&m);
-	r = env_restore(dst, id, &m);
+	{
+		struct fork_watch w = {.p = p, .dst = dst};
+		struct env_restore_params rp = {.userdata = &w, .cgroup_ready = fork_cgroup_ready};
+
+		/* watched from before its tasks run: its first checkpoint by the dirty set */
+		r = env_restore_traced(dst, id, p->restore_watch ? &rp : NULL, &m);
+	}
 	if (r < 0) {
 		log_debug_errno(r, "Fork of %s into %s: restore failed: %m (%s)", src->id, dst->id,
 				dst->error);

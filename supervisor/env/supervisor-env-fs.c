@@ -202,7 +202,17 @@ struct scan {
 	 * walk takes over (its names elsewhere are not in the delta). */
 	bool no_links;
 	char path[ENV_PATH_MAX + 2];
+	/* A pre-copy's (supervisor-env-precopy.h): the environment runs, a name can vanish or
+	 * be replaced between its stat and its copy; such an entry is left out (the tracer saw
+	 * the change, after the set was taken: the frozen phase looks at it again). */
+	bool running;
 };
+
+/* r is what a name changed under a running scan gives. */
+static bool raced(const struct scan *sc, int r)
+{
+	return sc->running && (r == -ENOENT || r == -ESTALE || r == -ENOTDIR);
+}
 
 static int cmp_entry_ptr(const void *a, const void *b)
 {
@@ -468,6 +478,13 @@ static int scan_entry(struct scan *sc, int dirfd, const char *name, const struct
 	}
 	if (r >= 0)
 		r = env_manifest_add(sc->out, &e);
+	if (r < 0 && raced(sc, r) && e.kind == ENV_ENTRY_REG && strcmp(e.src, sc->out->id) == 0) {
+		/* left out: its copy too */
+		char key[32];
+
+		snprintf(key, sizeof(key), "%" PRIu64, e.data_key);
+		(void)unlinkat(sc->data_fd, key, 0);
+	}
 	if (owned)
 		env_xattrs_free(e.xattrs, e.n_xattrs);
 	return r;
@@ -526,6 +543,11 @@ static int scan_dir(struct scan *sc, int dirfd, size_t plen, unsigned depth)
 		}
 		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 			r = -errno;
+			if (raced(sc, r)) {
+				r = 0;
+				sc->path[plen] = '\0';
+				continue;
+			}
 			break;
 		}
 		if (S_ISDIR(st.st_mode)) {
@@ -534,13 +556,24 @@ static int scan_dir(struct scan *sc, int dirfd, size_t plen, unsigned depth)
 
 			if (sub < 0) {
 				r = -errno;
+				if (raced(sc, r)) {
+					r = 0;
+					sc->path[plen] = '\0';
+					continue;
+				}
 				break;
 			}
 			r = scan_entry(sc, sub, de->d_name, &st);
 			if (r >= 0)
 				r = scan_dir(sc, sub, plen + !!plen + n, depth + 1);
+			/* a directory removed or moved while read: the tracer has it with its
+			 * subtree; the rest of this one is still read */
+			if (raced(sc, r))
+				r = 0;
 		} else {
 			r = scan_entry(sc, dirfd, de->d_name, &st);
+			if (raced(sc, r))
+				r = 0;
 		}
 		sc->path[plen] = '\0';
 	}
@@ -1205,15 +1238,17 @@ static int scan_touch(struct scan *sc, int upper_fd, const struct touch *t, stru
 		r = gone_add(g, t->path, t->subtree || !S_ISDIR(st.st_mode));
 	if (r < 0)
 		return r;
-	if (!S_ISDIR(st.st_mode))
-		return scan_entry(sc, pfd, name, &st);
+	if (!S_ISDIR(st.st_mode)) {
+		r = scan_entry(sc, pfd, name, &st);
+		return raced(sc, r) ? 0 : r;
+	}
 	sub = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (sub < 0)
-		return -errno;
+		return raced(sc, -errno) ? 0 : -errno;
 	r = scan_entry(sc, sub, name, &st);
 	if (r >= 0 && t->subtree)
 		r = scan_dir(sc, sub, plen, depth + 1);
-	return r;
+	return raced(sc, r) ? 0 : r;
 }
 
 int env_fs_scan_dirty(int upper_fd, const struct env_manifest *base,
@@ -1221,7 +1256,19 @@ int env_fs_scan_dirty(int upper_fd, const struct env_manifest *base,
 		      int data_fd, struct env_manifest *out, struct env_fs_gone *out_gone,
 		      struct env_fs_stats *ret_stats)
 {
+	return env_fs_scan_dirty_keyed(upper_fd, base, dirty, n_dirty, cancel, data_fd, 0, false,
+				       out, out_gone, ret_stats);
+}
+
+int env_fs_scan_dirty_keyed(int upper_fd, const struct env_manifest *base,
+			    const struct env_fs_dirty *dirty, size_t n_dirty,
+			    const atomic_bool *cancel, int data_fd, uint64_t first_key,
+			    bool running, struct env_manifest *out, struct env_fs_gone *out_gone,
+			    struct env_fs_stats *ret_stats)
+{
 	struct scan sc = {
+		.next_key = first_key,
+		.running = running,
 		.base = base,
 		.base_sorted = base ? base->by_path : NULL,
 		.force = always, /* dirty: copied, whatever its metadata says */

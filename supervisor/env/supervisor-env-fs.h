@@ -87,6 +87,15 @@ int env_fs_scan_dirty(int upper_fd, const struct env_manifest *base,
 		      const struct env_fs_dirty *dirty, size_t n_dirty, const atomic_bool *cancel,
 		      int data_fd, struct env_manifest *out, struct env_fs_gone *out_gone,
 		      struct env_fs_stats *ret_stats);
+/* env_fs_scan_dirty, its copies numbered from first_key (data_fd already holds a pre-copy's,
+ * supervisor-env-precopy.h). running: the environment is not frozen (a pre-copy): an entry
+ * whose name vanishes or is replaced between its stat and its copy is left out (not an error),
+ * its copy removed; the tracer saw that change, and the frozen phase looks at it again. */
+int env_fs_scan_dirty_keyed(int upper_fd, const struct env_manifest *base,
+			    const struct env_fs_dirty *dirty, size_t n_dirty,
+			    const atomic_bool *cancel, int data_fd, uint64_t first_key,
+			    bool running, struct env_manifest *out, struct env_fs_gone *out_gone,
+			    struct env_fs_stats *ret_stats);
 
 /* base with delta and gone applied into the empty full (delta's id and fields otherwise
  * untouched): base's order kept (a directory before what it holds, a hard link after its

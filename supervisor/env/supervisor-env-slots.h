@@ -94,6 +94,18 @@ struct env_job {
 	bool ho_done;
 	struct env_fs_dirty *fs_dirty;
 	size_t n_fs_dirty;
+	/* Pre-copy (supervisor-env-precopy.h): the paths gained since the last pre-copy round's
+	 * set (pointing into dirty_paths), and whether the next handover restarts the slot's
+	 * set (a pre-copy round's: what comes after it is the next round's). */
+	struct env_fs_dirty *late_fs;
+	size_t n_late, cap_late;
+	bool ho_reset;
+	/* Restores: the next handover watches the slot's fresh cgroup instead (before CRIU
+	 * restores into it); rewatched: it did. */
+	bool ho_rewatch, rewatched;
+	/* A fork's: the new environment to watch instead (its slot's root, cgroup and log
+	 * taken from it). */
+	const struct sv_env *ho_fork;
 };
 
 struct env_slot *env_slot_find(struct sv_envs *es, const char *id);

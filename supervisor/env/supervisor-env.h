@@ -59,6 +59,11 @@ struct env_params {
 	char *error; /* NULL or where a failed create says why beyond its errno */
 	size_t error_cap;
 	uint32_t userns_base; /* [env] userns: root's host uid/gid (0: no user namespace) */
+	/* env_fork (issue 23 item 2): NULL, or called with restore_watch_data and the new
+	 * environment once its fresh cgroup is made, before CRIU restores the tasks into it:
+	 * the caller starts the tracer's watch there (env_restore_params' cgroup_ready). */
+	void (*restore_watch)(void *userdata, const struct sv_env *e);
+	void *restore_watch_data;
 };
 
 #define ENV_VERIFIED_MAX 16
@@ -149,6 +154,16 @@ struct env_ckpt_params {
 	 * walked instead (tracer off, records lost, watch started after the head). */
 	int (*frozen)(void *userdata, const struct env_fs_dirty **ret_dirty, size_t *ret_n,
 		      const char **ret_why);
+	/* NULL (no pre-copy), or called before the freeze, the environment running (issue 23
+	 * item 2, supervisor-env-precopy.h): round 0, the dirty set the caller snapshotted;
+	 * round k > 0, the paths the tracer saw dirtied since round k - 1's set was taken (its
+	 * set restarted from now). 0 and the set (the caller's until env_checkpoint returns), or
+	 * 1 with *ret_why when the tracer cannot vouch (no pre-copy then). */
+	int (*precopy)(void *userdata, unsigned round, const struct env_fs_dirty **ret_dirty,
+		       size_t *ret_n, const char **ret_why);
+	/* With precopy: after frozen returned 0, the paths dirtied since the last pre-copy round's
+	 * set was taken, up to the freeze (valid until env_checkpoint returns). */
+	void (*late)(void *userdata, const struct env_fs_dirty **ret_dirty, size_t *ret_n);
 };
 
 /* Creates the state directory, overlay, cgroup, and starts the environment. */
@@ -218,6 +233,11 @@ struct env_restore_params {
 	int (*killed)(void *userdata, const struct env_fs_dirty **ret_dirty, size_t *ret_n,
 		      const char **ret_why);
 	void *userdata;
+	/* NULL, or called once the fresh cgroup is made and the upper layer is the target's,
+	 * before CRIU restores the tasks into it (issue 23 item 2): the caller starts the
+	 * tracer's watch of the cgroup there, so that it vouches for everything the restored
+	 * processes do (the next checkpoint's delta from the dirty set, not a walk). */
+	void (*cgroup_ready)(void *userdata);
 };
 int env_restore_traced(struct sv_env *e, const char *id, const struct env_restore_params *p,
 		       struct env_manifest *ret);

@@ -326,6 +326,13 @@ static void pckpt_done(struct supervisor *s, struct envs_policy_ckpt *h,
 		if (t)
 			(void)traj_checkpoint_aborted(t, pc->trajectory);
 	}
+	/* A reply still held on it (a checkpoint cancelled before its freeze, in its pre-copy,
+	 * never thawed: issue 23 item 2) is released now, and its release frees pc (over, its
+	 * outcome taken): pc is not to be looked at after that. */
+	if (referenced(s->traj_ctl, pc)) {
+		release_of(s, pc, now);
+		return;
+	}
 	release_of(s, pc, now);
 	pckpt_maybe_free(s->traj_ctl, pc);
 }

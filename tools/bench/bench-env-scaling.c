@@ -46,6 +46,9 @@ struct scaling_row {
 	char path[ENV_DELTA_PATH_MAX + 1]; /* how the delta was computed: the manifest's */
 	uint64_t freeze_us, fs_us, dump_us, commit_us, restore_us, rollback_us;
 	uint64_t fs_files, fs_bytes;
+	/* the pre-copy's row (issue 23 item 2): the time before the freeze (the copy, the
+	 * environment running), from its first round to the freeze */
+	uint64_t precopy_us;
 };
 
 /* Runs sh -c action inside the environment (its cgroup and every namespace). */
@@ -98,11 +101,15 @@ struct scaling_dirty {
 	size_t n;
 };
 
+/* The pre-copy's span: from its round 0 to the freeze (the frozen callback). */
+static uint64_t precopy_start_us, frozen_at_us;
+
 static int scaling_frozen(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n,
 			  const char **ret_why)
 {
 	struct scaling_dirty *d = userdata;
 
+	frozen_at_us = bench_now_ns() / 1000;
 	(void)ret_why;
 	*ret = d->items;
 	*ret_n = d->n;
@@ -115,16 +122,42 @@ static const struct scaling_dirty touched = {
 	.n = 2,
 };
 
-static int scaling_checkpoint(struct sv_env *e, unsigned turn, const struct scaling_dirty *d,
-			      struct scaling_row *row, char *ret_id, size_t cap)
+/* The pre-copy's tracer: round 0 the turn's set; nothing dirtied since (the environment's
+ * process sleeps), so no further round and nothing copied again frozen but /tmp. */
+static int scaling_precopy(void *userdata, unsigned round, const struct env_fs_dirty **ret,
+			   size_t *ret_n, const char **ret_why)
+{
+	const struct scaling_dirty *d = userdata;
+
+	(void)ret_why;
+	if (round == 0)
+		precopy_start_us = bench_now_ns() / 1000;
+	*ret = d->items;
+	*ret_n = round == 0 ? d->n : 0;
+	return 0;
+}
+
+static void scaling_late(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n)
+{
+	const struct scaling_dirty *d = userdata;
+
+	*ret = d->items;
+	*ret_n = 0;
+}
+
+static int scaling_checkpoint_as(struct sv_env *e, unsigned turn, const struct scaling_dirty *d,
+				 bool precopy, struct scaling_row *row, char *ret_id, size_t cap)
 {
 	struct env_ckpt_params cp = {.trajectory = "scaling",
 				     .turn = turn,
 				     .frozen = d ? scaling_frozen : NULL,
+				     .precopy = d && precopy ? scaling_precopy : NULL,
+				     .late = d && precopy ? scaling_late : NULL,
 				     .userdata = (void *)d};
 	struct env_manifest m;
 	int r;
 
+	precopy_start_us = frozen_at_us = 0;
 	r = env_checkpoint(e, &cp, &m);
 	if (r < 0)
 		return log_error_errno(r, "Checkpoint of %s failed: %m (%s)", e->id, e->error);
@@ -136,12 +169,23 @@ static int scaling_checkpoint(struct sv_env *e, unsigned turn, const struct scal
 		.commit_us = m.commit_us,
 		.fs_files = m.fs_files,
 		.fs_bytes = m.fs_bytes,
+		.precopy_us = precopy && precopy_start_us && frozen_at_us > precopy_start_us
+				      ? frozen_at_us - precopy_start_us
+				      : 0,
 	};
-	snprintf(row->path, sizeof(row->path), "%s", m.delta_path);
+	snprintf(row->path, sizeof(row->path), "%s",
+		 precopy && strcmp(m.delta_path, ENV_DELTA_PATH_DIRTY_SET) == 0 ? "pre-copy"
+										: m.delta_path);
 	if (ret_id)
 		snprintf(ret_id, cap, "%s", m.id);
 	env_manifest_finish(&m);
 	return 0;
+}
+
+static int scaling_checkpoint(struct sv_env *e, unsigned turn, const struct scaling_dirty *d,
+			      struct scaling_row *row, char *ret_id, size_t cap)
+{
+	return scaling_checkpoint_as(e, turn, d, false, row, ret_id, cap);
 }
 
 /* reps of (touch, checkpoint, touch, restore) by the walk (d NULL) or the dirty set, medians
@@ -204,12 +248,18 @@ static int scaling_reps(struct sv_env *e, unsigned n, unsigned reps, unsigned *t
 }
 
 /* One environment of n files: the walk's rows in ret[0], the dirty set's in ret[1]; add > 0:
- * then a turn that adds that many files, for each path (ret_add[0], ret_add[1]). */
+ * then a turn that adds that many files, for each path (ret_add[0] the walk, ret_add[1] the
+ * dirty set copied frozen, ret_add[2] the dirty set pre-copied). */
 static int scaling_size(const struct env_params *base_p, unsigned n, unsigned reps, unsigned add,
-			struct scaling_row ret[2], struct scaling_row ret_add[2])
+			struct scaling_row ret[2], struct scaling_row ret_add[3])
 {
 	static const struct scaling_dirty added = {
 		.items = {{.path = "/work/added1", .subtree = true},
+			  {.path = "/work", .subtree = false}},
+		.n = 2,
+	};
+	static const struct scaling_dirty added2 = {
+		.items = {{.path = "/work/added2", .subtree = true},
 			  {.path = "/work", .subtree = false}},
 		.n = 2,
 	};
@@ -240,7 +290,11 @@ static int scaling_size(const struct env_params *base_p, unsigned n, unsigned re
 			r = scaling_fill(e, "added1", add);
 		if (r >= 0)
 			r = scaling_checkpoint(e, turn++, &added, &ret_add[1], NULL, 0);
-		ret_add[0].files = ret_add[1].files = add;
+		if (r >= 0)
+			r = scaling_fill(e, "added2", add);
+		if (r >= 0)
+			r = scaling_checkpoint_as(e, turn++, &added2, true, &ret_add[2], NULL, 0);
+		ret_add[0].files = ret_add[1].files = ret_add[2].files = add;
 	}
 	env_destroy(e);
 	return r;
@@ -258,6 +312,9 @@ static void scaling_json_row(json_object *arr, const struct scaling_row *w)
 	json_object_object_add(o, "commit_us", json_object_new_int64((int64_t)w->commit_us));
 	json_object_object_add(o, "fs_files", json_object_new_int64((int64_t)w->fs_files));
 	json_object_object_add(o, "fs_bytes", json_object_new_int64((int64_t)w->fs_bytes));
+	if (w->precopy_us)
+		json_object_object_add(o, "precopy_us",
+				       json_object_new_int64((int64_t)w->precopy_us));
 	if (w->restore_us) {
 		json_object_object_add(o, "restore_us",
 				       json_object_new_int64((int64_t)w->restore_us));
@@ -305,7 +362,7 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 	const unsigned *sizes = sizes_full;
 	size_t n_sizes = ARRAY_SIZE(sizes_full);
 	unsigned reps = REPS_MAX, add = 100000;
-	struct scaling_row rows[ARRAY_SIZE(sizes_full)][2] = {0}, added[2] = {0};
+	struct scaling_row rows[ARRAY_SIZE(sizes_full)][2] = {0}, added[3] = {0};
 	struct bench_kinds kinds = {0};
 	int rk;
 	char dir[] = "/tmp/belayer-bench-scale.XXXXXX", base[PATH_MAX], state[PATH_MAX],
@@ -369,7 +426,7 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 		for (size_t i = 0; i < n_sizes; i++)
 			for (size_t k = 0; k < 2; k++)
 				scaling_json_row(arr, &rows[i][k]);
-		for (size_t k = 0; k < 2; k++)
+		for (size_t k = 0; k < 3; k++)
 			scaling_json_row(adds, &added[k]);
 		json_object_object_add(j, "reps", json_object_new_int((int)reps));
 		json_object_object_add(j, "one_changed_file", arr);
@@ -398,12 +455,14 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 				snprintf(what, sizeof(what), "%u", rows[i][k].files);
 				scaling_print_row(what, &rows[i][k]);
 			}
-		for (size_t k = 0; k < 2; k++) {
+		for (size_t k = 0; k < 3; k++) {
 			char what[32];
 
 			snprintf(what, sizeof(what), "+%u new", added[k].files);
 			scaling_print_row(what, &added[k]);
 		}
+		printf("(pre-copy: %.1f ms copying before the freeze, the environment running)\n",
+		       added[2].precopy_us / 1e3);
 		if (rk >= 0) {
 			printf("\nenv-scaling: checkpoint kinds at %u files (median of %u); ms\n",
 			       kinds.files, reps);

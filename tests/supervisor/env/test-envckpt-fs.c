@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -690,6 +691,477 @@ static void test_dirty_walks(void **state)
 	content_is(in_root(f, "work/solo"), "lost\n");
 	env_manifest_finish(&m1);
 	env_manifest_finish(&m2);
+}
+
+/* --- pre-copy (issue 23 item 2) ----------------------------------------------------------- */
+
+/*
+ * The tracer as a pre-copy sees it: round 0 the turn's dirty set; every later round and the
+ * frozen phase what a writer running all along dirties (its file). The frozen callback
+ * records the instant the dump sees: the rewritten file's bytes and a walk of the upper layer,
+ * both read while frozen.
+ */
+struct precopy_tracer {
+	struct fake_tracer all; /* the whole set (frozen's answer) */
+	struct env_fs_dirty late[3];
+	/* a tree removed while round 0 reads it (through the overlay, as the environment
+	 * would; done before the next round) */
+	const char *rm_path;
+	pid_t rm_pid;
+	unsigned precopy_calls, late_calls;
+	struct envckpt_fx *f;
+	const struct env_manifest *base;
+	char at_start[64], at_freeze[64];
+	struct env_manifest walk;
+	char walk_data[PATH_MAX];
+};
+
+static void read_small(const char *path, char *buf, size_t cap)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n;
+
+	assert_true(fd >= 0);
+	n = read(fd, buf, cap - 1);
+	close(fd);
+	assert_true(n >= 0);
+	buf[n] = '\0';
+}
+
+/* m without the entry at path, into out. */
+static void without(const struct env_manifest *m, const char *path, struct env_manifest *out)
+{
+	*out = (struct env_manifest){0};
+	snprintf(out->id, sizeof(out->id), "%s", m->id);
+	for (size_t i = 0; i < m->n_entries; i++)
+		if (strcmp(m->entries[i].path, path) != 0)
+			assert_int_equal(env_manifest_add(out, &m->entries[i]), 0);
+}
+
+/* The environment's cgroup frozen (or thawed), waited for. */
+static void freeze(struct envckpt_fx *f, bool on)
+{
+	char path[PATH_MAX], ev[256];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/cgroup.freeze", f->env->cgroup);
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, on ? "1" : "0", 1), 1);
+	close(fd);
+	snprintf(path, sizeof(path), "%s/cgroup.events", f->env->cgroup);
+	for (int i = 0; i < 5000; i++) {
+		read_small(path, ev, sizeof(ev));
+		if (strstr(ev, on ? "frozen 1" : "frozen 0"))
+			return;
+		usleep(1000);
+	}
+	fail_msg("%s: not %s", f->env->cgroup, on ? "frozen" : "thawed");
+}
+
+/* The removal done (before the freeze's instant, as the environment's own would be). */
+static void rm_wait(struct precopy_tracer *t)
+{
+	int status;
+
+	if (t->rm_pid <= 0)
+		return;
+	assert_int_equal(waitpid(t->rm_pid, &status, 0), t->rm_pid);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	t->rm_pid = 0;
+}
+
+static int pc_precopy(void *userdata, unsigned round, const struct env_fs_dirty **ret,
+		      size_t *ret_n, const char **ret_why)
+{
+	struct precopy_tracer *t = userdata;
+
+	(void)ret_why;
+	t->precopy_calls++;
+	if (round == 0 && t->rm_path) {
+		t->rm_pid = fork();
+		assert_true(t->rm_pid >= 0);
+		if (t->rm_pid == 0) {
+			execlp("rm", "rm", "-rf", t->rm_path, (char *)NULL);
+			_exit(127);
+		}
+	} else {
+		rm_wait(t);
+	}
+	if (round == 0) {
+		char path[PATH_MAX];
+
+		snprintf(path, sizeof(path), "%s/work/loop", t->f->env->upper);
+		read_small(path, t->at_start, sizeof(t->at_start));
+		*ret = t->all.items;
+		*ret_n = t->all.n;
+		return 0;
+	}
+	*ret = t->late;
+	*ret_n = ARRAY_SIZE(t->late);
+	return 0;
+}
+
+static void pc_late(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n)
+{
+	struct precopy_tracer *t = userdata;
+	char path[PATH_MAX];
+
+	t->late_calls++;
+	assert_int_equal(t->rm_pid, 0);
+	/* frozen: what the dump sees */
+	snprintf(path, sizeof(path), "%s/work/loop", t->f->env->upper);
+	read_small(path, t->at_freeze, sizeof(t->at_freeze));
+	walk_now(t->f, t->base, &t->walk, t->walk_data);
+	*ret = t->late;
+	*ret_n = ARRAY_SIZE(t->late);
+}
+
+static int pc_frozen(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n,
+		     const char **ret_why)
+{
+	struct precopy_tracer *t = userdata;
+
+	rm_wait(t); /* a pre-copy given up after round 0 asked no further round */
+	return fake_frozen(&t->all, ret, ret_n, ret_why);
+}
+
+/*
+ * A turn of 3,000 new files copied before the freeze while a process rewrites a file in a loop
+ * the whole time, and 3,000 more removed while the pre-copy reads them: the checkpoint holds the
+ * file as the dump saw it (read while frozen), not as the pre-copy read it, and its index equals
+ * a walk of the upper layer at the frozen instant, entry for entry (the removed tree absent);
+ * the pre-copy survived the names vanishing under it (the frozen phase was asked for what came
+ * since its last round only). A restore rebuilds exactly that index.
+ */
+static void test_precopy_rewritten(void **state)
+{
+	struct envckpt_fx *f = *state;
+	struct env_manifest m1 = {0}, m2 = {0};
+	struct precopy_tracer t = {.f = f};
+	char path[PATH_MAX], ckpts[PATH_MAX], data[64], rm_path[PATH_MAX];
+	const struct env_entry *e;
+	struct env_ckpt_params p = {.trajectory = "traj-fs",
+				    .turn = 2,
+				    .frozen = pc_frozen,
+				    .precopy = pc_precopy,
+				    .late = pc_late,
+				    .userdata = &t};
+
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
+	envckpt_fx_prepare(f, "belayer-envckpt-fs");
+	/* the writer: the environment's own process, rewriting its file in place all along (never
+	 * truncated: a count of fixed width over the last) */
+	envckpt_fx_create(f, "precopy",
+			  "cd /work; echo 000000000 >/work/loop; touch /work/ready; i=0; "
+			  "while :; do i=$((i+1)); printf %09d $i 1<>/work/loop; done",
+			  0);
+	snprintf(ckpts, sizeof(ckpts), "%s/ckpt", f->env->dir);
+	checkpoint(f, 1, &m1);
+	t.base = &m1;
+
+	/* the turn: 3,000 files in a new directory, and the writer */
+	assert_int_equal(mkdir(in_root(f, "work/bulk"), 0755), 0);
+	for (int d = 0; d < 3; d++) {
+		snprintf(path, sizeof(path), "work/bulk/%d", d);
+		assert_int_equal(mkdir(in_root(f, path), 0755), 0);
+		for (int i = 1; i <= 1000; i++) {
+			snprintf(path, sizeof(path), "work/bulk/%d/%d", d, i);
+			snprintf(data, sizeof(data), "file %d of %d\n", i, d);
+			write_file(in_root(f, path), data, 0644);
+		}
+	}
+	dirty(&t.all, "/work/bulk", true), dirty(&t.all, "/work", false);
+	dirty(&t.all, "/work/loop", true);
+	/* and 3,000 more in a tree removed while the pre-copy reads it (first, by name): names
+	 * that vanish between the pre-copy's readdir, stat and copy */
+	assert_int_equal(mkdir(in_root(f, "work/a-gone"), 0755), 0);
+	for (int d = 0; d < 3; d++) {
+		snprintf(path, sizeof(path), "work/a-gone/%d", d);
+		assert_int_equal(mkdir(in_root(f, path), 0755), 0);
+		for (int i = 1; i <= 1000; i++) {
+			snprintf(path, sizeof(path), "work/a-gone/%d/%d", d, i);
+			write_file(in_root(f, path), "gone\n", 0644);
+		}
+	}
+	dirty(&t.all, "/work/a-gone", true);
+	snprintf(rm_path, sizeof(rm_path), "%s", in_root(f, "work/a-gone"));
+	t.rm_path = rm_path;
+	t.late[0] = (struct env_fs_dirty){.path = "/work/loop", .subtree = true};
+	t.late[1] = (struct env_fs_dirty){.path = "/work", .subtree = false};
+	t.late[2] = (struct env_fs_dirty){.path = "/work/a-gone", .subtree = true};
+
+	assert_int_equal(env_checkpoint(f->env, &p, &m2), 0);
+	print_message("pre-copy: %u calls; frozen FS phase %" PRIu64 " us for %" PRIu64
+		      " files; loop %s at the pre-copy's start, %s frozen\n",
+		      t.precopy_calls, m2.fs_us, m2.fs_files, t.at_start, t.at_freeze);
+	assert_true(t.precopy_calls >= 1);
+	assert_int_equal(t.late_calls, 1);
+	assert_string_equal(m2.delta_path, "dirty-set");
+	assert_false(m2.full_diff);
+	/* the writer ran during the pre-copy: its file's pre-copied bytes are stale */
+	assert_string_not_equal(t.at_start, t.at_freeze);
+	e = entry_of(&m2, "work/loop");
+	assert_non_null(e);
+	assert_string_equal(e->src, m2.id);
+	snprintf(path, sizeof(path), "%s/%s/data/%" PRIu64, ckpts, e->src, e->data_key);
+	read_small(path, data, sizeof(data));
+	assert_string_equal(data, t.at_freeze);
+	/* the whole index is the frozen instant's */
+	same_entries("pre-copy vs walk frozen", ckpts, t.walk_data, &m2, &t.walk, true);
+	assert_non_null(entry_of(&m2, "work/bulk/2/1000"));
+	assert_null(entry_of(&m2, "work/a-gone"));
+	/* nothing stale left in its data: one file per copy it references */
+	{
+		size_t refs = 0, files = 0;
+		DIR *d;
+		struct dirent *de;
+
+		for (size_t i = 0; i < m2.n_entries; i++)
+			refs += m2.entries[i].kind == ENV_ENTRY_REG &&
+				strcmp(m2.entries[i].src, m2.id) == 0;
+		snprintf(path, sizeof(path), "%s/%s/data", ckpts, m2.id);
+		d = opendir(path);
+		assert_non_null(d);
+		while ((de = readdir(d)))
+			files += de->d_name[0] != '.';
+		closedir(d);
+		assert_int_equal(files, refs);
+	}
+
+	/* The restore rebuilds exactly m2's index; its writer runs again at once: frozen, the
+	 * layer is m2's but for the loop's file, which holds the frozen count or a later one. */
+	restore(f, m2.id);
+	freeze(f, true);
+	{
+		struct env_manifest a = {0}, b = {0}, w = {0};
+		char walk_data[PATH_MAX];
+
+		walk_now(f, NULL, &w, walk_data);
+		without(&m2, "work/loop", &a);
+		without(&w, "work/loop", &b);
+		same_entries("restored", ckpts, walk_data, &a, &b, false);
+		env_manifest_finish(&a);
+		env_manifest_finish(&b);
+		env_manifest_finish(&w);
+	}
+	read_small(in_root(f, "work/loop"), data, sizeof(data));
+	print_message("restored: loop %s (frozen %s)\n", data, t.at_freeze);
+	assert_true(strtoull(data, NULL, 10) >= strtoull(t.at_freeze, NULL, 10));
+	freeze(f, false);
+	env_manifest_finish(&t.walk);
+	env_manifest_finish(&m1);
+	env_manifest_finish(&m2);
+}
+
+/*
+ * Rounds: the tracer as a turn that keeps rewriting fewer and fewer files while they are
+ * copied. Round k (k = 1, 2, 3) rewrites the first ROUND_N[k] files of bulk/0 with "r<k>" and
+ * names them (what was dirtied since the previous round's set); round 3's 10 are too few for a
+ * round of their own: the frozen phase copies them.
+ */
+static const unsigned round_n[] = {0, 300, 100, 10};
+
+struct rounds_tracer {
+	struct fake_tracer all;
+	char paths[300][32];
+	struct env_fs_dirty set[300];
+	size_t n_set;
+	unsigned calls, late_calls;
+	struct envckpt_fx *f;
+	const struct env_manifest *base;
+	struct env_manifest walk;
+	char walk_data[PATH_MAX];
+};
+
+static int rounds_precopy(void *userdata, unsigned round, const struct env_fs_dirty **ret,
+			  size_t *ret_n, const char **ret_why)
+{
+	struct rounds_tracer *t = userdata;
+	char path[PATH_MAX], data[16];
+
+	(void)ret_why;
+	t->calls++;
+	if (round == 0) {
+		*ret = t->all.items;
+		*ret_n = t->all.n;
+		return 0;
+	}
+	assert_true(round < ARRAY_SIZE(round_n));
+	snprintf(data, sizeof(data), "r%u\n", round);
+	t->n_set = 0;
+	for (unsigned i = 1; i <= round_n[round]; i++) {
+		snprintf(path, sizeof(path), "work/bulk/0/%u", i);
+		write_file(in_root(t->f, path), data, 0644);
+		snprintf(t->paths[t->n_set], sizeof(t->paths[0]), "/%s", path);
+		t->set[t->n_set] =
+			(struct env_fs_dirty){.path = t->paths[t->n_set], .subtree = true};
+		t->n_set++;
+	}
+	*ret = t->set;
+	*ret_n = t->n_set;
+	return 0;
+}
+
+static void rounds_late(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n)
+{
+	struct rounds_tracer *t = userdata;
+
+	t->late_calls++;
+	walk_now(t->f, t->base, &t->walk, t->walk_data);
+	/* the last round's set, not copied, and nothing since */
+	*ret = t->set;
+	*ret_n = t->n_set;
+}
+
+/* Rounds while the re-dirtied set shrinks (300, 100, then 10: frozen): every file holds its
+ * last bytes, the index equals a walk at the frozen instant, and the data directory holds one
+ * file per copy the index references (the superseded ones removed). */
+static void test_precopy_rounds(void **state)
+{
+	struct envckpt_fx *f = *state;
+	struct env_manifest m1 = {0}, m2 = {0};
+	struct rounds_tracer t = {.f = f};
+	struct env_ckpt_params p = {.trajectory = "traj-fs",
+				    .turn = 2,
+				    .frozen = fake_frozen,
+				    .precopy = rounds_precopy,
+				    .late = rounds_late,
+				    .userdata = &t};
+	char path[PATH_MAX], ckpts[PATH_MAX], data[64];
+	size_t refs = 0, files = 0;
+	struct dirent *de;
+	DIR *d;
+
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
+	envckpt_fx_prepare(f, "belayer-envckpt-fs");
+	envckpt_fx_create(f, "rounds", env_cmd, 0);
+	snprintf(ckpts, sizeof(ckpts), "%s/ckpt", f->env->dir);
+	checkpoint(f, 1, &m1);
+	t.base = &m1;
+	assert_int_equal(mkdir(in_root(f, "work/bulk"), 0755), 0);
+	for (int dd = 0; dd < 2; dd++) {
+		snprintf(path, sizeof(path), "work/bulk/%d", dd);
+		assert_int_equal(mkdir(in_root(f, path), 0755), 0);
+		for (int i = 1; i <= 1000; i++) {
+			snprintf(path, sizeof(path), "work/bulk/%d/%d", dd, i);
+			write_file(in_root(f, path), "r0\n", 0644);
+		}
+	}
+	dirty(&t.all, "/work/bulk", true), dirty(&t.all, "/work", false);
+
+	assert_int_equal(env_checkpoint(f->env, &p, &m2), 0);
+	assert_int_equal(t.calls, 4); /* rounds 0-2 copied, round 3's set left to the freeze */
+	assert_int_equal(t.late_calls, 1);
+	assert_string_equal(m2.delta_path, "dirty-set");
+	same_entries("rounds vs walk frozen", ckpts, t.walk_data, &m2, &t.walk, true);
+	for (unsigned i = 1; i <= 1000; i += 1) {
+		const struct env_entry *e;
+
+		snprintf(path, sizeof(path), "work/bulk/0/%u", i);
+		e = entry_of(&m2, path);
+		assert_non_null(e);
+		snprintf(path, sizeof(path), "%s/%s/data/%" PRIu64, ckpts, e->src, e->data_key);
+		read_small(path, data, sizeof(data));
+		assert_string_equal(data, i <= 10    ? "r3\n"
+					  : i <= 100 ? "r2\n"
+					  : i <= 300 ? "r1\n"
+						     : "r0\n");
+	}
+	for (size_t i = 0; i < m2.n_entries; i++)
+		refs += m2.entries[i].kind == ENV_ENTRY_REG &&
+			strcmp(m2.entries[i].src, m2.id) == 0;
+	snprintf(path, sizeof(path), "%s/%s/data", ckpts, m2.id);
+	d = opendir(path);
+	assert_non_null(d);
+	while ((de = readdir(d)))
+		files += de->d_name[0] != '.';
+	closedir(d);
+	assert_int_equal(files, refs);
+	print_message("rounds: %" PRIu64 " copies for %zu files, frozen FS phase %" PRIu64 " us\n",
+		      m2.fs_files, refs, m2.fs_us);
+	env_manifest_finish(&t.walk);
+	env_manifest_finish(&m1);
+	env_manifest_finish(&m2);
+}
+
+struct cancel_tracer {
+	struct fake_tracer all;
+	atomic_bool cancel;
+	unsigned precopy_calls;
+};
+
+static int cancel_precopy(void *userdata, unsigned round, const struct env_fs_dirty **ret,
+			  size_t *ret_n, const char **ret_why)
+{
+	struct cancel_tracer *t = userdata;
+
+	(void)round, (void)ret_why;
+	t->precopy_calls++;
+	/* the bubble ends as the pre-copy starts */
+	atomic_store(&t->cancel, true);
+	*ret = t->all.items;
+	*ret_n = t->all.n;
+	return 0;
+}
+
+static void cancel_late(void *userdata, const struct env_fs_dirty **ret, size_t *ret_n)
+{
+	(void)userdata, (void)ret;
+	*ret_n = 0;
+	fail_msg("a cancelled pre-copy froze");
+}
+
+static void cancel_thawed(void *userdata)
+{
+	(void)userdata;
+	fail_msg("a checkpoint cancelled before its freeze thawed");
+}
+
+/* A checkpoint cancelled during its pre-copy (the policy's bubble ended): -ECANCELED, never
+ * frozen, nothing left of it (no .tmp-*, the head unchanged), and the next one commits. */
+static void test_precopy_cancel(void **state)
+{
+	struct envckpt_fx *f = *state;
+	struct env_manifest m1 = {0}, m2 = {0}, m3 = {0};
+	struct cancel_tracer t = {0};
+	struct env_ckpt_params p = {.trajectory = "traj-fs",
+				    .turn = 2,
+				    .frozen = fake_frozen,
+				    .precopy = cancel_precopy,
+				    .late = cancel_late,
+				    .thawed = cancel_thawed,
+				    .cancel = &t.cancel,
+				    .userdata = &t};
+	char path[PATH_MAX], head[ENV_ID_MAX + 1];
+	struct dirent *de;
+	DIR *d;
+
+	TEST_REQUIRE(fixture_env_preconditions(), FIXTURE_ENV_NEEDS);
+	envckpt_fx_prepare(f, "belayer-envckpt-fs");
+	envckpt_fx_create(f, "precancel", env_cmd, 0);
+	checkpoint(f, 1, &m1);
+	assert_int_equal(mkdir(in_root(f, "work/bulk"), 0755), 0);
+	for (int i = 0; i < 500; i++) {
+		snprintf(path, sizeof(path), "work/bulk/%d", i);
+		write_file(in_root(f, path), "x\n", 0644);
+	}
+	dirty(&t.all, "/work/bulk", true), dirty(&t.all, "/work", false);
+	snprintf(head, sizeof(head), "%s", f->env->head);
+	/* fake_frozen's userdata is the fake_tracer at t's start */
+	assert_int_equal(env_checkpoint(f->env, &p, &m2), -ECANCELED);
+	assert_int_equal(t.precopy_calls, 1);
+	assert_int_equal(t.all.calls, 0);
+	assert_string_equal(f->env->head, head);
+	snprintf(path, sizeof(path), "%s/ckpt", f->env->dir);
+	d = opendir(path);
+	assert_non_null(d);
+	while ((de = readdir(d)))
+		assert_false(strncmp(de->d_name, ".tmp-", 5) == 0);
+	closedir(d);
+	checkpoint(f, 3, &m3);
+	assert_non_null(entry_of(&m3, "work/bulk/499"));
+	env_manifest_finish(&m1);
 	env_manifest_finish(&m3);
 }
 
@@ -703,6 +1175,12 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_dirty_kinds, envckpt_fx_setup,
 						envckpt_fx_teardown),
 		cmocka_unit_test_setup_teardown(test_dirty_walks, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_precopy_rewritten, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_precopy_cancel, envckpt_fx_setup,
+						envckpt_fx_teardown),
+		cmocka_unit_test_setup_teardown(test_precopy_rounds, envckpt_fx_setup,
 						envckpt_fx_teardown),
 	};
 
