@@ -302,6 +302,19 @@ static void expect_line(struct peer *p, const char *prefix, char *buf, size_t ca
 	while (read_line(p->out, buf, cap))
 		if (strncmp(buf, prefix, strlen(prefix)) == 0)
 			return;
+	/* what the process said on its way out */
+	for (;;) {
+		struct pollfd pfd = {.fd = p->err, .events = POLLIN};
+		ssize_t n;
+
+		if (poll(&pfd, 1, 0) != 1)
+			break;
+		n = read(p->err, buf, cap - 1);
+		if (n <= 0)
+			break;
+		buf[n] = '\0';
+		print_message("%s", buf);
+	}
 	fail_msg("no line \"%s\" from process %d", prefix, p->pid);
 }
 
@@ -836,6 +849,7 @@ static void engine_start(struct fixture *f, struct peer *p, struct peer *p1, con
 			      "--kv-cache-bytes",
 			      "16M",
 			      "--cuda-graph",
+			      "--index-tables",
 			      p1 ? "--tensor-parallel-size" : NULL,
 			      "2",
 			      "--custom-all-reduce",
