@@ -20,7 +20,6 @@
 #include <string.h>
 
 #include "log.h"
-#include "shim-config.h"
 #include "shim-conn-queue.h"
 #include "shim-meminfo.h"
 #include "shim-regions.h"
