@@ -57,10 +57,10 @@ int meminfo_parse(const char *s, struct proto_mem_info *ret, size_t cap, size_t 
 				return -EINVAL;
 			s = k < 2 ? end + 1 : end;
 		}
-		if (*s == ',')
+		if (*s == ',' && s[1])
 			s++;
 		else if (*s)
-			return -EINVAL;
+			return -EINVAL; /* another character, or a trailing comma */
 		if (v[0] >= PROTO_MAX_DEVICES || v[1] > v[2] || n >= cap ||
 		    seq[v[0]] >= PROTO_MAX_MEM_INFO || v[2] > SIZE_MAX)
 			return -EINVAL;
