@@ -32,7 +32,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 /* what the engine was told, per device, in call order */
 static struct proto_mem_info told[PROTO_MAX_DEVICES][PROTO_MAX_MEM_INFO];
 static uint32_t n_told[PROTO_MAX_DEVICES];
-/* a shadow's: the primary's answers and how many of each device's were used */
+/* a shadow's: the primary's answers, each with its device and call number */
 static struct proto_mem_info *given;
 static size_t n_given;
 static bool given_read, passed_logged;
@@ -106,7 +106,7 @@ static bool substitute_locked(int dev, uint32_t seq, size_t *free_bytes, size_t 
 	if (!passed_logged) {
 		passed_logged = true;
 		log_warning("Shadow: no recorded primary answer for cuMemGetInfo #%" PRIu32
-			    " on device %d; answering the device's own figures from here on, "
+			    " on device %d: answering the device's own figures (logged once), "
 			    "so this shadow may size itself unlike its primary.",
 			    seq, dev);
 	}

@@ -484,7 +484,7 @@ static void test_capture_beside_pending_collective(void **state)
 static void test_engine_classification(void **state)
 {
 	struct fixture *f = *state;
-	const char *argv[] = {WORKLOAD_PATH, "engine-reprobe", NULL};
+	const char *argv[] = {WORKLOAD_PATH, "engine-index", NULL};
 	struct wenv e;
 	struct proc w;
 	char line[256], w1[64], w2[64];
