@@ -286,6 +286,13 @@ static const struct field promote_done_fields[] = {
 	F_STR("msg", promote_done.message),
 };
 
+static const struct field mem_info_fields[] = {
+	F_U32("dev", mem_info.device, 0, PROTO_MAX_DEVICES - 1),
+	F_U32("seq", mem_info.seq, 0, PROTO_MAX_MEM_INFO - 1),
+	F_U64("free", mem_info.free),
+	F_U64("total", mem_info.total),
+};
+
 /* Agent environments (types 30-39). */
 #define OPT_STR(k, member)                                                                        \
 	{                                                                                         \
@@ -526,6 +533,7 @@ static const struct msg_type msg_types[_PROTO_TYPE_MAX] = {
 			       .fd_offsets = {AT(promote_map.fd)}},
 	[PROTO_PROMOTE_COMMIT] = {"promote-commit", FIELDS(promote_commit_fields)},
 	[PROTO_PROMOTE_DONE] = {"promote-done", FIELDS(promote_done_fields)},
+	[PROTO_MEM_INFO] = {"mem-info", FIELDS(mem_info_fields)},
 	[PROTO_ENV_REQUEST] = {"env-request", FIELDS(env_request_fields)},
 	[PROTO_ENV_INFO] = {"env-info", FIELDS(env_info_fields)},
 	[PROTO_ENV_ITEM] = {"env-item", FIELDS(env_item_fields)},

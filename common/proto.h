@@ -71,6 +71,13 @@
  *   PROTO_PROMOTE_DONE (24), shadow -> supervisor, no fd:
  *     "code": int 0..INT32_MAX (0: ok, else errno)  "n": uint32 -> n_regions (mapped)
  *     "ns": uint64 (remap time)  "msg": str -> message
+ *   PROTO_MEM_INFO (25), shim -> supervisor, no fd: the answer the engine got from one
+ *     cuMemGetInfo (review finding 6: a shadow is given its primary's answers, in order)
+ *     "dev": uint32 0..PROTO_MAX_DEVICES-1 -> device (the CUDA ordinal of the call's context)
+ *     "seq": uint32 0..PROTO_MAX_MEM_INFO-1 (the call's number on that device, from 0)
+ *     "free", "total": uint64 (bytes)
+ *     Sent as the engine calls (and again, all of them, after a reconnect); only the first
+ *     PROTO_MAX_MEM_INFO calls of a device are recorded.
  *   After a PROMOTE_DONE with code 0 the shim is a primary: on the same connection it sends
  *   a fresh PROTO_HELLO with role primary, then one PROTO_REGION_ANNOUNCE (with fd) per
  *   promoted region (cls, ord, va as in its SHADOW_REGION, "wver" from the COMMIT), and from
@@ -205,6 +212,9 @@
 #define PROTO_UUID_LEN	  16
 #define PROTO_MAX_KEYS	  32
 
+/* cuMemGetInfo answers recorded per device (PROTO_MEM_INFO) */
+#define PROTO_MAX_MEM_INFO 64
+
 enum proto_type {
 	PROTO_HELLO = 1,	   /* shim -> supervisor: who is speaking */
 	PROTO_REGION_ANNOUNCE = 2, /* shim -> supervisor: one tracked region, with its fd */
@@ -226,6 +236,7 @@ enum proto_type {
 	PROTO_PROMOTE_MAP = 22,	   /* supervisor -> shadow: a primary region's fd for a region */
 	PROTO_PROMOTE_COMMIT = 23, /* supervisor -> shadow: remap everything now */
 	PROTO_PROMOTE_DONE = 24,   /* shadow -> supervisor: the commit's outcome */
+	PROTO_MEM_INFO = 25,	   /* shim -> supervisor: a cuMemGetInfo answer its engine got */
 	/* 25-29: shadow promotion's; 30-39: agent environments. */
 	PROTO_ENV_REQUEST = 30, /* peer -> supervisor: an environment operation */
 	PROTO_ENV_INFO = 31,	/* supervisor -> peer: an environment or a checkpoint */
@@ -590,6 +601,13 @@ struct proto_promote_map {
 	int fd; /* owned by the message after decode */
 };
 
+struct proto_mem_info {
+	uint32_t device;
+	uint32_t seq;
+	uint64_t free;
+	uint64_t total;
+};
+
 struct proto_promote_commit {
 	uint32_t n_regions;
 	uint64_t hash;
@@ -822,6 +840,7 @@ struct proto_msg {
 		struct proto_traj_info traj_info;
 		struct proto_image_request image_request;
 		struct proto_image_info image_info;
+		struct proto_mem_info mem_info;
 	};
 };
 

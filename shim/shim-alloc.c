@@ -11,6 +11,7 @@
 #include "log.h"
 #include "shim-alloc.h"
 #include "shim-classify.h"
+#include "shim-meminfo.h"
 #include "shim-config.h"
 #include "shim-conn.h"
 #include "shim-device.h"
@@ -409,8 +410,17 @@ CUresult shim_mem_get_info(size_t *free_bytes, size_t *total_bytes)
 	if (!real)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	r = real(free_bytes, total_bytes);
-	if (r == CUDA_SUCCESS && !shim_busy)
+	if (r == CUDA_SUCCESS && !shim_busy) {
+		const struct real_extra *x = real_extra();
+		CUdevice dev = -1;
+
+		shim_busy++;
+		if (!x->cuCtxGetDevice || x->cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+			dev = -1;
+		shim_busy--;
+		meminfo_answer(dev, free_bytes, total_bytes);
 		classify_note_mem_get_info();
+	}
 	return r;
 }
 

@@ -7,9 +7,18 @@
  *   3. the engine's phase. Engines load weights, then size the KV cache from cuMemGetInfo
  *      and allocate it. A cuMemGetInfo counts as that probe only once some weights exist
  *      (vLLM and SGLang also query memory before loading); the first large allocation after
- *      it opens the KV window, consecutive large allocations stay in it, and any other
- *      tracked allocation, a tracked free or a new cuMemGetInfo closes it. Before the first
- *      probe everything is weights; after it, what is not KV is other.
+ *      it opens the KV window, consecutive large allocations of the same size as that first
+ *      one stay in it, and any other tracked allocation, a tracked free or a new cuMemGetInfo
+ *      closes it. Before the first probe everything is weights; after it, what is not KV is
+ *      other.
+ * Why the same size: engines allocate the KV cache as equal tensors (vLLM: one per layer or
+ * per KV-cache group, sized alike; SGLang: a K and a V buffer per layer), and put index and
+ * metadata buffers right next to them (vLLM's block tables and slot mapping, SGLang's
+ * free-slot list), which are large too but of another size. Those must not be KV: in a
+ * shadow KV is scratch, aliased with every other scratch region, and an index table there
+ * reads back what the KV writes put over it (review finding 2). As `other` they get real
+ * memory of their own in a shadow and stay out of the layout: an engine rebuilds them every
+ * step.
  * The end of the load phase (the first KV allocation) is also when writes into weights
  * regions start to count as weight updates.
  */
@@ -30,6 +39,7 @@ static pthread_mutex_t phase_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool weights_seen;
 static bool probe_armed;
 static bool kv_window;
+static uint64_t kv_size; /* the size of the KV window's first allocation */
 static bool load_done;
 
 static int tag_to_class(const char *tag, enum region_class *ret)
@@ -131,8 +141,9 @@ enum region_class classify_region(const void *caller, uint64_t size)
 		if (large && probe_armed) {
 			probe_armed = false;
 			kv_window = true;
+			kv_size = size;
 			cls = REGION_KV;
-		} else if (large && kv_window)
+		} else if (large && kv_window && size == kv_size)
 			cls = REGION_KV;
 		else {
 			kv_window = false;
@@ -184,5 +195,6 @@ void classify_reset_after_fork(void)
 {
 	pthread_mutex_init(&phase_lock, NULL);
 	weights_seen = probe_armed = kv_window = false;
+	kv_size = 0;
 	__atomic_store_n(&load_done, false, __ATOMIC_RELEASE);
 }

@@ -18,6 +18,8 @@ enum conn_item {
 	CONN_NCCL_FINALIZE = 5,
 	CONN_NCCL_DESTROY = 6,
 	CONN_NCCL_ABORT = 7,
+	/* a cuMemGetInfo answer (shim-meminfo.c); the id is device << 32 | call number */
+	CONN_MEM_INFO = 8,
 };
 
 /* Producers, with the regions lock held. Queues an item; never blocks. */

@@ -35,6 +35,7 @@
 #include "shim-config.h"
 #include "shim-conn-queue.h"
 #include "shim-conn.h"
+#include "shim-meminfo.h"
 #include "shim-device.h"
 #include "shim-ipc.h"
 #include "shim-nccl.h"
@@ -177,6 +178,9 @@ static int announce_all(void)
 		if (r < 0)
 			return r;
 	}
+	r = meminfo_announce_all(send_msg);
+	if (r < 0)
+		return r;
 	return nccl_announce_all(send_msg);
 }
 
@@ -298,6 +302,9 @@ static void *conn_thread(void *arg)
 		} else if (it.type == CONN_NCCL_COMM) {
 			if (!nccl_build_comm(it.id, &m))
 				continue;
+		} else if (it.type == CONN_MEM_INFO) {
+			if (!meminfo_build(it.id, &m))
+				continue;
 		} else if (it.type >= CONN_NCCL_FINALIZE && it.type <= CONN_NCCL_ABORT) {
 			m = (struct proto_msg){.type = PROTO_NCCL_COMM_END};
 			m.nccl_comm_end.id = it.id;
@@ -339,6 +346,7 @@ static void atfork_child(void)
 	__atomic_store_n(&thread_started, false, __ATOMIC_RELEASE);
 	warned_absent = false;
 	classify_reset_after_fork();
+	meminfo_reset_after_fork();
 	regions_reset_after_fork();
 	ipc_reset_after_fork();
 	shadow_scratch_reset_after_fork();

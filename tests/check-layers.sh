@@ -54,13 +54,14 @@ shim/shim-capture                   shim-real.h
 shim/shim-classify                  belayer.h shim-config.h
 shim/shim-conn-queue                shim-config.h
 shim/shim-regions                   shim-conn-queue.h shim-device.h shim-real.h
+shim/shim-meminfo                   shim-conn-queue.h shim-regions.h shim-role.h
 shim/shim-shadow-scratch            shim-config.h shim-device.h shim-real.h shim-role.h
 shim/shim-shadow                    shim-config.h shim-device.h shim-real.h shim-regions.h shim-role.h shim-shadow-scratch.h
 shim/shim-share                     shim-device.h shim-real.h shim-regions.h shim-shadow-scratch.h
 shim/shim-ipc                       shim-capture.h shim-device.h shim-real.h shim-regions.h shim-share.h
 shim/shim-nccl                      shim-capture.h shim-conn-queue.h shim-device.h shim-real.h shim-regions.h
-shim/shim-conn                      shim-capture.h shim-classify.h shim-config.h shim-conn-queue.h shim-device.h shim-ipc.h shim-nccl.h shim-real.h shim-regions.h shim-role.h shim-shadow-scratch.h shim-shadow.h
-shim/shim-alloc                     shim-classify.h shim-config.h shim-conn.h shim-device.h shim-real.h shim-regions.h shim-shadow-scratch.h
+shim/shim-conn                      shim-capture.h shim-classify.h shim-config.h shim-conn-queue.h shim-device.h shim-ipc.h shim-meminfo.h shim-nccl.h shim-real.h shim-regions.h shim-role.h shim-shadow-scratch.h shim-shadow.h
+shim/shim-alloc                     shim-classify.h shim-config.h shim-conn.h shim-device.h shim-meminfo.h shim-real.h shim-regions.h shim-shadow-scratch.h
 shim/hooks                          shim-real.h
 shim/hooks-cuda                     hooks.h shim-alloc.h shim-conn.h shim-ipc.h shim-real.h
 shim/hooks-nccl                     hooks.h shim-alloc.h shim-conn.h shim-nccl.h shim-real.h

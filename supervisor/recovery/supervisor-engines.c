@@ -116,6 +116,12 @@ static void child_env(struct supervisor *s, const struct sv_engine *e, enum work
 	(void)setenv("BELAYER_SOCKET", s->config.socket, 1);
 	if (e->cfg->devices[0])
 		(void)setenv("CUDA_VISIBLE_DEVICES", e->cfg->devices, 1);
+	if (role == ROLE_SHADOW) {
+		char mem[PROTO_MAX_DEVICES * PROTO_MAX_MEM_INFO * 48];
+
+		if (meminfo_env(e, mem, sizeof(mem)) > 0)
+			(void)setenv("BELAYER_SHADOW_MEM_INFO", mem, 1);
+	}
 }
 
 int engines_launch(struct supervisor *s, struct sv_engine *e, const char *cmd,
@@ -128,6 +134,8 @@ int engines_launch(struct supervisor *s, struct sv_engine *e, const char *cmd,
 
 	memset(ret, 0, sizeof(*ret));
 	ret->pidfd = -1;
+	if (role == ROLE_PRIMARY)
+		meminfo_forget(e); /* a new group: its answers come anew */
 	snprintf(line, sizeof(line), "exec ");
 	r = expand(cmd, port, line + 5, sizeof(line) - 5);
 	if (r < 0)
@@ -356,6 +364,15 @@ static void engine_probe(struct supervisor *s, struct sv_engine *e)
 			supervisor_emit(s, EVENT_ENGINE, 0, e->primary_port,
 					"engine \"%s\" ready on port %u", e->cfg->name,
 					e->primary_port);
+			if (e->shadow_deferred) {
+				e->shadow_deferred = false;
+				if (e->shadow.pid <= 0)
+					(void)engines_launch(s, e, e->cfg->shadow, ROLE_SHADOW,
+							     e->primary_port == e->cfg->port
+								     ? e->cfg->shadow_port
+								     : e->cfg->port,
+							     &e->shadow);
+			}
 			promote_primary_ready(s, e);
 		}
 		return;
@@ -576,7 +593,12 @@ static void engine_start_one(struct supervisor *s, struct sv_engine *e)
 			(void)engines_launch(s, e, c->primary, ROLE_PRIMARY, e->primary_port,
 					     &e->primary);
 	}
-	if (!shadow && c->shadow[0])
+	/* A shadow behind a primary that is starting waits for it to be ready: it then starts
+	 * on the primary's recorded cuMemGetInfo answers (all of them), and it does not change
+	 * the free memory the primary's own profiling sees, which vLLM assumes. */
+	if (!shadow && c->shadow[0] && !primary)
+		e->shadow_deferred = true;
+	else if (!shadow && c->shadow[0])
 		(void)engines_launch(s, e, c->shadow, ROLE_SHADOW,
 				     e->primary_port == c->port ? c->shadow_port : c->port,
 				     &e->shadow);

@@ -25,6 +25,7 @@
 #include <sys/types.h>
 
 #include "supervisor-canary.h"
+#include "supervisor-meminfo.h"
 #include "supervisor.h"
 
 #define ENGINES_TICK_MS 20
@@ -106,6 +107,10 @@ struct sv_engine {
 	bool adopt_broken;	    /* the adopted primary group lacks a rank: recover it now */
 	uint64_t n_launches;	    /* groups this supervisor started */
 	struct eng_canary canary;   /* the primary's recorded answer, the canaries' outcomes */
+	/* The primary's cuMemGetInfo answers, for its shadows (supervisor-meminfo.h); a shadow
+	 * group waits for the primary to be ready, so that it gets all of them. */
+	struct eng_mem_info mem_info;
+	bool shadow_deferred; /* launch the shadow group once the primary is ready */
 };
 
 struct sv_engines {

@@ -65,6 +65,11 @@ static int on_nccl_comm_end(struct supervisor *s, struct sv_client *c, struct pr
 	return nccl_on_comm_end(s, c, &m->nccl_comm_end);
 }
 
+static int on_mem_info(struct supervisor *s, struct sv_client *c, struct proto_msg *m)
+{
+	return meminfo_on_message(s, c, &m->mem_info);
+}
+
 static const struct sv_message_handler messages[] = {
 	{PROTO_HELLO, on_hello},
 	{PROTO_REGION_ANNOUNCE, regions_on_message},
@@ -75,6 +80,7 @@ static const struct sv_message_handler messages[] = {
 	{PROTO_PROMOTE_DONE, on_promote_done},
 	{PROTO_NCCL_COMM, on_nccl_comm},
 	{PROTO_NCCL_COMM_END, on_nccl_comm_end},
+	{PROTO_MEM_INFO, on_mem_info},
 	{},
 };
 

@@ -299,7 +299,7 @@ static int forward_launch(struct model *m, uint32_t ntok, uint32_t nrows, uint32
 		struct k_matmul_rows mq = {
 			.x = m->h, .ntok = ntok, .in = c->hidden, .out = m->width_local};
 		struct k_kv_write kw = {.arena = m->kv,
-					.slots = m->step + sl.slots,
+					.slots = m->slot_map ? m->slot_map : m->step + sl.slots,
 					.k = m->k,
 					.v = m->v,
 					.ntok = ntok,
@@ -309,7 +309,7 @@ static int forward_launch(struct model *m, uint32_t ntok, uint32_t nrows, uint32
 					.width = m->width_local};
 		struct k_attention at = {.q = m->q,
 					 .arena = m->kv,
-					 .block_tables = m->step + sl.block_tables,
+					 .block_tables = m->bt ? m->bt : m->step + sl.block_tables,
 					 .rows = m->step + sl.rows,
 					 .positions = m->step + sl.positions,
 					 .out = m->att,
@@ -395,11 +395,13 @@ static int forward_launch(struct model *m, uint32_t ntok, uint32_t nrows, uint32
 
 int model_forward(struct model *m, uint32_t ntok, uint32_t nrows, uint32_t nsample, float *logits)
 {
-	int r = graph_run(m, ntok, nrows, nsample, forward_launch);
+	int r = model_stage_index(m, ntok, nrows, nsample);
 
+	r = r ?: graph_run(m, ntok, nrows, nsample, forward_launch);
 	if (r == 0)
 		r = forward_launch(m, ntok, nrows, nsample);
 	r = r < 0 ? r : gpu_sync();
+	r = r < 0 ? r : model_check_index(m, ntok, nrows, nsample);
 	if (r == 0 && m->rank == 0 && nsample > 0) {
 		CUresult cr = gpu.cuMemcpyDtoH(logits, m->logits, 4ull * nsample * m->c.vocab);
 

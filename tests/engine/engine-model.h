@@ -76,6 +76,10 @@ struct model {
 	uint32_t num_blocks, block_size;
 	uint64_t weights_version;
 	bool cuda_graph; /* --cuda-graph: decode steps from captured graphs (engine-graph.c) */
+	/* --index-tables (engine-index.c): the kernels' block table and slot mapping, 0: the
+	 * step buffer's */
+	CUdeviceptr bt, slot_map;
+	uint64_t bt_bytes, slot_bytes;
 };
 
 /* Offsets of the step's arrays in model->step (all uint32). */
@@ -98,6 +102,11 @@ int model_alloc_activations(struct model *m, uint32_t max_tokens, uint32_t max_r
 			    uint32_t block_size);
 /* The KV arena: num_blocks blocks of block_size tokens (one block in a segment of its own). */
 int model_alloc_kv(struct model *m, uint32_t block_size, uint32_t num_blocks);
+/* --index-tables: the block table and slot mapping as large allocations of their own. */
+int model_alloc_index(struct model *m, uint32_t max_tokens, uint32_t max_rows, uint32_t block_size);
+/* Copies the step's tables there (before the step) and checks they still hold them (after). */
+int model_stage_index(struct model *m, uint32_t ntok, uint32_t nrows, uint32_t nsample);
+int model_check_index(struct model *m, uint32_t ntok, uint32_t nrows, uint32_t nsample);
 uint64_t model_block_bytes(const struct model *m, uint32_t block_size);
 
 /* Runs the model on the step already in m->step; on rank 0 the logits of the nsample sampled

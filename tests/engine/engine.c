@@ -52,6 +52,7 @@ enum {
 	ARG_NO_RANK_ENV,
 	ARG_CUSTOM_ALL_REDUCE,
 	ARG_CUDA_GRAPH,
+	ARG_INDEX_TABLES,
 };
 
 static const struct option options[] = {
@@ -79,6 +80,7 @@ static const struct option options[] = {
 	{"no-rank-env", no_argument, NULL, ARG_NO_RANK_ENV},
 	{"custom-all-reduce", no_argument, NULL, ARG_CUSTOM_ALL_REDUCE},
 	{"cuda-graph", no_argument, NULL, ARG_CUDA_GRAPH},
+	{"index-tables", no_argument, NULL, ARG_INDEX_TABLES},
 	{"help", no_argument, NULL, 'h'},
 	{},
 };
@@ -122,7 +124,10 @@ static void usage(FILE *f)
 		"before\n"
 		"                                the KV probe, as vLLM's custom all-reduce\n"
 		"  --cuda-graph                  decode steps captured as CUDA graphs and "
-		"replayed\n");
+		"replayed\n"
+		"  --index-tables                block table and slot mapping as large "
+		"allocations\n"
+		"                                after the KV cache, as vLLM's and SGLang's\n");
 }
 
 static int parse_size(const char *s, uint64_t *ret)
@@ -260,6 +265,9 @@ static int parse_args(int argc, char **argv, struct engine_options *o)
 			break;
 		case ARG_CUDA_GRAPH:
 			o->cuda_graph = true;
+			break;
+		case ARG_INDEX_TABLES:
+			o->index_tables = true;
 			break;
 		case ARG_NCCL_ID:
 			id_hex = optarg;
@@ -575,6 +583,10 @@ int main(int argc, char **argv)
 	 * tensors come from the caching allocator after the KV cache is allocated. */
 	r = size_kv(&e, &blocks);
 	r = r ?: model_alloc_kv(&e.m, e.o.block_size, blocks);
+	if (e.o.index_tables)
+		r = r
+			    ?: model_alloc_index(&e.m, e.o.max_batched_tokens, e.o.max_num_seqs,
+						 e.o.block_size);
 	r = r
 		    ?: model_alloc_activations(&e.m, e.o.max_batched_tokens, e.o.max_num_seqs,
 					       e.o.block_size);

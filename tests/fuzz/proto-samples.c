@@ -275,6 +275,15 @@ static void sample_promote_done_failed(struct proto_msg *m)
 	memset(m->promote_done.message, 'p', PROTO_MAX_STR);
 }
 
+static void sample_mem_info(struct proto_msg *m)
+{
+	m->type = PROTO_MEM_INFO;
+	m->mem_info.device = 1;
+	m->mem_info.seq = 2;
+	m->mem_info.free = 70ull << 30;
+	m->mem_info.total = 80ull << 30;
+}
+
 static void sample_env_checkpoint(struct proto_msg *m)
 {
 	m->type = PROTO_ENV_REQUEST;
@@ -600,6 +609,7 @@ static const struct {
 	{"env-file-read", sample_env_file_read, NULL},
 	{"env-file-write", NULL, sample_env_file_write},
 	{"env-file-data", NULL, sample_env_file_data},
+	{"mem-info", sample_mem_info, NULL},
 };
 
 bool proto_msg_same(const struct proto_msg *a, const struct proto_msg *b)

@@ -10,7 +10,7 @@
  * decides when the process may go, after the receiver has what it waits for. Exits 1 with a
  * message on any unexpected driver result.
  *
- * Usage: shim-workload runtime|engine|engine-reprobe|nccl|storm THREADS COUNT|fork|exec|
+ * Usage: shim-workload runtime|engine|engine-reprobe|engine-index|nccl|storm THREADS COUNT|fork|exec|
  *                     small|procaddr|ipc-export|ipc-open HANDLE OFFSET|tags TMS_LIBRARY|
  *                     nccl-second-copy LIBNCCL_COPY|memset|capture
  */
@@ -152,8 +152,9 @@ static int run_small(void)
 }
 
 /* vLLM-like: memory query, weights load, KV probe, KV arena, then the rest and an RL update;
- * with reprobe, another memory query and a large allocation after the KV cache. */
-static int run_engine(bool reprobe)
+ * with reprobe, another memory query and a large allocation after the KV cache; with index,
+ * an index table right after the KV tensors. */
+static int run_engine(bool reprobe, bool index)
 {
 	CUdeviceptr w1, w2;
 	size_t fr, tot;
@@ -167,6 +168,10 @@ static int run_engine(bool reprobe)
 	CHECK(d.mem_info(&fr, &tot)); /* the KV-sizing probe */
 	alloc(16 * MIB);
 	alloc(16 * MIB);
+	/* index tables right after the KV tensors (vLLM's block table and slot mapping, SGLang's
+	 * free-slot list): large, but of another size, so not KV */
+	if (index)
+		alloc(20 * MIB);
 	alloc(2 * MIB); /* tracked, small: closes the KV window */
 	alloc(16 * MIB);
 	if (reprobe) {
@@ -704,9 +709,11 @@ int main(int argc, char **argv)
 	if (strcmp(argv[1], "small") == 0)
 		return run_small();
 	if (strcmp(argv[1], "engine") == 0)
-		return run_engine(false);
+		return run_engine(false, false);
 	if (strcmp(argv[1], "engine-reprobe") == 0)
-		return run_engine(true);
+		return run_engine(true, false);
+	if (strcmp(argv[1], "engine-index") == 0)
+		return run_engine(true, true);
 	if (strcmp(argv[1], "nccl") == 0)
 		return run_nccl();
 	if (strcmp(argv[1], "memset") == 0)

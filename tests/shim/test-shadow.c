@@ -63,6 +63,8 @@ struct peer {
 	struct proto_promote_done done;
 	int errors;
 	struct proto_error error;
+	struct proto_mem_info mem[PROTO_MAX_MEM_INFO]; /* its cuMemGetInfo answers */
+	size_t n_mem;
 };
 
 static char *emu_dir;
@@ -73,6 +75,9 @@ struct fixture {
 	int lfd;
 	struct peer primary, shadow;
 	struct peer primary1, shadow1; /* rank 1 of a TP=2 engine */
+	/* engine_start: how the KV cache is sized (NULL: --kv-cache-bytes 16M), and one more
+	 * "NAME=value" for a shadow */
+	const char *kv_flag, *kv_value, *shadow_env;
 };
 
 static uint64_t now_ms(void)
@@ -251,6 +256,10 @@ static void absorb(struct peer *p, struct proto_msg *m)
 		p->errors++;
 		p->error = m->error;
 		break;
+	case PROTO_MEM_INFO:
+		if (p->n_mem < PROTO_MAX_MEM_INFO)
+			p->mem[p->n_mem++] = m->mem_info;
+		break;
 	case PROTO_NCCL_COMM:
 	case PROTO_NCCL_COMM_END:
 		break; /* the engine's TP communicator (issue 12): not this test's concern */
@@ -302,6 +311,19 @@ static void expect_line(struct peer *p, const char *prefix, char *buf, size_t ca
 	while (read_line(p->out, buf, cap))
 		if (strncmp(buf, prefix, strlen(prefix)) == 0)
 			return;
+	/* what the process said on its way out */
+	for (;;) {
+		struct pollfd pfd = {.fd = p->err, .events = POLLIN};
+		ssize_t n;
+
+		if (poll(&pfd, 1, 0) != 1)
+			break;
+		n = read(p->err, buf, cap - 1);
+		if (n <= 0)
+			break;
+		buf[n] = '\0';
+		print_message("%s", buf);
+	}
 	fail_msg("no line \"%s\" from process %d", prefix, p->pid);
 }
 
@@ -788,6 +810,7 @@ static void test_scratch_unit_tails_promote(void **state)
 struct engine {
 	struct peer *p;
 	uint16_t port;
+	uint64_t kv_bytes; /* its KV cache, from its ready line */
 };
 
 /* A TP=2 engine's two shim connections, in whichever order the ranks got there (the
@@ -833,9 +856,10 @@ static void engine_start(struct fixture *f, struct peer *p, struct peer *p1, con
 			      "dummy",
 			      "--seed",
 			      seed,
-			      "--kv-cache-bytes",
-			      "16M",
+			      f->kv_flag ? f->kv_flag : "--kv-cache-bytes",
+			      f->kv_value ? f->kv_value : "16M",
 			      "--cuda-graph",
+			      "--index-tables",
 			      p1 ? "--tensor-parallel-size" : NULL,
 			      "2",
 			      "--custom-all-reduce",
@@ -844,7 +868,8 @@ static void engine_start(struct fixture *f, struct peer *p, struct peer *p1, con
 	 * smallest (norms) too, in segments of at least 2 MiB, so a promoted shadow holds all of
 	 * the primary's weights. RANK=0 for the leader's hello; the engine gives its followers
 	 * their own. */
-	const char *env[] = {"BELAYER_EMU_KERNELS=" ENGINE_KERNELS_PATH, "RANK=0", NULL};
+	const char *env[] = {"BELAYER_EMU_KERNELS=" ENGINE_KERNELS_PATH, "RANK=0",
+			     strcmp(role, "shadow") == 0 ? f->shadow_env : NULL, NULL};
 	static char model[512];
 
 	snprintf(model, sizeof(model), "%s/model.safetensors", f->dir);
@@ -860,6 +885,9 @@ static void engine_start(struct fixture *f, struct peer *p, struct peer *p1, con
 	e->p = p;
 	e->port = (uint16_t)strtoul(port + 7, NULL, 10);
 	assert_true(e->port > 0);
+	port = strstr(line, "\"kv_cache_bytes\":");
+	assert_non_null(port);
+	e->kv_bytes = strtoull(port + 17, NULL, 10);
 }
 
 /* Greedy tokens for a fixed prompt, as the engine's /generate returns them. */
@@ -940,6 +968,63 @@ static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
 		      n, f->shadow.done.ns / 1000);
 	free(want);
 	free(before);
+	free(got);
+}
+
+/* Review finding 6: primary and shadow size their KV cache from cuMemGetInfo, as vLLM's
+ * determine_available_memory does (--gpu-memory-utilization: total x F minus what is used).
+ * The shadow starts next to the primary, which holds most of what F allows; on its own
+ * figures it finds no room for a KV cache. Given the primary's recorded answers
+ * (BELAYER_SHADOW_MEM_INFO, from the primary's PROTO_MEM_INFO reports), it computes the
+ * primary's KV size, parks with the primary's layout and is promoted onto it. */
+static void test_engine_shadow_sizes_itself_like_the_primary(void **state)
+{
+	struct fixture *f = *state;
+	struct engine prim, shad;
+	char *want, *got, env[4096];
+	const struct proto_region *pr[MAX_REGS];
+	size_t off;
+	uint32_t n;
+
+	gen_model(f);
+	f->kv_flag = "--gpu-memory-utilization";
+	f->kv_value = "0.05"; /* of the emulated 8 GiB: about 400 MiB */
+	engine_start(f, &f->primary, NULL, "primary", "11", &prim);
+	want = generate(&prim);
+	/* the KV probe's answer, at least, was reported as the primary got it */
+	PUMP_UNTIL(&f->primary, f->primary.n_mem >= 1);
+	off = (size_t)snprintf(env, sizeof(env), "BELAYER_SHADOW_MEM_INFO=");
+	for (size_t i = 0; i < f->primary.n_mem; i++) {
+		const struct proto_mem_info *mi = &f->primary.mem[i];
+
+		assert_true(mi->free <= mi->total);
+		off += (size_t)snprintf(env + off, sizeof(env) - off, "%s%u:%" PRIu64 ":%" PRIu64,
+					i ? "," : "", mi->device, mi->free, mi->total);
+		assert_true(off < sizeof(env));
+	}
+	f->shadow_env = env;
+	engine_start(f, &f->shadow, NULL, "shadow", "22", &shad);
+	assert_true(shad.kv_bytes == prim.kv_bytes);
+	PUMP_UNTIL(&f->shadow, f->shadow.parked >= 1);
+	/* the shadow's engine was told what the primary's was */
+	PUMP_UNTIL(&f->shadow, f->shadow.n_mem >= f->primary.n_mem);
+	for (size_t i = 0; i < f->primary.n_mem; i++)
+		assert_memory_equal(&f->shadow.mem[i], &f->primary.mem[i],
+				    sizeof(f->shadow.mem[i]));
+
+	PUMP_UNTIL(&f->primary, primary_layout(&f->primary, &n, NULL) == f->shadow.park.hash);
+	assert_int_equal(n, f->shadow.park.n_entries);
+	(void)primary_layout(&f->primary, &n, pr);
+	send_maps(f);
+	kill_primary(f);
+	commit(f, f->shadow.park.hash, n, pr[0]->weights_version);
+	assert_int_equal(f->shadow.done.code, 0);
+	got = generate(&shad);
+	assert_string_equal(got, want);
+	print_message("KV sized from cuMemGetInfo: primary %" PRIu64 " bytes, shadow %" PRIu64
+		      " bytes (%zu answers replayed); promoted, answers equal the primary's\n",
+		      prim.kv_bytes, shad.kv_bytes, f->primary.n_mem);
+	free(want);
 	free(got);
 }
 
@@ -1052,6 +1137,8 @@ int main(void)
 			test_engine_promoted_shadow_answers_like_the_primary, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_engine_tp2_promoted_group_answers_like_the_primary, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_engine_shadow_sizes_itself_like_the_primary,
+						setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

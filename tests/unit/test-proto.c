@@ -904,7 +904,7 @@ static void names_round_trip(void **state)
 		assert_null(proto_type_to_string(t));
 		assert_int_equal(proto_type_nfds(t), -EINVAL);
 	}
-	for (int t = PROTO_SHADOW_REGION; t <= PROTO_PROMOTE_DONE; t++)
+	for (int t = PROTO_SHADOW_REGION; t <= PROTO_MEM_INFO; t++)
 		assert_non_null(proto_type_to_string(t));
 	assert_string_equal(proto_type_to_string(PROTO_PROMOTE_COMMIT), "promote-commit");
 	assert_int_equal(proto_type_nfds(PROTO_PROMOTE_MAP), 1);

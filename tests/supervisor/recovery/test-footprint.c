@@ -114,14 +114,14 @@ static struct proto_worker_info measured_exact(pid_t pid)
  * for its weights and KV, real memory for the rest), and both are reported as the emulator
  * accounts them; host Rss / Pss are the kernel's. Promoted, the former shadow maps the dead
  * primary's memory and is reported with it. */
-static void parked_shadow_costs_reported(void **state)
+static void costs_reported(const char *shadow_extra, const char *const *more)
 {
 	const char *argv[] = {BELAYERCTL_PATH, "workers", "--json", NULL};
 	struct proto_worker_info p, s;
 	char *out = NULL;
 	pid_t pp, sp;
 
-	engine_start(&sv, weights, sv_free_port(), sv_free_port(), NULL, NULL);
+	engine_start(&sv, weights, sv_free_port(), sv_free_port(), shadow_extra, more);
 	engine_wait_serving(&sv, baseline);
 	engine_wait_promotable(&sv);
 	pp = engine_worker_pid(&sv, ROLE_PRIMARY, 1);
@@ -159,10 +159,32 @@ static void parked_shadow_costs_reported(void **state)
 	}
 }
 
+static void parked_shadow_costs_reported(void **state)
+{
+	costs_reported(NULL, NULL);
+}
+
+/* Index tables as large allocations next to the KV cache, as vLLM's and SGLang's (the
+ * stand-in's --index-tables): `other`, so the parked shadow holds them as real memory (one
+ * 20 MiB segment more than without, review finding 2), still a fraction of its primary's. */
+static void parked_shadow_costs_with_index_tables(void **state)
+{
+	static char primary[PATH_MAX * 2 + 256];
+	const char *const more[] = {primary, NULL};
+
+	snprintf(primary, sizeof(primary),
+		 "engine.t.primary=%s --model %s --port {port} --tp 2 --kv-cache-bytes 16M "
+		 "--index-tables",
+		 ENGINE_PATH, weights);
+	costs_reported("--kv-cache-bytes 16M --index-tables", more);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(parked_shadow_costs_reported, setup, teardown),
+		cmocka_unit_test_setup_teardown(parked_shadow_costs_with_index_tables, setup,
+						teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -235,6 +235,29 @@ static void ranks_from_communicator(void **state)
 	engine_wait_serving(&sv, expected);
 }
 
+/* Review finding 6: both groups size their KV cache from free memory, as vLLM's
+ * determine_available_memory does (--gpu-memory-utilization). The shadow group starts once
+ * the primary serves, on devices the primary holds: on its own figures it finds no room for
+ * a KV cache. The supervisor gives it the primary's recorded cuMemGetInfo answers, so it
+ * sizes itself like the primary, parks with the primary's layout, and a death is promoted. */
+static void shadow_sized_by_free_memory(void **state)
+{
+	static char primary[PATH_MAX * 2 + 256];
+	const char *const more[] = {primary, NULL};
+
+	snprintf(primary, sizeof(primary),
+		 "engine.t.primary=%s --model %s --port {port} --tp 2 "
+		 "--gpu-memory-utilization 0.05",
+		 ENGINE_PATH, weights);
+	start("--gpu-memory-utilization 0.05", more);
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
+	kill_primary_rank(0);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
+	engine_wait_serving(&sv, expected);
+	assert_int_equal(metric(&sv, "belayer_recoveries_total", "outcome=\"promoted\""), 1);
+}
+
 /* Killed during load (before it serves, before the shadow parks): cold restart. */
 static void kill_during_load_cold_restarts(void **state)
 {
@@ -541,6 +564,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(manual_promote, setup, teardown),
 		cmocka_unit_test_setup_teardown(ranks_from_communicator, setup, teardown),
 		cmocka_unit_test_setup_teardown(external_primary_is_paired, setup, teardown),
+		cmocka_unit_test_setup_teardown(shadow_sized_by_free_memory, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
