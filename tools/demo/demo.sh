@@ -381,7 +381,7 @@ outcome=$(grep -o 'outcome=[a-z_]*' <<<"$summary" | cut -d= -f2)
 
 step "recovery: $outcome (the supervisor's phases; belayerctl events shows them too)"
 printf '    %-10s %10s\n' phase ms
-for ph in detect owner health content layout remap ready total; do
+for ph in detect owner health content layout remap canary ready total; do
 	us=$(grep -o " ${ph}_us=[0-9]*" <<<"$summary" | cut -d= -f2)
 	[[ -n $us ]] && printf '    %-10s %10.2f\n' "$ph" "$(awk -v u="$us" 'BEGIN { print u / 1000 }')"
 done
