@@ -13,19 +13,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/test-lib.sh"
 need_root_cgroup_v2
 
 env_fixture enverr big small
-cat >"$dir/conf.ini" <<CONF
-[supervisor]
-socket = $dir/sv.sock
-state_dir = $dir/state
-[journal]
-enabled = no
-[health]
-interval = 0
-[env]
-cgroup = $cg
-trace = no
-ghost_limit = 1M
-CONF
+env_conf
+echo "ghost_limit = 1M" >>"$dir/conf.ini"
 # A limit CRIU cannot take (its option is 32-bit) stops the start, naming the key.
 if "$supervisor" -c "$dir/conf.ini" -o env.ghost_limit=4G --dump-config >"$dir/bad.txt" 2>&1; then
 	fail "ghost_limit = 4G accepted"

@@ -121,20 +121,8 @@ SH
 chmod +x "$dir/base/work/run"
 
 write_conf() {
-	cat >"$dir/conf.ini" <<CONF
-[supervisor]
-socket = $dir/sv.sock
-state_dir = $dir/state
-[journal]
-enabled = no
-[health]
-interval = 0
-[env]
-cgroup = $cg
-trace = no
-allow_host_net = $1
-slirp4netns = ${2:-slirp4netns}
-CONF
+	env_conf
+	printf 'allow_host_net = %s\nslirp4netns = %s\n' "$1" "${2:-slirp4netns}" >>"$dir/conf.ini"
 }
 ctl() { "$ctl_bin" -s "$dir/sv.sock" "$@"; }
 
