@@ -41,7 +41,8 @@ ENGINES: Dict[str, Tuple[str, Tuple[Tuple[str, str], ...]]] = {
         "GPUModelRunner",
         (("load_model", "weights"), ("initialize_kv_cache_tensors", "kv")),
     ),
-    # SGLang (python/sglang/srt/model_executor/model_runner.py).
+    # SGLang (python/sglang/srt/model_executor/model_runner.py; recent versions define
+    # init_memory_pool in model_runner_kv_cache_mixin.py, inherited: found all the same).
     "sglang.srt.model_executor.model_runner": (
         "ModelRunner",
         (("load_model", "weights"), ("init_memory_pool", "kv")),

@@ -122,6 +122,40 @@ def test_missing_method_one_line_and_nothing_wrapped(engines: Path,
                    "phase heuristic)"]
 
 
+SGLANG_MIXIN = """
+class ModelRunnerKVCacheMixin:
+    def init_memory_pool(self, pre_model_load_memory):
+        self.calls.append("in init_memory_pool")
+"""
+
+SGLANG_RUNNER = """
+from sglang.srt.model_executor.model_runner_kv_cache_mixin import ModelRunnerKVCacheMixin
+
+
+class ModelRunner(ModelRunnerKVCacheMixin):
+    def __init__(self, calls):
+        self.calls = calls
+
+    def load_model(self):
+        self.calls.append("in load_model")
+"""
+
+
+def test_inherited_method_is_wrapped(engines: Path) -> None:
+    """Recent SGLang defines init_memory_pool in a mixin (model_runner_kv_cache_mixin.py)."""
+    write_engine(engines, "sglang.srt.model_executor.model_runner_kv_cache_mixin", SGLANG_MIXIN)
+    write_engine(engines, "sglang.srt.model_executor.model_runner", SGLANG_RUNNER)
+    rec = Recorder()
+    assert belayer_tag.install(rec.shim())
+    from sglang.srt.model_executor import model_runner
+
+    runner = model_runner.ModelRunner(rec.calls)
+    runner.load_model()
+    runner.init_memory_pool(0)
+    assert rec.calls == ["tags_only", "set weights", "in load_model", "clear", "set kv",
+                         "in init_memory_pool", "clear"]
+
+
 def test_module_imported_before_install_is_patched(engines: Path) -> None:
     write_engine(engines, "vllm.v1.worker.gpu_model_runner", VLLM_RUNNER)
     from vllm.v1.worker import gpu_model_runner
