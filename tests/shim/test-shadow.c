@@ -941,19 +941,17 @@ static void gen_model(struct fixture *f)
 	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-/* TP=1 with decode steps from CUDA graphs (both engine tests): the shadow captured its graphs
- * on scratch at warm-up and replays them after the promotion against the primary's memory,
- * mapped at the same addresses. */
-static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
+/* A TP=1 primary and its shadow with different dummy weights (only a promotion can make them
+ * agree) from the fixture's engine flags; the shadow parks, answers (a step of its own), is
+ * promoted onto the primary's memory and then answers like the primary did. */
+static void promote_tp1(struct fixture *f)
 {
-	struct fixture *f = *state;
 	struct engine prim, shad;
 	char *want, *before, *got;
 	const struct proto_region *pr[MAX_REGS];
 	uint32_t n;
 
 	gen_model(f);
-	/* primary and shadow with different dummy weights: only promotion can make them agree */
 	engine_start(f, &f->primary, NULL, "primary", "11", &prim);
 	want = generate(&prim);
 	engine_start(f, &f->shadow, NULL, "shadow", "22", &shad);
@@ -979,6 +977,14 @@ static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
 	free(got);
 }
 
+/* TP=1 with decode steps from CUDA graphs (both engine tests): the shadow captured its graphs
+ * on scratch at warm-up and replays them after the promotion against the primary's memory,
+ * mapped at the same addresses. */
+static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
+{
+	promote_tp1(*state);
+}
+
 /* Review finding 2, with what python/belayer_tag.py does to vLLM: the engine allocates its
  * index tables before the weights (vLLM's block tables at runner init) and tags its weights
  * and KV cache (--belayer-tags). The tables are `other`, real memory in the shadow, so the
@@ -989,33 +995,10 @@ static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
 static void test_engine_tagged_index_tables_before_weights(void **state)
 {
 	struct fixture *f = *state;
-	struct engine prim, shad;
-	char *want, *before, *got;
-	const struct proto_region *pr[MAX_REGS];
-	uint32_t n;
 
-	gen_model(f);
 	f->index_flag = "--index-tables-first";
 	f->engine_tags = true;
-	engine_start(f, &f->primary, NULL, "primary", "11", &prim);
-	want = generate(&prim);
-	engine_start(f, &f->shadow, NULL, "shadow", "22", &shad);
-	PUMP_UNTIL(&f->shadow, f->shadow.parked >= 1);
-	before = generate(&shad); /* a step in the shadow, its index tables checked */
-	assert_string_not_equal(before, want);
-
-	PUMP_UNTIL(&f->primary, primary_layout(&f->primary, &n, NULL) == f->shadow.park.hash);
-	assert_int_equal(n, f->shadow.park.n_entries);
-	(void)primary_layout(&f->primary, &n, pr);
-	send_maps(f);
-	kill_primary(f);
-	commit(f, f->shadow.park.hash, n, pr[0]->weights_version);
-	assert_int_equal(f->shadow.done.code, 0);
-	got = generate(&shad);
-	assert_string_equal(got, want);
-	free(want);
-	free(before);
-	free(got);
+	promote_tp1(f);
 }
 
 /* Review finding 6: primary and shadow size their KV cache from cuMemGetInfo, as vLLM's
