@@ -13,3 +13,12 @@
  */
 int belayer_set_tag(const char *tag);
 void belayer_clear_tag(void);
+
+/*
+ * Positive classification for the whole process from now on: only regions created under a
+ * "weights" or "kv" tag are weights or KV, every other one is "other" (real memory in a
+ * shadow, never swapped at promotion), whatever the shim's phase heuristic would say. The
+ * first successful belayer_set_tag() does the same; call this first when untagged buffers
+ * (index tables, step buffers) are allocated before the first tagged one. Cannot be undone.
+ */
+void belayer_tags_only(void);

@@ -147,4 +147,5 @@
 	X(ncclCommAbort, ncclResult_t, (ncclComm_t comm), (comm))
 
 /* Symbols exported besides the hooks: the tagging API (belayer.h) and dlsym itself. */
-#define BELAYER_EXTRA_EXPORTS(X) X(belayer_set_tag) X(belayer_clear_tag) X(dlsym)
+#define BELAYER_EXTRA_EXPORTS(X) \
+	X(belayer_set_tag) X(belayer_clear_tag) X(belayer_tags_only) X(dlsym)

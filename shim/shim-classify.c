@@ -21,6 +21,15 @@
  * step.
  * The end of the load phase (the first KV allocation) is also when writes into weights
  * regions start to count as weight updates.
+ *
+ * Positive mode (review finding 2): the phase heuristic cannot tell an index table allocated
+ * before the probe (vLLM's block tables at runner init) from a weight, nor one of a KV
+ * tensor's size from KV. So once a process tags anything (belayer_set_tag, a
+ * torch_memory_saver tag we know, belayer_tags_only() as the Python import hook calls it,
+ * or BELAYER_CLASSIFY=tags from the start), the heuristic is off for good: only what is
+ * allocated under a weights/kv tag is weights/kv, and every other allocation is `other`
+ * (real memory in a shadow, never scratch, never swapped). Engines that tag nothing keep the
+ * heuristic.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -41,6 +50,7 @@ static bool probe_armed;
 static bool kv_window;
 static uint64_t kv_size; /* the size of the KV window's first allocation */
 static bool load_done;
+static bool tags_only; /* positive mode: set once, never cleared (not even by fork) */
 
 static int tag_to_class(const char *tag, enum region_class *ret)
 {
@@ -63,8 +73,14 @@ _public_ int belayer_set_tag(const char *tag)
 
 	if (!tag || tag_to_class(tag, &cls) < 0)
 		return -EINVAL;
+	__atomic_store_n(&tags_only, true, __ATOMIC_RELEASE);
 	explicit_class = (int)cls;
 	return 0;
+}
+
+_public_ void belayer_tags_only(void)
+{
+	__atomic_store_n(&tags_only, true, __ATOMIC_RELEASE);
 }
 
 _public_ void belayer_clear_tag(void)
@@ -83,6 +99,8 @@ static void tms_set_current_tag_hook(const char *tag)
 	enum region_class cls;
 
 	tms_class = tag && tag_to_class(tag, &cls) == 0 ? (int)cls : -1;
+	if (tms_class >= 0)
+		__atomic_store_n(&tags_only, true, __ATOMIC_RELEASE);
 	if (real_tms_set_current_tag)
 		real_tms_set_current_tag(tag);
 }
@@ -136,6 +154,8 @@ enum region_class classify_region(const void *caller, uint64_t size)
 		cls = (enum region_class)tms_class;
 	else if (caller_is_nccl(caller))
 		return REGION_NCCL;
+	else if (__atomic_load_n(&tags_only, __ATOMIC_ACQUIRE) || shim_config()->classify_tags)
+		return REGION_OTHER;
 	else {
 		pthread_mutex_lock(&phase_lock);
 		if (large && probe_armed) {

@@ -156,6 +156,13 @@ static void config_load(void)
 		config.role = ROLE_PRIMARY;
 	}
 
+	/* "auto": the phase heuristic until the process tags something (shim-classify.c). */
+	s = secure_getenv("BELAYER_CLASSIFY");
+	if (s && strcmp(s, "tags") == 0)
+		config.classify_tags = true;
+	else if (s && strcmp(s, "auto") != 0)
+		log_debug("Invalid BELAYER_CLASSIFY=%s, ignoring.", s);
+
 	env_rank(&config.rank);
 }
 

@@ -2,6 +2,7 @@
 /* The shim's configuration (shim-config.c), read once from the environment. */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "proto.h"
@@ -25,5 +26,6 @@ struct shim_config {
 				 * memory instead of scratch (index buffers live there) */
 	uint64_t scratch_unit;	/* shadow: bytes of the scratch allocation, mapped that much at a
 				 * time (0: one allocation granule) */
+	bool classify_tags;	/* BELAYER_CLASSIFY=tags: only tagged allocations are weights/kv */
 };
 const struct shim_config *shim_config(void);

@@ -24,6 +24,7 @@ def test_offline_pip_install() -> None:
                             str(src)], capture_output=True, text=True)
         assert r.returncode == 0, r.stdout + r.stderr
         assert (target / "belayer" / "py.typed").exists()
+        assert (target / "belayer_tag.py").exists()  # the engine import hook ships with it
         r = subprocess.run(["/usr/bin/python3", "-I", "-c",
                             f"import sys; sys.path.insert(0, {str(target)!r}); import belayer; "
                             "print(belayer.__file__, belayer.Client, belayer.AsyncClient)"],

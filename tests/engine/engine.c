@@ -4,6 +4,7 @@
  * (and on a real one). See README.md. Rank 0 starts the other tensor-parallel ranks as
  * processes of this same program (--rank, --nccl-id), serves HTTP and drives the steps.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -53,6 +54,8 @@ enum {
 	ARG_CUSTOM_ALL_REDUCE,
 	ARG_CUDA_GRAPH,
 	ARG_INDEX_TABLES,
+	ARG_INDEX_FIRST,
+	ARG_TAGS,
 };
 
 static const struct option options[] = {
@@ -81,6 +84,8 @@ static const struct option options[] = {
 	{"custom-all-reduce", no_argument, NULL, ARG_CUSTOM_ALL_REDUCE},
 	{"cuda-graph", no_argument, NULL, ARG_CUDA_GRAPH},
 	{"index-tables", no_argument, NULL, ARG_INDEX_TABLES},
+	{"index-tables-first", no_argument, NULL, ARG_INDEX_FIRST},
+	{"belayer-tags", no_argument, NULL, ARG_TAGS},
 	{"help", no_argument, NULL, 'h'},
 	{},
 };
@@ -127,7 +132,13 @@ static void usage(FILE *f)
 		"replayed\n"
 		"  --index-tables                block table and slot mapping as large "
 		"allocations\n"
-		"                                after the KV cache, as vLLM's and SGLang's\n");
+		"                                after the KV cache, as vLLM's and SGLang's\n"
+		"  --index-tables-first          the same, allocated before the weights, as "
+		"vLLM's\n"
+		"                                CpuGpuBuffers at runner init\n"
+		"  --belayer-tags                weights and KV tagged with belayer_set_tag, as "
+		"with\n"
+		"                                python/belayer_tag.py installed\n");
 }
 
 static int parse_size(const char *s, uint64_t *ret)
@@ -268,6 +279,12 @@ static int parse_args(int argc, char **argv, struct engine_options *o)
 			break;
 		case ARG_INDEX_TABLES:
 			o->index_tables = true;
+			break;
+		case ARG_INDEX_FIRST:
+			o->index_tables = o->index_first = true;
+			break;
+		case ARG_TAGS:
+			o->tags = true;
 			break;
 		case ARG_NCCL_ID:
 			id_hex = optarg;
@@ -505,6 +522,34 @@ static int warm_up(struct engine *e)
 	return ctl_run(e, &c);
 }
 
+/*
+ * --belayer-tags: what python/belayer_tag.py does to vLLM and SGLang, done by the engine
+ * itself: positive classification before anything is allocated (belayer_tags_only), then
+ * tag "weights" around building and loading the model and "kv" around the KV cache, the tag
+ * cleared after each (shim/belayer.h). Resolved by name: without the shim, nothing happens.
+ */
+static void belayer_tag(const struct engine *e, const char *tag)
+{
+	void (*tags_only)(void), (*clear_tag)(void);
+	int (*set_tag)(const char *);
+
+	if (!e->o.tags)
+		return;
+	if (!tag) {
+		clear_tag = (__typeof__(clear_tag))dlsym(RTLD_DEFAULT, "belayer_clear_tag");
+		if (clear_tag)
+			clear_tag();
+	} else if (strcmp(tag, "tags-only") == 0) {
+		tags_only = (__typeof__(tags_only))dlsym(RTLD_DEFAULT, "belayer_tags_only");
+		if (tags_only)
+			tags_only();
+	} else {
+		set_tag = (__typeof__(set_tag))dlsym(RTLD_DEFAULT, "belayer_set_tag");
+		if (set_tag)
+			(void)set_tag(tag);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	struct engine e = {};
@@ -566,10 +611,18 @@ int main(int argc, char **argv)
 		}
 	}
 	t[2] = now_s();
-	r = model_create(&e.m, &mc, e.o.tp, e.o.rank);
+	belayer_tag(&e, "tags-only");
+	/* vLLM's runner allocates its input batch's block tables at init, before the model */
+	e.m.c = mc;
+	r = e.o.index_first ? model_alloc_index(&e.m, e.o.max_batched_tokens, e.o.max_num_seqs,
+						e.o.block_size)
+			    : 0;
+	belayer_tag(&e, "weights");
+	r = r ?: model_create(&e.m, &mc, e.o.tp, e.o.rank);
 	if (r == 0)
 		r = e.o.dummy ? model_load_dummy(&e.m, e.o.dummy_seed)
 			      : model_load_file(&e.m, e.o.model);
+	belayer_tag(&e, NULL);
 	if (r < 0)
 		goto fail;
 	e.m.cuda_graph = e.o.cuda_graph;
@@ -582,8 +635,10 @@ int main(int argc, char **argv)
 	/* The KV cache first, then the buffers of the serving steps: in vLLM the forward pass's
 	 * tensors come from the caching allocator after the KV cache is allocated. */
 	r = size_kv(&e, &blocks);
+	belayer_tag(&e, "kv");
 	r = r ?: model_alloc_kv(&e.m, e.o.block_size, blocks);
-	if (e.o.index_tables)
+	belayer_tag(&e, NULL);
+	if (e.o.index_tables && !e.o.index_first)
 		r = r
 			    ?: model_alloc_index(&e.m, e.o.max_batched_tokens, e.o.max_num_seqs,
 						 e.o.block_size);

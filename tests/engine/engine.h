@@ -37,6 +37,8 @@ struct engine_options {
 	bool custom_all_reduce;		  /* --custom-all-reduce: IPC buffers, as vLLM's */
 	bool cuda_graph;		  /* --cuda-graph: decode steps from CUDA graphs */
 	bool index_tables; /* --index-tables: block table, slot mapping as large allocations */
+	bool index_first;  /* --index-tables-first: those before the weights, as vLLM's */
+	bool tags;	   /* --belayer-tags: weights and KV tagged for the shim */
 };
 
 struct request;

@@ -6,6 +6,7 @@
  *   hello pid=P conn=C engine=E role=R rank=N ndev=D dev0=UUID hello_pid=P
  *   announce pid=P conn=C id=I va=0xV size=S class=C order=O version=W dev=UUID fd=ok
  *   release pid=P conn=C id=I
+ *   shadow-region pid=P conn=C id=I va=0xV size=S class=C order=O   (a shadow's scratch region)
  *   eof pid=P
  *   bytes pid=P id=I hex=HEX        (with --map, after that peer's eof)
  * pid is the peer's, from SO_PEERCRED; conn numbers connections in the order accepted. With --map the receiver keeps each announced fd and,
@@ -142,6 +143,13 @@ static void print_msg(FILE *out, pid_t pid, unsigned conn, struct proto_msg *m)
 		break;
 	case PROTO_REGION_RELEASE:
 		fprintf(out, "release pid=%d conn=%u id=%" PRIu64 "\n", pid, conn, m->release.id);
+		break;
+	case PROTO_SHADOW_REGION:
+		fprintf(out,
+			"shadow-region pid=%d conn=%u id=%" PRIu64 " va=0x%" PRIx64 " size=%" PRIu64
+			" class=%s order=%" PRIu64 "\n",
+			pid, conn, m->shadow_region.id, m->shadow_region.va, m->shadow_region.size,
+			region_class_to_string(m->shadow_region.cls), m->shadow_region.order);
 		break;
 	default:
 		fprintf(out, "other pid=%d type=%d\n", pid, (int)m->type);

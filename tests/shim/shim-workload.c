@@ -12,6 +12,7 @@
  *
  * Usage: shim-workload runtime|engine|engine-reprobe|engine-index|nccl|storm THREADS COUNT|fork|exec|
  *                     small|procaddr|ipc-export|ipc-open HANDLE OFFSET|tags TMS_LIBRARY|
+ *                     tags-positive tag|env|call|
  *                     nccl-second-copy LIBNCCL_COPY|memset|capture
  */
 #include <dlfcn.h>
@@ -545,6 +546,56 @@ static int run_tags(const char *tms_path)
 	return 0;
 }
 
+/*
+ * Positive classification (review finding 2): an engine whose weights and KV allocations are
+ * tagged, with large untagged buffers around them where the phase heuristic misclasses them:
+ * block tables before any probe (weights by phase), a buffer first after the probe and of
+ * the KV tensors' size (KV by phase), an index table after the KV. MODE says how positive
+ * mode starts: "tag" by the weights tag itself (block tables after it), "env" by
+ * BELAYER_CLASSIFY=tags and "call" by belayer_tags_only() (block tables before any tag).
+ */
+static int run_tags_positive(const char *mode)
+{
+	int (*set_tag)(const char *) = (__typeof__(set_tag))dlsym(RTLD_DEFAULT, "belayer_set_tag");
+	void (*clear_tag)(void) = (__typeof__(clear_tag))dlsym(RTLD_DEFAULT, "belayer_clear_tag");
+	bool early = strcmp(mode, "tag") != 0;
+	CUdeviceptr bt = 0, w, s, k1, k2, it;
+	size_t fr, tot;
+
+	if (!set_tag || !clear_tag)
+		wl_die("belayer_set_tag is not exported");
+	driver_open();
+	if (strcmp(mode, "call") == 0) {
+		void (*tags_only)(void) =
+			(__typeof__(tags_only))dlsym(RTLD_DEFAULT, "belayer_tags_only");
+
+		if (!tags_only)
+			wl_die("belayer_tags_only is not exported");
+		tags_only();
+	}
+	CHECK(d.mem_info(&fr, &tot)); /* vLLM and SGLang query memory before loading */
+	if (early)
+		bt = alloc(20 * MIB); /* block tables at runner init, before any tag */
+	set_tag("weights");
+	w = alloc(8 * MIB);
+	clear_tag();
+	if (!early)
+		bt = alloc(20 * MIB); /* after a tag, before the probe */
+	fill(w, 1);
+	CHECK(d.mem_info(&fr, &tot)); /* the KV-sizing probe */
+	s = alloc(16 * MIB);	      /* first after the probe, a KV tensor's size, untagged */
+	set_tag("kv");
+	k1 = alloc(16 * MIB);
+	k2 = alloc(16 * MIB);
+	clear_tag();
+	it = alloc(20 * MIB); /* an index table next to the KV */
+	printf("ok positive bt=0x%llx w=0x%llx s=0x%llx k1=0x%llx k2=0x%llx it=0x%llx\n",
+	       (unsigned long long)bt, (unsigned long long)w, (unsigned long long)s,
+	       (unsigned long long)k1, (unsigned long long)k2, (unsigned long long)it);
+	hold();
+	return 0;
+}
+
 static bool in_shim(const void *fn)
 {
 	Dl_info info;
@@ -732,6 +783,8 @@ int main(int argc, char **argv)
 		return run_procaddr();
 	if (strcmp(argv[1], "tags") == 0 && argc == 3)
 		return run_tags(argv[2]);
+	if (strcmp(argv[1], "tags-positive") == 0 && argc == 3)
+		return run_tags_positive(argv[2]);
 	if (strcmp(argv[1], "ipc-export") == 0)
 		return run_ipc_export();
 	if (strcmp(argv[1], "ipc-open") == 0 && argc == 4)

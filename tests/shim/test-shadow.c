@@ -78,6 +78,9 @@ struct fixture {
 	/* engine_start: how the KV cache is sized (NULL: --kv-cache-bytes 16M), and one more
 	 * "NAME=value" for a shadow */
 	const char *kv_flag, *kv_value, *shadow_env;
+	/* engine_start: where the index tables go (NULL: --index-tables), and --belayer-tags */
+	const char *index_flag;
+	bool engine_tags;
 };
 
 static uint64_t now_ms(void)
@@ -847,23 +850,20 @@ static void engine_start(struct fixture *f, struct peer *p, struct peer *p1, con
 			 const char *seed, struct engine *e)
 {
 	char line[4096], *port;
-	const char *argv[] = {ENGINE_PATH,
-			      "--model",
-			      NULL,
-			      "--port",
-			      "0",
-			      "--load-format",
-			      "dummy",
-			      "--seed",
-			      seed,
-			      f->kv_flag ? f->kv_flag : "--kv-cache-bytes",
-			      f->kv_value ? f->kv_value : "16M",
-			      "--cuda-graph",
-			      "--index-tables",
-			      p1 ? "--tensor-parallel-size" : NULL,
-			      "2",
-			      "--custom-all-reduce",
-			      NULL};
+	const char *argv[20] = {ENGINE_PATH,
+				"--model",
+				NULL,
+				"--port",
+				"0",
+				"--load-format",
+				"dummy",
+				"--seed",
+				seed,
+				f->kv_flag ? f->kv_flag : "--kv-cache-bytes",
+				f->kv_value ? f->kv_value : "16M",
+				"--cuda-graph",
+				f->index_flag ? f->index_flag : "--index-tables"};
+	size_t argc = 13;
 	/* The shim's default threshold: the stand-in's caching allocator puts every tensor, the
 	 * smallest (norms) too, in segments of at least 2 MiB, so a promoted shadow holds all of
 	 * the primary's weights. RANK=0 for the leader's hello; the engine gives its followers
@@ -874,6 +874,14 @@ static void engine_start(struct fixture *f, struct peer *p, struct peer *p1, con
 
 	snprintf(model, sizeof(model), "%s/model.safetensors", f->dir);
 	argv[2] = model;
+	if (f->engine_tags)
+		argv[argc++] = "--belayer-tags";
+	if (p1) {
+		argv[argc++] = "--tensor-parallel-size";
+		argv[argc++] = "2";
+		argv[argc++] = "--custom-all-reduce";
+	}
+	argv[argc] = NULL;
 	spawn(f, p, argv, role, env);
 	if (p1)
 		accept_group(f, p, p1);
@@ -933,19 +941,17 @@ static void gen_model(struct fixture *f)
 	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-/* TP=1 with decode steps from CUDA graphs (both engine tests): the shadow captured its graphs
- * on scratch at warm-up and replays them after the promotion against the primary's memory,
- * mapped at the same addresses. */
-static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
+/* A TP=1 primary and its shadow with different dummy weights (only a promotion can make them
+ * agree) from the fixture's engine flags; the shadow parks, answers (a step of its own), is
+ * promoted onto the primary's memory and then answers like the primary did. */
+static void promote_tp1(struct fixture *f)
 {
-	struct fixture *f = *state;
 	struct engine prim, shad;
 	char *want, *before, *got;
 	const struct proto_region *pr[MAX_REGS];
 	uint32_t n;
 
 	gen_model(f);
-	/* primary and shadow with different dummy weights: only promotion can make them agree */
 	engine_start(f, &f->primary, NULL, "primary", "11", &prim);
 	want = generate(&prim);
 	engine_start(f, &f->shadow, NULL, "shadow", "22", &shad);
@@ -969,6 +975,30 @@ static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
 	free(want);
 	free(before);
 	free(got);
+}
+
+/* TP=1 with decode steps from CUDA graphs (both engine tests): the shadow captured its graphs
+ * on scratch at warm-up and replays them after the promotion against the primary's memory,
+ * mapped at the same addresses. */
+static void test_engine_promoted_shadow_answers_like_the_primary(void **state)
+{
+	promote_tp1(*state);
+}
+
+/* Review finding 2, with what python/belayer_tag.py does to vLLM: the engine allocates its
+ * index tables before the weights (vLLM's block tables at runner init) and tags its weights
+ * and KV cache (--belayer-tags). The tables are `other`, real memory in the shadow, so the
+ * shadow's steps read back their own tables; by the phase heuristic they would be weights,
+ * scratch aliased with the KV cache, and the shadow's first step would fail ("The block table
+ * at ... no longer holds what the step wrote there"). The promoted shadow answers like the
+ * primary. */
+static void test_engine_tagged_index_tables_before_weights(void **state)
+{
+	struct fixture *f = *state;
+
+	f->index_flag = "--index-tables-first";
+	f->engine_tags = true;
+	promote_tp1(f);
 }
 
 /* Review finding 6: primary and shadow size their KV cache from cuMemGetInfo, as vLLM's
@@ -1138,6 +1168,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			test_engine_tp2_promoted_group_answers_like_the_primary, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_engine_shadow_sizes_itself_like_the_primary,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_engine_tagged_index_tables_before_weights,
 						setup, teardown),
 	};
 

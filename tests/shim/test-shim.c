@@ -693,6 +693,61 @@ static void test_explicit_and_tms_tags(void **state)
 	assert_int_equal(COUNT(f, "announce", va, "class=other"), 1);
 }
 
+/* Runs tags-positive MODE and checks each region's class (review finding 2). */
+static void check_tags_positive(void **state, const char *mode, const char *env)
+{
+	struct fixture *f = *state;
+	const char *argv[] = {WORKLOAD_PATH, "tags-positive", mode, NULL};
+	unsigned long long v[6];
+	static const char *const names[] = {"bt", "w", "s", "k1", "k2", "it"};
+	static const char *const want[] = {"class=other", "class=weights", "class=other",
+					   "class=kv",	  "class=kv",	   "class=other"};
+	char line[256], va[64], wrong[256] = "";
+	struct wenv e;
+	struct proc w;
+
+	start_receiver(f, false);
+	spawn(&w, argv, workload_env(&e, f, env, NULL), true, false);
+	assert_true(expect_line(w.out, "ok positive", line, sizeof(line)));
+	assert_int_equal(sscanf(line,
+				"ok positive bt=0x%llx w=0x%llx s=0x%llx k1=0x%llx k2=0x%llx "
+				"it=0x%llx",
+				&v[0], &v[1], &v[2], &v[3], &v[4], &v[5]),
+			 6);
+	snprintf(va, sizeof(va), "va=0x%llx ", v[5]);
+	WAIT_COUNT(f, 1, "announce", va);
+	finish(f, &w);
+	for (int i = 0; i < 6; i++) {
+		snprintf(va, sizeof(va), "va=0x%llx ", v[i]);
+		if (COUNT(f, "announce", va, want[i]) != 1) {
+			size_t n = strlen(wrong);
+
+			snprintf(wrong + n, sizeof(wrong) - n, " %s not %s;", names[i], want[i]);
+		}
+	}
+	if (wrong[0])
+		fail_msg("tags-positive %s:%s", mode, wrong);
+}
+
+/* Once a tag has been set, an untagged allocation is `other`: one before the probe (the
+ * heuristic's weights) and one first after it (the heuristic's KV). */
+static void test_tags_positive_after_first_tag(void **state)
+{
+	check_tags_positive(state, "tag", NULL);
+}
+
+/* BELAYER_CLASSIFY=tags and belayer_tags_only(): untagged buffers allocated before any tag
+ * (vLLM's block tables at runner init) are `other` too. */
+static void test_tags_positive_env(void **state)
+{
+	check_tags_positive(state, "env", "BELAYER_CLASSIFY=tags");
+}
+
+static void test_tags_positive_call(void **state)
+{
+	check_tags_positive(state, "call", NULL);
+}
+
 /* A supervisor that restarts gets every live region again, from a new hello. */
 static void test_reconnect_reannounces_everything(void **state)
 {
@@ -865,6 +920,10 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_queue_overflow_resyncs, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_explicit_and_tms_tags, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tags_positive_after_first_tag, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_tags_positive_env, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tags_positive_call, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
