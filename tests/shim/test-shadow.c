@@ -650,6 +650,131 @@ static void test_ipc_shared_buffer_is_real_and_never_swapped(void **state)
 	assert_string_equal(line, pattern);
 }
 
+/* A symmetric-memory peer: takes fd of pid (pidfd_getfd), imports and maps it, and returns
+ * the "bytes" line it printed for the first 16 bytes, or "" when it could not. */
+static void symm_peer_read(struct fixture *f, const char *pid_fd, char *line, size_t cap)
+{
+	char pid[16], fd[16];
+	const char *argv[] = {WORKLOAD_PATH, "vmm-import", pid, fd, NULL};
+	const char *env[] = {"BELAYER_SOCKET=/nonexistent/belayer.sock", "BELAYER_LOG_LEVEL=error",
+			     NULL};
+	struct peer o;
+	int status;
+
+	assert_int_equal(sscanf(pid_fd, "%15s %15s", pid, fd), 2);
+	peer_init(&o);
+	spawn(f, &o, argv, "primary", env);
+	close(o.in);
+	o.in = -1;
+	line[0] = '\0';
+	while (read_line(o.out, line, cap) && strncmp(line, "bytes ", 6) != 0)
+		line[0] = '\0';
+	assert_int_equal(waitpid(o.pid, &status, 0), o.pid);
+	o.pid = -1;
+	peer_close(&o);
+}
+
+static void start_symm_workload(struct fixture *f, struct peer *p, const char *role, unsigned seed,
+				char *pid_fd, size_t cap)
+{
+	char s[16], w[32], k[32], line[256];
+	const char *argv[] = {SHADOW_WORKLOAD_PATH, s, w, k, "symm", NULL};
+
+	snprintf(s, sizeof(s), "%u", seed);
+	snprintf(w, sizeof(w), "%" PRIu64, 32 * MIB);
+	snprintf(k, sizeof(k), "%" PRIu64, 32 * MIB);
+	spawn(f, p, argv, role, NULL);
+	accept_peer(f, p);
+	expect_line(p, "symm ", line, sizeof(line));
+	snprintf(pid_fd, cap, "%s", line + 5);
+	expect_line(p, "ready", line, sizeof(line));
+}
+
+/* Review finding 1, the program's own cuMemCreate memory: a PyTorch symmetric-memory buffer
+ * (cuMemCreate with a POSIX fd handle type before the KV probe, so `weights` by phase, then
+ * cuMemRetainAllocationHandle, cuMemGetAllocationPropertiesFromHandle and
+ * cuMemExportToShareableHandle) must be answered as the driver documents in a shadow too (no
+ * fake handle reaching the driver), be real memory a peer imports and reads, stay out of the
+ * layout in both roles and keep its backing across the promotion. */
+static void test_symm_buffer_is_real_and_never_swapped(void **state)
+{
+	static const char pattern[] = "bytes 5a5b58595e5f5c5d5253505156575455";
+	struct fixture *f = *state;
+	uint64_t prim_sums[N_LAYOUT], hash;
+	char prim_fd[256], shadow_fd[256], line[256];
+	uint32_t n;
+
+	start_symm_workload(f, &f->primary, "primary", 1, prim_fd, sizeof(prim_fd));
+	symm_peer_read(f, prim_fd, line, sizeof(line));
+	assert_string_equal(line, pattern);
+
+	start_symm_workload(f, &f->shadow, "shadow", 2, shadow_fd, sizeof(shadow_fd));
+	symm_peer_read(f, shadow_fd, line, sizeof(line));
+	assert_string_equal(line, pattern);
+
+	/* 5 layout regions, the shared buffer and the `other` one */
+	PUMP_UNTIL(&f->primary, f->primary.n_regs == N_LAYOUT + 2);
+	PUMP_UNTIL(&f->shadow, f->shadow.parked >= 1 && f->shadow.n_sregs == N_LAYOUT &&
+				       f->shadow.park.n_entries == N_LAYOUT);
+	assert_int_equal(count_class(&f->primary, true), N_LAYOUT);
+	sums(&f->primary, prim_sums);
+	hash = primary_layout(&f->primary, &n, NULL);
+	assert_int_equal(n, N_LAYOUT);
+	assert_true(f->shadow.park.hash == hash);
+
+	send_maps(f);
+	kill_primary(f);
+	commit(f, f->shadow.park.hash, N_LAYOUT, 3);
+	expect_promoted(f, prim_sums, 3);
+	/* Not swapped: the peer still reads the shadow's own buffer. */
+	symm_peer_read(f, shadow_fd, line, sizeof(line));
+	assert_string_equal(line, pattern);
+}
+
+static void workload_cmd(struct peer *p, const char *cmd, const char *reply)
+{
+	char line[64];
+
+	assert_int_equal(write(p->in, cmd, strlen(cmd)), (ssize_t)strlen(cmd));
+	expect_line(p, reply, line, sizeof(line));
+}
+
+/* Review finding 8 (B2): vLLM's sleep mode (CuMemAllocator.sleep(level=1), then wake_up())
+ * releases the program's own weights and kv mappings and re-creates them at the same
+ * addresses after the KV probe. They must keep their class and their place in the layout, so
+ * the primary's layout still is the shadow's and a promotion after the cycle maps the woken
+ * primary's memory. */
+static void test_sleep_wake_keeps_class_and_layout(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t prim_sums[N_LAYOUT], woke_sums[N_LAYOUT], hash;
+	uint32_t n;
+
+	start_pair(f, 32 * MIB, 32 * MIB, prim_sums);
+	workload_cmd(&f->primary, "sleep\n", "slept");
+	PUMP_UNTIL(&f->primary, f->primary.n_regs == N_LAYOUT - 1);
+	workload_cmd(&f->primary, "wake\n", "woke");
+	PUMP_UNTIL(&f->primary, f->primary.n_regs == N_LAYOUT + 1);
+	sums(&f->primary, woke_sums);
+	for (size_t i = 0; i < N_LAYOUT; i++)
+		assert_true(woke_sums[i] == prim_sums[i]);
+	for (size_t i = 0; i < f->primary.n_regs; i++)
+		print_message("primary region %" PRIu64 ": class %d, order %" PRIu64 "\n",
+			      f->primary.regs[i].id, (int)f->primary.regs[i].cls,
+			      f->primary.regs[i].order);
+	if (count_class(&f->primary, true) != N_LAYOUT)
+		fail_msg("after sleep/wake the primary has %zu weights/kv regions, not %d",
+			 count_class(&f->primary, true), N_LAYOUT);
+	hash = primary_layout(&f->primary, &n, NULL);
+	assert_int_equal(n, N_LAYOUT);
+	assert_true(f->shadow.park.hash == hash);
+
+	send_maps(f);
+	kill_primary(f);
+	commit(f, f->shadow.park.hash, N_LAYOUT, 5);
+	expect_promoted(f, prim_sums, 5);
+}
+
 static void test_promotion_remaps_every_region(void **state)
 {
 	struct fixture *f = *state;
@@ -1122,6 +1247,10 @@ int main(void)
 			test_shadow_parks_with_primary_layout_and_costs_scratch, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_ipc_shared_buffer_is_real_and_never_swapped,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_symm_buffer_is_real_and_never_swapped, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_sleep_wake_keeps_class_and_layout, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_promotion_remaps_every_region, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_layout_mismatch_is_refused_and_rolled_back,
