@@ -36,6 +36,13 @@ static struct region **by_id;
 static size_t n_regions, cap_regions;
 static struct range *ranges;
 static size_t n_ranges, cap_ranges;
+struct ghost {
+	uint64_t va, size, order;
+	enum region_class cls;
+	bool scratch;
+};
+static struct ghost *ghosts;
+static size_t n_ghosts, cap_ghosts;
 static uint64_t next_id = 1, next_order;
 static uint64_t weights_version;
 static size_t n_weights_mapped; /* read without the lock as a hint only */
@@ -153,6 +160,48 @@ static struct region *region_by_handle(CUmemGenericAllocationHandle h)
 	return NULL;
 }
 
+/* With the lock held: r was unmapped from va; remembered unless freed. */
+static void ghost_add(const struct region *r, uint64_t va)
+{
+	size_t i;
+
+	for (i = 0; i < n_ghosts && ghosts[i].va != va; i++)
+		;
+	if (i == n_ghosts) {
+		if (grow((void **)&ghosts, &cap_ghosts, n_ghosts + 1, sizeof(*ghosts)) < 0)
+			return; /* nothing inherited: the phase rule decides, as before */
+		n_ghosts++;
+	}
+	ghosts[i] = (struct ghost){
+		.va = va, .size = r->size, .order = r->order, .cls = r->cls, .scratch = r->scratch};
+}
+
+/* With the lock held: takes the ghost at va of this size and backing kind, if any. */
+static bool ghost_take(uint64_t va, uint64_t size, bool scratch, struct ghost *ret)
+{
+	for (size_t i = 0; i < n_ghosts; i++) {
+		if (ghosts[i].va != va)
+			continue;
+		if (ghosts[i].size != size || ghosts[i].scratch != scratch)
+			return false;
+		*ret = ghosts[i];
+		ghosts[i] = ghosts[--n_ghosts];
+		return true;
+	}
+	return false;
+}
+
+void regions_forget_va(uint64_t va, uint64_t size)
+{
+	regions_lock();
+	for (size_t i = 0; i < n_ghosts;)
+		if (ghosts[i].va >= va && ghosts[i].va - va < size)
+			ghosts[i] = ghosts[--n_ghosts];
+		else
+			i++;
+	regions_unlock();
+}
+
 static uint64_t now_ms(void)
 {
 	struct timespec ts;
@@ -259,6 +308,28 @@ struct region *const *regions_all_locked(size_t *ret_n)
 struct region *regions_get_locked(uint64_t id)
 {
 	return region_by_id(id);
+}
+
+struct region *regions_at_locked(uint64_t va)
+{
+	struct range *rg = range_find(va);
+
+	return rg ? rg->r : NULL;
+}
+
+struct region *regions_by_handle_locked(CUmemGenericAllocationHandle h)
+{
+	return region_by_handle(h);
+}
+
+void regions_set_class_locked(struct region *r, enum region_class cls)
+{
+	/* n_weights_mapped counts mapped weights regions (range_insert/range_remove) */
+	if (r->va != 0 && r->cls == REGION_WEIGHTS && cls != REGION_WEIGHTS)
+		__atomic_sub_fetch(&n_weights_mapped, 1, __ATOMIC_RELAXED);
+	else if (r->va != 0 && r->cls != REGION_WEIGHTS && cls == REGION_WEIGHTS)
+		__atomic_add_fetch(&n_weights_mapped, 1, __ATOMIC_RELAXED);
+	r->cls = cls;
 }
 
 int regions_add_converted(CUmemGenericAllocationHandle h, int dev, uint64_t va, uint64_t size,
@@ -394,7 +465,7 @@ int regions_export_fd(uint64_t id, uint64_t *ret_size)
 }
 
 int regions_add_user(CUmemGenericAllocationHandle h, int dev, uint64_t size, enum region_class cls,
-		     bool exportable, bool scratch)
+		     bool exportable, bool scratch, const CUmemAllocationProp *prop)
 {
 	struct region *r;
 
@@ -402,6 +473,8 @@ int regions_add_user(CUmemGenericAllocationHandle h, int dev, uint64_t size, enu
 	r = region_new(REGION_KIND_USER, h, dev, size, cls, exportable);
 	if (r) {
 		r->scratch = scratch;
+		if (prop)
+			r->prop = *prop;
 		note_change_locked(false);
 	}
 	regions_unlock();
@@ -469,6 +542,12 @@ void regions_user_mapped(CUmemGenericAllocationHandle h, uint64_t va)
 	/* Only the first mapping of a handle is its region's address; a handle mapped again
 	 * elsewhere is the same memory. */
 	if (r && r->va == 0) {
+		struct ghost g;
+
+		if (ghost_take(va, r->size, r->scratch, &g)) {
+			r->cls = g.cls;
+			r->order = g.order;
+		}
 		r->va = va;
 		if (range_insert(r) < 0)
 			r->va = 0;
@@ -492,11 +571,27 @@ void regions_user_unmapped(uint64_t va, uint64_t size)
 		}
 		range_remove(&ranges[i]);
 		release_locked(r);
+		ghost_add(r, r->va);
 		r->va = 0;
 		if (r->released)
 			region_delete(r);
 	}
 	regions_unlock();
+}
+
+bool regions_user_unretain(CUmemGenericAllocationHandle h)
+{
+	struct region *r;
+	bool hit = false;
+
+	regions_lock();
+	r = region_by_handle(h);
+	if (r && r->retains > 0) {
+		r->retains--;
+		hit = true;
+	}
+	regions_unlock();
+	return hit;
 }
 
 void regions_user_released(CUmemGenericAllocationHandle h)
@@ -664,6 +759,7 @@ void regions_reset_after_fork(void)
 		free(by_id[i]);
 	n_regions = 0;
 	n_ranges = 0;
+	n_ghosts = 0;
 	__atomic_store_n(&n_weights_mapped, 0, __ATOMIC_RELAXED);
 	next_id = 1;
 	next_order = 0;

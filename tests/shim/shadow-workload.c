@@ -75,7 +75,8 @@ static size_t n_regs;
 static unsigned char buf[CHUNK];
 /* The program-owned (cuMemCreate) mappings among regs: weights, then kv; what sleep frees. */
 static size_t vmm_idx[2];
-static unsigned char *backup; /* sleep: the weights mapping's bytes */
+static CUmemGenericAllocationHandle vmm_handle[2]; /* kept, as cumem_allocator.cpp keeps them */
+static unsigned char *backup;			   /* sleep: the weights mapping's bytes */
 
 static void driver_open(void)
 {
@@ -129,13 +130,13 @@ static CUmemGenericAllocationHandle create_and_map(CUdeviceptr va, size_t size,
 	return h;
 }
 
-/* The handle stays the program's; the reservation too. */
-static CUdeviceptr vmm(size_t size)
+/* The handle and the reservation stay the program's. */
+static CUdeviceptr vmm(size_t size, CUmemGenericAllocationHandle *ret)
 {
 	CUdeviceptr va;
 
 	CHECK(d.reserve(&va, size, 0, 0, 0));
-	(void)create_and_map(va, size, 0);
+	*ret = create_and_map(va, size, 0);
 	return va;
 }
 
@@ -150,15 +151,8 @@ static void sleep_(void)
 		wl_die("out of host memory");
 	CHECK(d.dtoh(backup, regs[w].va, regs[w].size));
 	for (size_t i = 0; i < 2; i++) {
-		CUmemGenericAllocationHandle h;
-		CUresult (*retain)(CUmemGenericAllocationHandle *, void *) =
-			wl_resolve("cuMemRetainAllocationHandle", 11000);
-
-		/* cumem_allocator.cpp keeps the handle it created; so does a retain here */
-		CHECK(retain(&h, (void *)(uintptr_t)regs[vmm_idx[i]].va));
 		CHECK(d.unmap(regs[vmm_idx[i]].va, regs[vmm_idx[i]].size));
-		CHECK(d.release(h)); /* the retain's reference */
-		CHECK(d.release(h)); /* the creation's */
+		CHECK(d.release(vmm_handle[i]));
 	}
 }
 
@@ -168,7 +162,7 @@ static void wake(void)
 	const size_t w = vmm_idx[0];
 
 	for (size_t i = 0; i < 2; i++)
-		(void)create_and_map(regs[vmm_idx[i]].va, regs[vmm_idx[i]].size, 0);
+		vmm_handle[i] = create_and_map(regs[vmm_idx[i]].va, regs[vmm_idx[i]].size, 0);
 	CHECK(d.htod(regs[w].va, backup, regs[w].size));
 	free(backup);
 	backup = NULL;
@@ -275,12 +269,12 @@ int main(int argc, char **argv)
 		symm_buffer();
 	add(alloc(w / 2), w / 2);
 	vmm_idx[0] = n_regs;
-	add(vmm(w / 4), w / 4);
+	add(vmm(w / 4, &vmm_handle[0]), w / 4);
 	add(alloc(w / 4), w / 4);
 	CHECK(d.mem_info(&free_b, &total_b)); /* the KV-sizing probe */
 	add(alloc(kv / 2), kv / 2);
 	vmm_idx[1] = n_regs;
-	add(vmm(kv / 2), kv / 2);
+	add(vmm(kv / 2, &vmm_handle[1]), kv / 2);
 	(void)alloc(2 * MIB); /* other */
 	for (size_t i = 0; i < n_regs; i++)
 		fill(i, seed);
