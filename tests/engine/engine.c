@@ -53,6 +53,7 @@ enum {
 	ARG_CUSTOM_ALL_REDUCE,
 	ARG_CUDA_GRAPH,
 	ARG_INDEX_TABLES,
+	ARG_SLEEP_MODE,
 };
 
 static const struct option options[] = {
@@ -81,6 +82,7 @@ static const struct option options[] = {
 	{"custom-all-reduce", no_argument, NULL, ARG_CUSTOM_ALL_REDUCE},
 	{"cuda-graph", no_argument, NULL, ARG_CUDA_GRAPH},
 	{"index-tables", no_argument, NULL, ARG_INDEX_TABLES},
+	{"enable-sleep-mode", no_argument, NULL, ARG_SLEEP_MODE},
 	{"help", no_argument, NULL, 'h'},
 	{},
 };
@@ -127,7 +129,10 @@ static void usage(FILE *f)
 		"replayed\n"
 		"  --index-tables                block table and slot mapping as large "
 		"allocations\n"
-		"                                after the KV cache, as vLLM's and SGLang's\n");
+		"                                after the KV cache, as vLLM's and SGLang's\n"
+		"  --enable-sleep-mode           weights and KV cache as vLLM's CuMemAllocator "
+		"makes\n"
+		"                                them (cuMemCreate); POST /sleep, /wake_up\n");
 }
 
 static int parse_size(const char *s, uint64_t *ret)
@@ -268,6 +273,9 @@ static int parse_args(int argc, char **argv, struct engine_options *o)
 			break;
 		case ARG_INDEX_TABLES:
 			o->index_tables = true;
+			break;
+		case ARG_SLEEP_MODE:
+			o->sleep_mode = true;
 			break;
 		case ARG_NCCL_ID:
 			id_hex = optarg;
@@ -566,6 +574,8 @@ int main(int argc, char **argv)
 		}
 	}
 	t[2] = now_s();
+	if (e.o.sleep_mode)
+		dev_alloc_use_cumem((int)e.o.rank);
 	r = model_create(&e.m, &mc, e.o.tp, e.o.rank);
 	if (r == 0)
 		r = e.o.dummy ? model_load_dummy(&e.m, e.o.dummy_seed)
