@@ -516,6 +516,21 @@ static void expect_promoted(struct fixture *f, const uint64_t prim_sums[], uint6
 				 i, got[i], prim_sums[i]);
 }
 
+/* The primary's layout (from its announcements) is the parked shadow's; then the primary dies
+ * and the shadow is promoted onto its memory at weights version wver. */
+static void promote_on_equal_layout(struct fixture *f, const uint64_t prim_sums[], uint64_t wver)
+{
+	uint32_t n;
+	uint64_t hash = primary_layout(&f->primary, &n, NULL);
+
+	assert_int_equal(n, N_LAYOUT);
+	assert_true(f->shadow.park.hash == hash);
+	send_maps(f);
+	kill_primary(f);
+	commit(f, f->shadow.park.hash, N_LAYOUT, wver);
+	expect_promoted(f, prim_sums, wver);
+}
+
 /* Still a shadow on scratch: it reads its regions fine, and none holds the primary's bytes. */
 static void expect_still_scratch(struct fixture *f, const uint64_t prim_sums[])
 {
@@ -572,11 +587,10 @@ static void test_shadow_parks_with_primary_layout_and_costs_scratch(void **state
 		assert_true(i == 0 || f->shadow.sregs[i].order > f->shadow.sregs[i - 1].order);
 }
 
-/* Opens a shadow-workload's IPC handle from a separate shimmed process (no supervisor) and
- * returns the "bytes" line it printed for the first 16 bytes, or "" when it could not. */
-static void ipc_peer_read(struct fixture *f, const char *hex, char *line, size_t cap)
+/* Runs a shim-workload peer (argv, no supervisor) that reads a shadow-workload's shared buffer
+ * and returns the "bytes" line it printed for the first 16 bytes, or "" when it could not. */
+static void peer_read(struct fixture *f, const char *const argv[], char *line, size_t cap)
 {
-	const char *argv[] = {WORKLOAD_PATH, "ipc-open", hex, "0", NULL};
 	const char *env[] = {"BELAYER_SOCKET=/nonexistent/belayer.sock", "BELAYER_LOG_LEVEL=error",
 			     NULL};
 	struct peer o;
@@ -594,141 +608,91 @@ static void ipc_peer_read(struct fixture *f, const char *hex, char *line, size_t
 	peer_close(&o);
 }
 
-static void start_ipc_workload(struct fixture *f, struct peer *p, const char *role, unsigned seed,
-			       char *hex, size_t cap)
+/* Opens a shadow-workload's IPC handle (legacy IPC, as vLLM's custom all-reduce). */
+static void ipc_peer_read(struct fixture *f, const char *hex, char *line, size_t cap)
 {
-	char s[16], w[32], k[32], line[256];
-	const char *argv[] = {SHADOW_WORKLOAD_PATH, s, w, k, "ipc", NULL};
+	const char *argv[] = {WORKLOAD_PATH, "ipc-open", hex, "0", NULL};
 
-	snprintf(s, sizeof(s), "%u", seed);
-	snprintf(w, sizeof(w), "%" PRIu64, 32 * MIB);
-	snprintf(k, sizeof(k), "%" PRIu64, 32 * MIB);
-	spawn(f, p, argv, role, NULL);
-	accept_peer(f, p);
-	expect_line(p, "ipc ", line, sizeof(line));
-	snprintf(hex, cap, "%s", line + 4);
-	expect_line(p, "ready", line, sizeof(line));
+	peer_read(f, argv, line, cap);
 }
 
-/* Review findings 1 and 4: a custom-all-reduce-style buffer (cuMemAlloc + cuIpcGetMemHandle
- * before the KV probe, so `weights` by phase) must be openable by peers in a shadow too, hold
- * real memory there, stay out of the layout and keep its backing across the promotion. */
-static void test_ipc_shared_buffer_is_real_and_never_swapped(void **state)
-{
-	static const char pattern[] = "bytes a5a4a7a6a1a0a3a2adacafaea9a8abaa";
-	struct fixture *f = *state;
-	uint64_t prim_sums[N_LAYOUT], hash;
-	char prim_hex[256], hex[256], line[256];
-	uint32_t n;
-
-	start_ipc_workload(f, &f->primary, "primary", 1, prim_hex, sizeof(prim_hex));
-	ipc_peer_read(f, prim_hex, line, sizeof(line));
-	assert_string_equal(line, pattern);
-
-	start_ipc_workload(f, &f->shadow, "shadow", 2, hex, sizeof(hex));
-	/* The peer opens the shadow's buffer and reads what the shadow wrote, after the
-	 * shadow's weights went through scratch. */
-	ipc_peer_read(f, hex, line, sizeof(line));
-	assert_string_equal(line, pattern);
-
-	/* 5 layout regions, the IPC buffer and the `other` one; the IPC buffer is not weights */
-	PUMP_UNTIL(&f->primary,
-		   f->primary.n_regs == N_LAYOUT + 2 && count_class(&f->primary, true) == N_LAYOUT);
-	sums(&f->primary, prim_sums);
-	PUMP_UNTIL(&f->shadow, f->shadow.parked >= 1 && f->shadow.n_sregs == N_LAYOUT &&
-				       f->shadow.park.n_entries == N_LAYOUT);
-	hash = primary_layout(&f->primary, &n, NULL);
-	assert_int_equal(n, N_LAYOUT);
-	assert_true(f->shadow.park.hash == hash);
-
-	send_maps(f);
-	kill_primary(f);
-	commit(f, f->shadow.park.hash, N_LAYOUT, 3);
-	expect_promoted(f, prim_sums, 3);
-	/* Not swapped: the peer still sees the shadow's own buffer. */
-	ipc_peer_read(f, hex, line, sizeof(line));
-	assert_string_equal(line, pattern);
-}
-
-/* A symmetric-memory peer: takes fd of pid (pidfd_getfd), imports and maps it, and returns
- * the "bytes" line it printed for the first 16 bytes, or "" when it could not. */
+/* Imports a shadow-workload's exported fd ("PID FD", taken with pidfd_getfd), as PyTorch's
+ * symmetric memory peers do. */
 static void symm_peer_read(struct fixture *f, const char *pid_fd, char *line, size_t cap)
 {
 	char pid[16], fd[16];
 	const char *argv[] = {WORKLOAD_PATH, "vmm-import", pid, fd, NULL};
-	const char *env[] = {"BELAYER_SOCKET=/nonexistent/belayer.sock", "BELAYER_LOG_LEVEL=error",
-			     NULL};
-	struct peer o;
-	int status;
 
 	assert_int_equal(sscanf(pid_fd, "%15s %15s", pid, fd), 2);
-	peer_init(&o);
-	spawn(f, &o, argv, "primary", env);
-	close(o.in);
-	o.in = -1;
-	line[0] = '\0';
-	while (read_line(o.out, line, cap) && strncmp(line, "bytes ", 6) != 0)
-		line[0] = '\0';
-	assert_int_equal(waitpid(o.pid, &status, 0), o.pid);
-	o.pid = -1;
-	peer_close(&o);
+	peer_read(f, argv, line, cap);
 }
 
-static void start_symm_workload(struct fixture *f, struct peer *p, const char *role, unsigned seed,
-				char *pid_fd, size_t cap)
+/* Starts shadow-workload with a shared buffer (mode "ipc" or "symm") and returns what it printed
+ * about it (the line "MODE ..." without its first word). */
+static void start_shared_workload(struct fixture *f, struct peer *p, const char *role,
+				  unsigned seed, const char *mode, char *out, size_t cap)
 {
-	char s[16], w[32], k[32], line[256];
-	const char *argv[] = {SHADOW_WORKLOAD_PATH, s, w, k, "symm", NULL};
+	char s[16], w[32], k[32], line[256], prefix[16];
+	const char *argv[] = {SHADOW_WORKLOAD_PATH, s, w, k, mode, NULL};
 
 	snprintf(s, sizeof(s), "%u", seed);
 	snprintf(w, sizeof(w), "%" PRIu64, 32 * MIB);
 	snprintf(k, sizeof(k), "%" PRIu64, 32 * MIB);
+	snprintf(prefix, sizeof(prefix), "%s ", mode);
 	spawn(f, p, argv, role, NULL);
 	accept_peer(f, p);
-	expect_line(p, "symm ", line, sizeof(line));
-	snprintf(pid_fd, cap, "%s", line + 5);
+	expect_line(p, prefix, line, sizeof(line));
+	snprintf(out, cap, "%s", line + strlen(prefix));
 	expect_line(p, "ready", line, sizeof(line));
 }
 
-/* Review finding 1, the program's own cuMemCreate memory: a PyTorch symmetric-memory buffer
- * (cuMemCreate with a POSIX fd handle type before the KV probe, so `weights` by phase, then
- * cuMemRetainAllocationHandle, cuMemGetAllocationPropertiesFromHandle and
- * cuMemExportToShareableHandle) must be answered as the driver documents in a shadow too (no
- * fake handle reaching the driver), be real memory a peer imports and reads, stay out of the
- * layout in both roles and keep its backing across the promotion. */
-static void test_symm_buffer_is_real_and_never_swapped(void **state)
+/* A buffer shadow-workload shares with peers (mode "ipc" or "symm", read by peer_read_fn)
+ * before its KV probe, so `weights` by phase: peers read what the program wrote from the
+ * primary and from the shadow (after the shadow's weights went through scratch); it is real
+ * memory in the shadow, out of the layout in both roles (the primary's layout is its 5
+ * weights/kv regions), and keeps its backing across the promotion (the peer still reads the
+ * shadow's own buffer afterwards). */
+static void shared_buffer_is_real_and_never_swapped(
+	struct fixture *f, const char *mode, const char *pattern,
+	void (*peer_read_fn)(struct fixture *, const char *, char *, size_t))
 {
-	static const char pattern[] = "bytes 5a5b58595e5f5c5d5253505156575455";
-	struct fixture *f = *state;
-	uint64_t prim_sums[N_LAYOUT], hash;
-	char prim_fd[256], shadow_fd[256], line[256];
-	uint32_t n;
+	uint64_t prim_sums[N_LAYOUT];
+	char prim_ref[256], ref[256], line[256];
 
-	start_symm_workload(f, &f->primary, "primary", 1, prim_fd, sizeof(prim_fd));
-	symm_peer_read(f, prim_fd, line, sizeof(line));
+	start_shared_workload(f, &f->primary, "primary", 1, mode, prim_ref, sizeof(prim_ref));
+	peer_read_fn(f, prim_ref, line, sizeof(line));
 	assert_string_equal(line, pattern);
 
-	start_symm_workload(f, &f->shadow, "shadow", 2, shadow_fd, sizeof(shadow_fd));
-	symm_peer_read(f, shadow_fd, line, sizeof(line));
+	start_shared_workload(f, &f->shadow, "shadow", 2, mode, ref, sizeof(ref));
+	peer_read_fn(f, ref, line, sizeof(line));
 	assert_string_equal(line, pattern);
 
-	/* 5 layout regions, the shared buffer and the `other` one */
-	PUMP_UNTIL(&f->primary, f->primary.n_regs == N_LAYOUT + 2);
+	/* 5 layout regions, the shared buffer and the `other` one; the shared one is not weights */
+	PUMP_UNTIL(&f->primary,
+		   f->primary.n_regs == N_LAYOUT + 2 && count_class(&f->primary, true) == N_LAYOUT);
 	PUMP_UNTIL(&f->shadow, f->shadow.parked >= 1 && f->shadow.n_sregs == N_LAYOUT &&
 				       f->shadow.park.n_entries == N_LAYOUT);
-	assert_int_equal(count_class(&f->primary, true), N_LAYOUT);
 	sums(&f->primary, prim_sums);
-	hash = primary_layout(&f->primary, &n, NULL);
-	assert_int_equal(n, N_LAYOUT);
-	assert_true(f->shadow.park.hash == hash);
-
-	send_maps(f);
-	kill_primary(f);
-	commit(f, f->shadow.park.hash, N_LAYOUT, 3);
-	expect_promoted(f, prim_sums, 3);
-	/* Not swapped: the peer still reads the shadow's own buffer. */
-	symm_peer_read(f, shadow_fd, line, sizeof(line));
+	promote_on_equal_layout(f, prim_sums, 3);
+	peer_read_fn(f, ref, line, sizeof(line));
 	assert_string_equal(line, pattern);
+}
+
+/* Review findings 1 and 4: a custom-all-reduce-style buffer (cuMemAlloc + cuIpcGetMemHandle). */
+static void test_ipc_shared_buffer_is_real_and_never_swapped(void **state)
+{
+	shared_buffer_is_real_and_never_swapped(
+		*state, "ipc", "bytes a5a4a7a6a1a0a3a2adacafaea9a8abaa", ipc_peer_read);
+}
+
+/* Review finding 1, the program's own cuMemCreate memory: a PyTorch symmetric-memory buffer
+ * (cuMemCreate with a POSIX fd handle type, then cuMemRetainAllocationHandle,
+ * cuMemGetAllocationPropertiesFromHandle and cuMemExportToShareableHandle, which must be
+ * answered as the driver documents in a shadow too: no fake handle reaching the driver). */
+static void test_symm_buffer_is_real_and_never_swapped(void **state)
+{
+	shared_buffer_is_real_and_never_swapped(
+		*state, "symm", "bytes 5a5b58595e5f5c5d5253505156575455", symm_peer_read);
 }
 
 static void workload_cmd(struct peer *p, const char *cmd, const char *reply)
@@ -747,8 +711,7 @@ static void workload_cmd(struct peer *p, const char *cmd, const char *reply)
 static void test_sleep_wake_keeps_class_and_layout(void **state)
 {
 	struct fixture *f = *state;
-	uint64_t prim_sums[N_LAYOUT], woke_sums[N_LAYOUT], hash;
-	uint32_t n;
+	uint64_t prim_sums[N_LAYOUT], woke_sums[N_LAYOUT];
 
 	start_pair(f, 32 * MIB, 32 * MIB, prim_sums);
 	workload_cmd(&f->primary, "sleep\n", "slept");
@@ -765,14 +728,7 @@ static void test_sleep_wake_keeps_class_and_layout(void **state)
 	if (count_class(&f->primary, true) != N_LAYOUT)
 		fail_msg("after sleep/wake the primary has %zu weights/kv regions, not %d",
 			 count_class(&f->primary, true), N_LAYOUT);
-	hash = primary_layout(&f->primary, &n, NULL);
-	assert_int_equal(n, N_LAYOUT);
-	assert_true(f->shadow.park.hash == hash);
-
-	send_maps(f);
-	kill_primary(f);
-	commit(f, f->shadow.park.hash, N_LAYOUT, 5);
-	expect_promoted(f, prim_sums, 5);
+	promote_on_equal_layout(f, prim_sums, 5);
 }
 
 static void test_promotion_remaps_every_region(void **state)

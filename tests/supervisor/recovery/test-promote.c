@@ -419,22 +419,16 @@ static void kill_during_weight_update(void **state)
 	engine_wait_serving(&sv, expected);
 }
 
-/* The headline: an RL weight update lands, its checksums are recorded, then a rank dies. The
- * promoted engine holds the *updated* weights (a cold start would reload the old file): its
- * tokens are those of a failure-free engine started on the new weights. */
-static void promoted_engine_keeps_updated_weights(void **state)
+/* The trainer's new weights (w2, seed 2) pushed into the primary from disk: expected becomes
+ * a failure-free engine's tokens on them, and the engine serves them. */
+static void update_weights_to_w2(char w2[PATH_MAX])
 {
-	char w2[PATH_MAX], body[PATH_MAX + 32];
+	char body[PATH_MAX + 32];
 	const char *argv[] = {GEN_PATH, "--out", w2, "--size", "24M", "--seed", "2", NULL};
-	uint64_t before, deadline;
 	int fd;
 
-	snprintf(w2, sizeof(w2), "%s/w2.safetensors", sv.dir);
+	snprintf(w2, PATH_MAX, "%s/w2.safetensors", sv.dir);
 	assert_int_equal(run_tool(&sv, argv, NULL), 0);
-	start(NULL, NULL);
-	engine_wait_serving(&sv, expected);
-	engine_wait_promotable(&sv);
-	before = metric(&sv, "belayer_weights_checksums_total", "");
 	snprintf(body, sizeof(body), "{\"model_path\":\"%s\"}", w2);
 	fd = send_request(port_a, "POST", "/update_weights_from_disk", body);
 	assert_true(fd >= 0);
@@ -442,6 +436,21 @@ static void promoted_engine_keeps_updated_weights(void **state)
 	engine_failure_free_tokens(w2, expected);
 	assert_memory_not_equal(expected, baseline, sizeof(expected));
 	engine_wait_serving(&sv, expected);
+}
+
+/* The headline: an RL weight update lands, its checksums are recorded, then a rank dies. The
+ * promoted engine holds the *updated* weights (a cold start would reload the old file): its
+ * tokens are those of a failure-free engine started on the new weights. */
+static void promoted_engine_keeps_updated_weights(void **state)
+{
+	char w2[PATH_MAX];
+	uint64_t before, deadline;
+
+	start(NULL, NULL);
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
+	before = metric(&sv, "belayer_weights_checksums_total", "");
+	update_weights_to_w2(w2);
 	/* Promotable again once the new version's checksums are recorded (the update rewrote
 	 * every weights region). */
 	deadline = mono_ms() + ENGINE_READY_MS;
@@ -464,13 +473,9 @@ static void promoted_engine_keeps_updated_weights(void **state)
  * death is promoted onto memory that holds the updated weights. */
 static void sleep_wake_then_promotes(void **state)
 {
-	char w2[PATH_MAX], body[PATH_MAX + 32];
-	const char *argv[] = {GEN_PATH, "--out", w2, "--size", "24M", "--seed", "2", NULL};
+	char w2[PATH_MAX];
 	uint64_t weights_before, kv_before, before, deadline;
-	int fd;
 
-	snprintf(w2, sizeof(w2), "%s/w2.safetensors", sv.dir);
-	assert_int_equal(run_tool(&sv, argv, NULL), 0);
 	port_a = sv_free_port();
 	port_b = sv_free_port();
 	engine_start_both(&sv, weights, port_a, port_b, "--enable-sleep-mode", NULL, NULL);
@@ -484,13 +489,7 @@ static void sleep_wake_then_promotes(void **state)
 	assert_int_equal(reply_status(send_request(port_a, "POST", "/sleep?level=1", "")), 200);
 	assert_int_equal(reply_status(send_request(port_a, "POST", "/wake_up", "")), 200);
 	engine_wait_serving(&sv, expected); /* the offloaded weights are back */
-	snprintf(body, sizeof(body), "{\"model_path\":\"%s\"}", w2);
-	fd = send_request(port_a, "POST", "/update_weights_from_disk", body);
-	assert_true(fd >= 0);
-	assert_int_equal(reply_status(fd), 200);
-	engine_failure_free_tokens(w2, expected);
-	assert_memory_not_equal(expected, baseline, sizeof(expected));
-	engine_wait_serving(&sv, expected);
+	update_weights_to_w2(w2);
 
 	/* The woken memory is weights and KV again, and its new weights get checksummed. */
 	deadline = mono_ms() + ENGINE_READY_MS;
