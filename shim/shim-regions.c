@@ -160,16 +160,32 @@ static struct region *region_by_handle(CUmemGenericAllocationHandle h)
 	return NULL;
 }
 
-/* With the lock held: r was unmapped from va; remembered unless freed. */
+/* Index of the first ghost at or above va (ghosts are sorted by address: an engine that
+ * sleeps re-creates thousands of mappings, each looks its ghost up). */
+static size_t ghost_lower(uint64_t va)
+{
+	size_t lo = 0, hi = n_ghosts;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (ghosts[mid].va < va)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* With the lock held: r was unmapped from va; remembered until inherited or freed. */
 static void ghost_add(const struct region *r, uint64_t va)
 {
-	size_t i;
+	size_t i = ghost_lower(va);
 
-	for (i = 0; i < n_ghosts && ghosts[i].va != va; i++)
-		;
-	if (i == n_ghosts) {
+	if (i == n_ghosts || ghosts[i].va != va) {
 		if (grow((void **)&ghosts, &cap_ghosts, n_ghosts + 1, sizeof(*ghosts)) < 0)
 			return; /* nothing inherited: the phase rule decides, as before */
+		memmove(&ghosts[i + 1], &ghosts[i], (n_ghosts - i) * sizeof(*ghosts));
 		n_ghosts++;
 	}
 	ghosts[i] = (struct ghost){
@@ -179,26 +195,31 @@ static void ghost_add(const struct region *r, uint64_t va)
 /* With the lock held: takes the ghost at va of this size and backing kind, if any. */
 static bool ghost_take(uint64_t va, uint64_t size, bool scratch, struct ghost *ret)
 {
-	for (size_t i = 0; i < n_ghosts; i++) {
-		if (ghosts[i].va != va)
-			continue;
-		if (ghosts[i].size != size || ghosts[i].scratch != scratch)
-			return false;
-		*ret = ghosts[i];
-		ghosts[i] = ghosts[--n_ghosts];
-		return true;
-	}
-	return false;
+	size_t i = ghost_lower(va);
+
+	if (i == n_ghosts || ghosts[i].va != va || ghosts[i].size != size ||
+	    ghosts[i].scratch != scratch)
+		return false;
+	*ret = ghosts[i];
+	memmove(&ghosts[i], &ghosts[i + 1], (n_ghosts - i - 1) * sizeof(*ghosts));
+	n_ghosts--;
+	return true;
 }
 
 void regions_forget_va(uint64_t va, uint64_t size)
 {
+	size_t i, j;
+
 	regions_lock();
-	for (size_t i = 0; i < n_ghosts;)
-		if (ghosts[i].va >= va && ghosts[i].va - va < size)
-			ghosts[i] = ghosts[--n_ghosts];
-		else
-			i++;
+	if (n_ghosts == 0) {
+		regions_unlock();
+		return;
+	}
+	i = ghost_lower(va);
+	for (j = i; j < n_ghosts && ghosts[j].va - va < size; j++)
+		;
+	memmove(&ghosts[i], &ghosts[j], (n_ghosts - j) * sizeof(*ghosts));
+	n_ghosts -= j - i;
 	regions_unlock();
 }
 
