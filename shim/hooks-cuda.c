@@ -12,6 +12,7 @@
 #include "shim-conn.h"
 #include "shim-ipc.h"
 #include "shim-real.h"
+#include "shim-share.h"
 
 static void *proc_address(const char *symbol, void *fn, int version, cuuint64_t flags);
 
@@ -177,7 +178,7 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
 
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
-	PASS(cuMemAddressFree, ptr, size);
+	return shim_mem_address_free(ptr, size);
 }
 
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
@@ -189,7 +190,31 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocat
 				      CUmemAllocationHandleType handleType,
 				      unsigned long long flags)
 {
-	PASS(cuMemExportToShareableHandle, shareableHandle, handle, handleType, flags);
+	return share_export(shareableHandle, handle, handleType, flags);
+}
+
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+	return share_retain(handle, addr);
+}
+
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+						CUmemGenericAllocationHandle handle)
+{
+	return share_get_properties(prop, handle);
+}
+
+CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
+			    CUmemGenericAllocationHandle memHandle, size_t memOffset, size_t size,
+			    unsigned long long flags)
+{
+	return share_multicast_bind_mem(mcHandle, mcOffset, memHandle, memOffset, size, flags);
+}
+
+CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
+			     CUdeviceptr memptr, size_t size, unsigned long long flags)
+{
+	return share_multicast_bind_addr(mcHandle, mcOffset, memptr, size, flags);
 }
 
 CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)

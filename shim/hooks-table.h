@@ -27,69 +27,75 @@
 /* A version no driver reaches: the variant is never what cuGetProcAddress answers. */
 #define BELAYER_PROC_NEVER 999999
 
-#define BELAYER_CUDA_HOOKS(X)                                                                   \
-	X(cuInit, "cuInit", 2000, 0, PFN_cuInit_v2000)                                          \
-	X(cuGetProcAddress, "cuGetProcAddress", 11030, 0, PFN_cuGetProcAddress_v11030)          \
-	X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0, PFN_cuGetProcAddress_v12000)       \
-	X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0,                        \
-	  PFN_cuDevicePrimaryCtxRetain_v7000)                                                   \
-	X(cuCtxCreate_v2, "cuCtxCreate", 3020, 0, PFN_cuCtxCreate_v3020)                        \
-	X(cuCtxCreate_v3, "cuCtxCreate", BELAYER_PROC_NEVER, 0, PFN_cuCtxCreate_v11040)         \
-	X(cuCtxCreate_v4, "cuCtxCreate", 13000, 0, PFN_cuCtxCreate_v12050)                      \
-	X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0, PFN_cuMemGetInfo_v3020)                     \
-	X(cuMemAlloc_v2, "cuMemAlloc", 3020, 0, PFN_cuMemAlloc_v3020)                           \
-	X(cuMemFree_v2, "cuMemFree", 3020, 0, PFN_cuMemFree_v3020)                              \
-	X(cuMemGetAddressRange_v2, "cuMemGetAddressRange", 3020, 0,                             \
-	  PFN_cuMemGetAddressRange_v3020)                                                       \
-	X(cuMemAllocAsync, "cuMemAllocAsync", 11020, 0, PFN_cuMemAllocAsync_v11020)             \
-	X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, 1, PFN_cuMemAllocAsync_v11020_ptsz)   \
-	X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, 0,                         \
-	  PFN_cuMemAllocFromPoolAsync_v11020)                                                   \
-	X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, 1,                    \
-	  PFN_cuMemAllocFromPoolAsync_v11020_ptsz)                                              \
-	X(cuMemFreeAsync, "cuMemFreeAsync", 11020, 0, PFN_cuMemFreeAsync_v11020)                \
-	X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1, PFN_cuMemFreeAsync_v11020_ptsz)      \
-	X(cuMemCreate, "cuMemCreate", 10020, 0, PFN_cuMemCreate_v10020)                         \
-	X(cuMemRelease, "cuMemRelease", 10020, 0, PFN_cuMemRelease_v10020)                      \
-	X(cuMemMap, "cuMemMap", 10020, 0, PFN_cuMemMap_v10020)                                  \
-	X(cuMemUnmap, "cuMemUnmap", 10020, 0, PFN_cuMemUnmap_v10020)                            \
-	X(cuMemAddressReserve, "cuMemAddressReserve", 10020, 0, PFN_cuMemAddressReserve_v10020) \
-	X(cuMemAddressFree, "cuMemAddressFree", 10020, 0, PFN_cuMemAddressFree_v10020)          \
-	X(cuMemSetAccess, "cuMemSetAccess", 10020, 0, PFN_cuMemSetAccess_v10020)                \
-	X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, 0,               \
-	  PFN_cuMemExportToShareableHandle_v10020)                                              \
-	X(cuPointerGetAttribute, "cuPointerGetAttribute", 4000, 0,                              \
-	  PFN_cuPointerGetAttribute_v4000)                                                      \
-	X(cuPointerGetAttributes, "cuPointerGetAttributes", 7000, 0,                            \
-	  PFN_cuPointerGetAttributes_v7000)                                                     \
-	X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, 0, PFN_cuIpcGetMemHandle_v4010)         \
-	X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, 0, PFN_cuIpcOpenMemHandle_v11000) \
-	X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, 0, PFN_cuIpcCloseMemHandle_v4010)   \
-	X(cuMemcpyHtoD_v2, "cuMemcpyHtoD", 3020, 0, PFN_cuMemcpyHtoD_v3020)                     \
-	X(cuMemcpyHtoD_v2_ptds, "cuMemcpyHtoD", 7000, 1, PFN_cuMemcpyHtoD_v7000_ptds)           \
-	X(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync", 3020, 0, PFN_cuMemcpyHtoDAsync_v3020)      \
-	X(cuMemcpyHtoDAsync_v2_ptsz, "cuMemcpyHtoDAsync", 7000, 1,                              \
-	  PFN_cuMemcpyHtoDAsync_v7000_ptsz)                                                     \
-	X(cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020, 0, PFN_cuMemcpyDtoD_v3020)                     \
-	X(cuMemcpyDtoD_v2_ptds, "cuMemcpyDtoD", 7000, 1, PFN_cuMemcpyDtoD_v7000_ptds)           \
-	X(cuMemcpyDtoDAsync_v2, "cuMemcpyDtoDAsync", 3020, 0, PFN_cuMemcpyDtoDAsync_v3020)      \
-	X(cuMemcpyDtoDAsync_v2_ptsz, "cuMemcpyDtoDAsync", 7000, 1,                              \
-	  PFN_cuMemcpyDtoDAsync_v7000_ptsz)                                                     \
-	X(cuMemcpy, "cuMemcpy", 4000, 0, PFN_cuMemcpy_v4000)                                    \
-	X(cuMemcpy_ptds, "cuMemcpy", 7000, 1, PFN_cuMemcpy_v7000_ptds)                          \
-	X(cuMemcpyAsync, "cuMemcpyAsync", 4000, 0, PFN_cuMemcpyAsync_v4000)                     \
-	X(cuMemcpyAsync_ptsz, "cuMemcpyAsync", 7000, 1, PFN_cuMemcpyAsync_v7000_ptsz)           \
-	X(cuMemsetD8_v2, "cuMemsetD8", 3020, 0, PFN_cuMemsetD8_v3020)                           \
-	X(cuMemsetD8_v2_ptds, "cuMemsetD8", 7000, 1, PFN_cuMemsetD8_v7000_ptds)                 \
-	X(cuMemsetD8Async, "cuMemsetD8Async", 3020, 0, PFN_cuMemsetD8Async_v3020)               \
-	X(cuMemsetD8Async_ptsz, "cuMemsetD8Async", 7000, 1, PFN_cuMemsetD8Async_v7000_ptsz)     \
-	X(cuMemsetD16_v2, "cuMemsetD16", 3020, 0, PFN_cuMemsetD16_v3020)                        \
-	X(cuMemsetD16_v2_ptds, "cuMemsetD16", 7000, 1, PFN_cuMemsetD16_v7000_ptds)              \
-	X(cuMemsetD16Async, "cuMemsetD16Async", 3020, 0, PFN_cuMemsetD16Async_v3020)            \
-	X(cuMemsetD16Async_ptsz, "cuMemsetD16Async", 7000, 1, PFN_cuMemsetD16Async_v7000_ptsz)  \
-	X(cuMemsetD32_v2, "cuMemsetD32", 3020, 0, PFN_cuMemsetD32_v3020)                        \
-	X(cuMemsetD32_v2_ptds, "cuMemsetD32", 7000, 1, PFN_cuMemsetD32_v7000_ptds)              \
-	X(cuMemsetD32Async, "cuMemsetD32Async", 3020, 0, PFN_cuMemsetD32Async_v3020)            \
+#define BELAYER_CUDA_HOOKS(X)                                                                      \
+	X(cuInit, "cuInit", 2000, 0, PFN_cuInit_v2000)                                             \
+	X(cuGetProcAddress, "cuGetProcAddress", 11030, 0, PFN_cuGetProcAddress_v11030)             \
+	X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0, PFN_cuGetProcAddress_v12000)          \
+	X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0,                           \
+	  PFN_cuDevicePrimaryCtxRetain_v7000)                                                      \
+	X(cuCtxCreate_v2, "cuCtxCreate", 3020, 0, PFN_cuCtxCreate_v3020)                           \
+	X(cuCtxCreate_v3, "cuCtxCreate", BELAYER_PROC_NEVER, 0, PFN_cuCtxCreate_v11040)            \
+	X(cuCtxCreate_v4, "cuCtxCreate", 13000, 0, PFN_cuCtxCreate_v12050)                         \
+	X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0, PFN_cuMemGetInfo_v3020)                        \
+	X(cuMemAlloc_v2, "cuMemAlloc", 3020, 0, PFN_cuMemAlloc_v3020)                              \
+	X(cuMemFree_v2, "cuMemFree", 3020, 0, PFN_cuMemFree_v3020)                                 \
+	X(cuMemGetAddressRange_v2, "cuMemGetAddressRange", 3020, 0,                                \
+	  PFN_cuMemGetAddressRange_v3020)                                                          \
+	X(cuMemAllocAsync, "cuMemAllocAsync", 11020, 0, PFN_cuMemAllocAsync_v11020)                \
+	X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, 1, PFN_cuMemAllocAsync_v11020_ptsz)      \
+	X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, 0,                            \
+	  PFN_cuMemAllocFromPoolAsync_v11020)                                                      \
+	X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, 1,                       \
+	  PFN_cuMemAllocFromPoolAsync_v11020_ptsz)                                                 \
+	X(cuMemFreeAsync, "cuMemFreeAsync", 11020, 0, PFN_cuMemFreeAsync_v11020)                   \
+	X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1, PFN_cuMemFreeAsync_v11020_ptsz)         \
+	X(cuMemCreate, "cuMemCreate", 10020, 0, PFN_cuMemCreate_v10020)                            \
+	X(cuMemRelease, "cuMemRelease", 10020, 0, PFN_cuMemRelease_v10020)                         \
+	X(cuMemMap, "cuMemMap", 10020, 0, PFN_cuMemMap_v10020)                                     \
+	X(cuMemUnmap, "cuMemUnmap", 10020, 0, PFN_cuMemUnmap_v10020)                               \
+	X(cuMemAddressReserve, "cuMemAddressReserve", 10020, 0, PFN_cuMemAddressReserve_v10020)    \
+	X(cuMemAddressFree, "cuMemAddressFree", 10020, 0, PFN_cuMemAddressFree_v10020)             \
+	X(cuMemSetAccess, "cuMemSetAccess", 10020, 0, PFN_cuMemSetAccess_v10020)                   \
+	X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, 0,                  \
+	  PFN_cuMemExportToShareableHandle_v10020)                                                 \
+	X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, 0,                    \
+	  PFN_cuMemRetainAllocationHandle_v11000)                                                  \
+	X(cuMemGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle", 10020, \
+	  0, PFN_cuMemGetAllocationPropertiesFromHandle_v10020)                                    \
+	X(cuMulticastBindMem, "cuMulticastBindMem", 12010, 0, PFN_cuMulticastBindMem_v12010)       \
+	X(cuMulticastBindAddr, "cuMulticastBindAddr", 12010, 0, PFN_cuMulticastBindAddr_v12010)    \
+	X(cuPointerGetAttribute, "cuPointerGetAttribute", 4000, 0,                                 \
+	  PFN_cuPointerGetAttribute_v4000)                                                         \
+	X(cuPointerGetAttributes, "cuPointerGetAttributes", 7000, 0,                               \
+	  PFN_cuPointerGetAttributes_v7000)                                                        \
+	X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, 0, PFN_cuIpcGetMemHandle_v4010)            \
+	X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, 0, PFN_cuIpcOpenMemHandle_v11000)    \
+	X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, 0, PFN_cuIpcCloseMemHandle_v4010)      \
+	X(cuMemcpyHtoD_v2, "cuMemcpyHtoD", 3020, 0, PFN_cuMemcpyHtoD_v3020)                        \
+	X(cuMemcpyHtoD_v2_ptds, "cuMemcpyHtoD", 7000, 1, PFN_cuMemcpyHtoD_v7000_ptds)              \
+	X(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync", 3020, 0, PFN_cuMemcpyHtoDAsync_v3020)         \
+	X(cuMemcpyHtoDAsync_v2_ptsz, "cuMemcpyHtoDAsync", 7000, 1,                                 \
+	  PFN_cuMemcpyHtoDAsync_v7000_ptsz)                                                        \
+	X(cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020, 0, PFN_cuMemcpyDtoD_v3020)                        \
+	X(cuMemcpyDtoD_v2_ptds, "cuMemcpyDtoD", 7000, 1, PFN_cuMemcpyDtoD_v7000_ptds)              \
+	X(cuMemcpyDtoDAsync_v2, "cuMemcpyDtoDAsync", 3020, 0, PFN_cuMemcpyDtoDAsync_v3020)         \
+	X(cuMemcpyDtoDAsync_v2_ptsz, "cuMemcpyDtoDAsync", 7000, 1,                                 \
+	  PFN_cuMemcpyDtoDAsync_v7000_ptsz)                                                        \
+	X(cuMemcpy, "cuMemcpy", 4000, 0, PFN_cuMemcpy_v4000)                                       \
+	X(cuMemcpy_ptds, "cuMemcpy", 7000, 1, PFN_cuMemcpy_v7000_ptds)                             \
+	X(cuMemcpyAsync, "cuMemcpyAsync", 4000, 0, PFN_cuMemcpyAsync_v4000)                        \
+	X(cuMemcpyAsync_ptsz, "cuMemcpyAsync", 7000, 1, PFN_cuMemcpyAsync_v7000_ptsz)              \
+	X(cuMemsetD8_v2, "cuMemsetD8", 3020, 0, PFN_cuMemsetD8_v3020)                              \
+	X(cuMemsetD8_v2_ptds, "cuMemsetD8", 7000, 1, PFN_cuMemsetD8_v7000_ptds)                    \
+	X(cuMemsetD8Async, "cuMemsetD8Async", 3020, 0, PFN_cuMemsetD8Async_v3020)                  \
+	X(cuMemsetD8Async_ptsz, "cuMemsetD8Async", 7000, 1, PFN_cuMemsetD8Async_v7000_ptsz)        \
+	X(cuMemsetD16_v2, "cuMemsetD16", 3020, 0, PFN_cuMemsetD16_v3020)                           \
+	X(cuMemsetD16_v2_ptds, "cuMemsetD16", 7000, 1, PFN_cuMemsetD16_v7000_ptds)                 \
+	X(cuMemsetD16Async, "cuMemsetD16Async", 3020, 0, PFN_cuMemsetD16Async_v3020)               \
+	X(cuMemsetD16Async_ptsz, "cuMemsetD16Async", 7000, 1, PFN_cuMemsetD16Async_v7000_ptsz)     \
+	X(cuMemsetD32_v2, "cuMemsetD32", 3020, 0, PFN_cuMemsetD32_v3020)                           \
+	X(cuMemsetD32_v2_ptds, "cuMemsetD32", 7000, 1, PFN_cuMemsetD32_v7000_ptds)                 \
+	X(cuMemsetD32Async, "cuMemsetD32Async", 3020, 0, PFN_cuMemsetD32Async_v3020)               \
 	X(cuMemsetD32Async_ptsz, "cuMemsetD32Async", 7000, 1, PFN_cuMemsetD32Async_v7000_ptsz)
 
 #define BELAYER_NCCL_HOOKS(X)                                                                      \

@@ -291,7 +291,7 @@ CUresult shim_mem_create(CUmemGenericAllocationHandle *handle, size_t size,
 		if (size == 0 || size % g)
 			return CUDA_ERROR_INVALID_VALUE;
 		*handle = shadow_fake_handle();
-		if (regions_add_user(*handle, prop->location.id, size, cls, false, true) < 0)
+		if (regions_add_user(*handle, prop->location.id, size, cls, false, true, prop) < 0)
 			return CUDA_ERROR_OUT_OF_MEMORY;
 		return CUDA_SUCCESS;
 	}
@@ -308,7 +308,7 @@ real_create:
 	}
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (regions_add_user(*handle, prop->location.id, size, cls, exportable, false) < 0)
+	if (regions_add_user(*handle, prop->location.id, size, cls, exportable, false, NULL) < 0)
 		log_debug("Out of memory tracking a cuMemCreate handle, ignoring.");
 	return r;
 }
@@ -317,6 +317,7 @@ CUresult shim_mem_release(CUmemGenericAllocationHandle handle)
 {
 	PFN_cuMemRelease_v10020 real = REAL(cuMemRelease);
 	CUmemGenericAllocationHandle backing;
+	bool retained;
 	CUresult r;
 
 	if (!real)
@@ -334,11 +335,16 @@ CUresult shim_mem_release(CUmemGenericAllocationHandle handle)
 			if (r != CUDA_SUCCESS)
 				return r;
 		}
-		regions_user_released(handle);
+		/* A retain's reference (shim-share.c) goes first; the creation's last. */
+		if (!regions_user_unretain(handle))
+			regions_user_released(handle);
 		return CUDA_SUCCESS;
 	}
+	if (shim_busy)
+		return real(handle);
+	retained = regions_user_unretain(handle);
 	r = real(handle);
-	if (r == CUDA_SUCCESS && !shim_busy)
+	if (r == CUDA_SUCCESS && !retained)
 		regions_user_released(handle);
 	return r;
 }
@@ -399,6 +405,20 @@ CUresult shim_mem_unmap(CUdeviceptr ptr, size_t size)
 	r = real(ptr, size);
 	if (r == CUDA_SUCCESS && !shim_busy)
 		regions_user_unmapped(ptr, size);
+	return r;
+}
+
+CUresult shim_mem_address_free(CUdeviceptr ptr, size_t size)
+{
+	PFN_cuMemAddressFree_v10020 real = REAL(cuMemAddressFree);
+	CUresult r;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = real(ptr, size);
+	/* The reservation is gone: a later one at the same address is other memory. */
+	if (r == CUDA_SUCCESS && !shim_busy)
+		regions_forget_va(ptr, size);
 	return r;
 }
 

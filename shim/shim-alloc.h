@@ -18,6 +18,7 @@ CUresult shim_mem_release(CUmemGenericAllocationHandle handle);
 CUresult shim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
 		      CUmemGenericAllocationHandle handle, unsigned long long flags);
 CUresult shim_mem_unmap(CUdeviceptr ptr, size_t size);
+CUresult shim_mem_address_free(CUdeviceptr ptr, size_t size);
 CUresult shim_pointer_get_attribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr);
 CUresult shim_pointer_get_attributes(unsigned int n, CUpointer_attribute *attrs, void **data,
 				     CUdeviceptr ptr);

@@ -36,6 +36,13 @@ static struct region **by_id;
 static size_t n_regions, cap_regions;
 static struct range *ranges;
 static size_t n_ranges, cap_ranges;
+struct ghost {
+	uint64_t va, size, order;
+	enum region_class cls;
+	bool scratch;
+};
+static struct ghost *ghosts;
+static size_t n_ghosts, cap_ghosts;
 static uint64_t next_id = 1, next_order;
 static uint64_t weights_version;
 static size_t n_weights_mapped; /* read without the lock as a hint only */
@@ -153,6 +160,69 @@ static struct region *region_by_handle(CUmemGenericAllocationHandle h)
 	return NULL;
 }
 
+/* Index of the first ghost at or above va (ghosts are sorted by address: an engine that
+ * sleeps re-creates thousands of mappings, each looks its ghost up). */
+static size_t ghost_lower(uint64_t va)
+{
+	size_t lo = 0, hi = n_ghosts;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (ghosts[mid].va < va)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* With the lock held: r was unmapped from va; remembered until inherited or freed. */
+static void ghost_add(const struct region *r, uint64_t va)
+{
+	size_t i = ghost_lower(va);
+
+	if (i == n_ghosts || ghosts[i].va != va) {
+		if (grow((void **)&ghosts, &cap_ghosts, n_ghosts + 1, sizeof(*ghosts)) < 0)
+			return; /* nothing inherited: the phase rule decides, as before */
+		memmove(&ghosts[i + 1], &ghosts[i], (n_ghosts - i) * sizeof(*ghosts));
+		n_ghosts++;
+	}
+	ghosts[i] = (struct ghost){
+		.va = va, .size = r->size, .order = r->order, .cls = r->cls, .scratch = r->scratch};
+}
+
+/* With the lock held: takes the ghost at va of this size and backing kind, if any. */
+static bool ghost_take(uint64_t va, uint64_t size, bool scratch, struct ghost *ret)
+{
+	size_t i = ghost_lower(va);
+
+	if (i == n_ghosts || ghosts[i].va != va || ghosts[i].size != size ||
+	    ghosts[i].scratch != scratch)
+		return false;
+	*ret = ghosts[i];
+	memmove(&ghosts[i], &ghosts[i + 1], (n_ghosts - i - 1) * sizeof(*ghosts));
+	n_ghosts--;
+	return true;
+}
+
+void regions_forget_va(uint64_t va, uint64_t size)
+{
+	size_t i, j;
+
+	regions_lock();
+	if (n_ghosts == 0) {
+		regions_unlock();
+		return;
+	}
+	i = ghost_lower(va);
+	for (j = i; j < n_ghosts && ghosts[j].va - va < size; j++)
+		;
+	memmove(&ghosts[i], &ghosts[j], (n_ghosts - j) * sizeof(*ghosts));
+	n_ghosts -= j - i;
+	regions_unlock();
+}
+
 static uint64_t now_ms(void)
 {
 	struct timespec ts;
@@ -259,6 +329,28 @@ struct region *const *regions_all_locked(size_t *ret_n)
 struct region *regions_get_locked(uint64_t id)
 {
 	return region_by_id(id);
+}
+
+struct region *regions_at_locked(uint64_t va)
+{
+	struct range *rg = range_find(va);
+
+	return rg ? rg->r : NULL;
+}
+
+struct region *regions_by_handle_locked(CUmemGenericAllocationHandle h)
+{
+	return region_by_handle(h);
+}
+
+void regions_set_class_locked(struct region *r, enum region_class cls)
+{
+	/* n_weights_mapped counts mapped weights regions (range_insert/range_remove) */
+	if (r->va != 0 && r->cls == REGION_WEIGHTS && cls != REGION_WEIGHTS)
+		__atomic_sub_fetch(&n_weights_mapped, 1, __ATOMIC_RELAXED);
+	else if (r->va != 0 && r->cls != REGION_WEIGHTS && cls == REGION_WEIGHTS)
+		__atomic_add_fetch(&n_weights_mapped, 1, __ATOMIC_RELAXED);
+	r->cls = cls;
 }
 
 int regions_add_converted(CUmemGenericAllocationHandle h, int dev, uint64_t va, uint64_t size,
@@ -394,7 +486,7 @@ int regions_export_fd(uint64_t id, uint64_t *ret_size)
 }
 
 int regions_add_user(CUmemGenericAllocationHandle h, int dev, uint64_t size, enum region_class cls,
-		     bool exportable, bool scratch)
+		     bool exportable, bool scratch, const CUmemAllocationProp *prop)
 {
 	struct region *r;
 
@@ -402,6 +494,8 @@ int regions_add_user(CUmemGenericAllocationHandle h, int dev, uint64_t size, enu
 	r = region_new(REGION_KIND_USER, h, dev, size, cls, exportable);
 	if (r) {
 		r->scratch = scratch;
+		if (prop)
+			r->prop = *prop;
 		note_change_locked(false);
 	}
 	regions_unlock();
@@ -469,6 +563,12 @@ void regions_user_mapped(CUmemGenericAllocationHandle h, uint64_t va)
 	/* Only the first mapping of a handle is its region's address; a handle mapped again
 	 * elsewhere is the same memory. */
 	if (r && r->va == 0) {
+		struct ghost g;
+
+		if (ghost_take(va, r->size, r->scratch, &g)) {
+			r->cls = g.cls;
+			r->order = g.order;
+		}
 		r->va = va;
 		if (range_insert(r) < 0)
 			r->va = 0;
@@ -492,11 +592,27 @@ void regions_user_unmapped(uint64_t va, uint64_t size)
 		}
 		range_remove(&ranges[i]);
 		release_locked(r);
+		ghost_add(r, r->va);
 		r->va = 0;
 		if (r->released)
 			region_delete(r);
 	}
 	regions_unlock();
+}
+
+bool regions_user_unretain(CUmemGenericAllocationHandle h)
+{
+	struct region *r;
+	bool hit = false;
+
+	regions_lock();
+	r = region_by_handle(h);
+	if (r && r->retains > 0) {
+		r->retains--;
+		hit = true;
+	}
+	regions_unlock();
+	return hit;
 }
 
 void regions_user_released(CUmemGenericAllocationHandle h)
@@ -664,6 +780,7 @@ void regions_reset_after_fork(void)
 		free(by_id[i]);
 	n_regions = 0;
 	n_ranges = 0;
+	n_ghosts = 0;
 	__atomic_store_n(&n_weights_mapped, 0, __ATOMIC_RELAXED);
 	next_id = 1;
 	next_order = 0;

@@ -27,6 +27,7 @@ struct region {
 	uint64_t req_size; /* what cuMemAlloc_v2 was asked for */
 	uint64_t weights_version;
 	bool exportable;
+	uint32_t retains;     /* user region: cuMemRetainAllocationHandle references not released */
 	bool released;	      /* user region: cuMemRelease seen, waiting for the unmap */
 	bool announce_queued; /* an announce of it waits in the queue */
 	bool announced;	      /* the current session has been told about it */
@@ -39,6 +40,7 @@ struct region {
 	CUmemGenericAllocationHandle pending; /* imported by PROMOTE_MAP */
 	CUmemGenericAllocationHandle backing; /* user region promoted: the memory it maps */
 	int pending_error;		      /* the last PROMOTE_MAP's import failure, -errno */
+	CUmemAllocationProp prop;	      /* user scratch region: what the program asked for */
 };
 
 /* Converted allocation: inserted mapped. Returns 0 or -ENOMEM. */
@@ -57,8 +59,14 @@ int regions_converted_info(uint64_t va, uint64_t *ret_base, uint64_t *ret_id, ui
 /* A fresh POSIX fd of converted region id (still alive, of that size). */
 int regions_export_fd(uint64_t id, uint64_t *ret_size);
 
+/* prop: the program's (kept for a scratch region, whose fake handle the shim answers for). */
 int regions_add_user(CUmemGenericAllocationHandle h, int dev, uint64_t size, enum region_class cls,
-		     bool exportable, bool scratch);
+		     bool exportable, bool scratch, const CUmemAllocationProp *prop);
+/* A reservation [va, va + size) is freed: what was mapped there is no longer to be inherited
+ * (regions_user_mapped). */
+void regions_forget_va(uint64_t va, uint64_t size);
+/* cuMemRelease(h): whether it drops a retain's reference rather than the creation's. */
+bool regions_user_unretain(CUmemGenericAllocationHandle h);
 /* Shadow: whether va starts a mapped user scratch region (its device in *ret_dev). */
 bool regions_user_scratch_at(uint64_t va, int *ret_dev);
 /* The memory a promoted fake handle maps now; 0 when h is no promoted region's. */
@@ -90,6 +98,12 @@ void regions_unlock(void);
 struct region *const *regions_all_locked(size_t *ret_n);
 /* With the lock held: a record by id, NULL when gone. */
 struct region *regions_get_locked(uint64_t id);
+/* With the lock held: the mapped region holding va, or the newest user region of handle h;
+ * NULL when none. */
+struct region *regions_at_locked(uint64_t va);
+struct region *regions_by_handle_locked(CUmemGenericAllocationHandle h);
+/* With the lock held: r's class becomes cls. */
+void regions_set_class_locked(struct region *r, enum region_class cls);
 /* With the lock held: when (CLOCK_MONOTONIC ms) a tracked allocation or a scratch region
  * last appeared or went, and a generation that changes with the scratch layout (the shadow
  * parks once both stay quiet). */

@@ -63,7 +63,7 @@ shim/shim-nccl                      shim-capture.h shim-conn-queue.h shim-device
 shim/shim-conn                      shim-capture.h shim-classify.h shim-config.h shim-conn-queue.h shim-device.h shim-ipc.h shim-meminfo.h shim-nccl.h shim-real.h shim-regions.h shim-role.h shim-shadow-scratch.h shim-shadow.h
 shim/shim-alloc                     shim-classify.h shim-config.h shim-conn.h shim-device.h shim-meminfo.h shim-real.h shim-regions.h shim-shadow-scratch.h
 shim/hooks                          shim-real.h
-shim/hooks-cuda                     hooks.h shim-alloc.h shim-conn.h shim-ipc.h shim-real.h
+shim/hooks-cuda                     hooks.h shim-alloc.h shim-conn.h shim-ipc.h shim-real.h shim-share.h
 shim/hooks-nccl                     hooks.h shim-alloc.h shim-conn.h shim-nccl.h shim-real.h
 shim/hooks-dl                       hooks.h shim-classify.h shim-real.h
 tools/bench/bench-measure           -

@@ -312,6 +312,37 @@ static void test_export_requires_requested_type(void **state)
 	close(p[1]);
 }
 
+/* cuda.h says of a handle the driver never gave out, or one released: "If handle is not a
+ * valid handle the behavior is undefined" (cuMemRelease; cuMemMap, cuMemExportToShareableHandle
+ * and cuMemGetAllocationPropertiesFromHandle take "handle - ... handle" of cuMemCreate or
+ * cuMemImportFromShareableHandle). The emulator picks the strictest answer the documentation
+ * allows: CUDA_ERROR_INVALID_VALUE, nothing touched, so that a shim passing a made-up handle to
+ * the driver fails in the tests instead of working by luck. */
+static void test_unknown_handle_refused(void **state)
+{
+	CUmemGenericAllocationHandle h, fake = 0xb1a7000000000001ull;
+	CUmemAllocationProp prop;
+	CUdeviceptr p;
+	int fd = -1;
+
+	CU_OK(cu_vmm_create(0, GRAN, true, &h));
+	CU_OK(cu.cuMemRelease(h));
+	for (int i = 0; i < 2; i++) {
+		CUmemGenericAllocationHandle bad = i == 0 ? fake : h; /* made up, released */
+
+		assert_int_equal(cu.cuMemExportToShareableHandle(
+					 &fd, bad, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+				 CUDA_ERROR_INVALID_VALUE);
+		assert_int_equal(fd, -1);
+		assert_int_equal(cu.cuMemGetAllocationPropertiesFromHandle(&prop, bad),
+				 CUDA_ERROR_INVALID_VALUE);
+		assert_int_equal(cu.cuMemRelease(bad), CUDA_ERROR_INVALID_VALUE);
+		CU_OK(cu.cuMemAddressReserve(&p, GRAN, 0, 0, 0));
+		assert_int_equal(cu.cuMemMap(p, GRAN, 0, bad, 0), CUDA_ERROR_INVALID_VALUE);
+		CU_OK(cu.cuMemAddressFree(p, GRAN));
+	}
+}
+
 static void test_mapping_alone_keeps_memory(void **state)
 {
 	CUmemGenericAllocationHandle h;
@@ -611,6 +642,7 @@ int main(void)
 		cmocka_unit_test_setup(test_address_is_only_a_hint, setup),
 		cmocka_unit_test_setup(test_release_while_mapped_keeps_memory, setup),
 		cmocka_unit_test_setup(test_export_requires_requested_type, setup),
+		cmocka_unit_test_setup(test_unknown_handle_refused, setup),
 		cmocka_unit_test_setup(test_mapping_alone_keeps_memory, setup),
 		cmocka_unit_test_setup(test_exported_fd_maps_same_bytes, setup),
 		cmocka_unit_test_setup(test_memory_survives_exporter_sigkill, setup),

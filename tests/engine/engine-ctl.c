@@ -123,6 +123,12 @@ static int execute(struct engine *e, struct ctl *c)
 					       gpu.ncclGetErrorString(nr));
 		}
 		return 0;
+	case CTL_SLEEP:
+		/* nothing may still run on what is unmapped */
+		r = gpu_sync();
+		return r ?: dev_sleep((int)c->count);
+	case CTL_WAKE:
+		return dev_wake_up(c->count);
 	case CTL_UPDATE_DIST:
 		return update_dist(e, c);
 	case CTL_EXIT:

@@ -41,7 +41,14 @@
 	X(cuStreamEndCapture, 10000)          \
 	X(cuGraphInstantiateWithFlags, 11040) \
 	X(cuGraphLaunch, 10000)               \
-	X(cuGraphDestroy, 10000)
+	X(cuGraphDestroy, 10000)              \
+	X(cuMemAddressReserve, 10020)         \
+	X(cuMemAddressFree, 10020)            \
+	X(cuMemCreate, 10020)                 \
+	X(cuMemRelease, 10020)                \
+	X(cuMemMap, 10020)                    \
+	X(cuMemUnmap, 10020)                  \
+	X(cuMemSetAccess, 10020)
 
 #define ENGINE_NCCL_FUNCS(X) \
 	X(ncclGetUniqueId)   \

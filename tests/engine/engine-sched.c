@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "engine-alloc.h"
 #include "engine-kernels.h"
 #include "log.h"
 #include "util.h"
@@ -89,7 +90,7 @@ void sched_kick(struct engine *e)
 	/* a zero timeout, not event_active: the loop polls the sockets between two steps */
 	static const struct timeval now = {0, 0};
 
-	if (!e->paused && sched_busy(e) && e->step_ev &&
+	if (!e->paused && sched_busy(e) && e->step_ev && !dev_asleep(1u << DEV_POOL_KV) &&
 	    !event_pending(e->step_ev, EV_TIMEOUT, NULL))
 		(void)event_add(e->step_ev, &now);
 }

@@ -56,6 +56,7 @@ enum {
 	ARG_INDEX_TABLES,
 	ARG_INDEX_FIRST,
 	ARG_TAGS,
+	ARG_SLEEP_MODE,
 };
 
 static const struct option options[] = {
@@ -86,6 +87,7 @@ static const struct option options[] = {
 	{"index-tables", no_argument, NULL, ARG_INDEX_TABLES},
 	{"index-tables-first", no_argument, NULL, ARG_INDEX_FIRST},
 	{"belayer-tags", no_argument, NULL, ARG_TAGS},
+	{"enable-sleep-mode", no_argument, NULL, ARG_SLEEP_MODE},
 	{"help", no_argument, NULL, 'h'},
 	{},
 };
@@ -138,7 +140,10 @@ static void usage(FILE *f)
 		"                                CpuGpuBuffers at runner init\n"
 		"  --belayer-tags                weights and KV tagged with belayer_set_tag, as "
 		"with\n"
-		"                                python/belayer_tag.py installed\n");
+		"                                python/belayer_tag.py installed\n"
+		"  --enable-sleep-mode           weights and KV cache as vLLM's CuMemAllocator "
+		"makes\n"
+		"                                them (cuMemCreate); POST /sleep, /wake_up\n");
 }
 
 static int parse_size(const char *s, uint64_t *ret)
@@ -285,6 +290,9 @@ static int parse_args(int argc, char **argv, struct engine_options *o)
 			break;
 		case ARG_TAGS:
 			o->tags = true;
+			break;
+		case ARG_SLEEP_MODE:
+			o->sleep_mode = true;
 			break;
 		case ARG_NCCL_ID:
 			id_hex = optarg;
@@ -617,6 +625,9 @@ int main(int argc, char **argv)
 	r = e.o.index_first ? model_alloc_index(&e.m, e.o.max_batched_tokens, e.o.max_num_seqs,
 						e.o.block_size)
 			    : 0;
+	/* CuMemAllocator allocates only inside its pool: the weights and KV, not the tables */
+	if (e.o.sleep_mode)
+		dev_alloc_use_cumem((int)e.o.rank);
 	belayer_tag(&e, "weights");
 	r = r ?: model_create(&e.m, &mc, e.o.tp, e.o.rank);
 	if (r == 0)

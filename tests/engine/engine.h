@@ -39,6 +39,7 @@ struct engine_options {
 	bool index_tables; /* --index-tables: block table, slot mapping as large allocations */
 	bool index_first;  /* --index-tables-first: those before the weights, as vLLM's */
 	bool tags;	   /* --belayer-tags: weights and KV tagged for the shim */
+	bool sleep_mode;   /* --enable-sleep-mode: weights and KV as vLLM's CuMemAllocator */
 };
 
 struct request;
@@ -112,6 +113,8 @@ enum ctl_op {
 	CTL_GROUP_INIT,
 	CTL_UPDATE_DIST,
 	CTL_EXIT,
+	CTL_SLEEP, /* count: the level */
+	CTL_WAKE,  /* count: the pools, a bit each */
 };
 
 #define CTL_MAX_TENSORS 1024
@@ -135,6 +138,11 @@ int ctl_init(struct engine *e);
 
 /* ---- engine-http.c ---- */
 int http_start(struct engine *e);
+
+/* engine-sleep.c: vLLM's /sleep, /wake_up, /is_sleeping */
+void http_on_sleep(struct evhttp_request *hreq, void *arg);
+void http_on_wake_up(struct evhttp_request *hreq, void *arg);
+void http_on_is_sleeping(struct evhttp_request *hreq, void *arg);
 
 /* engine-car.c: --custom-all-reduce's IPC buffers, shared by the TP ranks before the KV probe. */
 int car_init(struct engine *e);

@@ -1063,6 +1063,66 @@ static void driver_sees_caching_allocator_segments(void **state)
 	engine_stop(&e);
 }
 
+static uint64_t device_bytes(pid_t pid, size_t *ret_n)
+{
+	uint64_t sizes[64], total = 0;
+	size_t n = device_allocations(pid, sizes, ARRAY_SIZE(sizes));
+
+	for (size_t i = 0; i < n; i++)
+		total += sizes[i];
+	*ret_n = n;
+	return total;
+}
+
+static bool is_sleeping(uint16_t port)
+{
+	json_object *o = get_json(port, "/is_sleeping");
+	bool v = json_object_get_boolean(get_path(o, "is_sleeping", NULL));
+
+	json_object_put(o);
+	return v;
+}
+
+/* --enable-sleep-mode, as vLLM's (CuMemAllocator): /sleep?level=1 gives the device memory of
+ * the weights and the KV cache back (the process's emulated allocations go), /wake_up makes it
+ * again at the same addresses with the weights copied back (the same greedy tokens, from CUDA
+ * graphs captured before the sleep); wrong levels and tags, a second sleep: 400. */
+static void sleep_and_wake_like_vllm(void **state)
+{
+	static const char *const args[] = {"--enable-sleep-mode", "--cuda-graph", NULL};
+	struct output before, after;
+	struct engine e;
+	uint64_t awake, asleep, woken;
+	size_t n_awake, n_asleep, n_woken;
+
+	(void)state;
+	engine_start(&e, w1, args, NULL);
+	greedy(e.port, prompt_a, ARRAY_SIZE(prompt_a), &before);
+	assert_false(is_sleeping(e.port));
+	awake = device_bytes(e.pid, &n_awake);
+	json_object_put(post(e.port, "/sleep?level=3", "", 400));
+	json_object_put(post(e.port, "/sleep?level=1", "", 200));
+	assert_true(is_sleeping(e.port));
+	json_object_put(post(e.port, "/sleep?level=1", "", 400));
+	asleep = device_bytes(e.pid, &n_asleep);
+	print_message("awake %zu allocations, %" PRIu64 " bytes; asleep %zu, %" PRIu64 "\n",
+		      n_awake, awake, n_asleep, asleep);
+	/* the KV cache's segment (20 MiB for the 8 MiB request) and the small model's weights
+	 * segment (2 MiB) are gone; the step buffers' segments stay */
+	assert_true(n_awake - n_asleep >= 2 && awake - asleep >= (22u << 20));
+	assert_true(n_asleep > 0);
+	json_object_put(post(e.port, "/wake_up?tags=bogus", "", 400));
+	json_object_put(post(e.port, "/wake_up?tags=weights", "", 200));
+	assert_true(is_sleeping(e.port)); /* the KV cache still sleeps */
+	json_object_put(post(e.port, "/wake_up?tags=kv_cache", "", 200));
+	assert_false(is_sleeping(e.port));
+	woken = device_bytes(e.pid, &n_woken);
+	assert_true(woken == awake && n_woken == n_awake);
+	greedy(e.port, prompt_a, ARRAY_SIZE(prompt_a), &after);
+	assert_same(&before, &after);
+	engine_stop(&e);
+}
+
 /* Spawns the shim's test receiver (a stand-in for the supervisor socket) and waits for it. */
 static pid_t receiver_start(const char *sock, const char *out)
 {
@@ -1274,6 +1334,7 @@ int main(void)
 		cmocka_unit_test_teardown(tp_ranks_follow_rank0, kill_leftovers),
 		cmocka_unit_test_teardown(runs_under_the_shim, kill_leftovers),
 		cmocka_unit_test_teardown(driver_sees_caching_allocator_segments, kill_leftovers),
+		cmocka_unit_test_teardown(sleep_and_wake_like_vllm, kill_leftovers),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -11,8 +11,8 @@
  * message on any unexpected driver result.
  *
  * Usage: shim-workload runtime|engine|engine-reprobe|engine-index|nccl|storm THREADS COUNT|fork|exec|
- *                     small|procaddr|ipc-export|ipc-open HANDLE OFFSET|tags TMS_LIBRARY|
- *                     tags-positive tag|env|call|
+ *                     small|procaddr|ipc-export|ipc-open HANDLE OFFSET|vmm-import PID FD|
+ *                     tags TMS_LIBRARY|tags-positive tag|env|call|
  *                     nccl-second-copy LIBNCCL_COPY|memset|capture
  */
 #include <dlfcn.h>
@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -507,6 +508,52 @@ static int run_ipc_open(const char *hex, size_t offset)
 	return 0;
 }
 
+/* A symmetric-memory peer (PyTorch's CUDASymmetricMemory: the exporter's POSIX fd imported
+ * with cuMemImportFromShareableHandle, then mapped): takes fd FD of process PID with
+ * pidfd_getfd, maps its first granule and prints its first 16 bytes as "bytes HEX". */
+static int run_vmm_import(pid_t pid, int fd)
+{
+	PFN_cuMemImportFromShareableHandle_v10020 import_;
+	PFN_cuMemGetAllocationGranularity_v10020 gran_;
+	PFN_cuMemAddressReserve_v10020 reserve;
+	PFN_cuMemMap_v10020 map;
+	PFN_cuMemSetAccess_v10020 set_access;
+	CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+				    .requestedHandleTypes =
+					    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+				    .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+	CUmemAccessDesc acc = {.location = prop.location,
+			       .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+	CUmemGenericAllocationHandle h;
+	unsigned char buf[16];
+	CUdeviceptr va;
+	size_t gran;
+	int pidfd, local;
+
+	driver_open();
+	import_ = wl_resolve("cuMemImportFromShareableHandle", 10020);
+	gran_ = wl_resolve("cuMemGetAllocationGranularity", 10020);
+	reserve = wl_resolve("cuMemAddressReserve", 10020);
+	map = wl_resolve("cuMemMap", 10020);
+	set_access = wl_resolve("cuMemSetAccess", 10020);
+	pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	if (pidfd < 0)
+		wl_die("pidfd_open %d: %s", (int)pid, strerror(errno));
+	local = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+	if (local < 0)
+		wl_die("pidfd_getfd %d: %s", fd, strerror(errno));
+	CHECK(import_(&h, (void *)(uintptr_t)local, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+	CHECK(gran_(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	CHECK(reserve(&va, gran, 0, 0, 0));
+	CHECK(map(va, gran, 0, h, 0));
+	CHECK(set_access(va, gran, &acc, 1));
+	CHECK(d.dtoh(buf, va, sizeof(buf)));
+	print_hex("bytes", buf, sizeof(buf));
+	close(local);
+	close(pidfd);
+	return 0;
+}
+
 /* Classification by explicit tag (belayer_set_tag) and by torch_memory_saver's tag. */
 static int run_tags(const char *tms_path)
 {
@@ -789,6 +836,9 @@ int main(int argc, char **argv)
 		return run_ipc_export();
 	if (strcmp(argv[1], "ipc-open") == 0 && argc == 4)
 		return run_ipc_open(argv[2], (size_t)strtoul(argv[3], NULL, 0));
+	if (strcmp(argv[1], "vmm-import") == 0 && argc == 4)
+		return run_vmm_import((pid_t)strtol(argv[2], NULL, 10),
+				      (int)strtol(argv[3], NULL, 10));
 	wl_die("unknown scenario %s", argv[1]);
 	return 1;
 }

@@ -519,6 +519,21 @@ static void expect_promoted(struct fixture *f, const uint64_t prim_sums[], uint6
 				 i, got[i], prim_sums[i]);
 }
 
+/* The primary's layout (from its announcements) is the parked shadow's; then the primary dies
+ * and the shadow is promoted onto its memory at weights version wver. */
+static void promote_on_equal_layout(struct fixture *f, const uint64_t prim_sums[], uint64_t wver)
+{
+	uint32_t n;
+	uint64_t hash = primary_layout(&f->primary, &n, NULL);
+
+	assert_int_equal(n, N_LAYOUT);
+	assert_true(f->shadow.park.hash == hash);
+	send_maps(f);
+	kill_primary(f);
+	commit(f, f->shadow.park.hash, N_LAYOUT, wver);
+	expect_promoted(f, prim_sums, wver);
+}
+
 /* Still a shadow on scratch: it reads its regions fine, and none holds the primary's bytes. */
 static void expect_still_scratch(struct fixture *f, const uint64_t prim_sums[])
 {
@@ -575,11 +590,10 @@ static void test_shadow_parks_with_primary_layout_and_costs_scratch(void **state
 		assert_true(i == 0 || f->shadow.sregs[i].order > f->shadow.sregs[i - 1].order);
 }
 
-/* Opens a shadow-workload's IPC handle from a separate shimmed process (no supervisor) and
- * returns the "bytes" line it printed for the first 16 bytes, or "" when it could not. */
-static void ipc_peer_read(struct fixture *f, const char *hex, char *line, size_t cap)
+/* Runs a shim-workload peer (argv, no supervisor) that reads a shadow-workload's shared buffer
+ * and returns the "bytes" line it printed for the first 16 bytes, or "" when it could not. */
+static void peer_read(struct fixture *f, const char *const argv[], char *line, size_t cap)
 {
-	const char *argv[] = {WORKLOAD_PATH, "ipc-open", hex, "0", NULL};
 	const char *env[] = {"BELAYER_SOCKET=/nonexistent/belayer.sock", "BELAYER_LOG_LEVEL=error",
 			     NULL};
 	struct peer o;
@@ -597,60 +611,127 @@ static void ipc_peer_read(struct fixture *f, const char *hex, char *line, size_t
 	peer_close(&o);
 }
 
-static void start_ipc_workload(struct fixture *f, struct peer *p, const char *role, unsigned seed,
-			       char *hex, size_t cap)
+/* Opens a shadow-workload's IPC handle (legacy IPC, as vLLM's custom all-reduce). */
+static void ipc_peer_read(struct fixture *f, const char *hex, char *line, size_t cap)
 {
-	char s[16], w[32], k[32], line[256];
-	const char *argv[] = {SHADOW_WORKLOAD_PATH, s, w, k, "ipc", NULL};
+	const char *argv[] = {WORKLOAD_PATH, "ipc-open", hex, "0", NULL};
+
+	peer_read(f, argv, line, cap);
+}
+
+/* Imports a shadow-workload's exported fd ("PID FD", taken with pidfd_getfd), as PyTorch's
+ * symmetric memory peers do. */
+static void symm_peer_read(struct fixture *f, const char *pid_fd, char *line, size_t cap)
+{
+	char pid[16], fd[16];
+	const char *argv[] = {WORKLOAD_PATH, "vmm-import", pid, fd, NULL};
+
+	assert_int_equal(sscanf(pid_fd, "%15s %15s", pid, fd), 2);
+	peer_read(f, argv, line, cap);
+}
+
+/* Starts shadow-workload with a shared buffer (mode "ipc" or "symm") and returns what it printed
+ * about it (the line "MODE ..." without its first word). */
+static void start_shared_workload(struct fixture *f, struct peer *p, const char *role,
+				  unsigned seed, const char *mode, char *out, size_t cap)
+{
+	char s[16], w[32], k[32], line[256], prefix[16];
+	const char *argv[] = {SHADOW_WORKLOAD_PATH, s, w, k, mode, NULL};
 
 	snprintf(s, sizeof(s), "%u", seed);
 	snprintf(w, sizeof(w), "%" PRIu64, 32 * MIB);
 	snprintf(k, sizeof(k), "%" PRIu64, 32 * MIB);
+	snprintf(prefix, sizeof(prefix), "%s ", mode);
 	spawn(f, p, argv, role, NULL);
 	accept_peer(f, p);
-	expect_line(p, "ipc ", line, sizeof(line));
-	snprintf(hex, cap, "%s", line + 4);
+	expect_line(p, prefix, line, sizeof(line));
+	snprintf(out, cap, "%s", line + strlen(prefix));
 	expect_line(p, "ready", line, sizeof(line));
 }
 
-/* Review findings 1 and 4: a custom-all-reduce-style buffer (cuMemAlloc + cuIpcGetMemHandle
- * before the KV probe, so `weights` by phase) must be openable by peers in a shadow too, hold
- * real memory there, stay out of the layout and keep its backing across the promotion. */
-static void test_ipc_shared_buffer_is_real_and_never_swapped(void **state)
+/* A buffer shadow-workload shares with peers (mode "ipc" or "symm", read by peer_read_fn)
+ * before its KV probe, so `weights` by phase: peers read what the program wrote from the
+ * primary and from the shadow (after the shadow's weights went through scratch); it is real
+ * memory in the shadow, out of the layout in both roles (the primary's layout is its 5
+ * weights/kv regions), and keeps its backing across the promotion (the peer still reads the
+ * shadow's own buffer afterwards). */
+static void shared_buffer_is_real_and_never_swapped(
+	struct fixture *f, const char *mode, const char *pattern,
+	void (*peer_read_fn)(struct fixture *, const char *, char *, size_t))
 {
-	static const char pattern[] = "bytes a5a4a7a6a1a0a3a2adacafaea9a8abaa";
-	struct fixture *f = *state;
-	uint64_t prim_sums[N_LAYOUT], hash;
-	char prim_hex[256], hex[256], line[256];
-	uint32_t n;
+	uint64_t prim_sums[N_LAYOUT];
+	char prim_ref[256], ref[256], line[256];
 
-	start_ipc_workload(f, &f->primary, "primary", 1, prim_hex, sizeof(prim_hex));
-	ipc_peer_read(f, prim_hex, line, sizeof(line));
+	start_shared_workload(f, &f->primary, "primary", 1, mode, prim_ref, sizeof(prim_ref));
+	peer_read_fn(f, prim_ref, line, sizeof(line));
 	assert_string_equal(line, pattern);
 
-	start_ipc_workload(f, &f->shadow, "shadow", 2, hex, sizeof(hex));
-	/* The peer opens the shadow's buffer and reads what the shadow wrote, after the
-	 * shadow's weights went through scratch. */
-	ipc_peer_read(f, hex, line, sizeof(line));
+	start_shared_workload(f, &f->shadow, "shadow", 2, mode, ref, sizeof(ref));
+	peer_read_fn(f, ref, line, sizeof(line));
 	assert_string_equal(line, pattern);
 
-	/* 5 layout regions, the IPC buffer and the `other` one; the IPC buffer is not weights */
+	/* 5 layout regions, the shared buffer and the `other` one; the shared one is not weights */
 	PUMP_UNTIL(&f->primary,
 		   f->primary.n_regs == N_LAYOUT + 2 && count_class(&f->primary, true) == N_LAYOUT);
-	sums(&f->primary, prim_sums);
 	PUMP_UNTIL(&f->shadow, f->shadow.parked >= 1 && f->shadow.n_sregs == N_LAYOUT &&
 				       f->shadow.park.n_entries == N_LAYOUT);
-	hash = primary_layout(&f->primary, &n, NULL);
-	assert_int_equal(n, N_LAYOUT);
-	assert_true(f->shadow.park.hash == hash);
-
-	send_maps(f);
-	kill_primary(f);
-	commit(f, f->shadow.park.hash, N_LAYOUT, 3);
-	expect_promoted(f, prim_sums, 3);
-	/* Not swapped: the peer still sees the shadow's own buffer. */
-	ipc_peer_read(f, hex, line, sizeof(line));
+	sums(&f->primary, prim_sums);
+	promote_on_equal_layout(f, prim_sums, 3);
+	peer_read_fn(f, ref, line, sizeof(line));
 	assert_string_equal(line, pattern);
+}
+
+/* Review findings 1 and 4: a custom-all-reduce-style buffer (cuMemAlloc + cuIpcGetMemHandle). */
+static void test_ipc_shared_buffer_is_real_and_never_swapped(void **state)
+{
+	shared_buffer_is_real_and_never_swapped(
+		*state, "ipc", "bytes a5a4a7a6a1a0a3a2adacafaea9a8abaa", ipc_peer_read);
+}
+
+/* Review finding 1, the program's own cuMemCreate memory: a PyTorch symmetric-memory buffer
+ * (cuMemCreate with a POSIX fd handle type, then cuMemRetainAllocationHandle,
+ * cuMemGetAllocationPropertiesFromHandle and cuMemExportToShareableHandle, which must be
+ * answered as the driver documents in a shadow too: no fake handle reaching the driver). */
+static void test_symm_buffer_is_real_and_never_swapped(void **state)
+{
+	shared_buffer_is_real_and_never_swapped(
+		*state, "symm", "bytes 5a5b58595e5f5c5d5253505156575455", symm_peer_read);
+}
+
+static void workload_cmd(struct peer *p, const char *cmd, const char *reply)
+{
+	char line[64];
+
+	assert_int_equal(write(p->in, cmd, strlen(cmd)), (ssize_t)strlen(cmd));
+	expect_line(p, reply, line, sizeof(line));
+}
+
+/* Review finding 8 (B2): vLLM's sleep mode (CuMemAllocator.sleep(level=1), then wake_up())
+ * releases the program's own weights and kv mappings and re-creates them at the same
+ * addresses after the KV probe. They must keep their class and their place in the layout, so
+ * the primary's layout still is the shadow's and a promotion after the cycle maps the woken
+ * primary's memory. */
+static void test_sleep_wake_keeps_class_and_layout(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t prim_sums[N_LAYOUT], woke_sums[N_LAYOUT];
+
+	start_pair(f, 32 * MIB, 32 * MIB, prim_sums);
+	workload_cmd(&f->primary, "sleep\n", "slept");
+	PUMP_UNTIL(&f->primary, f->primary.n_regs == N_LAYOUT - 1);
+	workload_cmd(&f->primary, "wake\n", "woke");
+	PUMP_UNTIL(&f->primary, f->primary.n_regs == N_LAYOUT + 1);
+	sums(&f->primary, woke_sums);
+	for (size_t i = 0; i < N_LAYOUT; i++)
+		assert_true(woke_sums[i] == prim_sums[i]);
+	for (size_t i = 0; i < f->primary.n_regs; i++)
+		print_message("primary region %" PRIu64 ": class %d, order %" PRIu64 "\n",
+			      f->primary.regs[i].id, (int)f->primary.regs[i].cls,
+			      f->primary.regs[i].order);
+	if (count_class(&f->primary, true) != N_LAYOUT)
+		fail_msg("after sleep/wake the primary has %zu weights/kv regions, not %d",
+			 count_class(&f->primary, true), N_LAYOUT);
+	promote_on_equal_layout(f, prim_sums, 5);
 }
 
 static void test_promotion_remaps_every_region(void **state)
@@ -1152,6 +1233,10 @@ int main(void)
 			test_shadow_parks_with_primary_layout_and_costs_scratch, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_ipc_shared_buffer_is_real_and_never_swapped,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_symm_buffer_is_real_and_never_swapped, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_sleep_wake_keeps_class_and_layout, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_promotion_remaps_every_region, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_layout_mismatch_is_refused_and_rolled_back,

@@ -171,6 +171,12 @@ uint64_t engine_wait_recovery(const struct sv *sv, uint64_t seq)
 void engine_start(struct sv *sv, const char *weights, uint16_t port_a, uint16_t port_b,
 		  const char *shadow_extra, const char *const *more)
 {
+	engine_start_both(sv, weights, port_a, port_b, NULL, shadow_extra, more);
+}
+
+void engine_start_both(struct sv *sv, const char *weights, uint16_t port_a, uint16_t port_b,
+		       const char *both_extra, const char *shadow_extra, const char *const *more)
+{
 	static char primary[PATH_MAX * 2 + 256], shadow[PATH_MAX * 2 + 256], env[PATH_MAX + 64],
 		port[32], sport[32];
 	const char *settings[32] = {primary,
@@ -184,8 +190,8 @@ void engine_start(struct sv *sv, const char *weights, uint16_t port_a, uint16_t 
 	size_t n = 8;
 
 	snprintf(primary, sizeof(primary),
-		 "engine.t.primary=%s --model %s --port {port} --tp 2 --kv-cache-bytes 16M",
-		 ENGINE_PATH, weights);
+		 "engine.t.primary=%s --model %s --port {port} --tp 2 --kv-cache-bytes 16M %s",
+		 ENGINE_PATH, weights, both_extra ? both_extra : "");
 	/* The shadow's dummy weights come from the file's seed, so that a shadow left serving
 	 * after a refused promotion answers like the file. Promoted, every weight is the dead
 	 * primary's memory: the stand-in's caching allocator keeps all tensors, norms too, in
@@ -193,8 +199,9 @@ void engine_start(struct sv *sv, const char *weights, uint16_t port_a, uint16_t 
 	 * in `other` ones. */
 	snprintf(shadow, sizeof(shadow),
 		 "engine.t.shadow=%s --model %s --port {port} --tp 2 --load-format dummy --seed 1 "
-		 "%s",
-		 ENGINE_PATH, weights, shadow_extra ? shadow_extra : "--kv-cache-bytes 16M");
+		 "%s %s",
+		 ENGINE_PATH, weights, shadow_extra ? shadow_extra : "--kv-cache-bytes 16M",
+		 both_extra ? both_extra : "");
 	snprintf(env, sizeof(env), "engine.t.env=LD_PRELOAD=%s BELAYER_PARK_QUIET_MS=300",
 		 SHIM_PATH);
 	snprintf(port, sizeof(port), "engine.t.port=%u", port_a);

@@ -29,6 +29,10 @@ int engine_teardown(struct sv *sv);
  * NULL-terminated settings more (may be NULL). */
 void engine_start(struct sv *sv, const char *weights, uint16_t port_a, uint16_t port_b,
 		  const char *shadow_extra, const char *const *more);
+/* The same with both_extra (may be NULL) appended to the primary's and the shadow's command
+ * lines. */
+void engine_start_both(struct sv *sv, const char *weights, uint16_t port_a, uint16_t port_b,
+		       const char *both_extra, const char *shadow_extra, const char *const *more);
 
 /* POST /generate (greedy); 0 and the tokens, or -errno when nothing serves on port. */
 int engine_generate(uint16_t port, uint32_t out[ENGINE_TOKENS]);

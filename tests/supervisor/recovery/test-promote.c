@@ -276,8 +276,8 @@ static void kill_during_load_cold_restarts(void **state)
 	assert_int_equal(metric(&sv, "belayer_recoveries_total", "outcome=\"cold_restart\""), 1);
 }
 
-/* Weights regions of engine t's live primaries. */
-static uint64_t primary_weights_regions(void)
+/* Regions of class cls of engine t's live primaries, as the supervisor lists them. */
+static uint64_t primary_regions(enum region_class cls)
 {
 	static struct proto_msg m[1024];
 	pid_t p0 = engine_worker_pid(&sv, ROLE_PRIMARY, 0),
@@ -287,9 +287,16 @@ static uint64_t primary_weights_regions(void)
 
 	assert_true(n >= 0 && p0 > 0 && p1 > 0);
 	for (int i = 0; i < n; i++)
-		count += m[i].type == PROTO_REGION_INFO && m[i].region_info.cls == REGION_WEIGHTS &&
+		count += m[i].type == PROTO_REGION_INFO && m[i].region_info.cls == cls &&
 			 (m[i].region_info.pid == (uint32_t)p0 ||
 			  m[i].region_info.pid == (uint32_t)p1);
+	return count;
+}
+
+static uint64_t primary_weights_regions(void)
+{
+	uint64_t count = primary_regions(REGION_WEIGHTS);
+
 	assert_true(count > 0);
 	return count;
 }
@@ -412,22 +419,16 @@ static void kill_during_weight_update(void **state)
 	engine_wait_serving(&sv, expected);
 }
 
-/* The headline: an RL weight update lands, its checksums are recorded, then a rank dies. The
- * promoted engine holds the *updated* weights (a cold start would reload the old file): its
- * tokens are those of a failure-free engine started on the new weights. */
-static void promoted_engine_keeps_updated_weights(void **state)
+/* The trainer's new weights (w2, seed 2) pushed into the primary from disk: expected becomes
+ * a failure-free engine's tokens on them, and the engine serves them. */
+static void update_weights_to_w2(char w2[PATH_MAX])
 {
-	char w2[PATH_MAX], body[PATH_MAX + 32];
+	char body[PATH_MAX + 32];
 	const char *argv[] = {GEN_PATH, "--out", w2, "--size", "24M", "--seed", "2", NULL};
-	uint64_t before, deadline;
 	int fd;
 
-	snprintf(w2, sizeof(w2), "%s/w2.safetensors", sv.dir);
+	snprintf(w2, PATH_MAX, "%s/w2.safetensors", sv.dir);
 	assert_int_equal(run_tool(&sv, argv, NULL), 0);
-	start(NULL, NULL);
-	engine_wait_serving(&sv, expected);
-	engine_wait_promotable(&sv);
-	before = metric(&sv, "belayer_weights_checksums_total", "");
 	snprintf(body, sizeof(body), "{\"model_path\":\"%s\"}", w2);
 	fd = send_request(port_a, "POST", "/update_weights_from_disk", body);
 	assert_true(fd >= 0);
@@ -435,6 +436,21 @@ static void promoted_engine_keeps_updated_weights(void **state)
 	engine_failure_free_tokens(w2, expected);
 	assert_memory_not_equal(expected, baseline, sizeof(expected));
 	engine_wait_serving(&sv, expected);
+}
+
+/* The headline: an RL weight update lands, its checksums are recorded, then a rank dies. The
+ * promoted engine holds the *updated* weights (a cold start would reload the old file): its
+ * tokens are those of a failure-free engine started on the new weights. */
+static void promoted_engine_keeps_updated_weights(void **state)
+{
+	char w2[PATH_MAX];
+	uint64_t before, deadline;
+
+	start(NULL, NULL);
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
+	before = metric(&sv, "belayer_weights_checksums_total", "");
+	update_weights_to_w2(w2);
 	/* Promotable again once the new version's checksums are recorded (the update rewrote
 	 * every weights region). */
 	deadline = mono_ms() + ENGINE_READY_MS;
@@ -445,6 +461,54 @@ static void promoted_engine_keeps_updated_weights(void **state)
 	}
 	engine_wait_promotable(&sv);
 	kill_primary_rank(1);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
+	engine_wait_serving(&sv, expected);
+}
+
+/* An RL step with vLLM's sleep mode (review finding 8): the engine's weights and KV cache are
+ * its own cuMemCreate memory (CuMemAllocator), it sleeps while the trainer trains (level 1:
+ * weights offloaded to host memory, everything unmapped and released), wakes up (re-created at
+ * the same addresses) and gets the new weights. The re-created memory is still weights and KV
+ * to the supervisor: the new weights are checksummed, the layout is the shadow's, and a rank's
+ * death is promoted onto memory that holds the updated weights. */
+static void sleep_wake_then_promotes(void **state)
+{
+	char w2[PATH_MAX];
+	uint64_t weights_before, kv_before, before, deadline;
+
+	port_a = sv_free_port();
+	port_b = sv_free_port();
+	engine_start_both(&sv, weights, port_a, port_b, "--enable-sleep-mode", NULL, NULL);
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
+	weights_before = primary_weights_regions();
+	kv_before = primary_regions(REGION_KV);
+	assert_true(kv_before > 0);
+	before = metric(&sv, "belayer_weights_checksums_total", "");
+
+	assert_int_equal(reply_status(send_request(port_a, "POST", "/sleep?level=1", "")), 200);
+	assert_int_equal(reply_status(send_request(port_a, "POST", "/wake_up", "")), 200);
+	engine_wait_serving(&sv, expected); /* the offloaded weights are back */
+	update_weights_to_w2(w2);
+
+	/* The woken memory is weights and KV again, and its new weights get checksummed. */
+	deadline = mono_ms() + ENGINE_READY_MS;
+	while (primary_regions(REGION_WEIGHTS) != weights_before ||
+	       primary_regions(REGION_KV) != kv_before) {
+		if (mono_ms() > deadline)
+			fail_msg("after sleep/wake the primaries have %" PRIu64
+				 " weights and %" PRIu64 " kv regions, %" PRIu64 " and %" PRIu64
+				 " before",
+				 primary_regions(REGION_WEIGHTS), primary_regions(REGION_KV),
+				 weights_before, kv_before);
+		(void)poll(NULL, 0, 20);
+	}
+	while (metric(&sv, "belayer_weights_checksums_total", "") < before + weights_before) {
+		assert_true(mono_ms() < deadline);
+		(void)poll(NULL, 0, 20);
+	}
+	engine_wait_promotable(&sv);
+	kill_primary_rank(0);
 	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
 	engine_wait_serving(&sv, expected);
 }
@@ -559,6 +623,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(kill_during_weight_update, setup, teardown),
 		cmocka_unit_test_setup_teardown(promoted_engine_keeps_updated_weights, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(sleep_wake_then_promotes, setup, teardown),
 		cmocka_unit_test_setup_teardown(hung_primary_recovered, setup, teardown),
 		cmocka_unit_test_setup_teardown(kill_during_promotion, setup, teardown),
 		cmocka_unit_test_setup_teardown(manual_promote, setup, teardown),
