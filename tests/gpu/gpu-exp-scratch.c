@@ -208,11 +208,12 @@ int main(int argc, char **argv)
 		       units[i] >> 20, t.maps, t.map_s, t.map_s * 1e6 / (double)t.maps, t.access_s,
 		       reserve / 2 / units[i], t.unmap_s, reserve >> 21, t.real_create_s,
 		       t.real_map_s);
-		used += (size_t)snprintf(
-			summary + used, sizeof(summary) - used,
-			"%s%" PRIu64 " MiB: %" PRIu64 " maps %.2fs + access %.2fs, "
-			"unmap half %.2fs",
-			used ? "; " : "", units[i] >> 20, t.maps, t.map_s, t.access_s, t.unmap_s);
+		used += (size_t)snprintf(summary + used, sizeof(summary) - used,
+					 "%s%" PRIu64 " MiB: %" PRIu64
+					 " maps %.1f ms + access %.1f ms, "
+					 "unmap half %.1f ms",
+					 used ? "; " : "", units[i] >> 20, t.maps, t.map_s * 1e3,
+					 t.access_s * 1e3, t.unmap_s * 1e3);
 		if (used >= sizeof(summary))
 			used = sizeof(summary) - 1;
 	}

@@ -7,6 +7,9 @@
 # engine stand-in start on real kernels. With EMU=1 the same checks run against the emulated
 # stack of the meson build, so the script stays working in CI.
 #
+# The shim review's experiments E1-E8 have their own script, tests/gpu/experiments.sh (run it
+# first on a GPU: `experiments.sh --then-checks` runs these checks with the time left).
+#
 # Usage:
 #   tests/gpu/run.sh            run every check (EMU=1: on the emulated stack)
 #   tests/gpu/run.sh --bundle   (on the build machine) copy the shared libraries the built
@@ -328,7 +331,7 @@ build_check_programs() {
 	else
 		for p in "${CHECK_PROGRAMS[@]}"; do
 			if ! "$cc" -std=gnu11 -O2 -Wall -D_GNU_SOURCE -I"$inc" -I"$ROOT/common" \
-				-I"$GPU_DIR" -o "$BIN_DIR/$p" "$GPU_DIR/$p.c" "$GPU_DIR/gpu-check.c" \
+				-I"$ROOT/shim" -I"$GPU_DIR" -o "$BIN_DIR/$p" "$GPU_DIR/$p.c" "$GPU_DIR/gpu-check.c" \
 				-ldl >>"$log" 2>&1; then
 				BUILD_ERROR="compiling $p: $(grep -m1 'error' "$log" || tail -n1 "$log")"
 				break

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# tests/gpu/experiments.sh: the shim review's first-GPU experiments E1-E8
+# (/work/shared/research/shim-review.md §8, tests/gpu/README.md), each a small program with
+# its own time budget under GPU_DEADLINE_S, each printing one verdict line and indented detail
+# lines. With EMU=1 every experiment that can run on the emulated stack runs there (E4 scaled
+# down); the PyTorch ones (E2, E7, E8) are N/A there and any other N/A is a failure.
+#
+# Usage:
+#   tests/gpu/experiments.sh                 E1-E8 (EMU=1: on the emulated stack)
+#   tests/gpu/experiments.sh --then-checks   E1-E8, then run.sh's checks with the time left
+#
+# Environment: as run.sh (EMU, BUILD, OUT, CC, CUDA_INCLUDE, KEEP_WORK); GPU_DEADLINE_S
+# (default 420) bounds the experiments, and with --then-checks the whole run; RESULTS=FILE
+# (default $OUT/experiments-DATE-DEVICE.txt, else tests/gpu/ or, with EMU=1, BUILD/tests/gpu/).
+#
+# Prints "PASS name (Xs): detail", "FAIL name: reason" or "N/A name: reason" per experiment,
+# then "N passed, N failed, N not applicable". Exits 1 if any failed (or, with --then-checks,
+# if run.sh failed).
+set -euo pipefail
+
+# run.sh's helpers (output, budgets, compiling and running the check programs, the receiver,
+# the carried build); sourcing it runs no check.
+# shellcheck source=tests/gpu/run.sh
+source "$(dirname "${BASH_SOURCE[0]}")/run.sh"
+
+DEADLINE_S=${GPU_DEADLINE_S:-420}
+EMU_NA_OK=(E2/capture E7/torch E8/conversion-cost)
+CHECK_PROGRAMS=(gpu-exp-procaddr gpu-exp-remap gpu-exp-scratch gpu-exp-fake gpu-vmm-survive)
+EXP_KERNELS_HOST=tests/gpu/libgpu-exp-kernels-host.so
+
+# Sizes: the review's on a GPU; on the emulator small enough for /dev/shm, vm.max_map_count
+# and CI time.
+if [[ $EMU == 1 ]]; then
+	REMAP_SIZE=16M SCRATCH_ARGS=(--reserve 512M --units "2M,64M,256M") FAULT_SIZE=64M
+else
+	REMAP_SIZE=1G SCRATCH_ARGS=(--reserve 96G --units "2M,64M,1G") FAULT_SIZE=2G
+fi
+
+# The PyTorch experiments: why they cannot run here, or nothing.
+torch_exp_why() {
+	if [[ $EMU == 1 ]]; then
+		echo "PyTorch's libcudart cannot run on the emulated driver (DESIGN §5); real GPU only"
+	elif ! command -v python3 >/dev/null ||
+		! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
+			>/dev/null 2>&1; then
+		echo "python3 with a CUDA-enabled torch not found"
+	elif [[ ! -e $BUILD/$SHIM ]]; then
+		echo "shim not built: ${NOT_BUILT:-$BUILD/$SHIM missing} (see tests/gpu/README.md)"
+	elif [[ ! -x $BUILD/$RECEIVER ]]; then
+		echo "the shim's test receiver is not built ($BUILD/$RECEIVER)"
+	else
+		unloadable "$BUILD/$SHIM"
+	fi
+}
+
+# exp_torch NAME LIMIT e2|e7|e8: gpu-exp-torch.py under run_program's verdict rules.
+exp_torch() {
+	local name=$1 limit=$2 what=$3 why store
+	why=$(torch_exp_why)
+	if [[ -n $why ]]; then
+		na "$name" "$why"
+		return
+	fi
+	if ! start_receiver; then
+		fail "$name" "$RECEIVER_ERROR"
+		return
+	fi
+	store=$(mktemp -d "$WORK/store.XXXXXX")
+	run_program "$name" "$limit" env LD_LIBRARY_PATH="$(lib_path_for "$BUILD/$SHIM")" \
+		python3 "$GPU_DIR/gpu-exp-torch.py" "$what" --shim "$BUILD/$SHIM" \
+		--socket "$WORK/shim.sock" --receiver-log "$WORK/receiver.out" --store "$store"
+}
+
+experiments() {
+	# C over the driver API first: quick, and they run on the emulator too.
+	run_program E1/procaddr 30 "$BIN_DIR/gpu-exp-procaddr"
+	run_program E3/remap 60 "$BIN_DIR/gpu-exp-remap" --size "$REMAP_SIZE"
+	run_program E5/fake-handles 45 "$BIN_DIR/gpu-exp-fake"
+	run_program E6/fault-survive 90 "$BIN_DIR/gpu-vmm-survive" --case fault \
+		--size "$FAULT_SIZE"
+	run_program E4/scratch 120 "$BIN_DIR/gpu-exp-scratch" "${SCRATCH_ARGS[@]}"
+	# PyTorch: two or three interpreter starts each.
+	exp_torch E2/capture 150 e2
+	exp_torch E7/torch 150 e7
+	exp_torch E8/conversion-cost 120 e8
+}
+
+exp_main() {
+	local device date commit then_checks=0 rc=0 left
+	case ${1:-} in
+	--then-checks) then_checks=1 ;;
+	-h | --help)
+		sed -n '3,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'
+		return 0
+		;;
+	"") ;;
+	*)
+		echo "usage: tests/gpu/experiments.sh [--then-checks]" >&2
+		return 2
+		;;
+	esac
+
+	WORK=$(mktemp -d "${TMPDIR:-/tmp}/belayer-gpu-exp.XXXXXX")
+	trap cleanup EXIT
+	trap 'on_signal TERM 15' TERM
+	trap 'on_signal INT 2' INT
+	trap 'on_signal HUP 1' HUP
+	if [[ $EMU == 1 ]]; then
+		if [[ ! -e $BUILD/tests/emu/libcuda.so.1 || ! -e $BUILD/$EXP_KERNELS_HOST ]]; then
+			echo "experiments.sh: EMU=1 needs the emulated stack in $BUILD (ninja -C $BUILD)" >&2
+			return 1
+		fi
+		export LD_LIBRARY_PATH=$BUILD/tests/emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+		export BELAYER_EMU_DIR=$WORK/emu EMU_CTL=$BUILD/tests/emu/emu-ctl
+		# the host implementation of E6's faulting PTX kernel
+		export BELAYER_EMU_KERNELS=$BUILD/$EXP_KERNELS_HOST
+		mkdir -p "$BELAYER_EMU_DIR"
+	fi
+
+	device=$(device_name)
+	date=$(date -u +%Y-%m-%d)
+	if [[ -n ${RESULTS:-} ]]; then
+		RESULTS_FILE=$RESULTS
+	elif [[ -n ${OUT:-} ]]; then
+		RESULTS_FILE=$OUT/experiments-$date-$device.txt
+	elif [[ $EMU == 1 ]]; then
+		RESULTS_FILE=$BUILD/tests/gpu/experiments-$date-$device.txt
+	else
+		RESULTS_FILE=$GPU_DIR/experiments-$date-$device.txt
+	fi
+	mkdir -p "$(dirname "$RESULTS_FILE")"
+	: >"$RESULTS_FILE"
+
+	commit=$(git -C "$ROOT" describe --always --dirty 2>/dev/null ||
+		cat "$BUILD/gpu-bundle/commit" 2>/dev/null || echo unknown)
+	say "# Belayer first-GPU experiments E1-E8 (tests/gpu/experiments.sh), $(date -u '+%Y-%m-%d %H:%M UTC')"
+	say "# mode: $([[ $EMU == 1 ]] && echo "emulated stack ($BUILD/tests/emu)" || echo "real GPU")," \
+		"device: $device, host: $(uname -n), commit: $commit, deadline: ${DEADLINE_S}s"
+	if [[ $EMU != 1 ]] && command -v nvidia-smi >/dev/null; then
+		say "# driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null |
+			head -n1 || true), $(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' || true)"
+	fi
+	if [[ $EMU != 1 ]] && command -v python3 >/dev/null; then
+		say "# python: $(python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo "no torch")"
+	fi
+
+	build_check_programs
+	build_project
+	experiments
+
+	say "results: $RESULTS_FILE"
+	say "$PASSED passed, $FAILED failed, $NOT_APPLICABLE not applicable ($(elapsed)s)"
+	((FAILED == 0)) || rc=1
+	if ((then_checks)); then
+		left=$((DEADLINE_S - $(elapsed)))
+		if ((left < 60)); then
+			say "run.sh's checks not started: ${left}s left of GPU_DEADLINE_S=$DEADLINE_S"
+		else
+			say "run.sh's checks with the ${left}s left (their own results file)"
+			GPU_DEADLINE_S=$left bash "$GPU_DIR/run.sh" || rc=1
+		fi
+	fi
+	return "$rc"
+}
+
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then exp_main "$@"; fi
