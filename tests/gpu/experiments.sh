@@ -22,11 +22,14 @@ set -euo pipefail
 
 # run.sh's helpers (output, budgets, compiling and running the check programs, the receiver,
 # the carried build); sourcing it runs no check.
-# shellcheck source=tests/gpu/run.sh
+# shellcheck source=SCRIPTDIR/run.sh
 source "$(dirname "${BASH_SOURCE[0]}")/run.sh"
 
 DEADLINE_S=${GPU_DEADLINE_S:-420}
+# run.sh's globals, read by its helpers (na, build_check_programs)
+# shellcheck disable=SC2034
 EMU_NA_OK=(E2/capture E7/torch E8/conversion-cost)
+# shellcheck disable=SC2034
 CHECK_PROGRAMS=(gpu-exp-procaddr gpu-exp-remap gpu-exp-scratch gpu-exp-fake gpu-vmm-survive)
 EXP_KERNELS_HOST=tests/gpu/libgpu-exp-kernels-host.so
 
