@@ -91,7 +91,7 @@ experiments() {
 }
 
 exp_main() {
-	local device date commit then_checks=0 rc=0 left
+	local then_checks=0 rc=0 left
 	case ${1:-} in
 	--then-checks) then_checks=1 ;;
 	-h | --help)
@@ -105,49 +105,8 @@ exp_main() {
 		;;
 	esac
 
-	WORK=$(mktemp -d "${TMPDIR:-/tmp}/belayer-gpu-exp.XXXXXX")
-	trap cleanup EXIT
-	trap 'on_signal TERM 15' TERM
-	trap 'on_signal INT 2' INT
-	trap 'on_signal HUP 1' HUP
-	if [[ $EMU == 1 ]]; then
-		if [[ ! -e $BUILD/tests/emu/libcuda.so.1 || ! -e $BUILD/$EXP_KERNELS_HOST ]]; then
-			echo "experiments.sh: EMU=1 needs the emulated stack in $BUILD (ninja -C $BUILD)" >&2
-			return 1
-		fi
-		export LD_LIBRARY_PATH=$BUILD/tests/emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-		export BELAYER_EMU_DIR=$WORK/emu EMU_CTL=$BUILD/tests/emu/emu-ctl
-		# the host implementation of E6's faulting PTX kernel
-		export BELAYER_EMU_KERNELS=$BUILD/$EXP_KERNELS_HOST
-		mkdir -p "$BELAYER_EMU_DIR"
-	fi
-
-	device=$(device_name)
-	date=$(date -u +%Y-%m-%d)
-	if [[ -n ${RESULTS:-} ]]; then
-		RESULTS_FILE=$RESULTS
-	elif [[ -n ${OUT:-} ]]; then
-		RESULTS_FILE=$OUT/experiments-$date-$device.txt
-	elif [[ $EMU == 1 ]]; then
-		RESULTS_FILE=$BUILD/tests/gpu/experiments-$date-$device.txt
-	else
-		RESULTS_FILE=$GPU_DIR/experiments-$date-$device.txt
-	fi
-	mkdir -p "$(dirname "$RESULTS_FILE")"
-	: >"$RESULTS_FILE"
-
-	commit=$(git -C "$ROOT" describe --always --dirty 2>/dev/null ||
-		cat "$BUILD/gpu-bundle/commit" 2>/dev/null || echo unknown)
-	say "# Belayer first-GPU experiments E1-E8 (tests/gpu/experiments.sh), $(date -u '+%Y-%m-%d %H:%M UTC')"
-	say "# mode: $([[ $EMU == 1 ]] && echo "emulated stack ($BUILD/tests/emu)" || echo "real GPU")," \
-		"device: $device, host: $(uname -n), commit: $commit, deadline: ${DEADLINE_S}s"
-	if [[ $EMU != 1 ]] && command -v nvidia-smi >/dev/null; then
-		say "# driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null |
-			head -n1 || true), $(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' || true)"
-	fi
-	if [[ $EMU != 1 ]] && command -v python3 >/dev/null; then
-		say "# python: $(python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo "no torch")"
-	fi
+	start_run belayer-gpu-exp "$BUILD/$EXP_KERNELS_HOST" || return 1
+	start_results experiments "first-GPU experiments E1-E8 (tests/gpu/experiments.sh)"
 
 	build_check_programs
 	build_project
@@ -162,7 +121,7 @@ exp_main() {
 			say "run.sh's checks not started: ${left}s left of GPU_DEADLINE_S=$DEADLINE_S"
 		else
 			say "run.sh's checks with the ${left}s left (their own results file)"
-			GPU_DEADLINE_S=$left bash "$GPU_DIR/run.sh" || rc=1
+			env -u RESULTS GPU_DEADLINE_S="$left" bash "$GPU_DIR/run.sh" || rc=1
 		fi
 	fi
 	return "$rc"

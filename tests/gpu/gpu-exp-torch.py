@@ -33,6 +33,8 @@ import subprocess
 import sys
 import time
 
+from receiver_log import announcements
+
 # cuda.h CUpointer_attribute values (CUDA 13.0 include/cuda.h, enum CUpointer_attribute_enum).
 POINTER_ATTRIBUTES = {
     "P2P_TOKENS": 5,
@@ -46,31 +48,6 @@ MIB = 1 << 20
 
 
 # --- receiver log (tests/shim/shim-receiver) ----------------------------------------------
-
-def announcements(path, pid):
-    """Announce lines of process pid, as dicts (va and size as ints)."""
-    out = []
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        return out
-    for line in lines:
-        words = line.split()
-        if not words or words[0] != "announce":
-            continue
-        kv = dict(w.split("=", 1) for w in words[1:] if "=" in w)
-        try:
-            if int(kv.get("pid", "-1")) != pid:
-                continue
-            kv["va"] = int(kv["va"], 16)
-            kv["size"] = int(kv["size"])
-            kv["version"] = int(kv.get("version", "0"))
-        except (KeyError, ValueError):
-            continue
-        out.append(kv)
-    return out
-
 
 def region_of(path, pid, ptr, wait_s=10.0):
     """The announced region holding ptr (the latest announcement), waiting for it bounded."""
