@@ -30,7 +30,8 @@ DEADLINE_S=${GPU_DEADLINE_S:-420}
 # shellcheck disable=SC2034
 EMU_NA_OK=(E2/capture E7/torch E8/conversion-cost)
 # shellcheck disable=SC2034
-CHECK_PROGRAMS=(gpu-exp-procaddr gpu-exp-remap gpu-exp-scratch gpu-exp-fake gpu-vmm-survive)
+CHECK_PROGRAMS=(gpu-exp-procaddr gpu-exp-remap gpu-exp-scratch gpu-exp-fake gpu-vmm-survive
+	gpu-nvml)
 EXP_KERNELS_HOST=tests/gpu/libgpu-exp-kernels-host.so
 
 # Sizes: the review's on a GPU; on the emulator small enough for /dev/shm, vm.max_map_count
@@ -76,13 +77,34 @@ exp_torch() {
 		--socket "$WORK/shim.sock" --receiver-log "$WORK/receiver.out" --store "$store"
 }
 
+# E6 with NVML watching for the fault's XID meanwhile (a real GPU only: the emulator raises XIDs
+# only through emu-ctl); the watcher's answer is a detail line, not part of the verdict.
+exp_fault() {
+	local watcher="" log=$WORK/e6-xid.log
+	if [[ $EMU != 1 && -z $BUILD_ERROR ]]; then
+		"$BIN_DIR/gpu-nvml" --watch-xid 15 >"$log" 2>&1 &
+		watcher=$!
+		BG_PIDS+=("$watcher")
+		wait_for_line "$log" '^watching' "$watcher" 30 || true
+	fi
+	run_program E6/fault-survive 90 "$BIN_DIR/gpu-vmm-survive" --case fault \
+		--size "$FAULT_SIZE"
+	if [[ -n $watcher ]]; then
+		# it ends at the first XID, or 15 s after it started
+		wait "$watcher" 2>/dev/null || true
+		say "    NVML during E6: $(sed -n 's/^summary: //p' "$log" | head -n1)" \
+			"($(grep -m1 '^watching' "$log" || tail -n1 "$log"))"
+	elif [[ $EMU == 1 ]]; then
+		say "    NVML during E6: not watched (the emulator raises XIDs only through emu-ctl)"
+	fi
+}
+
 experiments() {
 	# C over the driver API first: quick, and they run on the emulator too.
 	run_program E1/procaddr 30 "$BIN_DIR/gpu-exp-procaddr"
 	run_program E3/remap 60 "$BIN_DIR/gpu-exp-remap" --size "$REMAP_SIZE"
 	run_program E5/fake-handles 45 "$BIN_DIR/gpu-exp-fake"
-	run_program E6/fault-survive 90 "$BIN_DIR/gpu-vmm-survive" --case fault \
-		--size "$FAULT_SIZE"
+	exp_fault
 	run_program E4/scratch 120 "$BIN_DIR/gpu-exp-scratch" "${SCRATCH_ARGS[@]}"
 	# PyTorch: two or three interpreter starts each.
 	exp_torch E2/capture 150 e2
