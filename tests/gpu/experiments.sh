@@ -99,10 +99,25 @@ exp_fault() {
 	fi
 }
 
+# E3 with its NCCL variant where libnccl.so.2 is found (the loader's cache, PyTorch's wheel;
+# the emulated one with EMU=1), without it otherwise (said in a detail line).
+exp_remap() {
+	local nccl=""
+	if [[ $EMU == 1 ]]; then
+		run_program E3/remap 60 "$BIN_DIR/gpu-exp-remap" --size "$REMAP_SIZE" --nccl
+	elif nccl=$(nccl_dir); then
+		run_program E3/remap 60 env LD_LIBRARY_PATH="${nccl:+$nccl:}${LD_LIBRARY_PATH:-}" \
+			"$BIN_DIR/gpu-exp-remap" --size "$REMAP_SIZE" --nccl
+	else
+		run_program E3/remap 60 "$BIN_DIR/gpu-exp-remap" --size "$REMAP_SIZE"
+		say "    the NCCL variant did not run: libnccl.so.2 not found (loader cache, PyTorch's wheels)"
+	fi
+}
+
 experiments() {
 	# C over the driver API first: quick, and they run on the emulator too.
 	run_program E1/procaddr 30 "$BIN_DIR/gpu-exp-procaddr"
-	run_program E3/remap 60 "$BIN_DIR/gpu-exp-remap" --size "$REMAP_SIZE"
+	exp_remap
 	run_program E5/fake-handles 45 "$BIN_DIR/gpu-exp-fake"
 	exp_fault
 	run_program E4/scratch 120 "$BIN_DIR/gpu-exp-scratch" "${SCRATCH_ARGS[@]}"
