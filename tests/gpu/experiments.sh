@@ -61,7 +61,14 @@ torch_exp_why() {
 
 # exp_torch NAME LIMIT e2|e7|e8: gpu-exp-torch.py under run_program's verdict rules.
 exp_torch() {
-	local name=$1 limit=$2 what=$3 why store
+	local name=$1 limit=$2 what=$3 why store err
+	# Where it cannot run, at least its Python must parse (it then runs on the next GPU).
+	if ! err=$(python3 -c 'import ast, sys
+for p in sys.argv[1:]:
+    ast.parse(open(p).read(), p)' "$GPU_DIR/gpu-exp-torch.py" "$GPU_DIR/receiver_log.py" 2>&1); then
+		fail "$name" "gpu-exp-torch.py does not parse: $(tail -n1 <<<"$err")"
+		return
+	fi
 	why=$(torch_exp_why)
 	if [[ -n $why ]]; then
 		na "$name" "$why"
