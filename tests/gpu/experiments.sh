@@ -130,7 +130,7 @@ experiments() {
 	run_program E4/scratch 120 "$BIN_DIR/gpu-exp-scratch" "${SCRATCH_ARGS[@]}"
 	# PyTorch: two or three interpreter starts each.
 	exp_torch E2/capture 150 e2
-	exp_torch E7/torch 200 e7
+	exp_torch E7/torch 220 e7
 	exp_torch E8/conversion-cost 150 e8
 }
 
