@@ -39,7 +39,7 @@ EXP_KERNELS_HOST=tests/gpu/libgpu-exp-kernels-host.so
 if [[ $EMU == 1 ]]; then
 	REMAP_SIZE=16M SCRATCH_ARGS=(--reserve 512M --units "2M,64M,256M") FAULT_SIZE=64M
 else
-	REMAP_SIZE=1G SCRATCH_ARGS=(--reserve 96G --units "2M,64M,1G") FAULT_SIZE=2G
+	REMAP_SIZE=256M SCRATCH_ARGS=(--reserve 96G --units "2M,64M,1G") FAULT_SIZE=1G
 fi
 
 # The PyTorch experiments: why they cannot run here, or nothing.
