@@ -151,6 +151,10 @@ int main(int argc, char **argv)
 		len = read(pipefd[0], out, sizeof(out) - 1);
 		out[len > 0 ? len : 0] = '\0';
 		close(pipefd[0]);
+		/* the child's words go on one detail line */
+		for (char *c = out; *c; c++)
+			if (*c == '\n')
+				*c = c[1] ? ' ' : '\0';
 		if (st == -ETIMEDOUT) {
 			printf("%s: hung (killed after %d s) %s\n", calls[i].name,
 			       CALL_TIMEOUT_MS / 1000, out);
