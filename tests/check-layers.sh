@@ -34,6 +34,7 @@ t-image     tests/image               -              image+
 bench       tools/bench               -              env+ t-env+
 shim        shim                      belayer.h      -
 t-shim      tests/shim                -              shim+
+t-gpu       tests/gpu                 -              shim+
 '
 
 # Inside a folder whose files are layered among themselves (issue 17: the shim, the bench):

@@ -20,6 +20,7 @@
  * capturing stream. VMM calls (cuMemCreate/Map/Export/Import) are allowed: nothing documents
  * them as unsafe, and PyTorch maps expandable segments during capture.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "cuda-internal.h"
@@ -136,18 +137,39 @@ static int graph_append(struct CUgraph_st *g, const struct emu_op *op)
 	return 0;
 }
 
+__thread bool emu_in_kernel, emu_kernel_faulted;
+
+/* Runs a host kernel; an address it could not translate is the GPU's illegal address, which
+ * the launch (synchronous here) reports and which stays sticky (emu_set_sticky). */
+static CUresult kernel_run(const struct emu_op *op, void **params)
+{
+	emu_in_kernel = true;
+	emu_kernel_faulted = false;
+	op->fn(&op->launch, params);
+	emu_in_kernel = false;
+	if (!emu_kernel_faulted)
+		return CUDA_SUCCESS;
+	emu_kernel_faulted = false;
+	emu_set_sticky(CUDA_ERROR_ILLEGAL_ADDRESS);
+	fprintf(stderr,
+		"libcuda (belayer emulator): kernel %s touched an address not mapped with access: "
+		"CUDA_ERROR_ILLEGAL_ADDRESS from now on in this process\n",
+		op->launch.name ? op->launch.name : "?");
+	return CUDA_ERROR_ILLEGAL_ADDRESS;
+}
+
 static CUresult op_run(const struct emu_op *op)
 {
+	CUresult r;
+
 	if (op->kind == EMU_OP_HOST) {
 		op->host_fn(op->user_data);
 		return CUDA_SUCCESS;
 	}
 	if (op->kind != EMU_OP_KERNEL)
 		return emu_mem_op_run(op);
-	if (op->params) {
-		op->fn(&op->launch, op->params);
-		return CUDA_SUCCESS;
-	}
+	if (op->params)
+		return kernel_run(op, op->params);
 	{
 		void *stack[32];
 		void **params = op->nparams <= 32 ? stack : calloc(op->nparams, sizeof(void *));
@@ -159,11 +181,11 @@ static CUresult op_run(const struct emu_op *op)
 			params[i] = (uint8_t *)op->args + off;
 			off += op->sizes[i];
 		}
-		op->fn(&op->launch, params);
+		r = kernel_run(op, params);
 		if (params != stack)
 			free(params);
 	}
-	return CUDA_SUCCESS;
+	return r;
 }
 
 /* Any blocking (not CU_STREAM_NON_BLOCKING) stream capturing, for the legacy stream's

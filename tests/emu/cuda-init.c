@@ -71,10 +71,26 @@ CUresult emu_fault_check(const char *func)
 	return CUDA_SUCCESS;
 }
 
+/* cuda.h, CUDA_ERROR_ILLEGAL_ADDRESS: "While executing a kernel, the device encountered a load
+ * or store instruction on an invalid memory address. This leaves the process in an
+ * inconsistent state and any further CUDA work will return the same error. To continue using
+ * CUDA, the process must be terminated and relaunched." */
+static CUresult sticky = CUDA_SUCCESS;
+
+void emu_set_sticky(CUresult r)
+{
+	__atomic_store_n(&sticky, r, __ATOMIC_RELEASE);
+}
+
 CUresult emu_enter(const char *func)
 {
+	CUresult r;
+
 	if (!emu_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
+	r = __atomic_load_n(&sticky, __ATOMIC_ACQUIRE);
+	if (r != CUDA_SUCCESS)
+		return r;
 	return emu_fault_check(func);
 }
 

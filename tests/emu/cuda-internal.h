@@ -47,6 +47,12 @@ CUresult emu_enter(const char *func);
 /* Only the fault check, for functions usable before cuInit. */
 CUresult emu_fault_check(const char *func);
 
+/* A kernel's illegal address (cuda-graph.c): while a host kernel runs, a failed
+ * belayer_emu_translate marks the launch faulted; the launch then makes the process's CUDA
+ * state sticky: every later entry point returns CUDA_ERROR_ILLEGAL_ADDRESS. */
+extern __thread bool emu_in_kernel, emu_kernel_faulted;
+void emu_set_sticky(CUresult r);
+
 extern bool emu_host_access; /* BELAYER_EMU_HOST_ACCESS=1: device VAs are host memory */
 bool emu_initialized(void);
 int emu_ndevices(void);

@@ -398,8 +398,12 @@ _public_ void *belayer_emu_translate(CUdeviceptr p, size_t len)
 {
 	void *h = emu_translate(p, len, false);
 
-	if (!h)
+	if (!h) {
 		errno = EFAULT;
+		/* In a kernel this is the load or store a GPU faults on (cuda-graph.c). */
+		if (emu_in_kernel)
+			emu_kernel_faulted = true;
+	}
 	return h;
 }
 

@@ -117,6 +117,50 @@ static void test_unknown_names(void **state)
 	assert_int_equal(cu.cuModuleUnload(m), CUDA_ERROR_INVALID_HANDLE);
 }
 
+/* In a child: the illegal address leaves the process's CUDA state unusable for good (cuda.h,
+ * CUDA_ERROR_ILLEGAL_ADDRESS: "any further CUDA work will return the same error"). */
+static int illegal_address_child(void *arg)
+{
+	const CUfunction *f = arg;
+	CUmemGenericAllocationHandle h;
+	CUdeviceptr ok, unmapped;
+	unsigned n = 16;
+	void *params[] = {&ok, &ok, &unmapped, &n};
+	char b[8];
+
+	CHILD_CU(cu.cuMemAlloc(&ok, 4096));
+	/* a reservation with nothing mapped: the GPU's MMU has no page for it */
+	CHILD_CU(cu.cuMemAddressReserve(&unmapped, 2u << 20, 0, 0, 0));
+	CHILD_CHECK(cu.cuLaunchKernel(*f, 1, 1, 1, 16, 1, 1, 0, NULL, params, NULL) ==
+		    CUDA_ERROR_ILLEGAL_ADDRESS);
+	/* sticky: unrelated later work fails the same way */
+	CHILD_CHECK(cu.cuMemcpyDtoH(b, ok, sizeof(b)) == CUDA_ERROR_ILLEGAL_ADDRESS);
+	CHILD_CHECK(cu.cuCtxSynchronize() == CUDA_ERROR_ILLEGAL_ADDRESS);
+	CHILD_CHECK(
+		cu.cuMemCreate(&h, 2u << 20,
+			       &(CUmemAllocationProp){
+				       .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+				       .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+			       },
+			       0) == CUDA_ERROR_ILLEGAL_ADDRESS);
+	return 0;
+}
+
+static void test_illegal_address_is_sticky(void **state)
+{
+	CUmodule m;
+	CUfunction f;
+	CUdeviceptr p;
+
+	CU_OK(cu.cuModuleLoadData(&m, ptx));
+	CU_OK(cu.cuModuleGetFunction(&f, m, "vec_add"));
+	assert_int_equal(test_wait_exit(test_fork(illegal_address_child, &f), 10000), 0);
+	/* the fault was the child's: this process is unaffected */
+	CU_OK(cu.cuMemAlloc(&p, 4096));
+	CU_OK(cu.cuMemFree(p));
+	CU_OK(cu.cuModuleUnload(m));
+}
+
 static void test_invalid_images(void **state)
 {
 	static const char elf[] = "\177ELF\2\1\1";
@@ -135,6 +179,7 @@ int main(void)
 		cmocka_unit_test_setup(test_library_kernel, setup),
 		cmocka_unit_test_setup(test_unknown_names, setup),
 		cmocka_unit_test_setup(test_invalid_images, setup),
+		cmocka_unit_test_setup(test_illegal_address_is_sticky, setup),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

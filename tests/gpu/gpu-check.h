@@ -25,30 +25,45 @@
 #define GPU_EXIT_NA 77
 
 /* Entry points the checks use, with the CUDA version of the cudaTypedefs.h prototype. */
-#define GPU_CU_FUNCS(X)                         \
-	X(cuInit, 2000)                         \
-	X(cuDriverGetVersion, 2020)             \
-	X(cuGetErrorName, 6000)                 \
-	X(cuDeviceGet, 2000)                    \
-	X(cuDeviceGetCount, 2000)               \
-	X(cuDeviceGetName, 2000)                \
-	X(cuDeviceGetUuid, 11040)               \
-	X(cuDeviceGetAttribute, 2000)           \
-	X(cuDevicePrimaryCtxRetain, 7000)       \
-	X(cuCtxSetCurrent, 4000)                \
-	X(cuCtxSynchronize, 2000)               \
-	X(cuMemcpyHtoD, 3020)                   \
-	X(cuMemcpyDtoH, 3020)                   \
-	X(cuMemGetAllocationGranularity, 10020) \
-	X(cuMemCreate, 10020)                   \
-	X(cuMemRelease, 10020)                  \
-	X(cuMemAddressReserve, 10020)           \
-	X(cuMemAddressFree, 10020)              \
-	X(cuMemMap, 10020)                      \
-	X(cuMemUnmap, 10020)                    \
-	X(cuMemSetAccess, 10020)                \
-	X(cuMemExportToShareableHandle, 10020)  \
-	X(cuMemImportFromShareableHandle, 10020)
+#define GPU_CU_FUNCS(X)                                  \
+	X(cuInit, 2000)                                  \
+	X(cuDriverGetVersion, 2020)                      \
+	X(cuGetErrorName, 6000)                          \
+	X(cuDeviceGet, 2000)                             \
+	X(cuDeviceGetCount, 2000)                        \
+	X(cuDeviceGetName, 2000)                         \
+	X(cuDeviceGetUuid, 11040)                        \
+	X(cuDeviceGetAttribute, 2000)                    \
+	X(cuDevicePrimaryCtxRetain, 7000)                \
+	X(cuCtxSetCurrent, 4000)                         \
+	X(cuCtxSynchronize, 2000)                        \
+	X(cuMemcpyHtoD, 3020)                            \
+	X(cuMemcpyDtoH, 3020)                            \
+	X(cuMemGetAllocationGranularity, 10020)          \
+	X(cuMemCreate, 10020)                            \
+	X(cuMemRelease, 10020)                           \
+	X(cuMemAddressReserve, 10020)                    \
+	X(cuMemAddressFree, 10020)                       \
+	X(cuMemMap, 10020)                               \
+	X(cuMemUnmap, 10020)                             \
+	X(cuMemSetAccess, 10020)                         \
+	X(cuMemExportToShareableHandle, 10020)           \
+	X(cuMemImportFromShareableHandle, 10020)         \
+	X(cuMemRetainAllocationHandle, 11000)            \
+	X(cuMemGetAllocationPropertiesFromHandle, 10020) \
+	X(cuMemcpyDtoDAsync, 3020)                       \
+	X(cuStreamCreate, 2000)                          \
+	X(cuStreamDestroy, 4000)                         \
+	X(cuStreamSynchronize, 2000)                     \
+	X(cuStreamBeginCapture, 10010)                   \
+	X(cuStreamEndCapture, 10000)                     \
+	X(cuGraphInstantiateWithFlags, 11040)            \
+	X(cuGraphLaunch, 10000)                          \
+	X(cuGraphExecDestroy, 10000)                     \
+	X(cuGraphDestroy, 10000)                         \
+	X(cuModuleLoadData, 2000)                        \
+	X(cuModuleGetFunction, 2000)                     \
+	X(cuLaunchKernel, 4000)
 
 #define GPU_CU_FIELD(name, ver) PFN_##name##_v##ver name;
 struct gpu_cu {

@@ -9,7 +9,11 @@
  * through emu-ctl after registering and expects that event; otherwise it expects the wait to
  * time out (a real XID arriving is reported, and fails the check: the device is unhealthy).
  *
- * Usage: gpu-nvml [--wait-ms N]
+ * --watch-xid SECONDS (experiment E6, tests/gpu/README.md): only registers every device for
+ * XID events, prints "watching", and prints each XID that arrives ("XID N on device I"),
+ * until the first one or SECONDS; exit 0 either way (the events are the answer).
+ *
+ * Usage: gpu-nvml [--wait-ms N] | --watch-xid SECONDS
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -146,6 +150,70 @@ static int match_cuda(char uuids[][NVML_DEVICE_UUID_V2_BUFFER_SIZE], unsigned n)
 	return matched == count ? count : -1;
 }
 
+/* --watch-xid: the XIDs of every device within seconds, ending at the first. */
+static int watch_xid(unsigned seconds)
+{
+	nvmlDevice_t devs[64];
+	nvmlEventSet_t set = NULL;
+	unsigned count = 0, registered = 0;
+	double end = gpu_now() + seconds;
+	nvmlReturn_t r;
+
+	if (nvml_open() < 0)
+		return 1;
+	r = nv.nvmlInit_v2();
+	if (r == NVML_SUCCESS)
+		r = nv.nvmlDeviceGetCount_v2(&count);
+	if (r == NVML_SUCCESS)
+		r = nv.nvmlEventSetCreate(&set);
+	if (r != NVML_SUCCESS) {
+		printf("summary: NVML init/count/event set: %s\n", nv_err(r));
+		return 1;
+	}
+	if (count > 64)
+		count = 64;
+	for (unsigned i = 0; i < count; i++) {
+		unsigned long long supported = 0;
+
+		if (nv.nvmlDeviceGetHandleByIndex_v2(i, &devs[i]) != NVML_SUCCESS) {
+			devs[i] = NULL;
+			continue;
+		}
+		if (nv.nvmlDeviceGetSupportedEventTypes(devs[i], &supported) == NVML_SUCCESS &&
+		    (supported & nvmlEventTypeXidCriticalError) &&
+		    nv.nvmlDeviceRegisterEvents(devs[i], nvmlEventTypeXidCriticalError, set) ==
+			    NVML_SUCCESS)
+			registered++;
+	}
+	printf("watching %u of %u devices for XID events for %u s\n", registered, count, seconds);
+	for (;;) {
+		nvmlEventData_t ev = {};
+		double left = end - gpu_now();
+
+		if (left <= 0) {
+			printf("summary: no XID event in %u s\n", seconds);
+			break;
+		}
+		r = nv.nvmlEventSetWait_v2(set, &ev, (unsigned)(left * 1000) + 1);
+		if (r == NVML_SUCCESS) {
+			unsigned idx = count;
+
+			for (unsigned i = 0; i < count; i++)
+				if (devs[i] == ev.device)
+					idx = i;
+			printf("summary: XID %llu on device %u\n", ev.eventData, idx);
+			break;
+		}
+		if (r != NVML_ERROR_TIMEOUT) {
+			printf("summary: nvmlEventSetWait_v2: %s\n", nv_err(r));
+			break;
+		}
+	}
+	(void)nv.nvmlEventSetFree(set);
+	(void)nv.nvmlShutdown();
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	char uuids[64][NVML_DEVICE_UUID_V2_BUFFER_SIZE];
@@ -161,8 +229,10 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc == 3 && strcmp(argv[1], "--wait-ms") == 0)
 		wait_ms = (unsigned)strtoul(argv[2], NULL, 10);
+	else if (argc == 3 && strcmp(argv[1], "--watch-xid") == 0)
+		return watch_xid((unsigned)strtoul(argv[2], NULL, 10));
 	else if (argc != 1) {
-		fprintf(stderr, "usage: gpu-nvml [--wait-ms N]\n");
+		fprintf(stderr, "usage: gpu-nvml [--wait-ms N] | --watch-xid SECONDS\n");
 		return 2;
 	}
 	if (nvml_open() < 0)

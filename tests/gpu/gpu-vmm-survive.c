@@ -16,11 +16,18 @@
  *   fd-only   the holder passes the fd on only after the exporter was killed and reaped:
  *             between the kill and the import, the fd in the holder is the only reference;
  *   imported  the importer imports, maps and verifies before the kill, closes its fd, and the
- *             holder exits: the importer's handle and mapping are the only references.
+ *             holder exits: the importer's handle and mapping are the only references;
+ *   fault     as fd-only, but the exporter is not killed: it dies of a GPU fault, as an engine
+ *             does (experiment E6 of the shim review). It launches a kernel that stores to a
+ *             reserved address with nothing mapped (a GPU MMU fault, Xid 31 on a real GPU),
+ *             gets the sticky error (cuda.h, CUDA_ERROR_ILLEGAL_ADDRESS: "any further CUDA
+ *             work will return the same error. To continue using CUDA, the process must be
+ *             terminated and relaunched") and exits.
  * After the kill the importer reads everything twice: at once, and again after a settle
  * delay, in case the driver tears a dead process's context down asynchronously.
  *
- * Usage: gpu-vmm-survive --case fd-only|imported [--size N[KMG]] [--settle-ms N] [--device N]
+ * Usage: gpu-vmm-survive --case fd-only|imported|fault [--size N[KMG]] [--settle-ms N]
+ *                        [--device N]
  */
 #include <errno.h>
 #include <getopt.h>
@@ -44,13 +51,35 @@ enum {
 	MSG_IMPORTED,  /* importer (case imported): imported, mapped, verified */
 	MSG_GO,	       /* coordinator: the exporter is dead and reaped */
 	MSG_FAIL,
+	MSG_FAULT, /* coordinator (case fault): fault now */
 };
+
+/* Exit status of an exporter that got the sticky error of its fault and exited. */
+#define EXIT_FAULTED 3
+
+/* The faulting kernel, PTX for any GPU since Volta (JIT-compiled by the driver): one 8-byte
+ * store to the address it is given. The emulator runs the host implementation registered
+ * under the same name (gpu-exp-kernels-host.c). */
+static const char fault_ptx[] = ".version 7.0\n"
+				".target sm_70\n"
+				".address_size 64\n"
+				".visible .entry belayer_gpu_fault_store(\n"
+				"\t.param .u64 belayer_gpu_fault_store_param_0\n"
+				")\n"
+				"{\n"
+				"\t.reg .b64 %rd<3>;\n"
+				"\tld.param.u64 %rd1, [belayer_gpu_fault_store_param_0];\n"
+				"\tcvta.to.global.u64 %rd2, %rd1;\n"
+				"\tst.global.u64 [%rd2], %rd1;\n"
+				"\tret;\n"
+				"}\n";
 
 #define STEP_TIMEOUT_MS 60000
 #define CONTROL_BYTES	(2u << 20) /* the smallest granularity: always within the allocation */
 
 struct opts {
 	bool fd_only;
+	bool fault;
 	uint64_t size;
 	unsigned settle_ms;
 	int dev;
@@ -78,6 +107,39 @@ static uint64_t ctl_wait(int ctl, int timeout_ms)
 	if (gpu_recv(ctl, timeout_ms, NULL, &v) < 0)
 		return MSG_FAIL;
 	return v;
+}
+
+/* Stores to a reserved address with nothing mapped; returns EXIT_FAULTED when the driver
+ * reported the fault, 1 otherwise. */
+static int fault_now(void)
+{
+	CUdeviceptr hole = 0;
+	CUmodule mod;
+	CUfunction f;
+	void *params[] = {&hole};
+	CUresult r, rs;
+
+	r = cu.cuMemAddressReserve(&hole, 2u << 20, 0, 0, 0);
+	if (r == CUDA_SUCCESS)
+		r = cu.cuModuleLoadData(&mod, fault_ptx);
+	if (r == CUDA_SUCCESS)
+		r = cu.cuModuleGetFunction(&f, mod, "belayer_gpu_fault_store");
+	if (r != CUDA_SUCCESS) {
+		printf("exporter: preparing the faulting kernel failed: %s\n", gpu_cu_name(r));
+		return 1;
+	}
+	r = cu.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+	rs = cu.cuCtxSynchronize();
+	printf("exporter: stored to reserved, unmapped 0x%llx: launch %s, cuCtxSynchronize %s, "
+	       "then a DtoD copy %s\n",
+	       (unsigned long long)hole, gpu_cu_name(r), gpu_cu_name(rs),
+	       gpu_cu_name(cu.cuMemcpyDtoDAsync(hole, hole, 8, NULL)));
+	if (r == CUDA_SUCCESS && rs == CUDA_SUCCESS) {
+		printf("exporter: the store did not fault\n");
+		return 1;
+	}
+	printf("exporter: exiting on the sticky error\n");
+	return EXIT_FAULTED;
 }
 
 static int exporter(void *arg)
@@ -146,8 +208,10 @@ static int exporter(void *arg)
 	       (int)getpid(), size, gran, (unsigned long long)va);
 	fflush(stdout);
 	ctl_send(p->ctl, MSG_READY);
-	/* Keeps the memory mapped until the coordinator kills this process. */
-	(void)ctl_wait(p->ctl, -1);
+	/* Keeps the memory mapped until the coordinator kills this process, or tells it to
+	 * fault. */
+	if (ctl_wait(p->ctl, -1) == MSG_FAULT)
+		return fault_now();
 	return 1;
 fail:
 	ctl_send(p->ctl, MSG_FAIL);
@@ -264,8 +328,8 @@ static int importer(void *arg)
 		if (verify(va, size, when) < 0)
 			return 1;
 	}
-	printf("summary: %" PRIu64 " bytes survived SIGKILL of the exporter (%s): 0 mismatches\n",
-	       size,
+	printf("summary: %" PRIu64 " bytes survived %s of the exporter (%s): 0 mismatches\n", size,
+	       o->fault ? "a GPU fault and exit" : "SIGKILL",
 	       o->fd_only ? "fd held only, imported after the kill"
 			  : "imported and mapped before the kill, no fd left");
 	return 0;
@@ -290,9 +354,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	while ((c = getopt_long(argc, argv, "", options, NULL)) >= 0) {
 		switch (c) {
 		case 'c':
-			if (strcmp(optarg, "fd-only") != 0 && strcmp(optarg, "imported") != 0)
+			if (strcmp(optarg, "fd-only") != 0 && strcmp(optarg, "imported") != 0 &&
+			    strcmp(optarg, "fault") != 0)
 				return -EINVAL;
-			o->fd_only = strcmp(optarg, "fd-only") == 0;
+			o->fault = strcmp(optarg, "fault") == 0;
+			o->fd_only = o->fault || strcmp(optarg, "fd-only") == 0;
 			have_case = true;
 			break;
 		case 's':
@@ -328,8 +394,8 @@ int main(int argc, char **argv)
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (parse_args(argc, argv, &o) < 0) {
-		fprintf(stderr, "usage: gpu-vmm-survive --case fd-only|imported [--size N[KMG]] "
-				"[--settle-ms N] [--device N]\n");
+		fprintf(stderr, "usage: gpu-vmm-survive --case fd-only|imported|fault "
+				"[--size N[KMG]] [--settle-ms N] [--device N]\n");
 		return 2;
 	}
 	seed = (uint64_t)time(NULL) * 0x100000001b3ull ^ (uint64_t)getpid();
@@ -337,8 +403,13 @@ int main(int argc, char **argv)
 		printf("summary: socketpair: %m\n");
 		return 1;
 	}
-	printf("case %s: %s\n", o.fd_only ? "fd-only" : "imported",
-	       o.fd_only
+	printf("case %s: %s\n",
+	       o.fault	   ? "fault"
+	       : o.fd_only ? "fd-only"
+			   : "imported",
+	       o.fault ? "the exporter dies of a GPU fault; between its exit and the import only "
+			 "the holder's fd references the memory"
+	       : o.fd_only
 		       ? "between the SIGKILL and the import only the holder's fd references "
 			 "the memory"
 		       : "at the SIGKILL only the importer's imported handle and mapping reference "
@@ -381,15 +452,28 @@ int main(int argc, char **argv)
 	}
 
 	t_kill = gpu_now();
-	(void)kill(pe, SIGKILL);
-	st = gpu_wait(pe, STEP_TIMEOUT_MS);
-	pe = -1;
-	if (st < 0 || !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
-		printf("summary: the exporter did not die of SIGKILL (status %d)\n", st);
-		goto out;
+	if (o.fault) {
+		ctl_send(ctl_e[0], MSG_FAULT);
+		st = gpu_wait(pe, STEP_TIMEOUT_MS);
+		pe = -1;
+		if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != EXIT_FAULTED) {
+			printf("summary: the exporter did not exit on a GPU fault (status %d)\n",
+			       st);
+			goto out;
+		}
+		printf("coordinator: exporter faulted, exited and was reaped in %.3f s\n",
+		       gpu_now() - t_kill);
+	} else {
+		(void)kill(pe, SIGKILL);
+		st = gpu_wait(pe, STEP_TIMEOUT_MS);
+		pe = -1;
+		if (st < 0 || !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
+			printf("summary: the exporter did not die of SIGKILL (status %d)\n", st);
+			goto out;
+		}
+		printf("coordinator: exporter killed with SIGKILL and reaped in %.3f s\n",
+		       gpu_now() - t_kill);
 	}
-	printf("coordinator: exporter killed with SIGKILL and reaped in %.3f s\n",
-	       gpu_now() - t_kill);
 	ctl_send(o.fd_only ? ctl_h[0] : ctl_i[0], MSG_GO);
 
 	if (ph > 0) {

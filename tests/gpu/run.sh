@@ -7,6 +7,9 @@
 # engine stand-in start on real kernels. With EMU=1 the same checks run against the emulated
 # stack of the meson build, so the script stays working in CI.
 #
+# The shim review's experiments E1-E8 have their own script, tests/gpu/experiments.sh (run it
+# first on a GPU: `experiments.sh --then-checks` runs these checks with the time left).
+#
 # Usage:
 #   tests/gpu/run.sh            run every check (EMU=1: on the emulated stack)
 #   tests/gpu/run.sh --bundle   (on the build machine) copy the shared libraries the built
@@ -328,7 +331,7 @@ build_check_programs() {
 	else
 		for p in "${CHECK_PROGRAMS[@]}"; do
 			if ! "$cc" -std=gnu11 -O2 -Wall -D_GNU_SOURCE -I"$inc" -I"$ROOT/common" \
-				-I"$GPU_DIR" -o "$BIN_DIR/$p" "$GPU_DIR/$p.c" "$GPU_DIR/gpu-check.c" \
+				-I"$ROOT/shim" -I"$GPU_DIR" -o "$BIN_DIR/$p" "$GPU_DIR/$p.c" "$GPU_DIR/gpu-check.c" \
 				-ldl >>"$log" 2>&1; then
 				BUILD_ERROR="compiling $p: $(grep -m1 'error' "$log" || tail -n1 "$log")"
 				break
@@ -703,10 +706,64 @@ http_post() {
 	exec {fd}<&-
 }
 
+# start_run TAG KERNEL_LIB: the work directory ($TMPDIR/TAG.XXXXXX), the signal traps and, with
+# EMU=1, the emulated stack's environment, its host kernels from KERNEL_LIB (also for
+# programs started later, such as the engine under belayer-bench recovery). Returns 1 when the
+# emulated stack is not built.
+start_run() {
+	WORK=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")
+	trap cleanup EXIT
+	trap 'on_signal TERM 15' TERM
+	trap 'on_signal INT 2' INT
+	trap 'on_signal HUP 1' HUP
+	[[ $EMU == 1 ]] || return 0
+	if [[ ! -e $BUILD/tests/emu/libcuda.so.1 || ! -e $2 ]]; then
+		echo "${0##*/}: EMU=1 needs the emulated stack and $2 in $BUILD (ninja -C $BUILD)" >&2
+		return 1
+	fi
+	export LD_LIBRARY_PATH=$BUILD/tests/emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+	export BELAYER_EMU_DIR=$WORK/emu EMU_CTL=$BUILD/tests/emu/emu-ctl
+	EMU_KERNELS=$2
+	export BELAYER_EMU_KERNELS=$EMU_KERNELS
+	mkdir -p "$BELAYER_EMU_DIR"
+}
+
+# start_results PREFIX TITLE: RESULTS_FILE (RESULTS, else $OUT/PREFIX-DATE-DEVICE.txt, else under
+# BUILD with EMU=1, else tests/gpu/), emptied, and its header lines.
+start_results() {
+	local device date commit
+	device=$(device_name)
+	date=$(date -u +%Y-%m-%d)
+	if [[ -n ${RESULTS:-} ]]; then
+		RESULTS_FILE=$RESULTS
+	elif [[ -n ${OUT:-} ]]; then
+		RESULTS_FILE=$OUT/$1-$date-$device.txt
+	elif [[ $EMU == 1 ]]; then
+		RESULTS_FILE=$BUILD/tests/gpu/$1-$date-$device.txt
+	else
+		RESULTS_FILE=$GPU_DIR/$1-$date-$device.txt
+	fi
+	mkdir -p "$(dirname "$RESULTS_FILE")"
+	: >"$RESULTS_FILE"
+
+	commit=$(git -C "$ROOT" describe --always --dirty 2>/dev/null ||
+		cat "$BUILD/gpu-bundle/commit" 2>/dev/null || echo unknown)
+	say "# Belayer $2, $(date -u '+%Y-%m-%d %H:%M UTC')"
+	say "# mode: $([[ $EMU == 1 ]] && echo "emulated stack ($BUILD/tests/emu)" || echo "real GPU")," \
+		"device: $device, host: $(uname -n), commit: $commit, build: $BUILD, deadline: ${DEADLINE_S}s"
+	if [[ $EMU != 1 ]] && command -v nvidia-smi >/dev/null; then
+		say "# driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null |
+			head -n1 || true), $(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' || true)," \
+			"GPUs: $(nvidia-smi -L 2>/dev/null | wc -l)"
+	fi
+	if [[ $EMU != 1 ]] && command -v python3 >/dev/null; then
+		say "# python: $(python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo "no torch")"
+	fi
+}
+
 # --- main -------------------------------------------------------------------------------------
 
 main() {
-	local device date commit
 	case ${1:-} in
 	--bundle)
 		bundle
@@ -723,52 +780,8 @@ main() {
 		;;
 	esac
 
-	WORK=$(mktemp -d "${TMPDIR:-/tmp}/belayer-gpu.XXXXXX")
-	trap cleanup EXIT
-	trap 'on_signal TERM 15' TERM
-	trap 'on_signal INT 2' INT
-	trap 'on_signal HUP 1' HUP
-	if [[ $EMU == 1 ]]; then
-		if [[ ! -e $BUILD/tests/emu/libcuda.so.1 ]]; then
-			echo "run.sh: EMU=1 needs the emulated stack in $BUILD/tests/emu (ninja -C $BUILD)" >&2
-			return 1
-		fi
-		export LD_LIBRARY_PATH=$BUILD/tests/emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-		export BELAYER_EMU_DIR=$WORK/emu EMU_CTL=$BUILD/tests/emu/emu-ctl
-		# The engine stand-in's kernels for the emulated driver (and for anything later that
-		# starts the engine, such as belayer-bench recovery).
-		EMU_KERNELS=$BUILD/$ENGINE_HOST_KERNELS
-		export BELAYER_EMU_KERNELS=$EMU_KERNELS
-		mkdir -p "$BELAYER_EMU_DIR"
-	fi
-
-	device=$(device_name)
-	date=$(date -u +%Y-%m-%d)
-	if [[ -n ${RESULTS:-} ]]; then
-		RESULTS_FILE=$RESULTS
-	elif [[ -n ${OUT:-} ]]; then
-		RESULTS_FILE=$OUT/results-$date-$device.txt
-	elif [[ $EMU == 1 ]]; then
-		RESULTS_FILE=$BUILD/tests/gpu/results-$date-$device.txt
-	else
-		RESULTS_FILE=$GPU_DIR/results-$date-$device.txt
-	fi
-	mkdir -p "$(dirname "$RESULTS_FILE")"
-	: >"$RESULTS_FILE"
-
-	commit=$(git -C "$ROOT" describe --always --dirty 2>/dev/null ||
-		cat "$BUILD/gpu-bundle/commit" 2>/dev/null || echo unknown)
-	say "# Belayer real-GPU checks (tests/gpu/run.sh), $(date -u '+%Y-%m-%d %H:%M UTC')"
-	say "# mode: $([[ $EMU == 1 ]] && echo "emulated stack ($BUILD/tests/emu)" || echo "real GPU")," \
-		"device: $device, host: $(uname -n), commit: $commit, build: $BUILD"
-	if [[ $EMU != 1 ]] && command -v nvidia-smi >/dev/null; then
-		say "# driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null |
-			head -n1 || true), $(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' || true)," \
-			"GPUs: $(nvidia-smi -L 2>/dev/null | wc -l)"
-	fi
-	if [[ $EMU != 1 ]] && command -v python3 >/dev/null; then
-		say "# python: $(python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo "no torch")"
-	fi
+	start_run belayer-gpu "$BUILD/$ENGINE_HOST_KERNELS" || return 1
+	start_results results "real-GPU checks (tests/gpu/run.sh)"
 
 	build_check_programs
 	build_project

@@ -18,29 +18,14 @@ import os
 import sys
 import time
 
+from receiver_log import announcements
+
 CLASSES = ("weights", "kv", "nccl", "other")
 
 
 def parse_receiver_log(path, pid):
     """Announced regions of process pid: a list of (va, size, class)."""
-    regions = []
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        return regions
-    for line in lines:
-        words = line.split()
-        if not words or words[0] != "announce":
-            continue
-        kv = dict(w.split("=", 1) for w in words[1:] if "=" in w)
-        try:
-            if int(kv.get("pid", "-1")) != pid:
-                continue
-            regions.append((int(kv["va"], 16), int(kv["size"]), kv.get("class", "?")))
-        except (KeyError, ValueError):
-            continue
-    return regions
+    return [(a["va"], a["size"], a.get("class", "?")) for a in announcements(path, pid)]
 
 
 def covered_bytes(start, size, regions):
