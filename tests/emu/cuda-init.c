@@ -328,6 +328,9 @@ static int attribute(CUdevice_attribute a, CUdevice dev)
 		return 2619000;
 	case CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES:
 		return CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	/* no NVLink switch: cuMulticast* answer CUDA_ERROR_NOT_SUPPORTED (cuda-multicast.c) */
+	case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED:
+		return 0;
 	default:
 		return 0; /* a valid attribute this emulator does not model */
 	}

@@ -163,6 +163,13 @@ static const struct entry table[] = {
 	E(cuMemGetAllocationPropertiesFromHandle, 10020, cuMemGetAllocationPropertiesFromHandle),
 	E(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle),
 
+	E(cuMulticastCreate, 12010, cuMulticastCreate),
+	E(cuMulticastAddDevice, 12010, cuMulticastAddDevice),
+	E(cuMulticastBindMem, 12010, cuMulticastBindMem),
+	E(cuMulticastBindAddr, 12010, cuMulticastBindAddr),
+	E(cuMulticastUnbind, 12010, cuMulticastUnbind),
+	E(cuMulticastGetGranularity, 12010, cuMulticastGetGranularity),
+
 	E(cuIpcGetMemHandle, 4010, cuIpcGetMemHandle),
 	E(cuIpcOpenMemHandle, 4010, cuIpcOpenMemHandle),
 	E(cuIpcOpenMemHandle, 11000, cuIpcOpenMemHandle_v2),

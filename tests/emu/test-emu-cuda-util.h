@@ -79,6 +79,8 @@
 	X(cuMemImportFromShareableHandle, 10020)         \
 	X(cuMemGetAllocationPropertiesFromHandle, 10020) \
 	X(cuMemRetainAllocationHandle, 11000)            \
+	X(cuMulticastCreate, 12010)                      \
+	X(cuMulticastBindMem, 12010)                     \
 	X(cuIpcGetMemHandle, 4010)                       \
 	X(cuIpcOpenMemHandle, 11000)                     \
 	X(cuIpcCloseMemHandle, 4010)                     \

@@ -343,6 +343,26 @@ static void test_unknown_handle_refused(void **state)
 	}
 }
 
+/* cuda.h 13.0, Multicast Object Management: support is the device attribute
+ * CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED; a device without it answers CUDA_ERROR_NOT_SUPPORTED.
+ * The entry points resolve (cuGetProcAddress found them: cu_api loads every entry by name). */
+static void test_multicast_not_supported(void **state)
+{
+	CUmulticastObjectProp mp = {.numDevices = 1,
+				    .size = GRAN,
+				    .handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR};
+	CUmemGenericAllocationHandle mc = 0, h;
+	int v = -1;
+
+	(void)state;
+	CU_OK(cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0));
+	assert_int_equal(v, 0);
+	assert_int_equal(cu.cuMulticastCreate(&mc, &mp), CUDA_ERROR_NOT_SUPPORTED);
+	CU_OK(cu_vmm_create(0, GRAN, true, &h));
+	assert_int_equal(cu.cuMulticastBindMem(mc, 0, h, 0, GRAN, 0), CUDA_ERROR_NOT_SUPPORTED);
+	CU_OK(cu.cuMemRelease(h));
+}
+
 static void test_mapping_alone_keeps_memory(void **state)
 {
 	CUmemGenericAllocationHandle h;
@@ -643,6 +663,7 @@ int main(void)
 		cmocka_unit_test_setup(test_release_while_mapped_keeps_memory, setup),
 		cmocka_unit_test_setup(test_export_requires_requested_type, setup),
 		cmocka_unit_test_setup(test_unknown_handle_refused, setup),
+		cmocka_unit_test_setup(test_multicast_not_supported, setup),
 		cmocka_unit_test_setup(test_mapping_alone_keeps_memory, setup),
 		cmocka_unit_test_setup(test_exported_fd_maps_same_bytes, setup),
 		cmocka_unit_test_setup(test_memory_survives_exporter_sigkill, setup),
