@@ -115,7 +115,7 @@ static void abort_during_a_call(void **state)
 	ncclComm_t comm = fake_comm(1);
 
 	(void)state;
-	assert_true(nccl_comm_created(comm, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 1, 0, 2));
+	assert_true(nccl_comm_created(comm, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 1, 0, 2, false));
 	c = counters_of(newest_id());
 	nccl_op_begin(comm, NCCL_OP_ALL_REDUCE, 4096, false, &t);
 	assert_int_equal(__atomic_load_n(&c->in_call, __ATOMIC_ACQUIRE), 1);
@@ -126,7 +126,7 @@ static void abort_during_a_call(void **state)
 	nccl_op_end(&t, NULL, ncclSuccess);
 	assert_int_equal(__atomic_load_n(&c->in_call, __ATOMIC_ACQUIRE), 0);
 	/* The same with a failed call, and a call begun after the abort is not tracked. */
-	assert_true(nccl_comm_created(comm, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 2, 0, 2));
+	assert_true(nccl_comm_created(comm, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 2, 0, 2, false));
 	nccl_op_begin(comm, NCCL_OP_ALL_REDUCE, 4096, false, &t);
 	nccl_comm_gone(comm, NCCL_END_ABORT);
 	nccl_op_end(&t, NULL, ncclRemoteError);
@@ -142,8 +142,8 @@ static void abort_inside_a_group(void **state)
 	ncclComm_t a = fake_comm(3), b = fake_comm(4);
 
 	(void)state;
-	assert_true(nccl_comm_created(a, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 3, 0, 2));
-	assert_true(nccl_comm_created(b, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 4, 0, 2));
+	assert_true(nccl_comm_created(a, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 3, 0, 2, false));
+	assert_true(nccl_comm_created(b, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 4, 0, 2, false));
 	nccl_group_start();
 	/* Two communicators in one group: the second replaces the first in the lookup cache,
 	 * and the entry deferred to ncclGroupEnd must still hold the first. */
@@ -155,7 +155,7 @@ static void abort_inside_a_group(void **state)
 	nccl_comm_gone(b, NCCL_END_DESTROY);
 	nccl_group_end(ncclSuccess);
 	nccl_group_start();
-	assert_true(nccl_comm_created(a, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 5, 0, 2));
+	assert_true(nccl_comm_created(a, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 5, 0, 2, false));
 	nccl_op_begin(a, NCCL_OP_SEND, 64, true, &t[0]);
 	nccl_op_end(&t[0], NULL, ncclSuccess);
 	nccl_comm_gone(a, NCCL_END_ABORT);
@@ -171,11 +171,11 @@ static void address_reused(void **state)
 	ncclComm_t comm = fake_comm(6);
 
 	(void)state;
-	assert_true(nccl_comm_created(comm, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 6, 0, 2));
+	assert_true(nccl_comm_created(comm, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 6, 0, 2, false));
 	nccl_op_begin(comm, NCCL_OP_ALL_REDUCE, 8, false, &t);
 	nccl_op_end(&t, NULL, ncclSuccess);
 	nccl_comm_gone(comm, NCCL_END_DESTROY);
-	assert_true(nccl_comm_created(comm, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 7, 0, 2));
+	assert_true(nccl_comm_created(comm, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 7, 0, 2, false));
 	c = counters_of(newest_id());
 	nccl_op_begin(comm, NCCL_OP_ALL_REDUCE, 8, false, &t);
 	nccl_op_end(&t, NULL, ncclSuccess);
@@ -203,7 +203,7 @@ static void thread_exit_drops_its_cache(void **state)
 	ncclComm_t comm = fake_comm(8);
 
 	(void)state;
-	assert_true(nccl_comm_created(comm, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 8, 0, 2));
+	assert_true(nccl_comm_created(comm, NULL, NCCL_ORIGIN_INIT_RANK, NULL, 8, 0, 2, false));
 	assert_int_equal(pthread_create(&th, NULL, one_call, comm), 0);
 	assert_int_equal(pthread_join(th, NULL), 0);
 }
