@@ -470,23 +470,29 @@ bool nccl_comm_polled(ncclComm_t comm, ncclResult_t state)
 	if (state == ncclInProgress || __atomic_load_n(&n_splits, __ATOMIC_ACQUIRE) == 0)
 		return false;
 	pthread_mutex_lock(&lock);
-	for (size_t i = 0; i < n_splits; i++)
-		if (splits[i].parent == comm) {
-			found[n] = splits[i];
-			/* NCCL stored it (atomically) before the parent left ncclInProgress. */
-			child[n++] = state == ncclSuccess
-					     ? __atomic_load_n(splits[i].newcomm, __ATOMIC_ACQUIRE)
-					     : NULL;
+	for (size_t i = 0; i < n_splits;) {
+		/* NCCL stored it (atomically) before the parent left ncclInProgress. A caller
+		 * may also wait for *newcomm to be set and poll the child itself (PyTorch's
+		 * waitReady polls the communicator it holds): that child is taken too. */
+		ncclComm_t c = __atomic_load_n(splits[i].newcomm, __ATOMIC_ACQUIRE);
+
+		if (splits[i].parent != comm && (!comm || c != comm)) {
+			i++;
+			continue;
 		}
-	splits_drop_locked(comm);
+		found[n] = splits[i];
+		child[n++] = state == ncclSuccess || splits[i].parent != comm ? c : NULL;
+		splits[i] = splits[n_splits - 1];
+		__atomic_store_n(&n_splits, n_splits - 1, __ATOMIC_RELEASE);
+	}
 	pthread_mutex_unlock(&lock);
 	/* The child finished its init inside the parent's job, but its own state is asked
 	 * again before its identity (in_progress): a library that says ncclInProgress a little
 	 * longer for it costs one poll. */
 	for (size_t i = 0; i < n; i++)
 		if (child[i])
-			tracked = nccl_comm_created(child[i], NULL, found[i].origin, comm,
-						    found[i].salt, -1, -1, true) ||
+			tracked = nccl_comm_created(child[i], NULL, found[i].origin,
+						    found[i].parent, found[i].salt, -1, -1, true) ||
 				  tracked;
 	return tracked;
 }

@@ -32,8 +32,10 @@ bool nccl_initall_created(ncclComm_t *comms, int n);
  * storage is alive while it polls for it). */
 void nccl_split_pending(ncclComm_t parent, ncclComm_t *newcomm, enum nccl_origin origin,
 			uint64_t salt);
-/* ncclCommGetAsyncError(comm) just said state, in a caller's thread. Returns whether a child
- * communicator became tracked (the caller starts the connection then). */
+/* ncclCommGetAsyncError(comm) just said state, in a caller's thread: comm is the parent of a
+ * pending split (its children are taken on ncclSuccess) or a child NCCL already stored.
+ * Returns whether a child communicator became tracked (the caller starts the connection
+ * then). */
 bool nccl_comm_polled(ncclComm_t comm, ncclResult_t state);
 /* Before the real Finalize/Destroy/Abort: finalize marks it; destroy/abort stop the shim's
  * own calls on it (the poller's ncclCommGetAsyncError) and end the record once the real call

@@ -362,6 +362,18 @@ static void nonblocking_init_and_split(void **state)
 	/* Polled again: the split was taken once. */
 	assert_false(nccl_comm_polled(comm, ncclSuccess));
 	nccl_comm_gone(child, NCCL_END_DESTROY);
+
+	/* A caller that polls the child NCCL stored, not the parent. */
+	child = NULL;
+	nccl_split_pending(comm, &child, NCCL_ORIGIN_SPLIT, 8);
+	child = fake_comm(13);
+	before = __atomic_load_n(&announced, __ATOMIC_ACQUIRE);
+	assert_true(nccl_comm_polled(child, ncclSuccess));
+	assert_true(announced_reaches(before + 1));
+	assert_true(nccl_build_comm(newest_id(), &m));
+	assert_int_equal(m.nccl_comm.parent_id, parent_id);
+	(void)close(m.nccl_comm.fd);
+	nccl_comm_gone(child, NCCL_END_DESTROY);
 	nccl_comm_gone(comm, NCCL_END_DESTROY);
 }
 
