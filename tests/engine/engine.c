@@ -570,12 +570,16 @@ int main(int argc, char **argv)
 	if (e.o.tp > 1) {
 		ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
 
-		config.blocking = e.o.nccl_nonblocking ? 0 : 1;
-		nr = gpu.ncclCommInitRankConfig(&e.m.comm, (int)e.o.tp, e.o.tp_id, (int)e.o.rank,
-						&config);
+		/* Blocking by default, made the way vLLM's pynccl makes it. */
+		config.blocking = 0;
+		nr = e.o.nccl_nonblocking
+			     ? gpu.ncclCommInitRankConfig(&e.m.comm, (int)e.o.tp, e.o.tp_id,
+							  (int)e.o.rank, &config)
+			     : gpu.ncclCommInitRank(&e.m.comm, (int)e.o.tp, e.o.tp_id,
+						    (int)e.o.rank);
 		nr = gpu_nccl_wait(e.m.comm, nr);
 		if (nr != ncclSuccess) {
-			r = log_error_errno(-EIO, "ncclCommInitRankConfig failed: %s",
+			r = log_error_errno(-EIO, "Creating the TP communicator failed: %s",
 					    gpu.ncclGetErrorString(nr));
 			goto fail;
 		}
