@@ -174,7 +174,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
 		return ncclSystemError;
 	r = real(comm, nranks, commId, rank);
 	if (created(r) && comm &&
-	    nccl_comm_created(*comm, &commId, NCCL_ORIGIN_INIT_RANK, NULL, 0, rank, nranks))
+	    nccl_comm_created(*comm, &commId, NCCL_ORIGIN_INIT_RANK, NULL, 0, rank, nranks,
+			      r == ncclInProgress))
 		conn_start();
 	return r;
 }
@@ -188,8 +189,11 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId c
 	if (!real)
 		return ncclSystemError;
 	r = real(comm, nranks, commId, rank, config);
+	/* Nonblocking (config->blocking = 0): the handle is returned at once, ncclInProgress,
+	 * and NCCL refuses to say its rank or size until its init is done. */
 	if (created(r) && comm &&
-	    nccl_comm_created(*comm, &commId, NCCL_ORIGIN_INIT_RANK_CONFIG, NULL, 0, rank, nranks))
+	    nccl_comm_created(*comm, &commId, NCCL_ORIGIN_INIT_RANK_CONFIG, NULL, 0, rank, nranks,
+			      r == ncclInProgress))
 		conn_start();
 	return r;
 }
@@ -208,6 +212,24 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist)
 	return r;
 }
 
+/* After a split/shrink returned r. A nonblocking parent's returns ncclInProgress with
+ * *newcomm NULL: "*newcomm should be NCCL_COMM_NULL until comm split fully complete"
+ * (NCCL's init.cc); the child is taken when the parent says ncclSuccess (ncclCommGetAsyncError
+ * below). */
+static void split_made(ncclResult_t r, ncclComm_t parent, ncclComm_t *newcomm,
+		       enum nccl_origin origin, uint64_t salt)
+{
+	if (!created(r) || !newcomm)
+		return;
+	if (*newcomm) {
+		if (nccl_comm_created(*newcomm, NULL, origin, parent, salt, -1, -1,
+				      r == ncclInProgress))
+			conn_start();
+	} else if (r == ncclInProgress) {
+		nccl_split_pending(parent, newcomm, origin, salt);
+	}
+}
+
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
 			   ncclConfig_t *config)
 {
@@ -220,10 +242,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
 	/* Every rank of the parent takes part, in the same order: the ordinal is common. */
 	ord = nccl_comm_next_split(comm);
 	r = real(comm, color, key, newcomm, config);
-	if (created(r) && newcomm && *newcomm &&
-	    nccl_comm_created(*newcomm, NULL, NCCL_ORIGIN_SPLIT, comm,
-			      (ord << 32) ^ (uint64_t)(uint32_t)color, -1, -1))
-		conn_start();
+	split_made(r, comm, newcomm, NCCL_ORIGIN_SPLIT, (ord << 32) ^ (uint64_t)(uint32_t)color);
 	return r;
 }
 
@@ -241,9 +260,7 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
 	salt = ord << 32;
 	for (int i = 0; excludeRanksList && i < excludeRanksCount; i++)
 		salt = salt * 31 + (uint64_t)(uint32_t)excludeRanksList[i] + 1;
-	if (created(r) && newcomm && *newcomm &&
-	    nccl_comm_created(*newcomm, NULL, NCCL_ORIGIN_SHRINK, comm, salt, -1, -1))
-		conn_start();
+	split_made(r, comm, newcomm, NCCL_ORIGIN_SHRINK, salt);
 	return r;
 }
 
@@ -264,6 +281,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
 
 	if (!real)
 		return ncclSystemError;
+	nccl_comm_ending(comm, NCCL_END_DESTROY);
 	r = real(comm);
 	nccl_comm_gone(comm, NCCL_END_DESTROY);
 	return r;
@@ -276,8 +294,25 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
 
 	if (!real)
 		return ncclSystemError;
+	nccl_comm_ending(comm, NCCL_END_ABORT);
 	r = real(comm);
 	nccl_comm_gone(comm, NCCL_END_ABORT);
+	return r;
+}
+
+/* The caller polls a nonblocking communicator (NCCL requires it after ncclInProgress): when a
+ * parent says ncclSuccess, the children of its splits are in the caller's *newcomm. The
+ * shim's own calls (shim_busy) pass straight through. */
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
+{
+	__typeof__(&ncclCommGetAsyncError) real = REAL_NCCL(ncclCommGetAsyncError);
+	ncclResult_t r;
+
+	if (!real)
+		return ncclSystemError;
+	r = real(comm, asyncError);
+	if (r == ncclSuccess && asyncError && !shim_busy && nccl_comm_polled(comm, *asyncError))
+		conn_start();
 	return r;
 }
 

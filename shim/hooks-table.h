@@ -150,7 +150,9 @@
 	  (comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags))               \
 	X(ncclCommFinalize, ncclResult_t, (ncclComm_t comm), (comm))                               \
 	X(ncclCommDestroy, ncclResult_t, (ncclComm_t comm), (comm))                                \
-	X(ncclCommAbort, ncclResult_t, (ncclComm_t comm), (comm))
+	X(ncclCommAbort, ncclResult_t, (ncclComm_t comm), (comm))                                  \
+	X(ncclCommGetAsyncError, ncclResult_t, (ncclComm_t comm, ncclResult_t * asyncError),       \
+	  (comm, asyncError))
 
 /* Symbols exported besides the hooks: the tagging API (belayer.h) and dlsym itself. */
 #define BELAYER_EXTRA_EXPORTS(X) \

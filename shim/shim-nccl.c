@@ -23,6 +23,17 @@
  * A stream being captured into a CUDA graph gets no event (recording one would put it into
  * the graph, and the capture's replays are invisible to us): such operations count as issued
  * and, at once, complete ("untracked").
+ *
+ * Nonblocking communicators (config.blocking = 0, review B4): a call that returns
+ * ncclInProgress has not necessarily put its kernels on the stream yet, so an event recorded
+ * then could fire before them. Its ring entry waits instead ("wait"), and the poller asks
+ * ncclCommGetAsyncError: once it says ncclSuccess the work is on the stream (NCCL: "Before
+ * the state becomes ncclSuccess, do not issue CUDA kernels on streams used by NCCL"), and the
+ * event is recorded there; an error means the work will never run (untracked). Likewise a
+ * communicator whose init returned ncclInProgress answers no query (ncclCommEnsureReady):
+ * its rank, size and device are asked, and it is announced, once it says ncclSuccess. A
+ * split of a nonblocking parent gets its child only when done (NCCL stores *newcomm then):
+ * the caller's own ncclCommGetAsyncError on the parent takes it (nccl_comm_polled).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -47,12 +58,21 @@
 #define MAX_COMMS   256
 #define MAX_PENDING 4096 /* events in flight per communicator; beyond: untracked */
 #define MAX_DEFER   1024 /* operations of one ncclGroupStart/End section */
+#define MAX_SPLITS  64	 /* nonblocking splits in progress */
+
+enum pend_kind {
+	PEND_EVENT,	/* ev recorded after the operation */
+	PEND_WAIT,	/* NCCL may not have enqueued it yet: no event so far */
+	PEND_UNTRACKED, /* no event will come: complete once it reaches the head */
+};
 
 struct pend {
 	CUevent ev;
 	CUcontext ctx;
+	CUstream stream; /* PEND_WAIT: where the event goes */
 	uint64_t seq;
 	bool p2p;
+	uint8_t kind;
 };
 
 struct spare {
@@ -71,8 +91,20 @@ struct rec {
 	size_t head, count;
 	struct spare *spares;
 	size_t n_spares;
-	bool gone;     /* out of the table (destroyed or aborted); under the lock */
-	unsigned refs; /* atomic: see "Lifetime" above */
+	size_t n_waiting;  /* PEND_WAIT entries in ring */
+	bool init_pending; /* init returned ncclInProgress, not yet seen ncclSuccess */
+	bool announced;	   /* the supervisor was told of it */
+	bool ending;	   /* inside ncclCommDestroy/Abort: the shim calls NCCL on it no more */
+	bool gone;	   /* out of the table (destroyed or aborted); under the lock */
+	unsigned refs;	   /* atomic: see "Lifetime" above */
+};
+
+/* A split of a nonblocking parent whose child NCCL has yet to store into *newcomm. */
+struct split_wait {
+	ncclComm_t parent;
+	ncclComm_t *newcomm;
+	enum nccl_origin origin;
+	uint64_t salt;
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -83,6 +115,8 @@ static uint64_t next_id = 1, initall_calls;
 static bool poller_started;
 static long poll_us = 500;
 static bool track_on = true; /* BELAYER_NCCL_TRACK=0: no records (measures the counters' cost) */
+static struct split_wait splits[MAX_SPLITS];
+static size_t n_splits; /* under the lock; read without it (atomic) by nccl_comm_polled */
 
 struct defer {
 	struct rec *rec;
@@ -113,6 +147,7 @@ static struct {
 	ncclResult_t (*ncclCommUserRank)(const ncclComm_t, int *);
 	ncclResult_t (*ncclCommCount)(const ncclComm_t, int *);
 	ncclResult_t (*ncclCommCuDevice)(const ncclComm_t, int *);
+	ncclResult_t (*ncclCommGetAsyncError)(ncclComm_t, ncclResult_t *);
 } fn = {.once = PTHREAD_ONCE_INIT};
 
 static void rec_put(struct rec *r);
@@ -148,6 +183,7 @@ static void resolve(void)
 	N(ncclCommUserRank);
 	N(ncclCommCount);
 	N(ncclCommCuDevice);
+	N(ncclCommGetAsyncError);
 #undef N
 	shim_busy--;
 }
@@ -242,26 +278,17 @@ static void start_poller_locked(void)
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-/* Adds the record of comm with this hash (parent_id 0: none). Returns whether the shim tracks
- * communicators (the caller then makes sure the connection runs, even if this one record
- * could not be made). */
-static bool comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nccl_origin origin,
-		     int rank, int nranks)
+/* With shim_busy held: comm's rank, size and CUDA device from the library (-1 where it
+ * does not answer; a rank or size already known is kept); the device falls back to the
+ * current context's. */
+static void identify(ncclComm_t comm, int32_t *rank, int32_t *nranks, int32_t *dev)
 {
-	struct nccl_counters *ctr = NULL;
-	struct rec *r;
-	int v, fd;
+	int v;
 
-	if (!comm)
-		return false;
-	(void)pthread_once(&fn.once, resolve);
-	if (!track_on)
-		return false;
-	shim_busy++;
-	if (rank < 0 && fn.ncclCommUserRank && fn.ncclCommUserRank(comm, &v) == ncclSuccess)
-		rank = v;
-	if (nranks < 0 && fn.ncclCommCount && fn.ncclCommCount(comm, &v) == ncclSuccess)
-		nranks = v;
+	if (*rank < 0 && fn.ncclCommUserRank && fn.ncclCommUserRank(comm, &v) == ncclSuccess)
+		*rank = v;
+	if (*nranks < 0 && fn.ncclCommCount && fn.ncclCommCount(comm, &v) == ncclSuccess)
+		*nranks = v;
 	v = -1;
 	if (fn.ncclCommCuDevice && fn.ncclCommCuDevice(comm, &v) != ncclSuccess)
 		v = -1;
@@ -270,7 +297,39 @@ static bool comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nc
 		if (real_extra()->cuCtxGetDevice(&d) == CUDA_SUCCESS)
 			v = (int)d;
 	}
-	shim_busy--;
+	*dev = v;
+}
+
+/* What the record says when the library did not tell: rank 0 of 1. */
+static void identity_defaults(struct rec *r)
+{
+	if (r->rank < 0)
+		r->rank = 0;
+	if (r->nranks < 1)
+		r->nranks = 1;
+}
+
+/* Adds the record of comm with this hash (parent_id 0: none). Returns whether the shim tracks
+ * communicators (the caller then makes sure the connection runs, even if this one record
+ * could not be made). in_progress: see nccl_comm_created. */
+static bool comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nccl_origin origin,
+		     int rank, int nranks, bool in_progress)
+{
+	struct nccl_counters *ctr = NULL;
+	struct rec *r;
+	int32_t rk = rank, nr = nranks, dev = -1;
+	int fd;
+
+	if (!comm)
+		return false;
+	(void)pthread_once(&fn.once, resolve);
+	if (!track_on)
+		return false;
+	if (!in_progress) {
+		shim_busy++;
+		identify(comm, &rk, &nr, &dev);
+		shim_busy--;
+	}
 	fd = counters_create(&ctr);
 	if (fd < 0) {
 		log_debug("No counters for a communicator (%d), not tracking it.", fd);
@@ -295,9 +354,9 @@ static bool comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nc
 		return true;
 	}
 	r->comm = comm;
-	r->rank = rank < 0 ? 0 : rank;
-	r->nranks = nranks < 1 ? 1 : nranks;
-	r->dev = v;
+	r->rank = rk;
+	r->nranks = nr;
+	r->dev = dev;
 	r->origin = origin;
 	r->memfd = fd;
 	r->ctr = ctr;
@@ -305,16 +364,23 @@ static bool comm_add(ncclComm_t comm, uint64_t hash, uint64_t parent_id, enum nc
 	r->parent_id = parent_id;
 	r->id = next_id++;
 	r->refs = 1; /* the table's */
+	r->init_pending = in_progress;
+	r->announced = !in_progress;
+	if (!in_progress)
+		identity_defaults(r);
 	recs[n_recs++] = r;
 	__atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
 	start_poller_locked();
+	if (in_progress)
+		pthread_cond_signal(&wake);
 	pthread_mutex_unlock(&lock);
-	announce(CONN_NCCL_COMM, r->id);
+	if (!in_progress)
+		announce(CONN_NCCL_COMM, r->id);
 	return true;
 }
 
 bool nccl_comm_created(ncclComm_t comm, const ncclUniqueId *uid, enum nccl_origin origin,
-		       ncclComm_t parent, uint64_t salt, int rank, int nranks)
+		       ncclComm_t parent, uint64_t salt, int rank, int nranks, bool in_progress)
 {
 	uint64_t h = FNV_INIT, parent_id = 0;
 	struct rec *p;
@@ -330,7 +396,7 @@ bool nccl_comm_created(ncclComm_t comm, const ncclUniqueId *uid, enum nccl_origi
 		h = fnv1a(h, uid->internal, sizeof(uid->internal));
 	h = fnv1a(h, &salt, sizeof(salt));
 	h = fnv1a(h, &origin, sizeof(origin));
-	return comm_add(comm, h, parent_id, origin, rank, nranks);
+	return comm_add(comm, h, parent_id, origin, rank, nranks, in_progress);
 }
 
 bool nccl_initall_created(ncclComm_t *comms, int n)
@@ -345,7 +411,7 @@ bool nccl_initall_created(ncclComm_t *comms, int n)
 	pthread_mutex_unlock(&lock);
 	h = fnv1a(fnv1a(h, &pid, sizeof(pid)), &k, sizeof(k));
 	for (int i = 0; i < n; i++)
-		tracked = comm_add(comms[i], h, 0, NCCL_ORIGIN_INIT_ALL, i, n) || tracked;
+		tracked = comm_add(comms[i], h, 0, NCCL_ORIGIN_INIT_ALL, i, n, false) || tracked;
 	return tracked;
 }
 
@@ -362,6 +428,75 @@ uint64_t nccl_comm_next_split(ncclComm_t parent)
 	return n;
 }
 
+void nccl_split_pending(ncclComm_t parent, ncclComm_t *newcomm, enum nccl_origin origin,
+			uint64_t salt)
+{
+	bool full;
+
+	(void)pthread_once(&fn.once, resolve);
+	if (!track_on || !parent || !newcomm)
+		return;
+	pthread_mutex_lock(&lock);
+	full = n_splits == MAX_SPLITS;
+	if (!full) {
+		splits[n_splits] = (struct split_wait){
+			.parent = parent, .newcomm = newcomm, .origin = origin, .salt = salt};
+		__atomic_store_n(&n_splits, n_splits + 1, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&lock);
+	if (full)
+		log_debug("Too many nonblocking splits in progress, not tracking one more.");
+}
+
+/* With the lock held: forgets the pending splits of parent. */
+static void splits_drop_locked(ncclComm_t parent)
+{
+	for (size_t i = 0; i < n_splits;)
+		if (splits[i].parent == parent) {
+			splits[i] = splits[n_splits - 1];
+			__atomic_store_n(&n_splits, n_splits - 1, __ATOMIC_RELEASE);
+		} else {
+			i++;
+		}
+}
+
+bool nccl_comm_polled(ncclComm_t comm, ncclResult_t state)
+{
+	struct split_wait found[MAX_SPLITS];
+	ncclComm_t child[MAX_SPLITS];
+	size_t n = 0;
+	bool tracked = false;
+
+	if (state == ncclInProgress || __atomic_load_n(&n_splits, __ATOMIC_ACQUIRE) == 0)
+		return false;
+	pthread_mutex_lock(&lock);
+	for (size_t i = 0; i < n_splits;) {
+		/* NCCL stored it (atomically) before the parent left ncclInProgress. A caller
+		 * may also wait for *newcomm to be set and poll the child itself (PyTorch's
+		 * waitReady polls the communicator it holds): that child is taken too. */
+		ncclComm_t c = __atomic_load_n(splits[i].newcomm, __ATOMIC_ACQUIRE);
+
+		if (splits[i].parent != comm && (!comm || c != comm)) {
+			i++;
+			continue;
+		}
+		found[n] = splits[i];
+		child[n++] = state == ncclSuccess || splits[i].parent != comm ? c : NULL;
+		splits[i] = splits[n_splits - 1];
+		__atomic_store_n(&n_splits, n_splits - 1, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&lock);
+	/* The child finished its init inside the parent's job, but its own state is asked
+	 * again before its identity (in_progress): a library that says ncclInProgress a little
+	 * longer for it costs one poll. */
+	for (size_t i = 0; i < n; i++)
+		if (child[i])
+			tracked = nccl_comm_created(child[i], NULL, found[i].origin,
+						    found[i].parent, found[i].salt, -1, -1, true) ||
+				  tracked;
+	return tracked;
+}
+
 void nccl_comm_ending(ncclComm_t comm, enum nccl_end how)
 {
 	struct rec *r;
@@ -371,8 +506,15 @@ void nccl_comm_ending(ncclComm_t comm, enum nccl_end how)
 	r = find_locked(comm);
 	if (r && how == NCCL_END_FINALIZE) {
 		__atomic_store_n(&r->ctr->state, NCCL_COMM_FINALIZED, __ATOMIC_RELEASE);
-		id = r->id;
+		if (r->announced)
+			id = r->id;
+	} else if (r) {
+		/* The poller asks the library about it under this lock: from now on it does
+		 * not, so it never asks about a communicator being freed. */
+		r->ending = true;
 	}
+	if (how != NCCL_END_FINALIZE)
+		splits_drop_locked(comm);
 	pthread_mutex_unlock(&lock);
 	if (id)
 		announce(CONN_NCCL_FINALIZE, id);
@@ -390,14 +532,18 @@ static void rec_retire_locked(struct rec *r)
 		}
 	__atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
 	shim_busy++;
-	for (size_t i = 0; i < r->count; i++)
-		if (fn.cuEventDestroy)
-			(void)fn.cuEventDestroy(r->ring[(r->head + i) % MAX_PENDING].ev);
+	for (size_t i = 0; i < r->count; i++) {
+		struct pend *p = &r->ring[(r->head + i) % MAX_PENDING];
+
+		if (p->kind == PEND_EVENT && fn.cuEventDestroy)
+			(void)fn.cuEventDestroy(p->ev);
+	}
 	for (size_t i = 0; i < r->n_spares; i++)
 		if (fn.cuEventDestroy)
 			(void)fn.cuEventDestroy(r->spares[i].ev);
 	shim_busy--;
-	r->count = r->n_spares = 0;
+	r->count = r->n_spares = r->n_waiting = 0;
+	r->init_pending = false;
 	(void)safe_close(r->memfd);
 	r->memfd = -EBADF;
 }
@@ -423,7 +569,8 @@ void nccl_comm_gone(ncclComm_t comm, enum nccl_end how)
 	r = find_locked(comm);
 	if (r) {
 		__atomic_store_n(&r->ctr->state, NCCL_COMM_ENDED, __ATOMIC_RELEASE);
-		id = r->id;
+		if (r->announced)
+			id = r->id;
 		rec_retire_locked(r);
 	}
 	pthread_mutex_unlock(&lock);
@@ -482,6 +629,42 @@ static void complete_locked(struct rec *r, uint64_t seq, bool p2p)
 		__atomic_store_n(c, seq, __ATOMIC_RELEASE);
 	if (!p2p)
 		__atomic_store_n(&r->ctr->complete_ns, now_ns(), __ATOMIC_RELEASE);
+}
+
+/* An operation the library may not have put on its stream yet (the call returned
+ * ncclInProgress): a PEND_WAIT entry, for the poller. */
+static void track_later(struct rec *r, uint64_t seq, bool p2p, cudaStream_t stream)
+{
+	CUcontext ctx = NULL;
+
+	(void)pthread_once(&fn.once, resolve);
+	shim_busy++;
+	if (!fn.cuCtxGetCurrent || fn.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS)
+		ctx = NULL;
+	shim_busy--;
+	pthread_mutex_lock(&lock);
+	if (r->gone) {
+		pthread_mutex_unlock(&lock);
+		return;
+	}
+	if (ctx && r->count < MAX_PENDING && fn.ncclCommGetAsyncError) {
+		r->ring[(r->head + r->count) % MAX_PENDING] =
+			(struct pend){.ctx = ctx,
+				      .stream = (CUstream)stream,
+				      .seq = seq,
+				      .p2p = p2p,
+				      .kind = PEND_WAIT};
+		r->count++;
+		r->n_waiting++;
+		pthread_cond_signal(&wake);
+	} else {
+		__atomic_add_fetch(&r->ctr->untracked, 1, __ATOMIC_RELAXED);
+		if (r->count == 0)
+			complete_locked(r, seq, p2p);
+		else if (r->ring[(r->head + r->count - 1) % MAX_PENDING].p2p == p2p)
+			r->ring[(r->head + r->count - 1) % MAX_PENDING].seq = seq;
+	}
+	pthread_mutex_unlock(&lock);
 }
 
 /* Records the completion event of one operation on stream. */
@@ -591,6 +774,11 @@ void nccl_op_end(const struct nccl_op_ticket *t, cudaStream_t stream, ncclResult
 		rec_put(r);
 		return;
 	}
+	if (group_depth == 0 && res == ncclInProgress) {
+		track_later(r, t->seq, t->p2p, stream);
+		rec_put(r);
+		return;
+	}
 	if (group_depth > 0) {
 		/* Launched by the outermost ncclGroupEnd: the event is recorded after it. */
 		if (!deferred)
@@ -619,8 +807,10 @@ void nccl_group_end(ncclResult_t res)
 	for (size_t i = 0; i < n_deferred; i++) {
 		struct defer *d = &deferred[i];
 
-		if (res == ncclSuccess || res == ncclInProgress)
+		if (res == ncclSuccess)
 			track(d->rec, d->seq, d->p2p, d->stream);
+		else if (res == ncclInProgress)
+			track_later(d->rec, d->seq, d->p2p, d->stream);
 		else {
 			pthread_mutex_lock(&lock);
 			if (!d->rec->gone && d->rec->count == 0)
@@ -632,34 +822,129 @@ void nccl_group_end(ncclResult_t res)
 	n_deferred = 0;
 }
 
-/* One pass over every communicator's oldest events. Returns whether any is still pending. */
-static bool poll_once_locked(CUcontext *cur)
+/* With the lock held, in the poller: an event for the waiting entry p, recorded on its stream
+ * now that the library has put the operation there. false: none (the stream is being
+ * captured, or a call failed): p completes untracked. */
+static bool record_late_locked(struct rec *r, struct pend *p, CUcontext *cur)
+{
+	CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
+	struct spare ev = {.ctx = p->ctx};
+	bool have = false;
+
+	if (p->ctx != *cur) {
+		if (!real_extra()->cuCtxSetCurrent ||
+		    real_extra()->cuCtxSetCurrent(p->ctx) != CUDA_SUCCESS)
+			return false;
+		*cur = p->ctx;
+	}
+	/* Recording into a capture would put the event into the graph (see the top). */
+	if (!fn.cuStreamIsCapturing || !fn.cuEventRecord ||
+	    fn.cuStreamIsCapturing(p->stream, &cap) != CUDA_SUCCESS ||
+	    cap != CU_STREAM_CAPTURE_STATUS_NONE)
+		return false;
+	for (size_t i = r->n_spares; i-- > 0;)
+		if (r->spares[i].ctx == p->ctx) {
+			ev = r->spares[i];
+			r->spares[i] = r->spares[--r->n_spares];
+			have = true;
+			break;
+		}
+	if (!have && fn.cuEventCreate &&
+	    fn.cuEventCreate(&ev.ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS)
+		have = true;
+	if (!have)
+		return false;
+	if (fn.cuEventRecord(ev.ev, p->stream) != CUDA_SUCCESS) {
+		if (r->n_spares < MAX_PENDING)
+			r->spares[r->n_spares++] = ev;
+		else if (fn.cuEventDestroy)
+			(void)fn.cuEventDestroy(ev.ev);
+		return false;
+	}
+	p->ev = ev.ev;
+	return true;
+}
+
+/* With the lock held, in the poller: asks the library how r's nonblocking work stands. On
+ * ncclSuccess a pending init gets its identity (and *ret_announce is set), waiting entries
+ * their events; on an error neither will come. Returns whether r is still in progress. */
+static bool settle_locked(struct rec *r, CUcontext *cur, bool *ret_announce)
+{
+	ncclResult_t st = ncclInProgress;
+
+	*ret_announce = false;
+	if (r->ending || (!r->init_pending && r->n_waiting == 0))
+		return false;
+	if (!fn.ncclCommGetAsyncError)
+		st = ncclSuccess; /* a library without it: its calls never return ncclInProgress */
+	else if (fn.ncclCommGetAsyncError(r->comm, &st) != ncclSuccess)
+		st = ncclInvalidArgument;
+	if (st == ncclInProgress)
+		return true;
+	if (r->init_pending) {
+		r->init_pending = false;
+		if (st == ncclSuccess) {
+			identify(r->comm, &r->rank, &r->nranks, &r->dev);
+			identity_defaults(r);
+			r->announced = *ret_announce = true;
+		} else {
+			log_debug("A nonblocking communicator failed to initialise (%d), not "
+				  "announcing it.",
+				  (int)st);
+		}
+	}
+	for (size_t i = 0; i < r->count && r->n_waiting > 0; i++) {
+		struct pend *p = &r->ring[(r->head + i) % MAX_PENDING];
+
+		if (p->kind != PEND_WAIT)
+			continue;
+		r->n_waiting--;
+		p->kind = st == ncclSuccess && record_late_locked(r, p, cur) ? PEND_EVENT
+									     : PEND_UNTRACKED;
+	}
+	return false;
+}
+
+/* One pass over every communicator's oldest events. Returns whether any is still pending;
+ * the records that became announceable are added to ann (n_ann of them). */
+static bool poll_once_locked(CUcontext *cur, uint64_t *ann, size_t *n_ann)
 {
 	bool pending = false;
 
 	for (size_t i = 0; i < n_recs; i++) {
 		struct rec *r = recs[i];
+		bool a;
 
+		if (settle_locked(r, cur, &a))
+			pending = true;
+		if (a)
+			ann[(*n_ann)++] = r->id;
 		while (r->count > 0) {
 			struct pend *p = &r->ring[r->head];
-			CUresult q;
+			CUresult q = CUDA_SUCCESS;
 
-			if (p->ctx != *cur && real_extra()->cuCtxSetCurrent &&
-			    real_extra()->cuCtxSetCurrent(p->ctx) == CUDA_SUCCESS)
-				*cur = p->ctx;
-			q = fn.cuEventQuery ? fn.cuEventQuery(p->ev) : CUDA_SUCCESS;
-			if (q == CUDA_ERROR_NOT_READY) {
+			if (p->kind == PEND_WAIT) {
 				pending = true;
 				break;
 			}
-			/* Done, or an error (a failed context): either way it will not complete
-			 * later, and a stuck counter would read as a hang. */
-			if (q != CUDA_SUCCESS)
+			if (p->kind == PEND_EVENT) {
+				if (p->ctx != *cur && real_extra()->cuCtxSetCurrent &&
+				    real_extra()->cuCtxSetCurrent(p->ctx) == CUDA_SUCCESS)
+					*cur = p->ctx;
+				q = fn.cuEventQuery ? fn.cuEventQuery(p->ev) : CUDA_SUCCESS;
+				if (q == CUDA_ERROR_NOT_READY) {
+					pending = true;
+					break;
+				}
+			}
+			/* Done, or an error (a failed context), or no event: either way it will
+			 * not complete later, and a stuck counter would read as a hang. */
+			if (q != CUDA_SUCCESS || p->kind == PEND_UNTRACKED)
 				__atomic_add_fetch(&r->ctr->untracked, 1, __ATOMIC_RELAXED);
 			complete_locked(r, p->seq, p->p2p);
-			if (r->n_spares < MAX_PENDING)
+			if (p->kind == PEND_EVENT && r->n_spares < MAX_PENDING)
 				r->spares[r->n_spares++] = (struct spare){p->ev, p->ctx};
-			else if (fn.cuEventDestroy)
+			else if (p->kind == PEND_EVENT && fn.cuEventDestroy)
 				(void)fn.cuEventDestroy(p->ev);
 			r->head = (r->head + 1) % MAX_PENDING;
 			r->count--;
@@ -671,16 +956,28 @@ static bool poll_once_locked(CUcontext *cur)
 static void *poller(void *arg)
 {
 	CUcontext cur = NULL;
+	uint64_t ann[MAX_COMMS];
 
 	(void)arg;
 	shim_busy++; /* everything this thread calls is the shim's own */
 	capture_relax_thread();
 	pthread_mutex_lock(&lock);
 	for (;;) {
-		if (!poll_once_locked(&cur)) {
+		size_t n_ann = 0;
+		bool pending = poll_once_locked(&cur, ann, &n_ann);
+
+		if (n_ann > 0) {
+			/* The connection's lock comes before ours: never taken under it. */
+			pthread_mutex_unlock(&lock);
+			for (size_t i = 0; i < n_ann; i++)
+				announce(CONN_NCCL_COMM, ann[i]);
+			pthread_mutex_lock(&lock);
+		}
+		if (!pending) {
 			bool any = false;
 			for (size_t i = 0; i < n_recs && !any; i++)
-				any = recs[i]->count > 0;
+				any = recs[i]->count > 0 ||
+				      (recs[i]->init_pending && !recs[i]->ending);
 			if (!any)
 				pthread_cond_wait(&wake, &lock);
 			continue;
@@ -703,7 +1000,7 @@ bool nccl_build_comm(uint64_t id, struct proto_msg *ret)
 
 	pthread_mutex_lock(&lock);
 	r = find_id_locked(id);
-	if (r && !r->gone) {
+	if (r && !r->gone && r->announced) {
 		int fd = fcntl(r->memfd, F_DUPFD_CLOEXEC, 3);
 
 		if (fd >= 0) {
@@ -764,6 +1061,7 @@ void nccl_reset_after_fork(void)
 	pthread_mutex_init(&lock, NULL);
 	pthread_cond_init(&wake, NULL);
 	n_recs = 0;
+	n_splits = 0;
 	generation++;
 	cached_comm = NULL;
 	cached_rec = NULL; /* its reference is leaked with it */

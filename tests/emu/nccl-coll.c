@@ -61,9 +61,10 @@ struct group {
 	struct nccl_op *ops;
 	size_t n, cap;
 	ncclResult_t error; /* first error of a call inside the group */
+	int blocking;	    /* of its communicators: 1, 0, or -1 while it has none */
 };
 
-static __thread struct group group;
+static __thread struct group group = {.blocking = -1};
 
 #define WAIT_SLICE_MS 10
 
@@ -447,6 +448,16 @@ bool nccl_in_group(void)
 
 static int group_append(const struct nccl_op *op)
 {
+	int blocking = nccl_comm_blocking(op->comm);
+
+	/* group.cc: "Blocking and nonblocking communicators are not allowed in the same
+	 * group." */
+	if (group.blocking >= 0 && group.blocking != blocking) {
+		nccl_set_last_error("Blocking and nonblocking communicators are not allowed in the "
+				    "same group");
+		return -EINVAL;
+	}
+	group.blocking = blocking;
 	if (group.n == group.cap) {
 		size_t cap = group.cap ? 2 * group.cap : 16;
 		struct nccl_op *ops = reallocarray(group.ops, cap, sizeof(*ops));
@@ -508,7 +519,39 @@ static void replay_op(void *arg)
 				    op.comm->rank, r);
 }
 
-/* Validates, then runs now, captures it, or queues it for ncclGroupEnd. */
+/* The operations of a nonblocking call (nccl-async.c): ops[0..n) then n, in one block. */
+struct ops_job {
+	struct nccl_op *ops;
+	size_t n;
+};
+
+static void *nccl_job_ops(struct nccl_op *ops, size_t n)
+{
+	struct ops_job *j = malloc(sizeof(*j));
+
+	if (j)
+		*j = (struct ops_job){.ops = ops, .n = n};
+	return j;
+}
+
+static int job_run(void *arg)
+{
+	const struct ops_job *j = arg;
+
+	return run_ops(j->ops, j->n);
+}
+
+static void job_free(void *arg, int r)
+{
+	struct ops_job *j = arg;
+
+	(void)r;
+	free(j->ops);
+	free(j);
+}
+
+/* Validates, then runs now (a nonblocking communicator: on a job thread), captures it, or
+ * queues it for ncclGroupEnd. */
 static ncclResult_t submit(struct nccl_op *op, size_t send_elems, size_t recv_elems)
 {
 	struct ncclComm *c = op->comm;
@@ -518,6 +561,8 @@ static ncclResult_t submit(struct nccl_op *op, size_t send_elems, size_t recv_el
 		nccl_set_last_error("invalid communicator");
 		return group_fail(ncclInvalidArgument);
 	}
+	if (nccl_comm_ensure_ready(c) < 0)
+		return group_fail(ncclInvalidArgument);
 	if (!c->initialized && !nccl_in_group()) {
 		nccl_set_last_error("communicator not initialized");
 		return group_fail(ncclInvalidUsage);
@@ -558,7 +603,7 @@ static ncclResult_t submit(struct nccl_op *op, size_t send_elems, size_t recv_el
 	}
 	if (nccl_in_group()) {
 		r = group_append(op);
-		return r < 0 ? group_fail(ncclSystemError) : ncclSuccess;
+		return r < 0 ? group_fail(nccl_result_from_errno(r)) : ncclSuccess;
 	}
 	if (nccl_cuda_capturing(op->stream)) {
 		/* NCCL's kernels are captured into the stream's graph and run at every replay;
@@ -573,6 +618,22 @@ static ncclResult_t submit(struct nccl_op *op, size_t send_elems, size_t recv_el
 		if (r < 0)
 			free(copy);
 		return nccl_result_from_errno(r);
+	}
+	if (!nccl_comm_blocking(c)) {
+		struct nccl_op *copy = malloc(sizeof(*copy));
+		void *job = copy ? nccl_job_ops(copy, 1) : NULL;
+
+		if (!job) {
+			free(copy);
+			return ncclSystemError;
+		}
+		*copy = *op;
+		r = nccl_async_launch(&c, 1, job_run, job_free, job);
+		if (r < 0) {
+			job_free(job, r);
+			return ncclSystemError;
+		}
+		return ncclInProgress;
 	}
 	return nccl_result_from_errno(run_ops(op, 1));
 }
@@ -745,6 +806,51 @@ _public_ ncclResult_t ncclGroupStart(void)
 }
 NCCL_ALIAS(ncclGroupStart);
 
+/* The distinct communicators of ops[0..n), into ret (n entries at most); how many. */
+static size_t ops_comms(const struct nccl_op *ops, size_t n, struct ncclComm **ret)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		size_t j = 0;
+
+		while (j < k && ret[j] != ops[i].comm)
+			j++;
+		if (j == k)
+			ret[k++] = ops[i].comm;
+	}
+	return k;
+}
+
+/* A group of nonblocking communicators: its operations run on a job thread and ncclGroupEnd
+ * returns ncclInProgress (group.cc launches the group job of a nonblocking group on a thread
+ * and returns ncclInProgress). */
+static ncclResult_t group_end_async(void)
+{
+	struct nccl_op *ops = malloc(group.n * sizeof(*ops));
+	struct ncclComm **comms = malloc(group.n * sizeof(*comms));
+	void *job;
+	int r = -ENOMEM;
+
+	if (ops && comms) {
+		memcpy(ops, group.ops, group.n * sizeof(*ops));
+		job = nccl_job_ops(ops, group.n);
+		if (job) {
+			r = nccl_async_launch(comms, ops_comms(ops, group.n, comms), job_run,
+					      job_free, job);
+			if (r < 0)
+				job_free(job, r);
+			ops = NULL; /* the job's, or freed with it */
+		}
+	}
+	free(comms);
+	if (r < 0) {
+		free(ops);
+		return ncclSystemError;
+	}
+	return ncclInProgress;
+}
+
 /* Runs what the outermost group queued. After an error inside the group nothing runs, and
  * communicators whose initialization was queued are released (NCCL fails the whole group). */
 _public_ ncclResult_t ncclGroupEnd(void)
@@ -760,7 +866,11 @@ _public_ ncclResult_t ncclGroupEnd(void)
 	if (--group.depth > 0)
 		return ncclSuccess;
 	res = group.error;
-	if (res == ncclSuccess && group.n > 0) {
+	if (res == ncclSuccess && group.n > 0 && group.blocking == 0) {
+		res = group_end_async();
+		if (res == ncclInProgress)
+			goto out;
+	} else if (res == ncclSuccess && group.n > 0) {
 		r = run_ops(group.ops, group.n);
 		res = nccl_result_from_errno(r);
 	}
@@ -768,8 +878,10 @@ _public_ ncclResult_t ncclGroupEnd(void)
 		if (res != ncclSuccess && group.ops[i].kind == OP_INIT &&
 		    !group.ops[i].comm->initialized && r != -ECANCELED)
 			nccl_comm_release(group.ops[i].comm);
+out:
 	group.n = 0;
 	group.error = ncclSuccess;
+	group.blocking = -1;
 	return res;
 }
 NCCL_ALIAS(ncclGroupEnd);

@@ -206,12 +206,20 @@ static bool config_valid(const ncclConfig_t *config)
 	       (config->magic == 0xcafebeef && config->size >= offsetof(ncclConfig_t, blocking));
 }
 
+static int init_run(void *arg)
+{
+	return nccl_group_run_init(arg);
+}
+
 /* Creates rank's communicator on dev. Inside a group its rendezvous is deferred to
  * ncclGroupEnd, where the ranks this thread creates progress together (nccl.h: "Both
  * collective communication and ncclCommInitRank can be used in conjunction of
- * ncclGroupStart/ncclGroupEnd"). */
+ * ncclGroupStart/ncclGroupEnd"). Async (a nonblocking config, outside a group): the handle is
+ * returned at once, with ncclInProgress, and the rendezvous runs on a job thread (NCCL's
+ * ncclCommInitRankDev hands out the new communicator before its init job has run; ncclComm
+ * queries refuse it until then, ncclCommEnsureReady). */
 static ncclResult_t comm_init(ncclComm_t *ret, int nranks, const uint8_t *nonce, int rank, int dev,
-			      const ncclConfig_t *config)
+			      const ncclConfig_t *config, bool async)
 {
 	struct ncclComm *comm;
 	int r;
@@ -227,6 +235,15 @@ static ncclResult_t comm_init(ncclComm_t *ret, int nranks, const uint8_t *nonce,
 		}
 		*ret = comm;
 		return ncclSuccess;
+	}
+	if (async) {
+		r = nccl_async_launch(&comm, 1, init_run, NULL, comm);
+		if (r < 0) {
+			nccl_comm_release(comm);
+			return ncclSystemError;
+		}
+		*ret = comm;
+		return ncclInProgress;
 	}
 	r = nccl_group_run_init(comm);
 	if (r < 0) {
@@ -262,7 +279,9 @@ static ncclResult_t init_rank_checked(ncclComm_t *comm, int nranks, const ncclUn
 	r = nccl_cuda_current_device(&dev);
 	if (r < 0)
 		return nccl_result_from_errno(r);
-	return comm_init(comm, nranks, nonce, rank, dev, config);
+	return comm_init(comm, nranks, nonce, rank, dev, config,
+			 config && config->size > offsetof(ncclConfig_t, blocking) &&
+				 config->blocking == 0);
 }
 
 _public_ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId comm_id,
@@ -306,7 +325,8 @@ _public_ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *de
 	if (res != ncclSuccess)
 		return res;
 	for (int i = 0; i < ndev && res == ncclSuccess; i++)
-		res = comm_init(&comms[i], ndev, id_nonce(&id), i, devlist ? devlist[i] : i, NULL);
+		res = comm_init(&comms[i], ndev, id_nonce(&id), i, devlist ? devlist[i] : i, NULL,
+				false);
 	end = ncclGroupEnd();
 	return res != ncclSuccess ? res : end;
 }
@@ -335,47 +355,133 @@ static void split_nonce(const struct ncclComm *parent, int color, uint8_t ret[NC
 	memcpy(ret + 8, &b, 8);
 }
 
+/* The split's agreement over the parent (every rank of it takes part, NOCOLOR too): the
+ * child's rendezvous name, this rank's place in it and its size. */
+static int split_agree(struct ncclComm *comm, int color, int key,
+		       uint8_t ret_nonce[NCCL_EMU_NONCE_BYTES], int *ret_rank, int *ret_n)
+{
+	_cleanup_free_ int32_t *all = calloc((size_t)comm->nranks * 2, sizeof(*all));
+	int32_t mine[2] = {color, key};
+	int r;
+
+	if (!all)
+		return -ENOMEM;
+	r = nccl_split_exchange(comm, mine, all);
+	if (r < 0)
+		return r;
+	split_nonce(comm, color, ret_nonce);
+	comm->nsplits++;
+	*ret_rank = *ret_n = 0;
+	for (int i = 0; i < comm->nranks; i++) {
+		if (all[2 * i] != color)
+			continue;
+		(*ret_n)++;
+		if (all[2 * i + 1] < key || (all[2 * i + 1] == key && i < comm->rank))
+			(*ret_rank)++;
+	}
+	return 0;
+}
+
+/* A split of a nonblocking parent, on a job thread. */
+struct split_job {
+	struct ncclComm *parent, *child; /* child: NULL for NCCL_SPLIT_NOCOLOR */
+	ncclComm_t *newcomm;
+	int color, key;
+};
+
+static int split_run(void *arg)
+{
+	struct split_job *s = arg;
+	uint8_t nonce[NCCL_EMU_NONCE_BYTES];
+	int rank, n, r;
+
+	r = split_agree(s->parent, s->color, s->key, nonce, &rank, &n);
+	if (r < 0 || !s->child)
+		return r;
+	s->child->nranks = n;
+	s->child->rank = rank;
+	memcpy(s->child->nonce, nonce, sizeof(nonce));
+	return nccl_group_run_init(s->child);
+}
+
+/* NCCL's init job stores the child into *newcomm when it ends, failed or not (a failed one
+ * carries its error), before the parent's state leaves ncclInProgress. */
+static void split_finish(void *arg, int r)
+{
+	struct split_job *s = arg;
+
+	(void)r;
+	if (s->child)
+		__atomic_store_n(s->newcomm, s->child, __ATOMIC_RELEASE);
+	free(s);
+}
+
+static ncclResult_t split_async(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+				const ncclConfig_t *config)
+{
+	struct split_job *s = calloc(1, sizeof(*s));
+	struct ncclComm *comms[2] = {comm, NULL};
+	int r;
+
+	if (!s)
+		return ncclSystemError;
+	*s = (struct split_job){.parent = comm, .newcomm = newcomm, .color = color, .key = key};
+	if (color != NCCL_SPLIT_NOCOLOR) {
+		s->child = nccl_comm_new(0, 0, comm->dev, comm->nonce, config);
+		if (!s->child) {
+			free(s);
+			return ncclSystemError;
+		}
+		comms[1] = s->child;
+	}
+	r = nccl_async_launch(comms, s->child ? 2 : 1, split_run, split_finish, s);
+	if (r < 0) {
+		if (s->child)
+			nccl_comm_release(s->child);
+		free(s);
+		return ncclSystemError;
+	}
+	return ncclInProgress;
+}
+
 /* nccl.h: "Ranks with the same color will end up in the same communicator. Within the new
  * communicator, key will be used to order ranks" (ties by parent rank, as NCCL orders them).
  * "NCCL_SPLIT_NOCOLOR ... will therefore return a NULL communicator." "If config is NULL,
- * the new communicator will inherit the original communicator's configuration." */
+ * the new communicator will inherit the original communicator's configuration."
+ * A nonblocking parent: the split is a job of the parent (NCCL's ncclCommInitChildComm
+ * launches it with ncclAsyncLaunch(..., comm)), so it returns ncclInProgress, the parent
+ * reports ncclInProgress until the child is made, and "*newcomm should be NCCL_COMM_NULL
+ * until comm split fully complete" (init.cc): the job stores it then. */
 _public_ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
 				    ncclConfig_t *config)
 {
-	_cleanup_free_ int32_t *all = NULL;
 	uint8_t nonce[NCCL_EMU_NONCE_BYTES];
-	int32_t mine[2] = {color, key};
 	int newrank = 0, newn = 0;
 	int r;
 
 	FAULT_POINT("ncclCommSplit");
-	if (!nccl_comm_valid(comm) || !comm->initialized || !newcomm ||
-	    (color < 0 && color != NCCL_SPLIT_NOCOLOR) || !config_valid(config))
+	if (!nccl_comm_valid(comm) || !newcomm || (color < 0 && color != NCCL_SPLIT_NOCOLOR) ||
+	    !config_valid(config))
+		return ncclInvalidArgument;
+	r = nccl_comm_ensure_ready(comm);
+	if (r < 0)
+		return nccl_result_from_errno(r);
+	if (!comm->initialized)
 		return ncclInvalidArgument;
 	if (nccl_in_group()) {
 		nccl_set_last_error("ncclCommSplit inside a group is not emulated");
 		return ncclInvalidUsage;
 	}
-	all = calloc((size_t)comm->nranks * 2, sizeof(*all));
-	if (!all)
-		return ncclSystemError;
-	r = nccl_split_exchange(comm, mine, all);
+	*newcomm = NULL;
+	if (!nccl_comm_blocking(comm))
+		return split_async(comm, color, key, newcomm, config ? config : &comm->config);
+	r = split_agree(comm, color, key, nonce, &newrank, &newn);
 	if (r < 0)
 		return nccl_result_from_errno(r);
-	split_nonce(comm, color, nonce);
-	comm->nsplits++;
-	if (color == NCCL_SPLIT_NOCOLOR) {
-		*newcomm = NULL;
+	if (color == NCCL_SPLIT_NOCOLOR)
 		return ncclSuccess;
-	}
-	for (int i = 0; i < comm->nranks; i++) {
-		if (all[2 * i] != color)
-			continue;
-		newn++;
-		if (all[2 * i + 1] < key || (all[2 * i + 1] == key && i < comm->rank))
-			newrank++;
-	}
-	return comm_init(newcomm, newn, nonce, newrank, comm->dev, config ? config : &comm->config);
+	return comm_init(newcomm, newn, nonce, newrank, comm->dev, config ? config : &comm->config,
+			 false);
 }
 NCCL_ALIAS(ncclCommSplit);
 
@@ -456,6 +562,10 @@ _public_ ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
 	FAULT_POINT("ncclCommCount");
 	if (!nccl_comm_valid(comm) || !count)
 		return ncclInvalidArgument;
+	/* "init thread must be joined before we access the attributes of comm"
+	 * (init.cc): ncclCommEnsureReady. */
+	if (nccl_comm_ensure_ready(comm) < 0)
+		return ncclInvalidArgument;
 	*count = comm->nranks;
 	return ncclSuccess;
 }
@@ -466,6 +576,10 @@ _public_ ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device)
 	FAULT_POINT("ncclCommCuDevice");
 	if (!nccl_comm_valid(comm) || !device)
 		return ncclInvalidArgument;
+	/* "init thread must be joined before we access the attributes of comm"
+	 * (init.cc): ncclCommEnsureReady. */
+	if (nccl_comm_ensure_ready(comm) < 0)
+		return ncclInvalidArgument;
 	*device = comm->dev;
 	return ncclSuccess;
 }
@@ -475,6 +589,10 @@ _public_ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
 {
 	FAULT_POINT("ncclCommUserRank");
 	if (!nccl_comm_valid(comm) || !rank)
+		return ncclInvalidArgument;
+	/* "init thread must be joined before we access the attributes of comm"
+	 * (init.cc): ncclCommEnsureReady. */
+	if (nccl_comm_ensure_ready(comm) < 0)
 		return ncclInvalidArgument;
 	*rank = comm->rank;
 	return ncclSuccess;

@@ -165,6 +165,19 @@ struct ncclComm *nccl_comm_new(int nranks, int rank, int dev,
 			       const ncclConfig_t *config);
 void nccl_comm_release(struct ncclComm *comm);
 
+/* nccl-async.c: nonblocking communicators. Runs run(arg) on a thread of its own, then
+ * finish(arg, its result) (either may be NULL); until then comms[0..n) report ncclInProgress
+ * and count as in use (inflight). 0 or -errno (nothing started). */
+int nccl_async_launch(struct ncclComm *const *comms, size_t n, int (*run)(void *arg),
+		      void (*finish)(void *arg, int r), void *arg);
+/* ncclCommEnsureReady: -EINVAL (with the last error set) while comm's previous nonblocking
+ * operation is in progress, else 0. */
+int nccl_comm_ensure_ready(const struct ncclComm *comm);
+static inline bool nccl_comm_blocking(const struct ncclComm *comm)
+{
+	return comm->config.blocking != 0; /* NCCL_CONFIG_UNDEF_INT too: blocking by default */
+}
+
 /* nccl.h declares both nccl* and pnccl* (the profiling names): one body, two exports. */
 #define NCCL_ALIAS(name) \
 	extern __typeof__(name) p##name __attribute__((alias(#name), visibility("default")))

@@ -29,6 +29,7 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "emu-state.h"
@@ -1032,6 +1033,176 @@ static ncclComm_t solo_comm(void)
 	return comm_init(1, &id, 0);
 }
 
+/* ---- nonblocking communicators (config.blocking = 0) ---- */
+
+/* Polls ncclCommGetAsyncError until it leaves ncclInProgress, as NCCL asks ("users must query
+ * the communicator state until it becomes ncclSuccess before calling another NCCL
+ * function"); bounded. Returns the state. */
+static ncclResult_t nb_wait(ncclComm_t comm)
+{
+	ncclResult_t st = ncclInProgress;
+
+	for (int i = 0; i < 20000 && st == ncclInProgress; i++) {
+		NCCL_OK(api.CommGetAsyncError(comm, &st));
+		if (st == ncclInProgress)
+			(void)poll(NULL, 0, 1);
+	}
+	return st;
+}
+
+static ncclResult_t nb_state(ncclComm_t comm)
+{
+	ncclResult_t st = ncclSuccess;
+
+	NCCL_OK(api.CommGetAsyncError(comm, &st));
+	return st;
+}
+
+/* Rank 0 checks each state while rank 1 holds back (a gate), so "still in progress" is a
+ * fact, not a race: nothing can complete before rank 1 takes part. */
+static void rank_nonblocking(int rank, int n, const ncclUniqueId *id, void *arg)
+{
+	struct sync_pipes *sp = arg;
+	ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+	ncclComm_t comm = NULL, solo = NULL, sub = (ncclComm_t)1;
+	int32_t v = rank + 1, *buf = dev_alloc(sizeof(v));
+	int count = -1, urank = -1, dev = -1;
+	char c = 'g';
+
+	config.blocking = 0;
+	if (rank == 1)
+		CHECK(read(sp->go[0], &c, 1) == 1);
+	CHECK(api.CommInitRankConfig(&comm, n, *id, rank, &config) == ncclInProgress);
+	CHECK(comm != NULL);
+	if (rank == 0) {
+		/* Init waits for rank 1: every query is refused meanwhile (ncclCommEnsureReady). */
+		CHECK(nb_state(comm) == ncclInProgress);
+		CHECK(api.CommCount(comm, &count) == ncclInvalidArgument);
+		CHECK(api.CommUserRank(comm, &urank) == ncclInvalidArgument);
+		CHECK(api.CommCuDevice(comm, &dev) == ncclInvalidArgument);
+		CHECK(write(sp->go[1], &c, 1) == 1);
+	}
+	CHECK(nb_wait(comm) == ncclSuccess);
+	NCCL_OK(api.CommCount(comm, &count));
+	NCCL_OK(api.CommUserRank(comm, &urank));
+	NCCL_OK(api.CommCuDevice(comm, &dev));
+	CHECK(count == n && urank == rank && dev == rank % NDEVICES);
+
+	/* A collective returns ncclInProgress and runs later; the next call before the state
+	 * is ncclSuccess is refused. */
+	to_dev(buf, &v, sizeof(v));
+	if (rank == 1)
+		CHECK(read(sp->go[0], &c, 1) == 1);
+	CHECK(api.AllReduce(buf, buf, 1, ncclInt32, ncclSum, comm, NULL) == ncclInProgress);
+	if (rank == 0) {
+		CHECK(nb_state(comm) == ncclInProgress);
+		CHECK(api.AllReduce(buf, buf, 1, ncclInt32, ncclSum, comm, NULL) ==
+		      ncclInvalidArgument);
+		CHECK(api.CommCount(comm, &count) == ncclInvalidArgument);
+		CHECK(write(sp->go[1], &c, 1) == 1);
+	}
+	CHECK(nb_wait(comm) == ncclSuccess);
+	from_dev(&v, buf, sizeof(v));
+	CHECK(v == 3);
+
+	/* A group of nonblocking communicators: ncclGroupEnd returns ncclInProgress. */
+	NCCL_OK(api.GroupStart());
+	NCCL_OK(api.AllReduce(buf, buf, 1, ncclInt32, ncclSum, comm, NULL));
+	CHECK(api.GroupEnd() == ncclInProgress);
+	CHECK(nb_wait(comm) == ncclSuccess);
+	from_dev(&v, buf, sizeof(v));
+	CHECK(v == 6);
+	/* ...and may not mix with blocking ones. */
+	solo = solo_comm();
+	NCCL_OK(api.GroupStart());
+	NCCL_OK(api.AllReduce(buf, buf, 1, ncclInt32, ncclSum, solo, NULL));
+	CHECK(api.AllReduce(buf, buf, 1, ncclInt32, ncclSum, comm, NULL) == ncclInvalidArgument);
+	CHECK(api.GroupEnd() == ncclInvalidArgument);
+	NCCL_OK(api.CommDestroy(solo));
+
+	/* Split of a nonblocking parent: *newcomm stays NULL and the parent in progress until
+	 * the child exists. Color 0 for both, keyed in reverse. */
+	if (rank == 1)
+		CHECK(read(sp->go[0], &c, 1) == 1);
+	CHECK(api.CommSplit(comm, 0, -rank, &sub, NULL) == ncclInProgress);
+	if (rank == 0) {
+		CHECK(sub == NULL);
+		CHECK(nb_state(comm) == ncclInProgress);
+		CHECK(write(sp->go[1], &c, 1) == 1);
+	}
+	CHECK(nb_wait(comm) == ncclSuccess);
+	CHECK(sub != NULL);
+	CHECK(nb_wait(sub) == ncclSuccess);
+	NCCL_OK(api.CommCount(sub, &count));
+	NCCL_OK(api.CommUserRank(sub, &urank));
+	CHECK(count == 2 && urank == 1 - rank);
+	v = 1;
+	to_dev(buf, &v, sizeof(v));
+	CHECK(api.AllReduce(buf, buf, 1, ncclInt32, ncclSum, sub, NULL) == ncclInProgress);
+	CHECK(nb_wait(sub) == ncclSuccess);
+	from_dev(&v, buf, sizeof(v));
+	CHECK(v == 2);
+	NCCL_OK(api.CommDestroy(sub));
+
+	/* A collective its peer never joins stays in progress until ncclCommAbort, which
+	 * leaves the communicator in error. */
+	if (rank == 0) {
+		struct pollfd pfd = {.fd = sp->ready[0], .events = POLLIN};
+
+		CHECK(api.AllReduce(buf, buf, 1, ncclInt32, ncclSum, comm, NULL) == ncclInProgress);
+		CHECK(poll(&pfd, 1, 300) == 0); /* 300 ms in which nothing can finish it */
+		CHECK(nb_state(comm) == ncclInProgress);
+		NCCL_OK(api.CommAbort(comm));
+		CHECK(nb_state(comm) != ncclSuccess && nb_state(comm) != ncclInProgress);
+	} else {
+		NCCL_OK(api.CommDestroy(comm));
+	}
+	dev_free(buf);
+}
+
+static void test_nonblocking_communicators(void **state)
+{
+	struct sync_pipes sp;
+
+	sync_pipes_open(&sp);
+	run_ranks(2, rank_nonblocking, &sp);
+	sync_pipes_close(&sp);
+}
+
+/* BELAYER_EMU_NCCL_ASYNC_MS holds every nonblocking job back: a lone rank's collective, which
+ * nothing else delays, is still in progress just after the call and done after the delay. */
+static void nonblocking_delay_body(void)
+{
+	ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+	ncclComm_t comm = NULL;
+	ncclUniqueId id;
+	int32_t v = 7, *buf = dev_alloc(sizeof(v));
+	struct timespec t0, t1;
+
+	config.blocking = 0;
+	NCCL_OK(api.GetUniqueId(&id));
+	CHECK(api.CommInitRankConfig(&comm, 1, id, 0, &config) == ncclInProgress);
+	CHECK(nb_wait(comm) == ncclSuccess);
+	to_dev(buf, &v, sizeof(v));
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	CHECK(api.AllReduce(buf, buf, 1, ncclInt32, ncclSum, comm, NULL) == ncclInProgress);
+	CHECK(nb_state(comm) == ncclInProgress);
+	CHECK(nb_wait(comm) == ncclSuccess);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	CHECK((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000 >= 200);
+	from_dev(&v, buf, sizeof(v));
+	CHECK(v == 7);
+	NCCL_OK(api.CommDestroy(comm));
+	dev_free(buf);
+}
+
+static void test_nonblocking_delay(void **state)
+{
+	assert_int_equal(setenv("BELAYER_EMU_NCCL_ASYNC_MS", "200", 1), 0);
+	run_single(nonblocking_delay_body);
+	assert_int_equal(unsetenv("BELAYER_EMU_NCCL_ASYNC_MS"), 0);
+}
+
 static void faults_body(void)
 {
 	ncclComm_t comm;
@@ -1194,6 +1365,8 @@ int main(void)
 		cmocka_unit_test(test_killed_rank_hangs_peers_until_abort),
 		cmocka_unit_test(test_injected_hang_until_abort),
 		cmocka_unit_test(test_fault_injection),
+		cmocka_unit_test(test_nonblocking_communicators),
+		cmocka_unit_test(test_nonblocking_delay),
 		cmocka_unit_test(test_arguments_and_errors),
 		cmocka_unit_test(test_device_buffer_through_driver),
 		cmocka_unit_test(test_mem_alloc_and_register),

@@ -46,6 +46,7 @@ static int exchange(struct engine *e, const CUipcMemHandle *mine, CUipcMemHandle
 	if (gpu.cuMemcpyHtoD(d, all, bytes) == CUDA_SUCCESS) {
 		nr = gpu.ncclAllReduce((void *)d, (void *)d, bytes, ncclUint8, ncclSum, e->m.comm,
 				       gpu_stream());
+		nr = gpu_nccl_wait(e->m.comm, nr);
 		if (nr == ncclSuccess && gpu_sync() == 0 &&
 		    gpu.cuMemcpyDtoH(all, d, bytes) == CUDA_SUCCESS)
 			r = 0;

@@ -30,6 +30,7 @@ static int bcast(struct engine *e, CUdeviceptr buf, uint64_t bytes)
 	ncclResult_t nr = gpu.ncclBroadcast((const void *)buf, (void *)buf, bytes, ncclUint8, 0,
 					    e->m.comm, gpu_stream());
 
+	nr = gpu_nccl_wait(e->m.comm, nr);
 	if (nr != ncclSuccess)
 		return log_error_errno(-EIO, "ncclBroadcast failed: %s",
 				       gpu.ncclGetErrorString(nr));

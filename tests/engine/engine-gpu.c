@@ -2,6 +2,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine-gpu.h"
 #include "engine-kernels.h"
@@ -92,6 +93,19 @@ int gpu_nccl_load(void)
 	ENGINE_NCCL_FUNCS(NCCL_RESOLVE)
 #undef NCCL_RESOLVE
 	return 0;
+}
+
+ncclResult_t gpu_nccl_wait(ncclComm_t comm, ncclResult_t nr)
+{
+	while (nr == ncclInProgress) {
+		struct timespec ts = {.tv_nsec = 50000};
+
+		if (gpu.ncclCommGetAsyncError(comm, &nr) != ncclSuccess)
+			return ncclInternalError;
+		if (nr == ncclInProgress)
+			(void)nanosleep(&ts, NULL);
+	}
+	return nr;
 }
 
 int gpu_kernels_load(void)

@@ -50,13 +50,15 @@
 	X(cuMemUnmap, 10020)                  \
 	X(cuMemSetAccess, 10020)
 
-#define ENGINE_NCCL_FUNCS(X) \
-	X(ncclGetUniqueId)   \
-	X(ncclCommInitRank)  \
-	X(ncclCommDestroy)   \
-	X(ncclCommAbort)     \
-	X(ncclAllReduce)     \
-	X(ncclBroadcast)     \
+#define ENGINE_NCCL_FUNCS(X)      \
+	X(ncclGetUniqueId)        \
+	X(ncclCommInitRank)       \
+	X(ncclCommInitRankConfig) \
+	X(ncclCommGetAsyncError)  \
+	X(ncclCommDestroy)        \
+	X(ncclCommAbort)          \
+	X(ncclAllReduce)          \
+	X(ncclBroadcast)          \
 	X(ncclGetErrorString)
 
 #define CU_FIELD(name, ver) PFN_##name##_v##ver name;
@@ -77,6 +79,11 @@ extern struct gpu_api gpu;
 int gpu_cuda_init(int dev);
 /* dlopen + resolve NCCL: 0 or -errno. */
 int gpu_nccl_load(void);
+/* nr, what an NCCL call on comm returned; ncclInProgress (a nonblocking communicator, NCCL
+ * still enqueueing): waits, polling ncclCommGetAsyncError as NCCL requires before the next
+ * call or stream work, and returns the state it settles in. As PyTorch's ProcessGroupNCCL does
+ * with TORCH_NCCL_USE_COMM_NONBLOCKING=1. */
+ncclResult_t gpu_nccl_wait(ncclComm_t comm, ncclResult_t nr);
 /* Loads the embedded PTX module and its functions. */
 int gpu_kernels_load(void);
 

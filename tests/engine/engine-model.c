@@ -239,6 +239,7 @@ static int allreduce(struct model *m, CUdeviceptr buf, uint64_t n)
 		return 0;
 	nr = gpu.ncclAllReduce((const void *)buf, (void *)buf, n, ncclFloat, ncclSum, m->comm,
 			       gpu_stream());
+	nr = gpu_nccl_wait(m->comm, nr);
 	if (nr != ncclSuccess)
 		return log_error_errno(-EIO, "ncclAllReduce failed: %s",
 				       gpu.ncclGetErrorString(nr));

@@ -53,6 +53,7 @@ enum {
 	ARG_NO_RANK_ENV,
 	ARG_CUSTOM_ALL_REDUCE,
 	ARG_CUDA_GRAPH,
+	ARG_NCCL_NONBLOCKING,
 	ARG_INDEX_TABLES,
 	ARG_INDEX_FIRST,
 	ARG_TAGS,
@@ -84,6 +85,7 @@ static const struct option options[] = {
 	{"no-rank-env", no_argument, NULL, ARG_NO_RANK_ENV},
 	{"custom-all-reduce", no_argument, NULL, ARG_CUSTOM_ALL_REDUCE},
 	{"cuda-graph", no_argument, NULL, ARG_CUDA_GRAPH},
+	{"nccl-nonblocking", no_argument, NULL, ARG_NCCL_NONBLOCKING},
 	{"index-tables", no_argument, NULL, ARG_INDEX_TABLES},
 	{"index-tables-first", no_argument, NULL, ARG_INDEX_FIRST},
 	{"belayer-tags", no_argument, NULL, ARG_TAGS},
@@ -132,6 +134,10 @@ static void usage(FILE *f)
 		"                                the KV probe, as vLLM's custom all-reduce\n"
 		"  --cuda-graph                  decode steps captured as CUDA graphs and "
 		"replayed\n"
+		"  --nccl-nonblocking            the TP communicator is nonblocking "
+		"(config.blocking = 0),\n"
+		"                                as PyTorch's with "
+		"TORCH_NCCL_USE_COMM_NONBLOCKING=1\n"
 		"  --index-tables                block table and slot mapping as large "
 		"allocations\n"
 		"                                after the KV cache, as vLLM's and SGLang's\n"
@@ -278,6 +284,9 @@ static int parse_args(int argc, char **argv, struct engine_options *o)
 			break;
 		case ARG_CUSTOM_ALL_REDUCE:
 			o->custom_all_reduce = true;
+			break;
+		case ARG_NCCL_NONBLOCKING:
+			o->nccl_nonblocking = true;
 			break;
 		case ARG_CUDA_GRAPH:
 			o->cuda_graph = true;
@@ -497,6 +506,7 @@ static int size_kv(struct engine *e, uint32_t *ret)
 		nr = cr == CUDA_SUCCESS ? gpu.ncclAllReduce((void *)tmp, (void *)tmp, 1, ncclUint64,
 							    ncclMin, m->comm, gpu_stream())
 					: ncclInternalError;
+		nr = gpu_nccl_wait(m->comm, nr);
 		r = nr == ncclSuccess && gpu_sync() == 0 &&
 				    gpu.cuMemcpyDtoH(&blocks, tmp, sizeof(blocks)) == CUDA_SUCCESS
 			    ? 0
@@ -611,9 +621,18 @@ int main(int argc, char **argv)
 		goto fail;
 	t[1] = now_s();
 	if (e.o.tp > 1) {
-		nr = gpu.ncclCommInitRank(&e.m.comm, (int)e.o.tp, e.o.tp_id, (int)e.o.rank);
+		ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+
+		/* Blocking by default, made the way vLLM's pynccl makes it. */
+		config.blocking = 0;
+		nr = e.o.nccl_nonblocking
+			     ? gpu.ncclCommInitRankConfig(&e.m.comm, (int)e.o.tp, e.o.tp_id,
+							  (int)e.o.rank, &config)
+			     : gpu.ncclCommInitRank(&e.m.comm, (int)e.o.tp, e.o.tp_id,
+						    (int)e.o.rank);
+		nr = gpu_nccl_wait(e.m.comm, nr);
 		if (nr != ncclSuccess) {
-			r = log_error_errno(-EIO, "ncclCommInitRank failed: %s",
+			r = log_error_errno(-EIO, "Creating the TP communicator failed: %s",
 					    gpu.ncclGetErrorString(nr));
 			goto fail;
 		}

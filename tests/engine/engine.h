@@ -36,6 +36,7 @@ struct engine_options {
 	bool no_rank_env;		  /* --no-rank-env: ranks get no RANK/LOCAL_RANK */
 	bool custom_all_reduce;		  /* --custom-all-reduce: IPC buffers, as vLLM's */
 	bool cuda_graph;		  /* --cuda-graph: decode steps from CUDA graphs */
+	bool nccl_nonblocking;		  /* --nccl-nonblocking: config.blocking = 0 */
 	bool index_tables; /* --index-tables: block table, slot mapping as large allocations */
 	bool index_first;  /* --index-tables-first: those before the weights, as vLLM's */
 	bool tags;	   /* --belayer-tags: weights and KV tagged for the shim */

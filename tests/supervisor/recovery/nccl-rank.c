@@ -4,10 +4,15 @@
  * reaches CUDA and NCCL the way ctypes users (vLLM's pynccl) do: dlopen + dlsym only, never
  * linked, so the shim sees it through its dlsym hook alone.
  *
- *   nccl-rank RANK NRANKS ID_HEX ITERS MODE ARG [split]
+ *   nccl-rank RANK NRANKS ID_HEX ITERS MODE ARG [FLAGS]
  * MODE: none; die (exit before collective ARG); stop (SIGSTOP itself before collective ARG);
- *       slow (sleep ARG ms before every collective).
- * split: the loop runs on ncclCommSplit(color = rank % 2, key = rank) instead of the world.
+ *       slow (sleep ARG ms before every collective); pause (after collective ARG returned,
+ *       print "issued" and wait for a line on stdin before waiting for it).
+ * FLAGS, comma-separated: split: the loop runs on ncclCommSplit(color = rank % 2, key = rank)
+ * instead of the world; nonblock: the communicators are nonblocking (config.blocking = 0),
+ * and after every call that returns ncclInProgress the rank polls ncclCommGetAsyncError until
+ * it leaves ncclInProgress, as NCCL requires (and as PyTorch does with
+ * TORCH_NCCL_USE_COMM_NONBLOCKING=1): a collective a peer never joins keeps it polling.
  * Prints "ok" once its communicators exist, then waits for a line on stdin; prints "done"
  * after ITERS all-reduces, destroys its communicators at the next line (or end of stdin).
  */
@@ -16,6 +21,7 @@
 #include <nccl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +33,21 @@
 		fprintf(stderr, "no %s\n", #name);                       \
 		return 2;                                                \
 	}
+
+/* The state of comm once it leaves ncclInProgress (polled every millisecond, unbounded: a
+ * collective whose peer is gone never leaves it, as a real rank would wait). */
+static ncclResult_t settle(ncclResult_t (*get)(ncclComm_t, ncclResult_t *), ncclComm_t comm)
+{
+	ncclResult_t st = ncclInProgress;
+
+	for (;;) {
+		if (get(comm, &st) != ncclSuccess)
+			return ncclInternalError;
+		if (st != ncclInProgress)
+			return st;
+		(void)poll(NULL, 0, 1);
+	}
+}
 
 static int unhex(const char *s, uint8_t *out, size_t n)
 {
@@ -50,11 +71,14 @@ int main(int argc, char **argv)
 	CUcontext ctx;
 	CUdeviceptr buf;
 	int rank, nranks, iters, arg, ndev = 0;
-	const char *mode;
+	const char *mode, *flags;
+	ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+	bool nonblock;
+	ncclResult_t res;
 	char line[64];
 
 	if (argc < 7) {
-		fprintf(stderr, "usage: nccl-rank RANK NRANKS ID ITERS MODE ARG [split]\n");
+		fprintf(stderr, "usage: nccl-rank RANK NRANKS ID ITERS MODE ARG [FLAGS]\n");
 		return 2;
 	}
 	rank = atoi(argv[1]);
@@ -62,6 +86,9 @@ int main(int argc, char **argv)
 	iters = atoi(argv[4]);
 	mode = argv[5];
 	arg = atoi(argv[6]);
+	flags = argc > 7 ? argv[7] : "";
+	nonblock = strstr(flags, "nonblock") != NULL;
+	config.blocking = nonblock ? 0 : 1;
 	if (unhex(argv[3], (uint8_t *)id.internal, sizeof(id.internal)) < 0)
 		return 2;
 	cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -77,7 +104,8 @@ int main(int argc, char **argv)
 	SYM(cu, cuCtxSetCurrent);
 	SYM(cu, cuMemAlloc_v2);
 	SYM(cu, cuStreamSynchronize);
-	SYM(nc, ncclCommInitRank);
+	SYM(nc, ncclCommInitRankConfig);
+	SYM(nc, ncclCommGetAsyncError);
 	SYM(nc, ncclCommSplit);
 	SYM(nc, ncclAllReduce);
 	SYM(nc, ncclCommDestroy);
@@ -88,14 +116,23 @@ int main(int argc, char **argv)
 		fprintf(stderr, "CUDA setup failed\n");
 		return 2;
 	}
-	if (p_ncclCommInitRank(&world, nranks, id, rank) != ncclSuccess) {
-		fprintf(stderr, "ncclCommInitRank failed\n");
+	res = p_ncclCommInitRankConfig(&world, nranks, id, rank, &config);
+	if (res == ncclInProgress)
+		res = settle(p_ncclCommGetAsyncError, world);
+	if (res != ncclSuccess) {
+		fprintf(stderr, "ncclCommInitRankConfig failed: %d\n", (int)res);
 		return 2;
 	}
 	comm = world;
-	if (argc > 7 && strcmp(argv[7], "split") == 0) {
-		if (p_ncclCommSplit(world, rank % 2, rank, &child, NULL) != ncclSuccess || !child) {
-			fprintf(stderr, "ncclCommSplit failed\n");
+	if (strstr(flags, "split")) {
+		/* Nonblocking: the child is stored when the parent leaves ncclInProgress. */
+		res = p_ncclCommSplit(world, rank % 2, rank, &child, NULL);
+		if (res == ncclInProgress)
+			res = settle(p_ncclCommGetAsyncError, world);
+		if (res == ncclSuccess && child && nonblock)
+			res = settle(p_ncclCommGetAsyncError, child);
+		if (res != ncclSuccess || !child) {
+			fprintf(stderr, "ncclCommSplit failed: %d\n", (int)res);
 			return 2;
 		}
 		comm = child;
@@ -112,9 +149,19 @@ int main(int argc, char **argv)
 			(void)raise(SIGSTOP);
 		if (strcmp(mode, "slow") == 0)
 			(void)poll(NULL, 0, arg);
-		if (p_ncclAllReduce((void *)buf, (void *)buf, 256, ncclFloat, ncclSum, comm,
-				    NULL) != ncclSuccess ||
-		    p_cuStreamSynchronize(NULL) != CUDA_SUCCESS) {
+		res = p_ncclAllReduce((void *)buf, (void *)buf, 256, ncclFloat, ncclSum, comm,
+				      NULL);
+		if (res == ncclInProgress && strcmp(mode, "pause") == 0 && i == arg) {
+			printf("issued\n");
+			fflush(stdout);
+			if (!fgets(line, sizeof(line), stdin))
+				return 1;
+		}
+		/* "Before the state becomes ncclSuccess, do not issue CUDA kernels on streams
+		 * used by NCCL" (NCCL's nonblocking contract). */
+		if (res == ncclInProgress)
+			res = settle(p_ncclCommGetAsyncError, comm);
+		if (res != ncclSuccess || p_cuStreamSynchronize(NULL) != CUDA_SUCCESS) {
 			fprintf(stderr, "all-reduce %d failed\n", i);
 			return 1;
 		}

@@ -4,7 +4,7 @@
  * supervisor, rank processes (nccl-rank: CUDA and NCCL through dlopen + dlsym only) under
  * LD_PRELOAD=libbelayer.so on the emulated GPU, whose NCCL hangs the peers of a dead or
  * stopped rank as real NCCL does. Faults: a dead rank, a stopped rank, a slow rank (no false
- * positive), a split communicator.
+ * positive), a split communicator; the same with nonblocking communicators (review B4).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -105,8 +105,9 @@ static bool read_line(int fd, const char *want, int timeout_ms)
 	return false;
 }
 
+/* flags: nccl-rank's FLAGS ("split", "nonblock", "split,nonblock") or NULL. */
 static void start_ranks(struct rank *rk, int n, int iters, int bad, const char *mode, int arg,
-			bool split)
+			const char *flags)
 {
 	char id[2 * NCCL_UNIQUE_ID_BYTES + 1];
 
@@ -130,7 +131,7 @@ static void start_ranks(struct rank *rk, int n, int iters, int bad, const char *
 			setenv("BELAYER_ENGINE_ID", "nccl-test", 1);
 			setenv("BELAYER_RANK", r, 1);
 			execl(RANK_PATH, RANK_PATH, r, nr, id, it, i == bad ? mode : "none", a,
-			      split ? "split" : NULL, NULL);
+			      flags, NULL);
 			_exit(127);
 		}
 		close(in[0]);
@@ -220,6 +221,18 @@ static void cleanup(struct rank *rk, int n)
 	}
 }
 
+/* A failed check leaves no rank behind (the next test counts communicators): the ranks are
+ * killed, the supervisor's view printed, and the test fails with msg. */
+#define CHECK_RANKS(cond, sv, rk, n, msg)                                        \
+	do {                                                                     \
+		if (!(cond)) {                                                   \
+			char sum_[512], diag_[512];                              \
+			nccl_status((sv), sum_, diag_, sizeof(sum_));            \
+			cleanup((rk), (n));                                      \
+			fail_msg("%s (%s): %s | %s", (msg), #cond, sum_, diag_); \
+		}                                                                \
+	} while (0)
+
 static bool killed(const struct rank *r)
 {
 	return WIFSIGNALED(r->status) && WTERMSIG(r->status) == SIGKILL;
@@ -233,7 +246,7 @@ static void dlsym_only_program_is_tracked(void **state)
 	struct rank rk[2];
 	char sum[512], diag[512];
 
-	start_ranks(rk, 2, 20, -1, "none", 0, false);
+	start_ranks(rk, 2, 20, -1, "none", 0, NULL);
 	assert_true(wait_comms(sv, 2));
 	go(rk, 2);
 	for (int i = 0; i < 2; i++)
@@ -268,7 +281,7 @@ static void dead_rank(void **state)
 
 	nccl_status(sv, sum, diag, sizeof(sum));
 	hangs = field(sum, "hangs");
-	start_ranks(rk, 2, 1000, 1, "die", 5, false);
+	start_ranks(rk, 2, 1000, 1, "die", 5, NULL);
 	assert_true(wait_comms(sv, 2));
 	t0 = mono_ms();
 	go(rk, 2);
@@ -290,19 +303,19 @@ static void dead_rank(void **state)
 
 /* A rank stops (SIGSTOP) before a collective: after hang_timeout without progress the group
  * is declared hung, the stopped rank named, and both processes are stopped. */
-static void stopped_rank(void **state)
+static void stopped_rank_with(struct sv *sv, const char *flags)
 {
-	struct sv *sv = *state;
 	struct rank rk[2];
 	char sum[512], diag[512];
 	uint64_t t0, dt;
 
-	start_ranks(rk, 2, 1000, 1, "stop", 5, false);
-	assert_true(wait_comms(sv, 2));
+	start_ranks(rk, 2, 1000, 1, "stop", 5, flags);
+	CHECK_RANKS(wait_comms(sv, 2), sv, rk, 2, "the two communicators are not announced");
 	t0 = mono_ms();
 	go(rk, 2);
 	for (int i = 0; i < 2; i++) {
-		assert_true(reap(rk, i, SV_WAIT_MS));
+		CHECK_RANKS(reap(rk, i, SV_WAIT_MS), sv, rk, 2,
+			    "no hang declared, ranks not stopped");
 		assert_true(killed(&rk[i]));
 	}
 	dt = mono_ms() - t0;
@@ -328,6 +341,65 @@ static void stopped_rank(void **state)
 	cleanup(rk, 2);
 }
 
+static void stopped_rank(void **state)
+{
+	stopped_rank_with(*state, NULL);
+}
+
+/* The same with nonblocking communicators (review B4): the peer's 5th all-reduce returns
+ * ncclInProgress and is never enqueued, since its peer never comes; the shim must count it
+ * pending (not complete at the call's return), so the hang is seen. */
+static void stopped_rank_nonblocking(void **state)
+{
+	stopped_rank_with(*state, "nonblock");
+}
+
+/* Nonblocking: a collective that NCCL has not yet enqueued when the call returns
+ * ncclInProgress is not complete. Every job of the emulated NCCL is held back 1.5 s
+ * (BELAYER_EMU_NCCL_ASYNC_MS), so nothing can complete before that; rank 1 says "issued" once
+ * its first all-reduce returned and waits, and the supervisor, asked right then, must see no
+ * completion. Afterwards all complete, and no hang is declared (the wait is no hang). */
+static void nonblocking_completion_waits_for_enqueue(void **state)
+{
+	struct sv *sv = *state;
+	struct rank rk[2];
+	char sum[512], diag[512];
+	uint64_t hangs, enq, cpl;
+
+	nccl_status(sv, sum, diag, sizeof(sum));
+	hangs = field(sum, "hangs");
+	assert_int_equal(setenv("BELAYER_EMU_NCCL_ASYNC_MS", "1500", 1), 0);
+	start_ranks(rk, 2, 3, 1, "pause", 1, "nonblock");
+	assert_int_equal(unsetenv("BELAYER_EMU_NCCL_ASYNC_MS"), 0);
+	CHECK_RANKS(wait_comms(sv, 2), sv, rk, 2, "the two communicators are not announced");
+	go(rk, 2);
+	CHECK_RANKS(read_line(rk[1].out, "issued", SV_WAIT_MS), sv, rk, 2, "rank 1 did not issue");
+	nccl_status(sv, sum, diag, sizeof(sum));
+	enq = field(sum, "enqueued");
+	cpl = field(sum, "completed");
+	CHECK_RANKS(enq >= 1 && cpl == 0, sv, rk, 2,
+		    "a collective NCCL has not enqueued yet counts as completed");
+	assert_int_equal(write(rk[1].in, "go\n", 3), 3);
+	for (int i = 0; i < 2; i++)
+		assert_true(read_line(rk[i].out, "done", SV_WAIT_MS + 10000));
+	for (uint64_t deadline = mono_ms() + SV_WAIT_MS;;) {
+		nccl_status(sv, sum, diag, sizeof(sum));
+		if (field(sum, "completed") == 6 || mono_ms() > deadline)
+			break;
+		(void)poll(NULL, 0, 20);
+	}
+	assert_int_equal(field(sum, "enqueued"), 6);
+	assert_int_equal(field(sum, "completed"), 6);
+	assert_int_equal(field(sum, "hangs"), hangs);
+	go(rk, 2);
+	for (int i = 0; i < 2; i++) {
+		assert_true(reap(rk, i, SV_WAIT_MS));
+		assert_true(WIFEXITED(rk[i].status) && WEXITSTATUS(rk[i].status) == 0);
+	}
+	assert_true(wait_comms(sv, 0));
+	cleanup(rk, 2);
+}
+
 /* Slow but alive: a rank that takes 300 ms per step (the peer waits inside each collective,
  * but it completes) and one that takes longer than the bound between steps while outside
  * NCCL (an idle scheduler): neither is a hang. */
@@ -344,7 +416,7 @@ static void slow_rank_is_no_hang(void **state)
 	for (int k = 0; k < 2; k++) {
 		struct rank rk[2];
 
-		start_ranks(rk, 2, iters[k], 1, "slow", slow_ms[k], false);
+		start_ranks(rk, 2, iters[k], 1, "slow", slow_ms[k], NULL);
 		assert_true(wait_comms(sv, 2));
 		go(rk, 2);
 		for (int i = 0; i < 2; i++)
@@ -366,27 +438,26 @@ static void slow_rank_is_no_hang(void **state)
  * four child records), the diagnosis names the child rank, the stuck ranks (the even child)
  * are stopped, and the odd child, which shares only the parent with them and still
  * progresses, is left to finish. */
-static void split_communicator(void **state)
+static void split_with(struct sv *sv, const char *flags)
 {
-	struct sv *sv = *state;
 	struct rank rk[4];
 	char sum[512], diag[512];
 
-	start_ranks(rk, 4, 200, 2, "stop", 5, true);
-	assert_true(wait_comms(sv, 8));
+	start_ranks(rk, 4, 200, 2, "stop", 5, flags);
+	CHECK_RANKS(wait_comms(sv, 8), sv, rk, 4, "not every parent and child is announced");
 	go(rk, 4);
 	for (int i = 0; i < 4; i += 2) {
-		assert_true(reap(rk, i, SV_WAIT_MS));
-		assert_true(killed(&rk[i]));
+		CHECK_RANKS(reap(rk, i, SV_WAIT_MS), sv, rk, 4, "the even child is not stopped");
+		CHECK_RANKS(killed(&rk[i]), sv, rk, 4, "an even rank was not killed");
 	}
 	for (int i = 1; i < 4; i += 2)
-		assert_true(read_line(rk[i].out, "done", SV_WAIT_MS));
+		CHECK_RANKS(read_line(rk[i].out, "done", SV_WAIT_MS), sv, rk, 4,
+			    "the odd child did not finish");
 	nccl_status(sv, sum, diag, sizeof(sum));
-	assert_non_null(strstr(diag, "cause=stopped"));
-	assert_int_equal(field(diag, "nranks"), 2);
-	assert_int_equal(field(diag, "rank"), 1);
-	assert_int_equal(field(diag, "pid"), (uint64_t)rk[2].pid);
-	assert_non_null(strstr(diag, "action=killed:2,spared:2"));
+	CHECK_RANKS(strstr(diag, "cause=stopped") && field(diag, "nranks") == 2 &&
+			    field(diag, "rank") == 1 && field(diag, "pid") == (uint64_t)rk[2].pid &&
+			    strstr(diag, "action=killed:2,spared:2"),
+		    sv, rk, 4, "wrong diagnosis");
 	for (int i = 1; i < 4; i += 2) {
 		assert_int_equal(write(rk[i].in, "end\n", 4), 4);
 		assert_true(reap(rk, i, SV_WAIT_MS));
@@ -395,14 +466,31 @@ static void split_communicator(void **state)
 	cleanup(rk, 4);
 }
 
+static void split_communicator(void **state)
+{
+	split_with(*state, "split");
+}
+
+/* The same with nonblocking communicators (review B4): ncclCommSplit returns ncclInProgress
+ * with *newcomm NULL, and NCCL stores the child once the parent leaves ncclInProgress; the
+ * child must still be announced, with its true rank and size (not 0 of 1), so that the
+ * diagnosis above holds unchanged. */
+static void split_communicator_nonblocking(void **state)
+{
+	split_with(*state, "split,nonblock");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(dlsym_only_program_is_tracked),
 		cmocka_unit_test(dead_rank),
 		cmocka_unit_test(stopped_rank),
+		cmocka_unit_test(stopped_rank_nonblocking),
+		cmocka_unit_test(nonblocking_completion_waits_for_enqueue),
 		cmocka_unit_test(slow_rank_is_no_hang),
 		cmocka_unit_test(split_communicator),
+		cmocka_unit_test(split_communicator_nonblocking),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

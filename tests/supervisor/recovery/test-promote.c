@@ -235,6 +235,33 @@ static void ranks_from_communicator(void **state)
 	engine_wait_serving(&sv, expected);
 }
 
+/* Review B4 with the engine stand-in: its TP communicator nonblocking (--nccl-nonblocking, as
+ * PyTorch's with TORCH_NCCL_USE_COMM_NONBLOCKING=1: init and every all-reduce return
+ * ncclInProgress and the rank polls ncclCommGetAsyncError), ranks known from the communicator
+ * only (--no-rank-env): the shims announce the communicators once their init completed, the
+ * supervisor tells the ranks apart, and a death of rank 1 is promoted. */
+static void promotes_with_nonblocking_nccl(void **state)
+{
+	static char primary[PATH_MAX * 2 + 256];
+	const char *const more[] = {primary, NULL};
+
+	(void)unsetenv("RANK");
+	(void)unsetenv("LOCAL_RANK");
+	(void)unsetenv("BELAYER_RANK");
+	snprintf(primary, sizeof(primary),
+		 "engine.t.primary=%s --model %s --port {port} --tp 2 --kv-cache-bytes 16M "
+		 "--no-rank-env --nccl-nonblocking",
+		 ENGINE_PATH, weights);
+	start("--kv-cache-bytes 16M --no-rank-env --nccl-nonblocking", more);
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
+	assert_true(engine_worker_pid(&sv, ROLE_PRIMARY, 1) > 0);
+	kill_primary_rank(1);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
+	engine_wait_serving(&sv, expected);
+	assert_int_equal(metric(&sv, "belayer_recoveries_total", "outcome=\"promoted\""), 1);
+}
+
 /* Review finding 6: both groups size their KV cache from free memory, as vLLM's
  * determine_available_memory does (--gpu-memory-utilization). The shadow group starts once
  * the primary serves, on devices the primary holds: on its own figures it finds no room for
@@ -628,6 +655,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(kill_during_promotion, setup, teardown),
 		cmocka_unit_test_setup_teardown(manual_promote, setup, teardown),
 		cmocka_unit_test_setup_teardown(ranks_from_communicator, setup, teardown),
+		cmocka_unit_test_setup_teardown(promotes_with_nonblocking_nccl, setup, teardown),
 		cmocka_unit_test_setup_teardown(external_primary_is_paired, setup, teardown),
 		cmocka_unit_test_setup_teardown(shadow_sized_by_free_memory, setup, teardown),
 	};
