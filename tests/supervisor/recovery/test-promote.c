@@ -258,6 +258,34 @@ static void shadow_sized_by_free_memory(void **state)
 	assert_int_equal(metric(&sv, "belayer_recoveries_total", "outcome=\"promoted\""), 1);
 }
 
+/* Issue 22: as under Ray, each rank sees only its own device, as device 0 (the stand-in's
+ * --one-visible-device sets CUDA_VISIBLE_DEVICES per rank), and the ranks' devices differ:
+ * another process holds 64 MiB of rank 1's. The ranks' answers differ, their devices'
+ * ordinals do not; the ranks agree on the smaller KV cache (vLLM and SGLang take the minimum).
+ * Each shadow rank must get its own primary rank's answers, known by rank and device UUID: a
+ * shadow group given one rank's answers for both computes that rank's size, and with rank 0's
+ * (the larger) its layout is not the primary's. Promoted, it serves. */
+static void shadow_sized_per_rank_one_visible_device(void **state)
+{
+	static char primary[PATH_MAX * 2 + 256];
+	const char *const more[] = {primary, NULL};
+	pid_t other = engine_occupy(1, 64u << 20);
+
+	snprintf(primary, sizeof(primary),
+		 "engine.t.primary=%s --model %s --port {port} --tp 2 "
+		 "--gpu-memory-utilization 0.05 --one-visible-device",
+		 ENGINE_PATH, weights);
+	start("--gpu-memory-utilization 0.05 --one-visible-device", more);
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
+	kill_primary_rank(1);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
+	engine_wait_serving(&sv, expected);
+	assert_int_equal(metric(&sv, "belayer_recoveries_total", "outcome=\"promoted\""), 1);
+	assert_int_equal(kill(other, SIGKILL), 0);
+	assert_int_equal(waitpid(other, NULL, 0), other);
+}
+
 /* Killed during load (before it serves, before the shadow parks): cold restart. */
 static void kill_during_load_cold_restarts(void **state)
 {
@@ -565,7 +593,12 @@ int main(void)
 		cmocka_unit_test_setup_teardown(ranks_from_communicator, setup, teardown),
 		cmocka_unit_test_setup_teardown(external_primary_is_paired, setup, teardown),
 		cmocka_unit_test_setup_teardown(shadow_sized_by_free_memory, setup, teardown),
+		cmocka_unit_test_setup_teardown(shadow_sized_per_rank_one_visible_device, setup,
+						teardown),
 	};
 
+	/* SV_TEST_FILTER=name runs one test (cmocka's glob). */
+	if (getenv("SV_TEST_FILTER"))
+		cmocka_set_test_filter(getenv("SV_TEST_FILTER"));
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
