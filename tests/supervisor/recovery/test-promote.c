@@ -147,8 +147,15 @@ static int setup(void **state)
 	return 0;
 }
 
+static pid_t occupier; /* a process holding device memory, killed at the end of its test */
+
 static int teardown(void **state)
 {
+	if (occupier > 0) {
+		(void)kill(occupier, SIGKILL);
+		(void)waitpid(occupier, NULL, 0);
+		occupier = 0;
+	}
 	return engine_teardown(&sv);
 }
 
@@ -235,6 +242,24 @@ static void ranks_from_communicator(void **state)
 	engine_wait_serving(&sv, expected);
 }
 
+/* Primary and shadow started with flags (their KV cache sized from free memory); once the
+ * shadow group parked, primary rank kill_rank is killed: promoted, the engine serves. */
+static void sized_by_free_memory(const char *flags, int kill_rank)
+{
+	static char primary[PATH_MAX * 2 + 256];
+	const char *const more[] = {primary, NULL};
+
+	snprintf(primary, sizeof(primary), "engine.t.primary=%s --model %s --port {port} --tp 2 %s",
+		 ENGINE_PATH, weights, flags);
+	start(flags, more);
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
+	kill_primary_rank(kill_rank);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
+	engine_wait_serving(&sv, expected);
+	assert_int_equal(metric(&sv, "belayer_recoveries_total", "outcome=\"promoted\""), 1);
+}
+
 /* Review finding 6: both groups size their KV cache from free memory, as vLLM's
  * determine_available_memory does (--gpu-memory-utilization). The shadow group starts once
  * the primary serves, on devices the primary holds: on its own figures it finds no room for
@@ -242,20 +267,7 @@ static void ranks_from_communicator(void **state)
  * sizes itself like the primary, parks with the primary's layout, and a death is promoted. */
 static void shadow_sized_by_free_memory(void **state)
 {
-	static char primary[PATH_MAX * 2 + 256];
-	const char *const more[] = {primary, NULL};
-
-	snprintf(primary, sizeof(primary),
-		 "engine.t.primary=%s --model %s --port {port} --tp 2 "
-		 "--gpu-memory-utilization 0.05",
-		 ENGINE_PATH, weights);
-	start("--gpu-memory-utilization 0.05", more);
-	engine_wait_serving(&sv, expected);
-	engine_wait_promotable(&sv);
-	kill_primary_rank(0);
-	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
-	engine_wait_serving(&sv, expected);
-	assert_int_equal(metric(&sv, "belayer_recoveries_total", "outcome=\"promoted\""), 1);
+	sized_by_free_memory("--gpu-memory-utilization 0.05", 0);
 }
 
 /* Issue 22: as under Ray, each rank sees only its own device, as device 0 (the stand-in's
@@ -267,23 +279,8 @@ static void shadow_sized_by_free_memory(void **state)
  * (the larger) its layout is not the primary's. Promoted, it serves. */
 static void shadow_sized_per_rank_one_visible_device(void **state)
 {
-	static char primary[PATH_MAX * 2 + 256];
-	const char *const more[] = {primary, NULL};
-	pid_t other = engine_occupy(1, 64u << 20);
-
-	snprintf(primary, sizeof(primary),
-		 "engine.t.primary=%s --model %s --port {port} --tp 2 "
-		 "--gpu-memory-utilization 0.05 --one-visible-device",
-		 ENGINE_PATH, weights);
-	start("--gpu-memory-utilization 0.05 --one-visible-device", more);
-	engine_wait_serving(&sv, expected);
-	engine_wait_promotable(&sv);
-	kill_primary_rank(1);
-	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
-	engine_wait_serving(&sv, expected);
-	assert_int_equal(metric(&sv, "belayer_recoveries_total", "outcome=\"promoted\""), 1);
-	assert_int_equal(kill(other, SIGKILL), 0);
-	assert_int_equal(waitpid(other, NULL, 0), other);
+	occupier = engine_occupy(1, 64u << 20);
+	sized_by_free_memory("--gpu-memory-utilization 0.05 --one-visible-device", 1);
 }
 
 /* Killed during load (before it serves, before the shadow parks): cold restart. */
