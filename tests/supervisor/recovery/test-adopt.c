@@ -230,8 +230,8 @@ static void launches_only_what_is_missing(void **state)
  * shadow_sized_by_free_memory). The shadow group dies while no supervisor runs; the restarted
  * one adopts the primary and launches a shadow at once, before the primary's shims said hello
  * again: only the journal has the primary's cuMemGetInfo answers then. On its own figures the
- * shadow finds no room for the primary's KV cache; given the journaled answers it sizes itself
- * like the primary, and a kill is promoted. */
+ * shadow finds no room for a KV cache and exits; given the journaled answers it sizes itself
+ * like the primary, parks, and a kill is promoted onto it. */
 static void shadow_after_restart_sized_like_primary(void **state)
 {
 	static char primary[PATH_MAX * 2 + 256];
@@ -260,6 +260,10 @@ static void shadow_after_restart_sized_like_primary(void **state)
 	assert_int_equal(engine_metric(&sv, "belayer_engine_launches_total", NULL), 1);
 	engine_wait_serving(&sv, expected);
 	engine_wait_promotable(&sv);
+	/* The shadow launched at the restart parked: none had to replace it (one started without
+	 * the answers finds no KV cache, exits, and only its replacement, started once the
+	 * primary's shims re-announced them, would park). */
+	assert_int_equal(engine_metric(&sv, "belayer_engine_launches_total", NULL), 1);
 	assert_int_equal(kill(pids[0], SIGKILL), 0);
 	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
 	engine_wait_serving(&sv, expected);
