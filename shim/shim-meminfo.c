@@ -15,8 +15,8 @@
  * device is its ordinal 0 there; the supervisor pairs a shadow rank with the primary rank of
  * the same number (promotion), so the shadow answers with that rank's answers (on the same
  * UUID, else, for a rank on one device, that device's: it is the rank that pairs); a shim that
- * does not know its rank (no RANK in its environment) takes the answers recorded on its own
- * device's UUID when a single rank ran there.
+ * does not know its rank (no RANK in its environment), or whose rank no primary rank had,
+ * takes the answers recorded on its own device's UUID when a single rank ran there.
  * Beyond what was recorded, a shadow passes the device's own answers through, with one log
  * line.
  */
@@ -129,11 +129,13 @@ static void read_given_locked(void)
 }
 
 /* Whose answers: rank's on this device; else rank's only device (the rank pairs, even on
- * another device); rank unknown: the one rank recorded on this device. Its rank, or -1. */
+ * another device); rank unknown, or none of the primary ranks' numbers (RANK may be a global
+ * rank where the supervisor knows the TP rank): the one rank recorded on this device. Its
+ * rank, or -1. */
 static int32_t pick_rank_locked(int32_t rank, const uint8_t uuid[PROTO_UUID_LEN], bool *ret_here)
 {
 	const uint8_t *other = NULL;
-	bool several = false;
+	bool several = false, ambiguous = false;
 	int32_t found = -1;
 
 	*ret_here = true;
@@ -146,16 +148,17 @@ static int32_t pick_rank_locked(int32_t rank, const uint8_t uuid[PROTO_UUID_LEN]
 				return rank;
 			several |= other && memcmp(other, g->device_uuid, PROTO_UUID_LEN) != 0;
 			other = g->device_uuid;
-		} else if (rank < 0 && here) {
-			if (found >= 0 && found != g->rank)
-				return -1; /* ranks shared the device: which one is ours? */
+		}
+		if (here) {
+			ambiguous |= found >= 0 && found != g->rank;
 			found = g->rank;
 		}
 	}
-	if (rank < 0)
-		return found;
-	*ret_here = false;
-	return other && !several ? rank : -1;
+	if (other) {
+		*ret_here = false;
+		return several ? -1 : rank;
+	}
+	return ambiguous ? -1 : found; /* ranks that shared the device: which one is ours? */
 }
 
 static bool substitute_locked(int dev, uint32_t seq, const uint8_t uuid[PROTO_UUID_LEN],

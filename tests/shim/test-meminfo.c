@@ -193,8 +193,10 @@ static void shadow_takes_its_ranks_answers(void **state)
 		shadow_first_answer(-1, 0xa0, "0:" GPU_A0 ":700:1000,1:" GPU_A0 ":300:1000"), 1);
 	/* its rank on another device: still its rank's (pairing is by rank), */
 	assert_int_equal(shadow_first_answer(1, 0xa0, env), 300);
-	/* a rank not recorded: its own figures */
-	assert_int_equal(shadow_first_answer(2, 0xa0, env), 1);
+	/* a rank no primary rank had (RANK a global rank): the one rank recorded on its device */
+	assert_int_equal(shadow_first_answer(5, 0xa1, env), 300);
+	/* neither its rank nor its device recorded: its own figures */
+	assert_int_equal(shadow_first_answer(2, 0xa2, env), 1);
 }
 
 static void shadow_replays_then_passes_through(void **state)

@@ -283,6 +283,15 @@ static void shadow_sized_per_rank_one_visible_device(void **state)
 	sized_by_free_memory("--gpu-memory-utilization 0.05 --one-visible-device", 1);
 }
 
+/* The same with ranks started without RANK (vLLM's and SGLang's workers): a shadow's shim does
+ * not know its rank when its engine asks cuMemGetInfo, and takes the answers of the one
+ * primary rank recorded on its device's UUID. */
+static void shadow_sized_per_device_no_rank_env(void **state)
+{
+	occupier = engine_occupy(1, 64u << 20);
+	sized_by_free_memory("--gpu-memory-utilization 0.05 --one-visible-device --no-rank-env", 1);
+}
+
 /* Killed during load (before it serves, before the shadow parks): cold restart. */
 static void kill_during_load_cold_restarts(void **state)
 {
@@ -591,6 +600,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(external_primary_is_paired, setup, teardown),
 		cmocka_unit_test_setup_teardown(shadow_sized_by_free_memory, setup, teardown),
 		cmocka_unit_test_setup_teardown(shadow_sized_per_rank_one_visible_device, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(shadow_sized_per_device_no_rank_env, setup,
 						teardown),
 	};
 
