@@ -288,6 +288,7 @@ static const struct field promote_done_fields[] = {
 
 static const struct field mem_info_fields[] = {
 	F_U32("dev", mem_info.device, 0, PROTO_MAX_DEVICES - 1),
+	F_UUID("uuid", mem_info.device_uuid),
 	F_U32("seq", mem_info.seq, 0, PROTO_MAX_MEM_INFO - 1),
 	F_U64("free", mem_info.free),
 	F_U64("total", mem_info.total),

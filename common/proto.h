@@ -74,6 +74,9 @@
  *   PROTO_MEM_INFO (25), shim -> supervisor, no fd: the answer the engine got from one
  *     cuMemGetInfo (review finding 6: a shadow is given its primary's answers, in order)
  *     "dev": uint32 0..PROTO_MAX_DEVICES-1 -> device (the CUDA ordinal of the call's context)
+ *     "uuid": bin[16] -> device_uuid (cuDeviceGetUuid of that device: what the answers are
+ *       keyed by, with the worker's rank, since CUDA_VISIBLE_DEVICES renumbers ordinals per
+ *       process; zero when the driver does not say)
  *     "seq": uint32 0..PROTO_MAX_MEM_INFO-1 (the call's number on that device, from 0)
  *     "free", "total": uint64 (bytes)
  *     Sent as the engine calls (and again, all of them, after a reconnect); only the first
@@ -604,6 +607,7 @@ struct proto_promote_map {
 struct proto_mem_info {
 	uint32_t device;
 	uint32_t seq;
+	uint8_t device_uuid[PROTO_UUID_LEN];
 	uint64_t free;
 	uint64_t total;
 };

@@ -55,7 +55,7 @@ shim/shim-capture                   shim-real.h
 shim/shim-classify                  belayer.h shim-config.h
 shim/shim-conn-queue                shim-config.h
 shim/shim-regions                   shim-conn-queue.h shim-device.h shim-real.h
-shim/shim-meminfo                   shim-conn-queue.h shim-regions.h shim-role.h
+shim/shim-meminfo                   shim-config.h shim-conn-queue.h shim-device.h shim-regions.h shim-role.h
 shim/shim-shadow-scratch            shim-config.h shim-device.h shim-real.h shim-role.h
 shim/shim-shadow                    shim-config.h shim-device.h shim-real.h shim-regions.h shim-role.h shim-shadow-scratch.h
 shim/shim-share                     shim-device.h shim-real.h shim-regions.h shim-shadow-scratch.h

@@ -101,6 +101,22 @@ ssize_t journal_encode(const struct journal_record *rec, void *buf, size_t cap)
 		e = msgpack_pack_map(&pk, 3) ?: KV_U64(&pk, "op", rec->op)
 			?: KV_U64(&pk, "pid", rec->pid) ?: KV_U64(&pk, "id", r->id);
 		break;
+	case JOURNAL_MEM_INFO:
+		e = msgpack_pack_map(&pk, 8) ?: KV_U64(&pk, "op", rec->op)
+			?: KV_U64(&pk, "pid", rec->pid) ?: pack_str(&pk, "eng")
+			?: pack_str(&pk, rec->engine_id)
+			?: KV_U64(&pk, "rank", (uint64_t)(rec->rank < 0 ? 0 : rec->rank))
+			?: pack_str(&pk, "dev") ?: msgpack_pack_bin(&pk, PROTO_UUID_LEN)
+			?: msgpack_pack_bin_body(&pk, rec->mem_info.device_uuid, PROTO_UUID_LEN)
+			?: KV_U64(&pk, "seq", rec->mem_info.seq)
+			?: KV_U64(&pk, "free", rec->mem_info.free)
+			?: KV_U64(&pk, "total", rec->mem_info.total);
+		break;
+	case JOURNAL_MEM_INFO_GONE:
+		e = msgpack_pack_map(&pk, 3) ?: KV_U64(&pk, "op", rec->op)
+			?: KV_U64(&pk, "pid", rec->pid) ?: pack_str(&pk, "eng")
+			?: pack_str(&pk, rec->engine_id);
+		break;
 	case JOURNAL_DEAD:
 	case JOURNAL_WORKER_GONE:
 		e = msgpack_pack_map(&pk, 2) ?: KV_U64(&pk, "op", rec->op)
@@ -137,6 +153,26 @@ static int get_u64(const msgpack_object_map *m, const char *key, uint64_t max, u
 	if (!o || o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > max)
 		return -EBADMSG;
 	*ret = o->via.u64;
+	return 0;
+}
+
+static int get_uuid(const msgpack_object_map *m, const char *key, uint8_t ret[PROTO_UUID_LEN])
+{
+	const msgpack_object *o = get(m, key);
+
+	if (!o || o->type != MSGPACK_OBJECT_BIN || o->via.bin.size != PROTO_UUID_LEN)
+		return -EBADMSG;
+	memcpy(ret, o->via.bin.ptr, PROTO_UUID_LEN);
+	return 0;
+}
+
+static int get_engine(const msgpack_object_map *m, char ret[PROTO_MAX_STR + 1])
+{
+	const msgpack_object *o = get(m, "eng");
+
+	if (!o || !mpstr_ok(o, PROTO_MAX_STR))
+		return -EBADMSG;
+	mpstr_copy(ret, o);
 	return 0;
 }
 
@@ -187,10 +223,8 @@ int journal_decode(const void *buf, size_t len, struct journal_record *rec)
 			rec->rank = (int32_t)o->via.i64;
 		else
 			goto out;
-		o = get(m, "eng");
-		if (!o || !mpstr_ok(o, PROTO_MAX_STR))
+		if (get_engine(m, rec->engine_id) < 0)
 			goto out;
-		mpstr_copy(rec->engine_id, o);
 		break;
 	case JOURNAL_ENGINE:
 		if (get_u64(m, "st", UINT64_MAX, &rec->starttime) < 0 ||
@@ -200,17 +234,12 @@ int journal_decode(const void *buf, size_t len, struct journal_record *rec)
 		if (get_u64(m, "port", 65535, &v) < 0)
 			goto out;
 		rec->port = (uint32_t)v;
-		o = get(m, "eng");
-		if (!o || !mpstr_ok(o, PROTO_MAX_STR))
+		if (get_engine(m, rec->engine_id) < 0)
 			goto out;
-		mpstr_copy(rec->engine_id, o);
 		break;
 	case JOURNAL_REGION:
-		o = get(m, "dev");
-		if (!o || o->type != MSGPACK_OBJECT_BIN || o->via.bin.size != PROTO_UUID_LEN)
-			goto out;
-		memcpy(rec->region.device_uuid, o->via.bin.ptr, PROTO_UUID_LEN);
-		if (get_u64(m, "id", UINT64_MAX, &rec->region.id) < 0 ||
+		if (get_uuid(m, "dev", rec->region.device_uuid) < 0 ||
+		    get_u64(m, "id", UINT64_MAX, &rec->region.id) < 0 ||
 		    get_u64(m, "va", UINT64_MAX, &rec->region.va) < 0 ||
 		    get_u64(m, "size", UINT64_MAX, &rec->region.size) < 0 ||
 		    get_u64(m, "cls", _REGION_CLASS_MAX - 1, &v) < 0 ||
@@ -223,6 +252,24 @@ int journal_decode(const void *buf, size_t len, struct journal_record *rec)
 		break;
 	case JOURNAL_REGION_GONE:
 		if (get_u64(m, "id", UINT64_MAX, &rec->region.id) < 0)
+			goto out;
+		break;
+	case JOURNAL_MEM_INFO:
+		/* the bounds the shim's report had (proto.c's mem-info fields) */
+		if (get_uuid(m, "dev", rec->mem_info.device_uuid) < 0 ||
+		    get_u64(m, "rank", INT32_MAX, &v) < 0)
+			goto out;
+		rec->rank = (int32_t)v;
+		if (get_u64(m, "seq", PROTO_MAX_MEM_INFO - 1, &v) < 0 ||
+		    get_u64(m, "total", UINT64_MAX, &rec->mem_info.total) < 0 ||
+		    get_u64(m, "free", rec->mem_info.total, &rec->mem_info.free) < 0)
+			goto out;
+		rec->mem_info.seq = (uint32_t)v;
+		if (get_engine(m, rec->engine_id) < 0)
+			goto out;
+		break;
+	case JOURNAL_MEM_INFO_GONE:
+		if (get_engine(m, rec->engine_id) < 0)
 			goto out;
 		break;
 	case JOURNAL_DEAD:

@@ -23,12 +23,14 @@
 #define JOURNAL_MAX_RECORD 4096
 
 enum journal_op {
-	JOURNAL_WORKER = 'w',	   /* a worker said hello */
-	JOURNAL_REGION = 'r',	   /* a region was announced or updated */
-	JOURNAL_REGION_GONE = 'x', /* a region was released or expired */
-	JOURNAL_DEAD = 'd',	   /* a worker died */
-	JOURNAL_WORKER_GONE = 'f', /* a worker and all its regions were forgotten */
-	JOURNAL_ENGINE = 'g',	   /* a configured engine's launched group (pid 0: none) */
+	JOURNAL_WORKER = 'w',	     /* a worker said hello */
+	JOURNAL_REGION = 'r',	     /* a region was announced or updated */
+	JOURNAL_REGION_GONE = 'x',   /* a region was released or expired */
+	JOURNAL_DEAD = 'd',	     /* a worker died */
+	JOURNAL_WORKER_GONE = 'f',   /* a worker and all its regions were forgotten */
+	JOURNAL_ENGINE = 'g',	     /* a configured engine's launched group (pid 0: none) */
+	JOURNAL_MEM_INFO = 'm',	     /* a primary rank's cuMemGetInfo answer, for its shadows */
+	JOURNAL_MEM_INFO_GONE = 'M', /* an engine's answers were forgotten (a new primary) */
 };
 
 struct journal_record {
@@ -44,6 +46,9 @@ struct journal_record {
 	/* JOURNAL_REGION, JOURNAL_REGION_GONE (id only) */
 	struct proto_region region; /* fd unused */
 	uint64_t checksum, checksum_version;
+	/* JOURNAL_MEM_INFO: engine_id, rank, and the answer (device_uuid, seq, free, total;
+	 * device unused); JOURNAL_MEM_INFO_GONE: engine_id */
+	struct proto_mem_info mem_info;
 };
 
 struct sv_journal;

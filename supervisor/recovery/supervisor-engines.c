@@ -117,7 +117,8 @@ static void child_env(struct supervisor *s, const struct sv_engine *e, enum work
 	if (e->cfg->devices[0])
 		(void)setenv("CUDA_VISIBLE_DEVICES", e->cfg->devices, 1);
 	if (role == ROLE_SHADOW) {
-		char mem[PROTO_MAX_DEVICES * PROTO_MAX_MEM_INFO * 48];
+		/* "RANK:GPU-UUID:FREE:TOTAL," at most 95 characters each */
+		char mem[ENG_MEM_INFO_MAX * 96];
 
 		if (meminfo_env(e, mem, sizeof(mem)) > 0)
 			(void)setenv("BELAYER_SHADOW_MEM_INFO", mem, 1);
@@ -135,7 +136,7 @@ int engines_launch(struct supervisor *s, struct sv_engine *e, const char *cmd,
 	memset(ret, 0, sizeof(*ret));
 	ret->pidfd = -1;
 	if (role == ROLE_PRIMARY)
-		meminfo_forget(e); /* a new group: its answers come anew */
+		meminfo_forget(s, e); /* a new group: its answers come anew */
 	snprintf(line, sizeof(line), "exec ");
 	r = expand(cmd, port, line + 5, sizeof(line) - 5);
 	if (r < 0)
@@ -449,7 +450,9 @@ int engines_restore_record(struct supervisor *s, const struct journal_record *re
 	struct sv_engine *e;
 	int r;
 
-	if (rec->op != JOURNAL_ENGINE || s->config.n_engines == 0)
+	if ((rec->op != JOURNAL_ENGINE && rec->op != JOURNAL_MEM_INFO &&
+	     rec->op != JOURNAL_MEM_INFO_GONE) ||
+	    s->config.n_engines == 0)
 		return 0;
 	r = engines_alloc(s);
 	if (r < 0)
@@ -457,6 +460,10 @@ int engines_restore_record(struct supervisor *s, const struct journal_record *re
 	e = engines_find(s, rec->engine_id);
 	if (!e)
 		return 0; /* no longer configured: its processes are none of ours */
+	if (rec->op != JOURNAL_ENGINE) {
+		meminfo_restore_record(e, rec);
+		return 0;
+	}
 	e->journaled[rec->role == ROLE_SHADOW] = (struct eng_journaled){
 		.pid = (pid_t)rec->pid, .starttime = rec->starttime, .port = rec->port};
 	return 0;
@@ -482,6 +489,17 @@ size_t engines_journal_records(struct supervisor *s, struct journal_record *recs
 				 s->engines->e[i].cfg->name);
 			n++;
 		}
+	for (size_t i = 0; s->engines && i < s->engines->n; i++)
+		n += meminfo_journal_records(&s->engines->e[i], recs + n, max - n);
+	return n;
+}
+
+size_t engines_journal_count(const struct supervisor *s)
+{
+	size_t n = 2 * CONFIG_ENGINES_MAX; /* the groups */
+
+	for (size_t i = 0; s->engines && i < s->engines->n; i++)
+		n += s->engines->e[i].mem_info.n;
 	return n;
 }
 

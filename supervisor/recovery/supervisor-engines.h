@@ -121,9 +121,12 @@ struct sv_engines {
 /* Launches every configured engine's primary and shadow, or adopts those the journal names
  * that still run. */
 int engines_start(struct supervisor *s);
-/* Journal replay (before engines_start) and compaction: the engines' JOURNAL_ENGINE records. */
+/* Journal replay (before engines_start) and compaction: the engines' JOURNAL_ENGINE records
+ * and their primaries' cuMemGetInfo answers (JOURNAL_MEM_INFO, _GONE); engines_journal_count
+ * bounds how many engines_journal_records writes. */
 int engines_restore_record(struct supervisor *s, const struct journal_record *rec);
 size_t engines_journal_records(struct supervisor *s, struct journal_record *recs, size_t max);
+size_t engines_journal_count(const struct supervisor *s);
 /* Groups of e launched by a previous supervisor and adopted (0..2). */
 unsigned engines_adopted(const struct sv_engine *e);
 /* Stops every group the supervisor launched or adopted (SIGKILL to the process groups) and

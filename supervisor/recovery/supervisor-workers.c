@@ -91,6 +91,7 @@ void workers_rank_from_comm(struct supervisor *s, struct sv_worker *w, int32_t r
 		  nranks, w->rank);
 	w->rank = rank;
 	journal_worker(s, w);
+	meminfo_rank_changed(s, w->pid, rank);
 }
 
 static void region_record(const struct sv_region *rg, struct journal_record *rec)
@@ -404,6 +405,8 @@ int workers_restore_record(void *userdata, const struct journal_record *rec)
 			registry_worker_remove(&s->reg, w);
 		return 0;
 	case JOURNAL_ENGINE:
+	case JOURNAL_MEM_INFO:
+	case JOURNAL_MEM_INFO_GONE:
 		return engines_restore_record(s, rec);
 	}
 	return 0;
@@ -476,7 +479,7 @@ int workers_journal_compact(struct supervisor *s)
 		return 0;
 	for (struct sv_worker *w = s->reg.workers; w; w = w->next)
 		cap += 2 + w->n_regions;
-	cap += 2 * CONFIG_ENGINES_MAX; /* the engines' groups */
+	cap += engines_journal_count(s); /* the engines' groups and answers */
 	recs = calloc(cap, sizeof(*recs));
 	if (!recs)
 		return -ENOMEM;

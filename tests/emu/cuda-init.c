@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <strings.h>
 
 #include "cuda-errors.h"
 #include "cuda-internal.h"
@@ -13,7 +14,8 @@
 bool emu_host_access;
 static atomic_bool initialized;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
-static int ndevices;
+static int ndevices;		     /* visible to this process */
+static int visible[EMU_MAX_DEVICES]; /* ordinal -> the run's device index */
 
 struct CUctx_st {
 	struct CUctx_st *next; /* registry, to validate handles */
@@ -40,6 +42,84 @@ bool emu_initialized(void)
 int emu_ndevices(void)
 {
 	return ndevices;
+}
+
+int emu_dev_index(CUdevice ordinal)
+{
+	return ordinal >= 0 && ordinal < ndevices ? visible[ordinal] : -1;
+}
+
+CUdevice emu_dev_ordinal(int index)
+{
+	for (int i = 0; i < ndevices; i++)
+		if (visible[i] == index)
+			return i;
+	return -1;
+}
+
+/* One CUDA_VISIBLE_DEVICES entry: the run's device index, or -1 (invalid). CUDA C Programming
+ * Guide, "CUDA Environment Variables": "GPU identifiers are given as integer indices or as
+ * UUID strings. GPU UUID strings should follow the same format as given by nvidia-smi, such as
+ * GPU-8932f937-d72c-4106-c12f-20bd9faed9f6. However, for convenience, abbreviated forms are
+ * allowed; simply specify enough digits from the beginning of the GPU UUID to uniquely
+ * identify that GPU in the target system." */
+static int visible_entry(const char *tok, size_t len, int nphys)
+{
+	char uuid[64];
+	int found = -1;
+
+	if (len == 0 || len >= sizeof(uuid))
+		return -1;
+	if (strncmp(tok, "GPU-", 4) == 0) {
+		for (int i = 0; i < nphys; i++)
+			if (emu_state_uuid_string(i, uuid, sizeof(uuid)) == 0 &&
+			    strncasecmp(uuid, tok, len) == 0) {
+				if (found >= 0)
+					return -1; /* not unique */
+				found = i;
+			}
+		return found;
+	}
+	found = 0;
+	for (size_t k = 0; k < len; k++) {
+		if (tok[k] < '0' || tok[k] > '9' || found > EMU_MAX_DEVICES)
+			return -1;
+		found = found * 10 + (tok[k] - '0');
+	}
+	return found < nphys ? found : -1;
+}
+
+/* The devices this process sees, in the order CUDA_VISIBLE_DEVICES lists them (all when
+ * unset): "Only the devices whose index is present in the sequence are visible to CUDA
+ * applications and they are enumerated in the order of the sequence. If one of the indices
+ * is invalid, only the devices whose index precedes the invalid index are visible" (same
+ * section). A device listed twice ends the list too (not documented; NVIDIA's driver does
+ * not enumerate one GPU twice). */
+static int visible_devices(int nphys)
+{
+	const char *e = secure_getenv("CUDA_VISIBLE_DEVICES");
+	int n = 0;
+
+	if (!e) {
+		for (int i = 0; i < nphys; i++)
+			visible[i] = i;
+		return nphys;
+	}
+	while (n < nphys) {
+		size_t len = strcspn(e, ",");
+		int d = visible_entry(e, len, nphys);
+
+		for (int i = 0; d >= 0 && i < n; i++)
+			if (visible[i] == d)
+				d = -1;
+		if (d < 0)
+			break;
+		visible[n++] = d;
+		if (!e[len])
+			break;
+		e += len + 1;
+	}
+	return n;
 }
 
 /* Calls of FUNC match rules for FUNC and for its unversioned name ("cuMemAlloc" matches
@@ -135,7 +215,12 @@ CUAPI CUresult cuInit(unsigned int Flags)
 		}
 		e = secure_getenv("BELAYER_EMU_HOST_ACCESS");
 		emu_host_access = e && strcmp(e, "1") == 0;
-		ndevices = emu_state_ndevices();
+		ndevices = visible_devices(emu_state_ndevices());
+		if (ndevices == 0) {
+			/* cuInit: CUDA_ERROR_NO_DEVICE, "no CUDA-capable devices were detected" */
+			pthread_mutex_unlock(&init_lock);
+			return CUDA_ERROR_NO_DEVICE;
+		}
 		emu_va_init();
 		for (int i = 0; i < ndevices; i++)
 			primary[i] = (struct CUctx_st){.dev = i, .primary = true};
@@ -202,7 +287,7 @@ static CUresult get_uuid(CUuuid *uuid, CUdevice dev)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (check_device(dev))
 		return CUDA_ERROR_INVALID_DEVICE;
-	(void)emu_state_uuid(dev, (unsigned char *)uuid->bytes);
+	(void)emu_state_uuid(emu_dev_index(dev), (unsigned char *)uuid->bytes);
 	return CUDA_SUCCESS;
 }
 
@@ -225,7 +310,7 @@ CUAPI CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (check_device(dev))
 		return CUDA_ERROR_INVALID_DEVICE;
-	*bytes = emu_state_capacity(dev);
+	*bytes = emu_state_capacity(emu_dev_index(dev));
 	return CUDA_SUCCESS;
 }
 
@@ -250,7 +335,7 @@ CUAPI CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (check_device(dev))
 		return CUDA_ERROR_INVALID_DEVICE;
-	(void)emu_state_pci_bus_id(dev, pciBusId, (size_t)len);
+	(void)emu_state_pci_bus_id(emu_dev_index(dev), pciBusId, (size_t)len);
 	return CUDA_SUCCESS;
 }
 
@@ -262,7 +347,7 @@ CUAPI CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId)
 	if (!dev || !pciBusId)
 		return CUDA_ERROR_INVALID_VALUE;
 	for (int i = 0; i < ndevices; i++) {
-		(void)emu_state_pci_bus_id(i, id, sizeof(id));
+		(void)emu_state_pci_bus_id(emu_dev_index(i), id, sizeof(id));
 		if (strcasecmp(id, pciBusId) == 0 ||
 		    (strlen(pciBusId) == 7 && strcasecmp(id + 5, pciBusId) == 0)) {
 			*dev = i;
@@ -300,7 +385,7 @@ static int attribute(CUdevice_attribute a, CUdevice dev)
 	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
 		return 0;
 	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
-		return 0x18 + dev;
+		return 0x18 + emu_dev_index(dev);
 	case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
 	case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
 		return 0;

@@ -56,6 +56,10 @@ void emu_set_sticky(CUresult r);
 extern bool emu_host_access; /* BELAYER_EMU_HOST_ACCESS=1: device VAs are host memory */
 bool emu_initialized(void);
 int emu_ndevices(void);
+/* CUDA_VISIBLE_DEVICES: a CUdevice is this process's ordinal; the run's device index (the
+ * state file's, the memfd names', NVML's) is another number. -1 for a device not visible. */
+int emu_dev_index(CUdevice ordinal);
+CUdevice emu_dev_ordinal(int index);
 
 /* Device of the calling thread's current context; CUDA_ERROR_INVALID_CONTEXT without one. */
 CUresult emu_current_device(CUdevice *ret_dev);

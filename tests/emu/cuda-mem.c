@@ -181,8 +181,8 @@ CUAPI CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 	if (r != CUDA_SUCCESS)
 		return r;
 	/* emu_mem_used scans: memory freed by any process, or kept by any, is seen here. */
-	cap = emu_state_capacity(dev);
-	used = emu_mem_used(dev);
+	cap = emu_state_capacity(emu_dev_index(dev));
+	used = emu_mem_used(emu_dev_index(dev));
 	*total = cap;
 	*free = used >= cap ? 0 : cap - used;
 	return CUDA_SUCCESS;

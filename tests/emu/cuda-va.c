@@ -32,7 +32,7 @@ int emu_alloc_create(int dev, size_t size, const CUmemAllocationProp *prop, stru
 
 	if (!a)
 		return -ENOMEM;
-	fd = emu_mem_create(dev, size, &a->id);
+	fd = emu_mem_create(emu_dev_index(dev), size, &a->id);
 	if (fd < 0) {
 		free(a);
 		return fd;
@@ -72,6 +72,14 @@ int emu_alloc_import(int fd, struct emu_alloc **ret)
 	if (r < 0) {
 		free(a);
 		return -EINVAL;
+	}
+	/* The name has the run's device index; this process knows the device by its ordinal.
+	 * Memory of a device it cannot see is refused (-ENODEV): the documentation says nothing
+	 * of importing it, and nothing here could map it. */
+	dev = emu_dev_ordinal(dev);
+	if (dev < 0) {
+		free(a);
+		return -ENODEV;
 	}
 	a->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
 	if (a->fd < 0) {

@@ -268,6 +268,20 @@ int emu_state_uuid(int dev, unsigned char ret_uuid[16])
 	return 0;
 }
 
+int emu_state_uuid_string(int dev, char *buf, size_t len)
+{
+	unsigned char u[16];
+	int n;
+
+	if (emu_state_uuid(dev, u) < 0)
+		return -EINVAL;
+	n = snprintf(buf, len,
+		     "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+		     u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
+		     u[12], u[13], u[14], u[15]);
+	return n >= 0 && (size_t)n < len ? 0 : -ENOSPC;
+}
+
 int emu_state_pci_bus_id(int dev, char *buf, size_t len)
 {
 	struct emu_shared *s = get();

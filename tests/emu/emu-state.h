@@ -33,6 +33,9 @@ const char *emu_state_run_id(void);
  * PCI bus id "0000:BB:00.0" with bus 0x18 + dev. 0 or -EINVAL. */
 int emu_state_uuid(int dev, unsigned char ret_uuid[16]);
 int emu_state_pci_bus_id(int dev, char *buf, size_t len);
+/* "GPU-" and the 16 UUID bytes as 8-4-4-4-12 lowercase hex digits (nvidia-smi's form, which
+ * nvmlDeviceGetUUID returns and CUDA_VISIBLE_DEVICES takes). 0, -EINVAL or -ENOSPC. */
+int emu_state_uuid_string(int dev, char *buf, size_t len);
 
 /* Physical memory accounting, per device. charge fails with -ENOMEM past capacity. Memory is
  * uncharged when the last reference to it goes away, whichever process that is.

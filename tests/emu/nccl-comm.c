@@ -118,7 +118,8 @@ void nccl_comm_release(struct ncclComm *comm)
 
 int nccl_comm_join(struct ncclComm *comm)
 {
-	int r = nccl_shm_join(&comm->shm, comm->nonce, comm->nranks, comm->rank, comm->dev);
+	int r = nccl_shm_join(&comm->shm, comm->nonce, comm->nranks, comm->rank,
+			      nccl_cuda_bus_id(comm->dev));
 
 	if (r == -EINVAL)
 		nccl_set_last_error("rank %d: nranks %d differs from the other ranks'", comm->rank,
@@ -131,14 +132,15 @@ int nccl_comm_join(struct ncclComm *comm)
 }
 
 /* After every rank joined. NCCL refuses two ranks of one communicator on one GPU ("Duplicate
- * GPU detected"), every rank alike. Then the device buffer: one collective slot, what a step
+ * GPU detected"), every rank alike: one GPU is one PCI bus id (NCCL compares busId), not one
+ * ordinal, which CUDA_VISIBLE_DEVICES renumbers per process. Then the device buffer: one collective slot, what a step
  * of a reduction accumulates. */
 int nccl_comm_finish_init(struct ncclComm *comm)
 {
 	int r;
 
 	for (int i = 0; i < comm->nranks; i++) {
-		if (i != comm->rank && comm->shm.ranks[i].dev == comm->dev) {
+		if (i != comm->rank && comm->shm.ranks[i].bus == comm->shm.ranks[comm->rank].bus) {
 			nccl_set_last_error("Duplicate GPU detected: rank %d and rank %d both on "
 					    "CUDA device %d",
 					    MIN(i, comm->rank), MAX(i, comm->rank), comm->dev);

@@ -13,6 +13,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "nccl-internal.h"
@@ -20,6 +21,7 @@
 struct cuda_api {
 	CUresult (*init)(unsigned int);
 	CUresult (*ctx_get_device)(CUdevice *);
+	CUresult (*pci_bus_id)(char *, int, CUdevice);
 	CUresult (*granularity)(size_t *, const CUmemAllocationProp *,
 				CUmemAllocationGranularity_flags);
 	CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
@@ -82,6 +84,7 @@ static void cuda_load(void)
 	}
 	r = r ?: resolve(gpa, "cuInit", (void **)&cuda.init);
 	r = r ?: resolve(gpa, "cuCtxGetDevice", (void **)&cuda.ctx_get_device);
+	r = r ?: resolve(gpa, "cuDeviceGetPCIBusId", (void **)&cuda.pci_bus_id);
 	r = r ?: resolve(gpa, "cuMemGetAllocationGranularity", (void **)&cuda.granularity);
 	r = r ?: resolve(gpa, "cuMemAddressReserve", (void **)&cuda.reserve);
 	r = r ?: resolve(gpa, "cuMemAddressFree", (void **)&cuda.address_free);
@@ -120,6 +123,19 @@ int nccl_cuda_current_device(int *ret_dev)
 		return r;
 	*ret_dev = cuda.ctx_get_device(&dev) == CUDA_SUCCESS ? (int)dev : 0;
 	return 0;
+}
+
+int nccl_cuda_bus_id(int dev)
+{
+	unsigned domain, bus, device, function;
+	char id[32];
+
+	/* "[domain]:[bus]:[device].[function]" (cuDeviceGetPCIBusId); without it, the ordinal */
+	if (cuda_get() < 0 || cuda.pci_bus_id(id, (int)sizeof(id), dev) != CUDA_SUCCESS ||
+	    sscanf(id, "%x:%x:%x.%x", &domain, &bus, &device, &function) != 4)
+		return dev;
+	return (int)((domain & 0xffff) << 16 | (bus & 0xff) << 8 | (device & 0x1f) << 3 |
+		     (function & 7));
 }
 
 /* NCCL's cuMem allocation: POSIX-fd shareable, readable and writable from its device. */

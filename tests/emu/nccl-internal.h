@@ -28,7 +28,7 @@
 struct nccl_shm_rank {
 	_Atomic uint32_t joined;
 	int32_t pid;
-	int32_t dev;
+	int32_t bus; /* the device's PCI location (nccl_cuda_bus_id), what NCCL compares */
 	uint32_t reserved;
 	_Atomic uint64_t posted;   /* collective steps whose slot data is written */
 	_Atomic uint64_t consumed; /* collective steps whose peers' slots this rank has read */
@@ -106,7 +106,7 @@ size_t nccl_shm_size(int nranks, uint64_t *ret_slot_bytes, uint32_t *ret_chan_by
 /* Joins (creating it if first) the rendezvous segment named by nonce as rank, without waiting
  * for the others. 0, -EINVAL (nranks differs from the segment's), -EADDRINUSE (rank taken). */
 int nccl_shm_join(struct nccl_shm *shm, const uint8_t nonce[NCCL_EMU_NONCE_BYTES], int nranks,
-		  int rank, int dev);
+		  int rank, int bus);
 bool nccl_shm_all_joined(const struct nccl_shm *shm);
 void nccl_shm_unmap(struct nccl_shm *shm);
 void nccl_shm_wake(struct nccl_shm *shm);
@@ -133,6 +133,9 @@ static inline uint8_t *nccl_shm_chan_data(const struct nccl_shm *shm, int from, 
 
 /* nccl-cuda.c: the driver, reached as the real NCCL reaches it. */
 int nccl_cuda_current_device(int *ret_dev);
+/* The PCI location of CUDA device dev (domain, bus, device, function in one number): the same
+ * GPU has the same one in every process, whatever CUDA_VISIBLE_DEVICES renumbered. */
+int nccl_cuda_bus_id(int dev);
 /* size is rounded up to the allocation granularity. 0 or -EIO. */
 int nccl_cuda_vmm_alloc(int dev, size_t size, struct nccl_vmm *ret);
 void nccl_cuda_vmm_free(struct nccl_vmm *vmm);

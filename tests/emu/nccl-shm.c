@@ -94,7 +94,7 @@ static void unlock_closep(int *fd)
 }
 
 int nccl_shm_join(struct nccl_shm *shm, const uint8_t nonce[NCCL_EMU_NONCE_BYTES], int nranks,
-		  int rank, int dev)
+		  int rank, int bus)
 {
 	_cleanup_(unlock_closep) int fd = -1;
 	char path[PATH_MAX];
@@ -146,7 +146,7 @@ int nccl_shm_join(struct nccl_shm *shm, const uint8_t nonce[NCCL_EMU_NONCE_BYTES
 		return -EADDRINUSE;
 	}
 	shm->ranks[rank].pid = getpid();
-	shm->ranks[rank].dev = dev;
+	shm->ranks[rank].bus = bus;
 	atomic_store(&shm->ranks[rank].joined, 1);
 	if (atomic_fetch_add(&hdr->njoined, 1) + 1 == (uint32_t)nranks)
 		(void)unlink(path); /* everyone holds a mapping; the name has served */

@@ -176,21 +176,6 @@ _public_ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *inde
 	return NVML_SUCCESS;
 }
 
-/* "GPU-" and the 16 UUID bytes as 8-4-4-4-12 hex digits: the bytes cuDeviceGetUuid returns. */
-static int format_uuid(int dev, char *buf, size_t len)
-{
-	unsigned char u[16];
-	int n;
-
-	if (emu_state_uuid(dev, u) < 0)
-		return -EINVAL;
-	n = snprintf(buf, len,
-		     "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-		     u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
-		     u[12], u[13], u[14], u[15]);
-	return n >= 0 && (size_t)n < len ? 0 : -ENOSPC;
-}
-
 _public_ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
 	char buf[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
@@ -200,7 +185,7 @@ _public_ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigne
 	dev = nvml_device_index(device);
 	if (dev < 0 || !uuid)
 		return NVML_ERROR_INVALID_ARGUMENT;
-	if (format_uuid(dev, buf, sizeof(buf)) < 0)
+	if (emu_state_uuid_string(dev, buf, sizeof(buf)) < 0)
 		return NVML_ERROR_UNKNOWN;
 	if (strlen(buf) + 1 > length)
 		return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -216,7 +201,7 @@ _public_ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *
 	if (!uuid || !device)
 		return NVML_ERROR_INVALID_ARGUMENT;
 	for (int i = 0; i < emu_state_ndevices(); i++) {
-		if (format_uuid(i, buf, sizeof(buf)) == 0 && strcmp(buf, uuid) == 0) {
+		if (emu_state_uuid_string(i, buf, sizeof(buf)) == 0 && strcmp(buf, uuid) == 0) {
 			*device = &nvml_devices[i];
 			return NVML_SUCCESS;
 		}

@@ -28,14 +28,19 @@ static char *run_dir;
 
 int cu_setup(const char *mem)
 {
-	CUdriverProcAddressQueryResult status;
-
 	run_dir = test_mkdtemp("belayer-emu-test");
 	if (!run_dir)
 		return -1;
 	setenv("BELAYER_EMU_DIR", run_dir, 1);
 	if (mem)
 		setenv("BELAYER_EMU_MEM", mem, 1);
+	return cu_load() == CUDA_SUCCESS ? 0 : -1;
+}
+
+int cu_load(void)
+{
+	CUdriverProcAddressQueryResult status;
+
 	cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!cu.lib) {
 		fprintf(stderr, "dlopen libcuda.so.1: %s\n", dlerror());
@@ -58,7 +63,7 @@ int cu_setup(const char *mem)
 	cu.alloc_id = dlsym(cu.lib, "belayer_emu_alloc_id");
 	if (!cu.translate || !cu.live_allocations || !cu.alloc_id)
 		return -1;
-	return cu.cuInit(0) == CUDA_SUCCESS ? 0 : -1;
+	return (int)cu.cuInit(0);
 }
 
 int cu_teardown(void)

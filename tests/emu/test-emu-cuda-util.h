@@ -120,6 +120,9 @@ extern struct cu_api cu;
  * the driver, resolves CU_FUNCS and calls cuInit. For cmocka group setup: 0 or -1. */
 int cu_setup(const char *mem);
 int cu_teardown(void);
+/* cu_setup's second half, in the run BELAYER_EMU_DIR already names (a process exec'ed by a
+ * test): cuInit's result, or -1 when the driver cannot be loaded. */
+int cu_load(void);
 /* Retains device dev's primary context and makes it current: 0 or a CUresult. */
 int cu_use_device(int dev);
 

@@ -51,6 +51,7 @@ enum {
 	ARG_PORT,
 	ARG_MODEL,
 	ARG_NO_RANK_ENV,
+	ARG_ONE_VISIBLE,
 	ARG_CUSTOM_ALL_REDUCE,
 	ARG_CUDA_GRAPH,
 	ARG_NCCL_NONBLOCKING,
@@ -83,6 +84,7 @@ static const struct option options[] = {
 	{"rank", required_argument, NULL, ARG_RANK},
 	{"nccl-id", required_argument, NULL, ARG_NCCL_ID},
 	{"no-rank-env", no_argument, NULL, ARG_NO_RANK_ENV},
+	{"one-visible-device", no_argument, NULL, ARG_ONE_VISIBLE},
 	{"custom-all-reduce", no_argument, NULL, ARG_CUSTOM_ALL_REDUCE},
 	{"cuda-graph", no_argument, NULL, ARG_CUDA_GRAPH},
 	{"nccl-nonblocking", no_argument, NULL, ARG_NCCL_NONBLOCKING},
@@ -125,6 +127,8 @@ static void usage(FILE *f)
 		"  --debug-listen-delay MS       listen MS after the model is loaded: connections "
 		"are\n"
 		"                                refused meanwhile (tests)\n"
+		"  --one-visible-device          each rank sees only its device (the rank-th of\n"
+		"                                CUDA_VISIBLE_DEVICES), as its device 0 (Ray)\n"
 		"  --no-rank-env                 ranks learn their rank from arguments only, "
 		"without\n"
 		"                                RANK/LOCAL_RANK, as vLLM's and SGLang's "
@@ -279,6 +283,9 @@ static int parse_args(int argc, char **argv, struct engine_options *o)
 		case ARG_RANK:
 			r = parse_u32_arg(optarg, 1, 7, &o->rank);
 			break;
+		case ARG_ONE_VISIBLE:
+			o->one_visible_device = true;
+			break;
 		case ARG_NO_RANK_ENV:
 			o->no_rank_env = true;
 			break;
@@ -404,6 +411,29 @@ static int spawn_env(uint32_t rank, bool no_rank_env, char ***ret)
 		}
 	*ret = env;
 	return 0;
+}
+
+/* --one-visible-device, after the other ranks were started (they narrow their own): this rank
+ * sees only the rank-th device of the CUDA_VISIBLE_DEVICES it was started with (all devices
+ * when unset: device `rank`), which is then its device 0. Ray starts each worker so, with one
+ * GPU id in its CUDA_VISIBLE_DEVICES. */
+static int visible_own_device(uint32_t rank)
+{
+	const char *all = getenv("CUDA_VISIBLE_DEVICES");
+	char one[128];
+
+	if (!all) {
+		snprintf(one, sizeof(one), "%u", rank);
+	} else {
+		for (uint32_t i = 0; i < rank && all; i++)
+			if ((all = strchr(all, ',')))
+				all++;
+		if (!all || !*all || strcspn(all, ",") >= sizeof(one))
+			return log_error_errno(-ENODEV, "CUDA_VISIBLE_DEVICES lists no device %u",
+					       rank);
+		snprintf(one, sizeof(one), "%.*s", (int)strcspn(all, ","), all);
+	}
+	return setenv("CUDA_VISIBLE_DEVICES", one, 1) < 0 ? -errno : 0;
 }
 
 /* Rank 0 starts ranks 1..tp-1 as copies of itself, as vLLM's multiprocess executor does. */
@@ -615,7 +645,8 @@ int main(int argc, char **argv)
 		}
 	}
 	t[0] = now_s();
-	r = gpu_cuda_init((int)e.o.rank);
+	r = e.o.one_visible_device ? visible_own_device(e.o.rank) : 0;
+	r = r ?: gpu_cuda_init(e.o.one_visible_device ? 0 : (int)e.o.rank);
 	r = r ?: gpu_kernels_load();
 	if (r < 0)
 		goto fail;

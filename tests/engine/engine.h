@@ -34,9 +34,10 @@ struct engine_options {
 	ncclUniqueId tp_id;		  /* followers: the TP group's id (--nccl-id) */
 	struct model_config dummy_config; /* --load-format dummy without --model */
 	bool no_rank_env;		  /* --no-rank-env: ranks get no RANK/LOCAL_RANK */
-	bool custom_all_reduce;		  /* --custom-all-reduce: IPC buffers, as vLLM's */
-	bool cuda_graph;		  /* --cuda-graph: decode steps from CUDA graphs */
-	bool nccl_nonblocking;		  /* --nccl-nonblocking: config.blocking = 0 */
+	bool one_visible_device; /* --one-visible-device: each rank sees only its device, as 0 */
+	bool custom_all_reduce;	 /* --custom-all-reduce: IPC buffers, as vLLM's */
+	bool cuda_graph;	 /* --cuda-graph: decode steps from CUDA graphs */
+	bool nccl_nonblocking;	 /* --nccl-nonblocking: config.blocking = 0 */
 	bool index_tables; /* --index-tables: block table, slot mapping as large allocations */
 	bool index_first;  /* --index-tables-first: those before the weights, as vLLM's */
 	bool tags;	   /* --belayer-tags: weights and KV tagged for the shim */

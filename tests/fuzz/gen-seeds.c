@@ -521,6 +521,25 @@ static void build_journal_seeds(void)
 	 * that the record ends (the decoder now walks the headers first). */
 	journal_payload("bad-forged-map-size", "\xdf\x00\x10\x00\x00\xa2op\x64", 9);
 	journal_samples(recs);
+	{
+		/* A primary rank's cuMemGetInfo answer, an engine's answers forgotten; free above
+		 * total is refused (the decoder bounds free by total). */
+		struct journal_record m = {.op = JOURNAL_MEM_INFO, .rank = 1};
+
+		(void)snprintf(m.engine_id, sizeof(m.engine_id), "vllm-0");
+		m.mem_info.seq = 2;
+		m.mem_info.free = 70ull << 30;
+		m.mem_info.total = 80ull << 30;
+		memset(m.mem_info.device_uuid, 0xcd, PROTO_UUID_LEN);
+		len = journal_frame(&m, buf);
+		journal_payload("valid-mem-info", buf + 8, len - 8);
+		m.mem_info.free = m.mem_info.total + 1;
+		len = journal_frame(&m, buf);
+		journal_payload("bad-mem-info-free-above-total", buf + 8, len - 8);
+		m.op = JOURNAL_MEM_INFO_GONE;
+		len = journal_frame(&m, buf);
+		journal_payload("valid-mem-info-gone", buf + 8, len - 8);
+	}
 
 	/* Whole journals (mode byte 1): every op in order, then the same with a torn tail. */
 	s = seed_in(journal_seeds, &n_journal_seeds, "valid-journal");

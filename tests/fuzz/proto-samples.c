@@ -280,6 +280,7 @@ static void sample_mem_info(struct proto_msg *m)
 	m->type = PROTO_MEM_INFO;
 	m->mem_info.device = 1;
 	m->mem_info.seq = 2;
+	memset(m->mem_info.device_uuid, 0xcd, PROTO_UUID_LEN);
 	m->mem_info.free = 70ull << 30;
 	m->mem_info.total = 80ull << 30;
 }

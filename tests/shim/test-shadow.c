@@ -34,6 +34,7 @@
 
 #include "belayer-emu.h"
 #include "engine-client.h"
+#include "gpu-uuid.h"
 #include "layout.h"
 #include "proto.h"
 #include "test-util.h"
@@ -1107,10 +1108,13 @@ static void test_engine_shadow_sizes_itself_like_the_primary(void **state)
 	off = (size_t)snprintf(env, sizeof(env), "BELAYER_SHADOW_MEM_INFO=");
 	for (size_t i = 0; i < f->primary.n_mem; i++) {
 		const struct proto_mem_info *mi = &f->primary.mem[i];
+		char uuid[GPU_UUID_STR_LEN + 1];
 
+		/* rank 0 (a single-rank engine), on the device the report names */
 		assert_true(mi->free <= mi->total);
-		off += (size_t)snprintf(env + off, sizeof(env) - off, "%s%u:%" PRIu64 ":%" PRIu64,
-					i ? "," : "", mi->device, mi->free, mi->total);
+		gpu_uuid_format(mi->device_uuid, uuid);
+		off += (size_t)snprintf(env + off, sizeof(env) - off, "%s0:%s:%" PRIu64 ":%" PRIu64,
+					i ? "," : "", uuid, mi->free, mi->total);
 		assert_true(off < sizeof(env));
 	}
 	f->shadow_env = env;

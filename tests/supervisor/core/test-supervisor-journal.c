@@ -91,13 +91,29 @@ static void records_round_trip(void **state)
 	free(dir);
 }
 
+/* Appends n records to a new journal in dir, reopens it: the same n come back. */
+static void append_then_replay(const char *dir, const struct journal_record *recs, int n)
+{
+	struct sv_journal *j;
+
+	assert_int_equal(journal_open(dir, NULL, NULL, &j), 0);
+	for (int i = 0; i < n; i++)
+		assert_int_equal(journal_append(j, &recs[i]), 0);
+	journal_close(j);
+	n_seen = 0;
+	assert_int_equal(journal_open(dir, collect, NULL, &j), 0);
+	assert_int_equal(n_seen, n);
+	for (int i = 0; i < n; i++)
+		assert_memory_equal(&seen[i], &recs[i], sizeof(recs[i]));
+	journal_close(j);
+}
+
 /* A configured engine's launched group (what a restarted supervisor adopts): leader pid, start
  * time, role and port come back as written; pid 0 (no group) too. */
 static void engine_record_round_trip(void **state)
 {
 	char *dir = test_mkdtemp("belayer-journal");
 	struct journal_record recs[2];
-	struct sv_journal *j;
 
 	memset(recs, 0, sizeof(recs));
 	recs[0].op = JOURNAL_ENGINE;
@@ -113,16 +129,44 @@ static void engine_record_round_trip(void **state)
 	recs[1].role = ROLE_PRIMARY;
 	for (int i = 0; i < 2; i++)
 		recs[i].region.fd = -1;
-	assert_int_equal(journal_open(dir, NULL, NULL, &j), 0);
+	append_then_replay(dir, recs, 2);
+	test_rmtree(dir);
+	free(dir);
+}
+
+/* A primary rank's cuMemGetInfo answer (issue 22: a shadow launched after a restart sizes
+ * itself from them) and an engine's answers forgotten come back as written; an answer whose
+ * free exceeds its total, or whose call number is past what a shim records, is refused. */
+static void mem_info_record_round_trip(void **state)
+{
+	char *dir = test_mkdtemp("belayer-journal");
+	struct journal_record recs[2], bad;
+	uint8_t buf[JOURNAL_MAX_RECORD + 8];
+	ssize_t n;
+
+	memset(recs, 0, sizeof(recs));
+	recs[0].op = JOURNAL_MEM_INFO;
+	recs[0].rank = 3;
+	recs[0].mem_info.seq = PROTO_MAX_MEM_INFO - 1;
+	recs[0].mem_info.free = 5ull << 30;
+	recs[0].mem_info.total = 80ull << 30;
+	memset(recs[0].mem_info.device_uuid, 0x5a, PROTO_UUID_LEN);
+	snprintf(recs[0].engine_id, sizeof(recs[0].engine_id), "llm");
+	recs[1].op = JOURNAL_MEM_INFO_GONE;
+	snprintf(recs[1].engine_id, sizeof(recs[1].engine_id), "llm");
 	for (int i = 0; i < 2; i++)
-		assert_int_equal(journal_append(j, &recs[i]), 0);
-	journal_close(j);
-	n_seen = 0;
-	assert_int_equal(journal_open(dir, collect, NULL, &j), 0);
-	assert_int_equal(n_seen, 2);
-	for (int i = 0; i < 2; i++)
-		assert_memory_equal(&seen[i], &recs[i], sizeof(recs[i]));
-	journal_close(j);
+		recs[i].region.fd = -1;
+	append_then_replay(dir, recs, 2);
+	bad = recs[0];
+	bad.mem_info.free = bad.mem_info.total + 1;
+	n = journal_encode(&bad, buf, sizeof(buf));
+	assert_true(n > 8);
+	assert_int_equal(journal_decode(buf + 8, (size_t)n - 8, &bad), -EBADMSG);
+	bad = recs[0];
+	bad.mem_info.seq = PROTO_MAX_MEM_INFO;
+	n = journal_encode(&bad, buf, sizeof(buf));
+	assert_true(n > 8);
+	assert_int_equal(journal_decode(buf + 8, (size_t)n - 8, &bad), -EBADMSG);
 	test_rmtree(dir);
 	free(dir);
 }
@@ -236,6 +280,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(records_round_trip),
 		cmocka_unit_test(engine_record_round_trip),
+		cmocka_unit_test(mem_info_record_round_trip),
 		cmocka_unit_test(torn_tail_truncated),
 		cmocka_unit_test(corruption_stops_replay),
 		cmocka_unit_test(rewrite_replaces_atomically),

@@ -6,7 +6,9 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -19,6 +21,9 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "belayer-emu.h"
 #include "sv-engine.h"
@@ -90,6 +95,48 @@ int engine_generate_read(int fd, int timeout_ms, uint32_t out[ENGINE_TOKENS])
 			p++;
 	}
 	return 0;
+}
+
+/* The child of engine_occupy: the driver reached as the CUDA runtime does (dlopen,
+ * cuGetProcAddress_v2), the memory allocated, a byte written to fd, then it waits. */
+static int occupy(int dev, size_t bytes, int fd)
+{
+	PFN_cuGetProcAddress_v12000 gpa;
+	PFN_cuInit_v2000 init;
+	PFN_cuDevicePrimaryCtxRetain_v7000 retain;
+	PFN_cuCtxSetCurrent_v4000 set_current;
+	PFN_cuMemAlloc_v3020 alloc;
+	CUdriverProcAddressQueryResult q;
+	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	CUcontext ctx;
+	CUdeviceptr p;
+
+	gpa = lib ? (PFN_cuGetProcAddress_v12000)dlsym(lib, "cuGetProcAddress_v2") : NULL;
+	if (!gpa || gpa("cuInit", (void **)&init, 2000, 0, &q) ||
+	    gpa("cuDevicePrimaryCtxRetain", (void **)&retain, 7000, 0, &q) ||
+	    gpa("cuCtxSetCurrent", (void **)&set_current, 4000, 0, &q) ||
+	    gpa("cuMemAlloc", (void **)&alloc, 3020, 0, &q) || init(0) || retain(&ctx, dev) ||
+	    set_current(ctx) || alloc(&p, bytes) || write(fd, "", 1) != 1)
+		return 1;
+	for (;;)
+		pause();
+}
+
+pid_t engine_occupy(int dev, size_t bytes)
+{
+	int fds[2];
+	char c;
+	pid_t pid;
+
+	assert_int_equal(pipe2(fds, O_CLOEXEC), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0)
+		_exit(occupy(dev, bytes, fds[1]));
+	close(fds[1]);
+	assert_int_equal(read(fds[0], &c, 1), 1);
+	close(fds[0]);
+	return pid;
 }
 
 int engine_generate(uint16_t port, uint32_t out[ENGINE_TOKENS])

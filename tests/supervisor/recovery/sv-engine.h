@@ -34,6 +34,10 @@ void engine_start(struct sv *sv, const char *weights, uint16_t port_a, uint16_t 
 void engine_start_both(struct sv *sv, const char *weights, uint16_t port_a, uint16_t port_b,
 		       const char *both_extra, const char *shadow_extra, const char *const *more);
 
+/* A process (not the engine's) holding bytes of device dev of the run, as another job on a
+ * shared GPU: its pid once it holds them. Kill it to free them. */
+pid_t engine_occupy(int dev, size_t bytes);
+
 /* POST /generate (greedy); 0 and the tokens, or -errno when nothing serves on port. */
 int engine_generate(uint16_t port, uint32_t out[ENGINE_TOKENS]);
 /* The same in two steps: the request sent (the connection, or -errno), then its reply read

@@ -226,6 +226,50 @@ static void launches_only_what_is_missing(void **state)
 	assert_int_equal(engine_metric(&sv, "belayer_engine_port", NULL), port_b);
 }
 
+/* Issue 22: both groups size their KV cache from free memory (as in test-promote's
+ * shadow_sized_by_free_memory). The shadow group dies while no supervisor runs; the restarted
+ * one adopts the primary and launches a shadow at once, before the primary's shims said hello
+ * again: only the journal has the primary's cuMemGetInfo answers then. On its own figures the
+ * shadow finds no room for a KV cache and exits; given the journaled answers it sizes itself
+ * like the primary, parks, and a kill is promoted onto it. */
+static void shadow_after_restart_sized_like_primary(void **state)
+{
+	static char primary[PATH_MAX * 2 + 256];
+	const char *const more[] = {primary, NULL};
+	pid_t pids[4];
+
+	port_a = sv_free_port();
+	port_b = sv_free_port();
+	snprintf(primary, sizeof(primary),
+		 "engine.t.primary=%s --model %s --port {port} --tp 2 "
+		 "--gpu-memory-utilization 0.05",
+		 ENGINE_PATH, weights);
+	engine_start(&sv, weights, port_a, port_b, "--gpu-memory-utilization 0.05", more);
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
+	for (int i = 0; i < 4; i++)
+		pids[i] = engine_worker_pid(&sv, i < 2 ? ROLE_PRIMARY : ROLE_SHADOW, i % 2);
+	(void)sv_kill(&sv, SIGKILL);
+	assert_int_equal(kill(pids[2], SIGKILL), 0);
+	assert_int_equal(kill(pids[3], SIGKILL), 0);
+	for (uint64_t deadline = mono_ms() + ENGINE_READY_MS;
+	     !process_gone(pids[2]) || !process_gone(pids[3]);)
+		assert_true(mono_ms() < deadline);
+	engine_start(&sv, weights, port_a, port_b, "--gpu-memory-utilization 0.05", more);
+	assert_int_equal(engine_metric(&sv, "belayer_engine_adopted", NULL), 1);
+	assert_int_equal(engine_metric(&sv, "belayer_engine_launches_total", NULL), 1);
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
+	/* The shadow launched at the restart parked: none had to replace it (one started without
+	 * the answers finds no KV cache, exits, and only its replacement, started once the
+	 * primary's shims re-announced them, would park). */
+	assert_int_equal(engine_metric(&sv, "belayer_engine_launches_total", NULL), 1);
+	assert_int_equal(kill(pids[0], SIGKILL), 0);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
+	engine_wait_serving(&sv, expected);
+	assert_int_equal(engine_metric(&sv, "belayer_engine_port", NULL), port_b);
+}
+
 /* The trigger of the last recovery, from `belayerctl status --json`. */
 static void assert_trigger(const char *want)
 {
@@ -399,9 +443,14 @@ int main(void)
 		cmocka_unit_test_setup_teardown(launches_only_what_is_missing, setup, teardown),
 		cmocka_unit_test_setup_teardown(rank_dead_while_down_recovered, setup, teardown),
 		cmocka_unit_test_setup_teardown(silent_rank_counts_as_dead, setup, teardown),
+		cmocka_unit_test_setup_teardown(shadow_after_restart_sized_like_primary, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(systemd_restart_leaves_engines, setup,
 						fake_systemd_teardown),
 	};
 
+	/* SV_TEST_FILTER=name runs one test (cmocka's glob). */
+	if (getenv("SV_TEST_FILTER"))
+		cmocka_set_test_filter(getenv("SV_TEST_FILTER"));
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -147,8 +147,15 @@ static int setup(void **state)
 	return 0;
 }
 
+static pid_t occupier; /* a process holding device memory, killed at the end of its test */
+
 static int teardown(void **state)
 {
+	if (occupier > 0) {
+		(void)kill(occupier, SIGKILL);
+		(void)waitpid(occupier, NULL, 0);
+		occupier = 0;
+	}
 	return engine_teardown(&sv);
 }
 
@@ -262,6 +269,24 @@ static void promotes_with_nonblocking_nccl(void **state)
 	assert_int_equal(metric(&sv, "belayer_recoveries_total", "outcome=\"promoted\""), 1);
 }
 
+/* Primary and shadow started with flags (their KV cache sized from free memory); once the
+ * shadow group parked, primary rank kill_rank is killed: promoted, the engine serves. */
+static void sized_by_free_memory(const char *flags, int kill_rank)
+{
+	static char primary[PATH_MAX * 2 + 256];
+	const char *const more[] = {primary, NULL};
+
+	snprintf(primary, sizeof(primary), "engine.t.primary=%s --model %s --port {port} --tp 2 %s",
+		 ENGINE_PATH, weights, flags);
+	start(flags, more);
+	engine_wait_serving(&sv, expected);
+	engine_wait_promotable(&sv);
+	kill_primary_rank(kill_rank);
+	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
+	engine_wait_serving(&sv, expected);
+	assert_int_equal(metric(&sv, "belayer_recoveries_total", "outcome=\"promoted\""), 1);
+}
+
 /* Review finding 6: both groups size their KV cache from free memory, as vLLM's
  * determine_available_memory does (--gpu-memory-utilization). The shadow group starts once
  * the primary serves, on devices the primary holds: on its own figures it finds no room for
@@ -269,20 +294,29 @@ static void promotes_with_nonblocking_nccl(void **state)
  * sizes itself like the primary, parks with the primary's layout, and a death is promoted. */
 static void shadow_sized_by_free_memory(void **state)
 {
-	static char primary[PATH_MAX * 2 + 256];
-	const char *const more[] = {primary, NULL};
+	sized_by_free_memory("--gpu-memory-utilization 0.05", 0);
+}
 
-	snprintf(primary, sizeof(primary),
-		 "engine.t.primary=%s --model %s --port {port} --tp 2 "
-		 "--gpu-memory-utilization 0.05",
-		 ENGINE_PATH, weights);
-	start("--gpu-memory-utilization 0.05", more);
-	engine_wait_serving(&sv, expected);
-	engine_wait_promotable(&sv);
-	kill_primary_rank(0);
-	assert_int_equal(engine_wait_recovery(&sv, 1), 2);
-	engine_wait_serving(&sv, expected);
-	assert_int_equal(metric(&sv, "belayer_recoveries_total", "outcome=\"promoted\""), 1);
+/* Issue 22: as under Ray, each rank sees only its own device, as device 0 (the stand-in's
+ * --one-visible-device sets CUDA_VISIBLE_DEVICES per rank), and the ranks' devices differ:
+ * another process holds 64 MiB of rank 1's. The ranks' answers differ, their devices'
+ * ordinals do not; the ranks agree on the smaller KV cache (vLLM and SGLang take the minimum).
+ * Each shadow rank must get its own primary rank's answers, known by rank and device UUID: a
+ * shadow group given one rank's answers for both computes that rank's size, and with rank 0's
+ * (the larger) its layout is not the primary's. Promoted, it serves. */
+static void shadow_sized_per_rank_one_visible_device(void **state)
+{
+	occupier = engine_occupy(1, 64u << 20);
+	sized_by_free_memory("--gpu-memory-utilization 0.05 --one-visible-device", 1);
+}
+
+/* The same with ranks started without RANK (vLLM's and SGLang's workers): a shadow's shim does
+ * not know its rank when its engine asks cuMemGetInfo, and takes the answers of the one
+ * primary rank recorded on its device's UUID. */
+static void shadow_sized_per_device_no_rank_env(void **state)
+{
+	occupier = engine_occupy(1, 64u << 20);
+	sized_by_free_memory("--gpu-memory-utilization 0.05 --one-visible-device --no-rank-env", 1);
 }
 
 /* Killed during load (before it serves, before the shadow parks): cold restart. */
@@ -658,7 +692,14 @@ int main(void)
 		cmocka_unit_test_setup_teardown(promotes_with_nonblocking_nccl, setup, teardown),
 		cmocka_unit_test_setup_teardown(external_primary_is_paired, setup, teardown),
 		cmocka_unit_test_setup_teardown(shadow_sized_by_free_memory, setup, teardown),
+		cmocka_unit_test_setup_teardown(shadow_sized_per_rank_one_visible_device, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(shadow_sized_per_device_no_rank_env, setup,
+						teardown),
 	};
 
+	/* SV_TEST_FILTER=name runs one test (cmocka's glob). */
+	if (getenv("SV_TEST_FILTER"))
+		cmocka_set_test_filter(getenv("SV_TEST_FILTER"));
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
