@@ -7,6 +7,8 @@
 #include "supervisor-env.h"
 
 #define BENCH_KINDS_REPS_MAX 3
+/* The tracer's watch id of the environment the kinds (and memory) rows measure. */
+#define BENCH_KINDS_WATCH 1
 
 struct kinds_row {
 	char kind[ENV_KIND_MAX + 1]; /* the manifest's, or "skipped" / "changed" for the decision */
@@ -24,3 +26,10 @@ int bench_env_kinds(const struct env_params *p, unsigned files, unsigned reps,
 		    int (*run)(const struct sv_env *e, const char *action),
 		    int (*fill)(const struct sv_env *e, const char *dir, unsigned n),
 		    struct bench_kinds *ret);
+
+/* env_activity_fn: the tracer's activity counter of watch BENCH_KINDS_WATCH; userdata a
+ * pointer to the struct sv_envtrace * that watches it. */
+int bench_kinds_activity(void *userdata, uint32_t *ret_watch, uint64_t *ret_count);
+/* A 16-byte file /work/<name> written into the overlay from outside, as `env write` does: no
+ * process of the environment runs. */
+int bench_kinds_write(const struct sv_env *e, const char *name, unsigned salt);

@@ -15,6 +15,10 @@
  * through the checkpoint's frozen callback (the daemon's comes from the tracer, tested by
  * env-daemon). The files are written inside the environment by one python3 process (the
  * host's /usr).
+ *
+ * Then the memory rows (bench-env-mem.c): 10 MiB, 100 MiB and 1 GiB held by the environment's
+ * process; a turn where it dirtied its memory (full), one where it did not run (fs-only), and
+ * the same idle turn the old way (every checkpoint full), each restored.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -28,6 +32,7 @@
 #include <json-c/json.h>
 
 #include "bench-env-kinds.h"
+#include "bench-env-mem.h"
 #include "bench-measure.h"
 #include "bench-path.h"
 #include "bench.h"
@@ -345,6 +350,32 @@ static void kinds_json(json_object *o, const char *name, const struct kinds_row 
 	json_object_object_add(o, name, r);
 }
 
+static void mem_json(json_object *arr, unsigned mb, const char *turn, const char *how,
+		     const struct mem_row *w)
+{
+	json_object *o = json_object_new_object();
+
+	json_object_object_add(o, "mb", json_object_new_int64(mb));
+	json_object_object_add(o, "turn", json_object_new_string(turn));
+	json_object_object_add(o, "path", json_object_new_string(how));
+	json_object_object_add(o, "kind", json_object_new_string(w->kind));
+	json_object_object_add(o, "frozen_us", json_object_new_int64((int64_t)w->freeze_us));
+	json_object_object_add(o, "fs_us", json_object_new_int64((int64_t)w->fs_us));
+	json_object_object_add(o, "dump_us", json_object_new_int64((int64_t)w->dump_us));
+	json_object_object_add(o, "commit_us", json_object_new_int64((int64_t)w->commit_us));
+	json_object_object_add(o, "criu_bytes", json_object_new_int64((int64_t)w->criu_bytes));
+	json_object_object_add(o, "fs_bytes", json_object_new_int64((int64_t)w->fs_bytes));
+	json_object_object_add(o, "restore_us", json_object_new_int64((int64_t)w->restore_us));
+	json_object_array_add(arr, o);
+}
+
+static void mem_print(unsigned mb, const char *turn, const struct mem_row *w)
+{
+	printf("%5u MiB  %-10s %-8s %9.1f %7.1f %9.1f %8.1f %10.1f %9.1f\n", mb, turn, w->kind,
+	       w->freeze_us / 1e3, w->fs_us / 1e3, w->dump_us / 1e3, w->commit_us / 1e3,
+	       (double)(w->criu_bytes + w->fs_bytes) / (1 << 20), w->restore_us / 1e3);
+}
+
 static void kinds_print(const char *what, const struct kinds_row *k)
 {
 	printf("%-26s %-8s %9.1f %9.1f %9.1f %9.1f %9.1f\n", what, k->kind, k->freeze_us / 1e3,
@@ -359,8 +390,10 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 		{},
 	};
 	static const unsigned sizes_full[] = {1000, 10000, 100000}, sizes_quick[] = {100, 1000};
-	const unsigned *sizes = sizes_full;
-	size_t n_sizes = ARRAY_SIZE(sizes_full);
+	static const unsigned mem_full[] = {10, 100, 1024}, mem_quick[] = {10};
+	const unsigned *sizes = sizes_full, *mem_sizes = mem_full;
+	size_t n_sizes = ARRAY_SIZE(sizes_full), n_mem = ARRAY_SIZE(mem_full);
+	struct bench_mem mem[ARRAY_SIZE(mem_full)] = {0};
 	unsigned reps = REPS_MAX, add = 100000;
 	struct scaling_row rows[ARRAY_SIZE(sizes_full)][2] = {0}, added[3] = {0};
 	struct bench_kinds kinds = {0};
@@ -377,15 +410,19 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 		case 'q':
 			sizes = sizes_quick;
 			n_sizes = ARRAY_SIZE(sizes_quick);
+			mem_sizes = mem_quick;
+			n_mem = ARRAY_SIZE(mem_quick);
 			reps = 1;
 			add = 1000;
 			break;
 		case 'h':
 			printf("belayer-bench env-scaling [--quick]\n"
 			       "  files in the upper layer 1k/10k/100k, one changed file between "
-			       "two checkpoints (medians of 3), and a turn adding 100k files\n"
+			       "two checkpoints (medians of 3), and a turn adding 100k files;\n"
+			       "  memory 10 MiB/100 MiB/1 GiB held by the environment's process: "
+			       "dirtied, idle, idle the old way (once each)\n"
 			       "  --quick  CI size: 100 and 1,000 files, once; a turn adding "
-			       "1,000\n");
+			       "1,000; 10 MiB\n");
 			return 0;
 		default:
 			return 2;
@@ -403,6 +440,8 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 	r = sv_criu_config_init(state);
 	if (r >= 0)
 		r = fixture_make_base(base, BENCH_ENV_SERVER);
+	if (r >= 0)
+		r = bench_env_mem_prepare(base);
 	if (r < 0) {
 		log_error_errno(r, "Failed to make the base: %m");
 		goto out;
@@ -415,6 +454,8 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 	p.keep = 4;
 	for (size_t i = 0; i < n_sizes && r >= 0; i++)
 		r = scaling_size(&p, sizes[i], reps, i == 0 ? add : 0, rows[i], added);
+	for (size_t i = 0; i < n_mem && r >= 0; i++)
+		r = bench_env_mem(&p, mem_sizes[i], &mem[i]);
 	if (r < 0)
 		goto out;
 	/* Checkpoint kinds (issue 23 item 3): they need the tracer; without it, not shown. */
@@ -431,6 +472,16 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 		json_object_object_add(j, "reps", json_object_new_int((int)reps));
 		json_object_object_add(j, "one_changed_file", arr);
 		json_object_object_add(j, "added_files", adds);
+		{
+			json_object *ma = json_object_new_array();
+
+			for (size_t i = 0; i < n_mem; i++) {
+				mem_json(ma, mem[i].mb, "dirtied", "new", &mem[i].dirtied);
+				mem_json(ma, mem[i].mb, "idle", "new", &mem[i].idle);
+				mem_json(ma, mem[i].mb, "idle", "old", &mem[i].idle_old);
+			}
+			json_object_object_add(j, "memory", ma);
+		}
 		if (rk >= 0) {
 			json_object *k = json_object_new_object();
 
@@ -463,6 +514,15 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 		}
 		printf("(pre-copy: %.1f ms copying before the freeze, the environment running)\n",
 		       added[2].precopy_us / 1e3);
+		printf("\nenv-scaling: memory held by the environment's process (once each); ms, "
+		       "MiB written\n");
+		printf("%9s  %-10s %-8s %9s %7s %9s %8s %10s %9s\n", "memory", "turn", "kind",
+		       "frozen", "fs", "dump", "commit", "written", "restore");
+		for (size_t i = 0; i < n_mem; i++) {
+			mem_print(mem[i].mb, "dirtied", &mem[i].dirtied);
+			mem_print(mem[i].mb, "idle", &mem[i].idle);
+			mem_print(mem[i].mb, "idle, old", &mem[i].idle_old);
+		}
 		if (rk >= 0) {
 			printf("\nenv-scaling: checkpoint kinds at %u files (median of %u); ms\n",
 			       kinds.files, reps);
