@@ -699,6 +699,9 @@ dumped:
 	 * the rename commits all of it (a crash before leaves nothing that is read). */
 	if (by_dirty && pc.done) {
 		/* the frozen pass's entries over the pre-copy's (its superseded copies go) */
+		m.precopy_rounds = pc.rounds;
+		m.precopy_bytes = pc.st.bytes;
+		m.precopy_frozen_bytes = st.bytes;
 		st.bytes += pc.st.bytes;
 		st.files += pc.st.files;
 		log_debug("Pre-copy of %s: %u rounds, %" PRIu64 " files in %" PRIu64

@@ -54,6 +54,8 @@ struct scaling_row {
 	/* the pre-copy's row (issue 23 item 2): the time before the freeze (the copy, the
 	 * environment running), from its first round to the freeze */
 	uint64_t precopy_us;
+	/* the manifest's (issue 23 item 2): rounds, bytes copied before the freeze and frozen */
+	uint64_t precopy_rounds, precopy_bytes, precopy_frozen_bytes;
 };
 
 /* Runs sh -c action inside the environment (its cgroup and every namespace). */
@@ -177,10 +179,12 @@ static int scaling_checkpoint_as(struct sv_env *e, unsigned turn, const struct s
 		.precopy_us = precopy && precopy_start_us && frozen_at_us > precopy_start_us
 				      ? frozen_at_us - precopy_start_us
 				      : 0,
+		.precopy_rounds = m.precopy_rounds,
+		.precopy_bytes = m.precopy_bytes,
+		.precopy_frozen_bytes = m.precopy_frozen_bytes,
 	};
-	snprintf(row->path, sizeof(row->path), "%s",
-		 precopy && strcmp(m.delta_path, ENV_DELTA_PATH_DIRTY_SET) == 0 ? "pre-copy"
-										: m.delta_path);
+	/* the manifest says whether the delta was pre-copied */
+	snprintf(row->path, sizeof(row->path), "%s", m.precopy_rounds ? "pre-copy" : m.delta_path);
 	if (ret_id)
 		snprintf(ret_id, cap, "%s", m.id);
 	env_manifest_finish(&m);
@@ -320,6 +324,14 @@ static void scaling_json_row(json_object *arr, const struct scaling_row *w)
 	if (w->precopy_us)
 		json_object_object_add(o, "precopy_us",
 				       json_object_new_int64((int64_t)w->precopy_us));
+	if (w->precopy_rounds) {
+		json_object_object_add(o, "precopy_rounds",
+				       json_object_new_int64((int64_t)w->precopy_rounds));
+		json_object_object_add(o, "precopy_bytes",
+				       json_object_new_int64((int64_t)w->precopy_bytes));
+		json_object_object_add(o, "precopy_frozen_bytes",
+				       json_object_new_int64((int64_t)w->precopy_frozen_bytes));
+	}
 	if (w->restore_us) {
 		json_object_object_add(o, "restore_us",
 				       json_object_new_int64((int64_t)w->restore_us));
@@ -512,8 +524,12 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 			snprintf(what, sizeof(what), "+%u new", added[k].files);
 			scaling_print_row(what, &added[k]);
 		}
-		printf("(pre-copy: %.1f ms copying before the freeze, the environment running)\n",
-		       added[2].precopy_us / 1e3);
+		printf("(pre-copy: %.1f ms copying before the freeze, the environment running; "
+		       "the manifest: %" PRIu64 " round%s, %" PRIu64 " bytes before the freeze, "
+		       "%" PRIu64 " frozen)\n",
+		       added[2].precopy_us / 1e3, added[2].precopy_rounds,
+		       added[2].precopy_rounds == 1 ? "" : "s", added[2].precopy_bytes,
+		       added[2].precopy_frozen_bytes);
 		printf("\nenv-scaling: memory held by the environment's process (once each); ms, "
 		       "MiB written\n");
 		printf("%9s  %-10s %-8s %9s %7s %9s %8s %10s %9s\n", "memory", "turn", "kind",
