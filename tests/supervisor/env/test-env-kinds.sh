@@ -147,11 +147,19 @@ a = ctypes.addressof(ctypes.c_char.from_buffer(m))
 f = os.open("/proc/self/pagemap", os.O_RDONLY)
 print(struct.unpack("Q", os.pread(f, 8, a // mmap.PAGESIZE * 8))[0] >> 55 & 1)')
 expect "checkpoints by kind in status" "$counts" "10 3 5 [$sd]"
-grep -q "Environment memory checkpoints: full ($([[ $sd == 1 ]] && echo soft-dirty || echo no soft-dirty)" "$dir/sv.log" ||
-	fail "the memory mode is not in the log"
+# The mode is the kernel's capability (issue 23 item 3): "pre-dump" with soft-dirty tracking,
+# "full" without (this kernel: no pre-dump is attempted).
+mode=full why="no soft-dirty"
+if [[ $sd == 1 ]]; then
+	mode=pre-dump why="soft-dirty tracking"
+fi
+grep -q "Environment memory checkpoints: $mode ($why" "$dir/sv.log" ||
+	fail "the memory mode ($mode) is not in the log"
 ctl --json env list | grep '"env":"k1"' |
-	grep -q "\"memory_mode\":\"full\",\"soft_dirty\":$([[ $sd == 1 ]] && echo true || echo false)" ||
-	fail "env list lacks the memory mode: $(ctl --json env list)"
+	grep -q "\"memory_mode\":\"$mode\",\"soft_dirty\":$([[ $sd == 1 ]] && echo true || echo false)" ||
+	fail "env list lacks the memory mode $mode: $(ctl --json env list)"
+[[ $sd == 1 ]] || ! ls "$dir"/state/envs/k1/ckpt/*/criu/pre >/dev/null 2>&1 ||
+	fail "a pre-dump was made without soft-dirty tracking"
 ctl env destroy k2 >/dev/null
 ctl env destroy k1 >/dev/null
 
