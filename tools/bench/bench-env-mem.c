@@ -17,7 +17,9 @@
  * The holder is one python3 process (the host's /usr), the environment's init. It waits in
  * open() of the FIFO /memhold/go (a blocked open holds no file CRIU must dump), touches its
  * memory, and answers on /memhold/ack; the bench drives both FIFOs from outside, through the
- * overlay's mount, so no other process runs in the environment.
+ * overlay's mount, so no other process runs in the environment. After each answer the bench
+ * waits until the holder is back in that open() (/proc/PID/syscall): a freeze while it is on
+ * its way there would find a task in user code and make the next idle turn full.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -77,6 +80,27 @@ int bench_env_mem_prepare(const char *base)
 	return 0;
 }
 
+/* Whether the holder (the environment's init: its sh exec'd python3) waits in its open() of go
+ * again: its answer is written before it gets there, and a checkpoint taken while it is still
+ * on its way sees a task in user code (no baseline: the next idle turn would be full). */
+static bool mem_parked(const struct sv_env *e)
+{
+	char path[64], buf[64], want[16];
+	_cleanup_close_ int fd = -1;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/%d/syscall", (int)e->pid);
+	snprintf(want, sizeof(want), "%d ", SYS_openat);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	n = read(fd, buf, sizeof(buf) - 1);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	return strncmp(buf, want, strlen(want)) == 0;
+}
+
 /* One round: the holder checks its pages, writes the next value into each and answers "V
  * intact" (every page held the value it wrote last) or "V changed". 0 when the answer is want
  * intact, -EIO otherwise, -ETIMEDOUT when it never came. */
@@ -117,6 +141,12 @@ static int mem_round(const struct sv_env *e, unsigned want)
 		return log_error_errno(-EIO,
 				       "The memory holder of %s answered \"%.*s\", not %u intact.",
 				       e->id, (int)strcspn(buf, "\n"), buf, want);
+	while (!mem_parked(e)) {
+		if (bench_now_ns() > deadline)
+			return log_error_errno(
+				-ETIMEDOUT, "The memory holder of %s does not wait again.", e->id);
+		(void)nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+	}
 	return 0;
 }
 

@@ -203,7 +203,7 @@ static int scaling_reps(struct sv_env *e, unsigned n, unsigned reps, unsigned *t
 			const struct scaling_dirty *d, struct scaling_row *ret)
 {
 	uint64_t v[7][REPS_MAX];
-	struct scaling_row rows[REPS_MAX];
+	struct scaling_row rows[REPS_MAX] = {0};
 	char id[ENV_ID_MAX + 1];
 	int r = 0;
 
@@ -394,16 +394,48 @@ static void kinds_print(const char *what, const struct kinds_row *k)
 	       k->fs_us / 1e3, k->dump_us / 1e3, k->commit_us / 1e3, k->total_us / 1e3);
 }
 
+/* The files rows (one changed file, the added files) as text. */
+static void files_print(const struct scaling_row (*rows)[2], size_t n_sizes,
+			const struct scaling_row added[3], unsigned reps)
+{
+	printf("env-scaling: one 16-byte file changed between two checkpoints (median of "
+	       "%u); ms\n",
+	       reps);
+	printf("%-14s %-9s %9s %9s %9s %9s %8s %10s %10s\n", "upper files", "path", "frozen", "fs",
+	       "dump", "commit", "copied", "restore", "rollback");
+	for (size_t i = 0; i < n_sizes; i++)
+		for (size_t k = 0; k < 2; k++) {
+			char what[32];
+
+			snprintf(what, sizeof(what), "%u", rows[i][k].files);
+			scaling_print_row(what, &rows[i][k]);
+		}
+	for (size_t k = 0; k < 3; k++) {
+		char what[32];
+
+		snprintf(what, sizeof(what), "+%u new", added[k].files);
+		scaling_print_row(what, &added[k]);
+	}
+	printf("(pre-copy: %.1f ms copying before the freeze, the environment running; "
+	       "the manifest: %" PRIu64 " round%s, %" PRIu64 " bytes before the freeze, "
+	       "%" PRIu64 " frozen)\n",
+	       added[2].precopy_us / 1e3, added[2].precopy_rounds,
+	       added[2].precopy_rounds == 1 ? "" : "s", added[2].precopy_bytes,
+	       added[2].precopy_frozen_bytes);
+}
+
 int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 {
 	static const struct option options[] = {
 		{"quick", no_argument, NULL, 'q'},
+		{"mem", required_argument, NULL, 'm'},
 		{"help", no_argument, NULL, 'h'},
 		{},
 	};
 	static const unsigned sizes_full[] = {1000, 10000, 100000}, sizes_quick[] = {100, 1000};
 	static const unsigned mem_full[] = {10, 100, 1024}, mem_quick[] = {10};
 	const unsigned *sizes = sizes_full, *mem_sizes = mem_full;
+	unsigned mem_one = 0;
 	size_t n_sizes = ARRAY_SIZE(sizes_full), n_mem = ARRAY_SIZE(mem_full);
 	struct bench_mem mem[ARRAY_SIZE(mem_full)] = {0};
 	unsigned reps = REPS_MAX, add = 100000;
@@ -427,14 +459,26 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 			reps = 1;
 			add = 1000;
 			break;
+		case 'm': {
+			char *end;
+			unsigned long v = strtoul(optarg, &end, 10);
+
+			if (*end || v < 1 || v > 65536) {
+				fprintf(stderr, "--mem: 1..65536 (MiB)\n");
+				return 2;
+			}
+			mem_one = (unsigned)v;
+			break;
+		}
 		case 'h':
-			printf("belayer-bench env-scaling [--quick]\n"
+			printf("belayer-bench env-scaling [--quick] [--mem MIB]\n"
 			       "  files in the upper layer 1k/10k/100k, one changed file between "
 			       "two checkpoints (medians of 3), and a turn adding 100k files;\n"
 			       "  memory 10 MiB/100 MiB/1 GiB held by the environment's process: "
 			       "dirtied, idle, idle the old way (once each)\n"
 			       "  --quick  CI size: 100 and 1,000 files, once; a turn adding "
-			       "1,000; 10 MiB\n");
+			       "1,000; 10 MiB\n"
+			       "  --mem MIB  the memory rows alone, at MIB only\n");
 			return 0;
 		default:
 			return 2;
@@ -464,6 +508,11 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 	p.cgroup_parent = cg;
 	p.criu = criu;
 	p.keep = 4;
+	if (mem_one) {
+		mem_sizes = &mem_one;
+		n_mem = 1;
+		n_sizes = 0;
+	}
 	for (size_t i = 0; i < n_sizes && r >= 0; i++)
 		r = scaling_size(&p, sizes[i], reps, i == 0 ? add : 0, rows[i], added);
 	for (size_t i = 0; i < n_mem && r >= 0; i++)
@@ -471,7 +520,8 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 	if (r < 0)
 		goto out;
 	/* Checkpoint kinds (issue 23 item 3): they need the tracer; without it, not shown. */
-	rk = bench_env_kinds(&p, sizes[0], reps, scaling_run, scaling_fill, &kinds);
+	rk = n_sizes ? bench_env_kinds(&p, sizes[0], reps, scaling_run, scaling_fill, &kinds)
+		     : -ENODATA;
 	if (a->json) {
 		json_object *j = json_object_new_object(), *arr = json_object_new_array(),
 			    *adds = json_object_new_array();
@@ -479,7 +529,7 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 		for (size_t i = 0; i < n_sizes; i++)
 			for (size_t k = 0; k < 2; k++)
 				scaling_json_row(arr, &rows[i][k]);
-		for (size_t k = 0; k < 3; k++)
+		for (size_t k = 0; n_sizes && k < 3; k++)
 			scaling_json_row(adds, &added[k]);
 		json_object_object_add(j, "reps", json_object_new_int((int)reps));
 		json_object_object_add(j, "one_changed_file", arr);
@@ -506,32 +556,11 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 		printf("%s\n", json_object_to_json_string_ext(j, JSON_C_TO_STRING_PRETTY));
 		json_object_put(j);
 	} else {
-		printf("env-scaling: one 16-byte file changed between two checkpoints (median of "
-		       "%u); ms\n",
-		       reps);
-		printf("%-14s %-9s %9s %9s %9s %9s %8s %10s %10s\n", "upper files", "path",
-		       "frozen", "fs", "dump", "commit", "copied", "restore", "rollback");
-		for (size_t i = 0; i < n_sizes; i++)
-			for (size_t k = 0; k < 2; k++) {
-				char what[32];
-
-				snprintf(what, sizeof(what), "%u", rows[i][k].files);
-				scaling_print_row(what, &rows[i][k]);
-			}
-		for (size_t k = 0; k < 3; k++) {
-			char what[32];
-
-			snprintf(what, sizeof(what), "+%u new", added[k].files);
-			scaling_print_row(what, &added[k]);
-		}
-		printf("(pre-copy: %.1f ms copying before the freeze, the environment running; "
-		       "the manifest: %" PRIu64 " round%s, %" PRIu64 " bytes before the freeze, "
-		       "%" PRIu64 " frozen)\n",
-		       added[2].precopy_us / 1e3, added[2].precopy_rounds,
-		       added[2].precopy_rounds == 1 ? "" : "s", added[2].precopy_bytes,
-		       added[2].precopy_frozen_bytes);
-		printf("\nenv-scaling: memory held by the environment's process (once each); ms, "
-		       "MiB written\n");
+		if (n_sizes)
+			files_print(rows, n_sizes, added, reps);
+		printf("%senv-scaling: memory held by the environment's process (once each); ms, "
+		       "MiB written\n",
+		       n_sizes ? "\n" : "");
 		printf("%9s  %-10s %-8s %9s %7s %9s %8s %10s %9s\n", "memory", "turn", "kind",
 		       "frozen", "fs", "dump", "commit", "written", "restore");
 		for (size_t i = 0; i < n_mem; i++) {
@@ -547,7 +576,7 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 			kinds_print("a process ran", &kinds.full);
 			kinds_print("a file written (env write)", &kinds.fs_only);
 			kinds_print("unchanged", &kinds.unchanged);
-		} else {
+		} else if (n_sizes) {
 			printf("\nenv-scaling: checkpoint kinds not measured (no tracer)\n");
 		}
 	}
