@@ -35,12 +35,12 @@ int bench_kinds_activity(void *userdata, uint32_t *ret_watch, uint64_t *ret_coun
 	return 0;
 }
 
-static int kinds_checkpoint(struct sv_env *e, struct sv_envtrace **t, unsigned turn,
-			    struct kinds_row *row)
+int bench_kinds_checkpoint(struct sv_env *e, const char *trajectory, unsigned turn,
+			   struct sv_envtrace **t, struct kinds_row *row, char *ret_id, size_t cap)
 {
-	struct env_ckpt_params cp = {.trajectory = "kinds",
+	struct env_ckpt_params cp = {.trajectory = trajectory,
 				     .turn = turn,
-				     .activity = bench_kinds_activity,
+				     .activity = t && *t ? bench_kinds_activity : NULL,
 				     .userdata = t};
 	struct env_manifest m;
 	uint64_t t0 = bench_now_ns() / 1000;
@@ -55,8 +55,11 @@ static int kinds_checkpoint(struct sv_env *e, struct sv_envtrace **t, unsigned t
 		.commit_us = m.commit_us,
 		.total_us = bench_now_ns() / 1000 - t0,
 		.criu_bytes = m.criu_bytes,
+		.fs_bytes = m.fs_bytes,
 	};
 	snprintf(row->kind, sizeof(row->kind), "%s", m.kind);
+	if (ret_id)
+		snprintf(ret_id, cap, "%s", m.id);
 	env_manifest_finish(&m);
 	return 0;
 }
@@ -134,12 +137,12 @@ int bench_env_kinds(const struct env_params *base_p, unsigned files, unsigned re
 		/* a process ran (and wrote a file): full */
 		r = run(e, "echo ran >/work/ran.txt");
 		if (r >= 0)
-			r = kinds_checkpoint(e, &t, turn++, &full[i]);
+			r = bench_kinds_checkpoint(e, "kinds", turn++, &t, &full[i], NULL, 0);
 		/* a file written from outside, nothing ran: fs-only */
 		if (r >= 0)
 			r = bench_kinds_write(e, "kinds.txt", i);
 		if (r >= 0)
-			r = kinds_checkpoint(e, &t, turn++, &fs[i]);
+			r = bench_kinds_checkpoint(e, "kinds", turn++, &t, &fs[i], NULL, 0);
 		if (r < 0)
 			break;
 		/* nothing: the decision alone */

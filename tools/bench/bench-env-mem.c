@@ -150,32 +150,6 @@ static int mem_round(const struct sv_env *e, unsigned want)
 	return 0;
 }
 
-static int mem_checkpoint(struct sv_env *e, unsigned turn, struct sv_envtrace **et,
-			  struct mem_row *row, char *ret_id, size_t cap)
-{
-	struct env_ckpt_params cp = {.trajectory = "mem",
-				     .turn = turn,
-				     .activity = et && *et ? bench_kinds_activity : NULL,
-				     .userdata = et};
-	struct env_manifest m;
-	int r = env_checkpoint(e, &cp, &m);
-
-	if (r < 0)
-		return log_error_errno(r, "Checkpoint of %s failed: %m (%s)", e->id, e->error);
-	*row = (struct mem_row){
-		.freeze_us = m.freeze_us,
-		.fs_us = m.fs_us,
-		.dump_us = m.dump_us,
-		.commit_us = m.commit_us,
-		.criu_bytes = m.criu_bytes,
-		.fs_bytes = m.fs_bytes,
-	};
-	snprintf(row->kind, sizeof(row->kind), "%s", m.kind);
-	snprintf(ret_id, cap, "%s", m.id);
-	env_manifest_finish(&m);
-	return 0;
-}
-
 /* Restores id (its time into row), then one round: the memory must be the checkpoint's. */
 static int mem_restore(struct sv_env *e, const char *id, unsigned want, struct mem_row *row)
 {
@@ -197,7 +171,7 @@ int bench_env_mem(const struct env_params *base_p, unsigned mb, struct bench_mem
 	struct envtrace_options o = {0};
 	struct sv_envtrace *et = NULL;
 	struct env_params p = *base_p;
-	struct mem_row ignored;
+	struct kinds_row ignored;
 	struct sv_env *e = NULL;
 	int r;
 
@@ -220,22 +194,24 @@ int bench_env_mem(const struct env_params *base_p, unsigned mb, struct bench_mem
 	if (r >= 0)
 		r = mem_round(e, 1);
 	if (r >= 0)
-		r = mem_checkpoint(e, 1, &et, &ignored, first, sizeof(first));
+		r = bench_kinds_checkpoint(e, "mem", 1, &et, &ignored, first, sizeof(first));
 	/* dirtied: every page rewritten (value 2) */
 	if (r >= 0)
 		r = mem_round(e, 2);
 	if (r >= 0)
-		r = mem_checkpoint(e, 2, &et, &ret->dirtied, ids[0], sizeof(ids[0]));
+		r = bench_kinds_checkpoint(e, "mem", 2, &et, &ret->dirtied.ck, ids[0],
+					   sizeof(ids[0]));
 	/* idle: a file written from outside, the process parked in open() */
 	if (r >= 0)
 		r = bench_kinds_write(e, "mem.txt", 1);
 	if (r >= 0)
-		r = mem_checkpoint(e, 3, &et, &ret->idle, ids[1], sizeof(ids[1]));
+		r = bench_kinds_checkpoint(e, "mem", 3, &et, &ret->idle.ck, ids[1], sizeof(ids[1]));
 	/* the same turn the old way: no activity counter */
 	if (r >= 0)
 		r = bench_kinds_write(e, "mem.txt", 2);
 	if (r >= 0)
-		r = mem_checkpoint(e, 4, NULL, &ret->idle_old, ids[2], sizeof(ids[2]));
+		r = bench_kinds_checkpoint(e, "mem", 4, NULL, &ret->idle_old.ck, ids[2],
+					   sizeof(ids[2]));
 	/* each restored: the memory of all three is value 2's, the next round writes 3 */
 	if (r >= 0)
 		r = mem_restore(e, ids[0], 3, &ret->dirtied);

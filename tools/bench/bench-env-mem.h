@@ -4,11 +4,12 @@
 
 #include <stdint.h>
 
+#include "bench-env-kinds.h"
 #include "supervisor-env.h"
 
 struct mem_row {
-	char kind[ENV_KIND_MAX + 1]; /* the manifest's */
-	uint64_t freeze_us, fs_us, dump_us, commit_us, criu_bytes, fs_bytes, restore_us;
+	struct kinds_row ck; /* the checkpoint (its kind the manifest's) */
+	uint64_t restore_us;
 };
 
 /* One size: a turn where the process dirtied its memory (full), a turn where it did not run

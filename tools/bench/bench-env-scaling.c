@@ -370,22 +370,22 @@ static void mem_json(json_object *arr, unsigned mb, const char *turn, const char
 	json_object_object_add(o, "mb", json_object_new_int64(mb));
 	json_object_object_add(o, "turn", json_object_new_string(turn));
 	json_object_object_add(o, "path", json_object_new_string(how));
-	json_object_object_add(o, "kind", json_object_new_string(w->kind));
-	json_object_object_add(o, "frozen_us", json_object_new_int64((int64_t)w->freeze_us));
-	json_object_object_add(o, "fs_us", json_object_new_int64((int64_t)w->fs_us));
-	json_object_object_add(o, "dump_us", json_object_new_int64((int64_t)w->dump_us));
-	json_object_object_add(o, "commit_us", json_object_new_int64((int64_t)w->commit_us));
-	json_object_object_add(o, "criu_bytes", json_object_new_int64((int64_t)w->criu_bytes));
-	json_object_object_add(o, "fs_bytes", json_object_new_int64((int64_t)w->fs_bytes));
+	json_object_object_add(o, "kind", json_object_new_string(w->ck.kind));
+	json_object_object_add(o, "frozen_us", json_object_new_int64((int64_t)w->ck.freeze_us));
+	json_object_object_add(o, "fs_us", json_object_new_int64((int64_t)w->ck.fs_us));
+	json_object_object_add(o, "dump_us", json_object_new_int64((int64_t)w->ck.dump_us));
+	json_object_object_add(o, "commit_us", json_object_new_int64((int64_t)w->ck.commit_us));
+	json_object_object_add(o, "criu_bytes", json_object_new_int64((int64_t)w->ck.criu_bytes));
+	json_object_object_add(o, "fs_bytes", json_object_new_int64((int64_t)w->ck.fs_bytes));
 	json_object_object_add(o, "restore_us", json_object_new_int64((int64_t)w->restore_us));
 	json_object_array_add(arr, o);
 }
 
 static void mem_print(unsigned mb, const char *turn, const struct mem_row *w)
 {
-	printf("%5u MiB  %-10s %-8s %9.1f %7.1f %9.1f %8.1f %10.1f %9.1f\n", mb, turn, w->kind,
-	       w->freeze_us / 1e3, w->fs_us / 1e3, w->dump_us / 1e3, w->commit_us / 1e3,
-	       (double)(w->criu_bytes + w->fs_bytes) / (1 << 20), w->restore_us / 1e3);
+	printf("%5u MiB  %-10s %-8s %9.1f %7.1f %9.1f %8.1f %10.1f %9.1f\n", mb, turn, w->ck.kind,
+	       w->ck.freeze_us / 1e3, w->ck.fs_us / 1e3, w->ck.dump_us / 1e3, w->ck.commit_us / 1e3,
+	       (double)(w->ck.criu_bytes + w->ck.fs_bytes) / (1 << 20), w->restore_us / 1e3);
 }
 
 static void kinds_print(const char *what, const struct kinds_row *k)
