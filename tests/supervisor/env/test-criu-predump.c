@@ -10,6 +10,9 @@
  * relative to the images directory (criu.org, "Directories" and "Iterative migration").
  */
 #include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -23,6 +26,7 @@
 
 #include "supervisor-criu.h"
 #include "supervisor-env-activity.h"
+#include "supervisor-env.h"
 
 struct asked {
 	unsigned dumps, pre_dumps;
@@ -164,6 +168,69 @@ static void test_dump_after_pre_dump(void **state)
 	close(fd);
 }
 
+static void put(const char *dir, const char *name)
+{
+	char path[PATH_MAX];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(name, f);
+	assert_int_equal(fclose(f), 0);
+}
+
+static ino_t ino_of(const char *dir, const char *name)
+{
+	char path[PATH_MAX];
+	struct stat st;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	assert_int_equal(lstat(path, &st), 0);
+	return st.st_ino;
+}
+
+/* A checkpoint's images reused (an fs-only checkpoint, a fork's first): the dump's files, its
+ * pre-dump's folder and the "parent" symlink to it come along, so the copy restores alone;
+ * logs stay behind. */
+static void test_link_images_with_pre_dump(void **state)
+{
+	char tmp[] = "/tmp/belayer-criu-predump.XXXXXX", src[PATH_MAX], dst[PATH_MAX],
+	     pre[PATH_MAX], target[64], cmd[PATH_MAX + 16];
+	int sfd, dfd;
+	ssize_t n;
+
+	(void)state;
+	assert_non_null(mkdtemp(tmp));
+	snprintf(src, sizeof(src), "%s/src", tmp);
+	snprintf(dst, sizeof(dst), "%s/dst", tmp);
+	snprintf(pre, sizeof(pre), "%s/src/" ENV_CRIU_PRE_DIR, tmp);
+	assert_int_equal(mkdir(src, 0700), 0);
+	assert_int_equal(mkdir(dst, 0700), 0);
+	assert_int_equal(mkdir(pre, 0700), 0);
+	put(src, "pages-1.img");
+	put(src, "dump.log");
+	put(pre, "pages-1.img");
+	put(pre, "pre-dump.log");
+	assert_int_equal(symlink(ENV_CRIU_PRE_DIR, strcat(strcpy(cmd, src), "/parent")), 0);
+	sfd = open(src, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	dfd = open(dst, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	assert_int_equal(env_link_images(sfd, dfd), 0);
+	assert_true(ino_of(dst, "pages-1.img") == ino_of(src, "pages-1.img"));
+	assert_true(ino_of(dst, ENV_CRIU_PRE_DIR "/pages-1.img") ==
+		    ino_of(src, ENV_CRIU_PRE_DIR "/pages-1.img"));
+	n = readlinkat(dfd, "parent", target, sizeof(target) - 1);
+	assert_true(n > 0);
+	target[n] = '\0';
+	assert_string_equal(target, ENV_CRIU_PRE_DIR);
+	assert_int_equal(faccessat(dfd, "dump.log", F_OK, 0), -1);
+	assert_int_equal(faccessat(dfd, ENV_CRIU_PRE_DIR "/pre-dump.log", F_OK, 0), -1);
+	close(sfd);
+	close(dfd);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp);
+	assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -171,6 +238,7 @@ int main(void)
 		cmocka_unit_test(test_full_dump),
 		cmocka_unit_test(test_pre_dump),
 		cmocka_unit_test(test_dump_after_pre_dump),
+		cmocka_unit_test(test_link_images_with_pre_dump),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
