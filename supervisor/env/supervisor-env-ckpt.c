@@ -656,8 +656,14 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 			 env_mem_dirty_track() &&
 				 env_activity_idle_since_dump(e, p->activity, p->userdata)) ==
 		    ENV_MEM_PRE_DUMP &&
-	    !cancelled(p))
+	    !cancelled(p)) {
+		/* CRIU cannot be cancelled: a cancel meanwhile waits for it, as for the dump */
+		if (p->dumping)
+			atomic_store_explicit(p->dumping, true, memory_order_relaxed);
 		pre = pre_dump(e, criufd, &dc);
+		if (p->dumping)
+			atomic_store_explicit(p->dumping, false, memory_order_relaxed);
+	}
 	if (cancelled(p)) {
 		r = -ECANCELED;
 		goto out;
