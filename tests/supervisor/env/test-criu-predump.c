@@ -27,6 +27,7 @@
 #include "supervisor-criu.h"
 #include "supervisor-env-activity.h"
 #include "supervisor-env.h"
+#include "test-util.h"
 
 struct asked {
 	unsigned dumps, pre_dumps;
@@ -168,18 +169,6 @@ static void test_dump_after_pre_dump(void **state)
 	close(fd);
 }
 
-static void put(const char *dir, const char *name)
-{
-	char path[PATH_MAX];
-	FILE *f;
-
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	f = fopen(path, "w");
-	assert_non_null(f);
-	fputs(name, f);
-	assert_int_equal(fclose(f), 0);
-}
-
 static ino_t ino_of(const char *dir, const char *name)
 {
 	char path[PATH_MAX];
@@ -195,24 +184,25 @@ static ino_t ino_of(const char *dir, const char *name)
  * logs stay behind. */
 static void test_link_images_with_pre_dump(void **state)
 {
-	char tmp[] = "/tmp/belayer-criu-predump.XXXXXX", src[PATH_MAX], dst[PATH_MAX],
-	     pre[PATH_MAX], target[64], cmd[PATH_MAX + 16];
+	char *tmp = test_mkdtemp("belayer-criu-predump"), src[PATH_MAX], dst[PATH_MAX],
+	     pre[PATH_MAX], target[64], link[PATH_MAX];
 	int sfd, dfd;
 	ssize_t n;
 
 	(void)state;
-	assert_non_null(mkdtemp(tmp));
+	assert_non_null(tmp);
 	snprintf(src, sizeof(src), "%s/src", tmp);
 	snprintf(dst, sizeof(dst), "%s/dst", tmp);
 	snprintf(pre, sizeof(pre), "%s/src/" ENV_CRIU_PRE_DIR, tmp);
 	assert_int_equal(mkdir(src, 0700), 0);
 	assert_int_equal(mkdir(dst, 0700), 0);
 	assert_int_equal(mkdir(pre, 0700), 0);
-	put(src, "pages-1.img");
-	put(src, "dump.log");
-	put(pre, "pages-1.img");
-	put(pre, "pre-dump.log");
-	assert_int_equal(symlink(ENV_CRIU_PRE_DIR, strcat(strcpy(cmd, src), "/parent")), 0);
+	test_put_file(src, "pages-1.img", "pages");
+	test_put_file(src, "dump.log", "log");
+	test_put_file(pre, "pages-1.img", "pre pages");
+	test_put_file(pre, "pre-dump.log", "log");
+	snprintf(link, sizeof(link), "%s/parent", src);
+	assert_int_equal(symlink(ENV_CRIU_PRE_DIR, link), 0);
 	sfd = open(src, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	dfd = open(dst, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	assert_int_equal(env_link_images(sfd, dfd), 0);
@@ -227,8 +217,8 @@ static void test_link_images_with_pre_dump(void **state)
 	assert_int_equal(faccessat(dfd, ENV_CRIU_PRE_DIR "/pre-dump.log", F_OK, 0), -1);
 	close(sfd);
 	close(dfd);
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp);
-	assert_int_equal(system(cmd), 0);
+	assert_int_equal(test_rmtree(tmp), 0);
+	free(tmp);
 }
 
 int main(void)
