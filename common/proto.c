@@ -380,6 +380,9 @@ static const struct field env_info_fields[] = {
 	OPT_STR("mem", env_info.mem),
 	OPT_U32("sdirty", env_info.soft_dirty, 1),
 	OPT_STR("why", env_info.why),
+	OPT_U64("pcr", env_info.precopy_rounds),
+	OPT_U64("pcb", env_info.precopy_bytes),
+	OPT_U64("pcfb", env_info.precopy_frozen_bytes),
 };
 
 static const struct field env_item_fields[] = {

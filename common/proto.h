@@ -111,7 +111,9 @@
  *     (µs, a checkpoint's commit phase), "path": str (its FS delta's: "walk", "dirty-set"),
  *     "kind": str (a checkpoint's: "full", "fs-only", "skipped"), "mem": str (an
  *     environment's memory checkpoint mode: "full", "pre-dump"), "sdirty": uint32 0..1.
- *     "why": str (why it walked: the manifest's reason).
+ *     "why": str (why it walked: the manifest's reason); "pcr", "pcb", "pcfb": uint64 (a
+ *     pre-copied checkpoint's rounds before the freeze, bytes they copied, bytes copied again
+ *     frozen; 0: not pre-copied).
  *   PROTO_ENV_ITEM (32), supervisor -> peer: one dirty path or side-effect log record:
  *     "kind": str, "pid": uint32, "ts": uint64 (ns), "path", "p2", "txt": str.
  *   PROTO_ENV_EXEC (33), peer -> supervisor, 1 fd (stdin: a regular file, read from offset
@@ -667,6 +669,9 @@ struct proto_env_info {
 	char mem[16];
 	uint32_t soft_dirty;
 	char why[PROTO_MAX_STR + 1]; /* optional "why": why its delta walked */
+	/* optional "pcr", "pcb", "pcfb": a pre-copied checkpoint's rounds before the freeze, the
+	 * bytes they copied, the bytes copied again frozen (issue 23 item 2; 0: not pre-copied) */
+	uint64_t precopy_rounds, precopy_bytes, precopy_frozen_bytes;
 };
 
 struct proto_env_item {

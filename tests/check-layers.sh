@@ -83,8 +83,9 @@ tools/bench/bench-sandbox           bench-measure.h bench.h
 tools/bench/bench-shim-overhead     bench-measure.h bench.h
 tools/bench/bench-bpf-overhead      bench-measure.h bench.h
 tools/bench/bench-env-recovery      bench-measure.h bench-path.h bench.h
-tools/bench/bench-env-scaling       bench-env-kinds.h bench-measure.h bench-path.h bench.h
+tools/bench/bench-env-scaling       bench-env-kinds.h bench-env-mem.h bench-measure.h bench-path.h bench.h
 tools/bench/bench-env-kinds         bench-measure.h
+tools/bench/bench-env-mem           bench-env-kinds.h bench-measure.h
 tools/bench/belayer-bench           bench.h
 '
 

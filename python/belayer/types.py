@@ -90,6 +90,11 @@ class Manifest:
     soft_dirty: bool = False
     commit_us: int = 0
     path: str = ""
+    # A pre-copied checkpoint (issue 23 item 2): the rounds that copied its delta while the
+    # environment ran, the bytes they copied, the bytes copied again frozen (0: not pre-copied).
+    precopy_rounds: int = 0
+    precopy_bytes: int = 0
+    precopy_frozen_bytes: int = 0
 
     @classmethod
     def _from(cls, f: Dict[str, Any]) -> "Manifest":
@@ -97,7 +102,8 @@ class Manifest:
                    f["pid"], f["nproc"], f["fsb"], f["fsn"], f["criub"], f["frz"], f["dump"],
                    f["fs"], f["tot"], f["root"], f["cg"], bool(f["full"]),
                    _NET_BY_NUM.get(f["net"], "default"), f.get("kind", ""), f.get("mem", ""),
-                   bool(f.get("sdirty", 0)), f.get("commit", 0), f.get("path", ""))
+                   bool(f.get("sdirty", 0)), f.get("commit", 0), f.get("path", ""),
+                   f.get("pcr", 0), f.get("pcb", 0), f.get("pcfb", 0))
 
 
 EnvInfo = Manifest

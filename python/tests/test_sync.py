@@ -42,8 +42,12 @@ def test_exec_files_checkpoint_restore(client: belayer.Client, supervisor) -> No
         assert m1.checkpoint and m1.trajectory == "t-sync"
         # No tracer in these tests: nothing vouches that the processes did not run.
         assert m1.kind == "full" and m1.commit_us > 0 and m1.path
+        # Nor a pre-copy (it copies the tracer's dirty set before the freeze).
+        assert (m1.precopy_rounds, m1.precopy_bytes, m1.precopy_frozen_bytes) == (0, 0, 0)
         info = [e for e in client.list() if e.env == "py-sync"][0]
-        assert info.memory_mode == "full" and info.kind == ""
+        # The memory mode is the kernel's capability (issue 23 item 3).
+        assert info.memory_mode == ("pre-dump" if info.soft_dirty else "full")
+        assert info.kind == ""
 
         env.exec("echo turn-2 > /work/state")
         assert env.read("/work/state") == b"turn-2\n"

@@ -111,11 +111,11 @@ static int add_dev_binds(criu_opts *o, bool dump)
 	return r;
 }
 
-/* libcriu returns its own negative codes (-EBADE and friends) for its failures; they are
- * passed on as they are: every one is negative and distinct from success. */
-int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
-		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino, bool dev_bind,
-		 const char *const *dump_ctls)
+/* What a dump and a pre-dump share: the tree, the images, the freezer, the externals. */
+static int dump_opts_new(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
+			 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino,
+			 bool dev_bind, const char *const *dump_ctls, const char *log,
+			 criu_opts **ret)
 {
 	char net[64];
 
@@ -138,7 +138,7 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 	 * the overlay fails with ENOENT and CRIU saves the file as a ghost in the images (its
 	 * overlayfs fallback, up to ghost_limit), as an unlinked one. */
 	criu_local_set_link_remap(o, true);
-	r = criu_local_set_log_file(o, "dump.log");
+	r = criu_local_set_log_file(o, log);
 	if (r >= 0 && freeze_cgroup)
 		r = criu_local_set_freeze_cgroup(o, freeze_cgroup);
 	for (size_t i = 0; r >= 0 && dump_ctls && dump_ctls[i]; i++)
@@ -153,17 +153,75 @@ int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int i
 	}
 	if (r >= 0 && dev_bind)
 		r = add_dev_binds(o, true);
-	if (r >= 0) {
-		struct sv_criu_watchdog *w =
-			freeze_cgroup ? sv_criu_watchdog_start(pid, freeze_cgroup) : NULL;
-
-		r = criu_local_dump(o);
-		if (sv_criu_watchdog_stop(w) && r >= 0)
-			r = -ECHILD; /* cannot be: a dump whose CRIU was killed failed */
+	if (r < 0) {
+		criu_local_free_opts(o);
+		return r;
 	}
+	*ret = o;
+	return 0;
+}
+
+/* Runs CRIU's dump or pre-dump with o (freed), under the watchdog. */
+static int dump_run(criu_opts *o, pid_t pid, const char *freeze_cgroup, bool pre)
+{
+	struct sv_criu_watchdog *w =
+		freeze_cgroup ? sv_criu_watchdog_start(pid, freeze_cgroup) : NULL;
+	int r = pre ? criu_local_pre_dump(o) : criu_local_dump(o);
+
+	if (sv_criu_watchdog_stop(w) && r >= 0)
+		r = -ECHILD; /* cannot be: a dump whose CRIU was killed failed */
 	criu_local_free_opts(o);
+	return r;
+}
+
+/* libcriu returns its own negative codes (-EBADE and friends) for its failures; they are
+ * passed on as they are: every one is negative and distinct from success. */
+int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
+		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino, bool dev_bind,
+		 const char *const *dump_ctls, const char *parent_images)
+{
+	criu_opts *o;
+	int r;
+
+	r = dump_opts_new(binary, pid, freeze_cgroup, images_fd, leave_running, ghost_limit,
+			  netns_ino, dev_bind, dump_ctls, "dump.log", &o);
+	if (r < 0)
+		return r;
+	/* CRIU's memory changes tracking: the pages unchanged since the pre-dump in
+	 * parent_images are not copied again (CRIU links the two by a "parent" symlink in the
+	 * images; the path is relative to them, criu.org/Directories) */
+	if (parent_images) {
+		criu_local_set_track_mem(o, true);
+		r = criu_local_set_parent_images(o, parent_images);
+		if (r < 0) {
+			criu_local_free_opts(o);
+			return r;
+		}
+	}
+	r = dump_run(o, pid, freeze_cgroup, false);
 	if (r < 0)
 		return log_debug_errno(r, "CRIU dump of pid %d failed (dump.log in the images).",
+				       (int)pid);
+	return 0;
+}
+
+int sv_criu_pre_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
+		     uint64_t netns_ino, bool dev_bind, const char *const *dump_ctls)
+{
+	criu_opts *o;
+	int r;
+
+	/* a pre-dump always leaves the tree running; a ghost file is the final dump's */
+	r = dump_opts_new(binary, pid, freeze_cgroup, images_fd, true, 0, netns_ino, dev_bind,
+			  dump_ctls, "pre-dump.log", &o);
+	if (r < 0)
+		return r;
+	criu_local_set_track_mem(o, true);
+	r = dump_run(o, pid, freeze_cgroup, true);
+	if (r < 0)
+		return log_debug_errno(r,
+				       "CRIU pre-dump of pid %d failed (pre-dump.log in the "
+				       "images).",
 				       (int)pid);
 	return 0;
 }

@@ -53,10 +53,21 @@ int sv_criu_version(const char *binary);
  * bind mounts of the host's (an environment in a user namespace: env_launch), external to the
  * dump like /usr and /etc. dump_ctls (NULL: all): the cgroup hierarchies to record, as
  * /proc/PID/cgroup names them (CRIU's --cgroup-dump-controller; see
- * env_limits_cgroup_names). */
+ * env_limits_cgroup_names). parent_images (NULL: a full dump): a pre-dump's images
+ * (sv_criu_pre_dump), as a path relative to images_fd: the dump tracks memory changes
+ * (--track-mem) and copies only the pages dirtied since that pre-dump (--prev-images-dir; CRIU
+ * leaves a "parent" symlink to it in the images, which a restore follows: it must stay
+ * reachable as long as the images are restored). */
 int sv_criu_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
 		 bool leave_running, uint32_t ghost_limit, uint64_t netns_ino, bool dev_bind,
-		 const char *const *dump_ctls);
+		 const char *const *dump_ctls, const char *parent_images);
+/* CRIU's pre-dump (issue 23 item 3): the tree's memory into images_fd while it keeps running
+ * (CRIU stops it only while it collects the pages), tracking memory changes from then on, for
+ * a later sv_criu_dump with parent_images. The other arguments as sv_criu_dump's; the log is
+ * "pre-dump.log". Needs the kernel's soft-dirty page tracking (CONFIG_MEM_SOFT_DIRTY): without
+ * it CRIU 4.2.1 refuses --track-mem ("Tracking memory is not available"). */
+int sv_criu_pre_dump(const char *binary, pid_t pid, const char *freeze_cgroup, int images_fd,
+		     uint64_t netns_ino, bool dev_bind, const char *const *dump_ctls);
 /* Restores the tree in images_fd with root as the environment's root (the overlay mount);
  * the restored tree's root process becomes the caller's child. *ret_pid: its pid. netns_fd
  * (-1: none): the network namespace the tree gets, for a dump whose netns_ino was given.

@@ -450,6 +450,10 @@ bool env_mem_dirty_track(void)
 
 const char *env_mem_mode(void)
 {
-	/* Pre-dump (CRIU --track-mem) is not implemented: every dump copies all memory. */
-	return "full";
+	return env_mem_dirty_track() ? "pre-dump" : "full";
+}
+
+enum env_mem_plan env_mem_plan(bool soft_dirty, bool idle)
+{
+	return soft_dirty && !idle ? ENV_MEM_PRE_DUMP : ENV_MEM_FULL;
 }

@@ -78,8 +78,18 @@ int env_activity_cpu_ns(const struct sv_env *e, uint64_t *ret);
 
 /* Memory checkpoint mode (issue 23 item 3): whether the kernel tracks soft-dirty pages, as
  * CRIU's own probe (kerndat_get_dirty_track: a page just written reads soft-dirty in
- * /proc/self/pagemap, bit 55), probed once. "pre-dump" where it does (CRIU --track-mem could
- * dump only what changed since a pre-dump), "full" where it does not (every dump copies all
- * memory). Belayer dumps in full in both cases today (pre-dump is not implemented). */
+ * /proc/self/pagemap, bit 55), probed once; env_mem_mode() "pre-dump" where it does (a full
+ * checkpoint pre-dumps the memory while the environment runs, CRIU --track-mem, and the frozen
+ * dump copies only the pages dirtied since), "full" where it does not (every dump copies all
+ * memory frozen; CRIU 4.2.1 refuses --track-mem there). */
 bool env_mem_dirty_track(void);
 const char *env_mem_mode(void);
+
+enum env_mem_plan {
+	ENV_MEM_FULL,	  /* the frozen dump copies all memory */
+	ENV_MEM_PRE_DUMP, /* pre-dumped while running; frozen, what was dirtied since */
+};
+/* A checkpoint's plan: a pre-dump where the kernel tracks soft-dirty pages (soft_dirty) and the
+ * processes ran since the last dump (idle: env_activity_idle_since_dump; such a turn is fs-only,
+ * its images the last dump's, and a pre-dump would be wasted). */
+enum env_mem_plan env_mem_plan(bool soft_dirty, bool idle);

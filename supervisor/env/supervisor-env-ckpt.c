@@ -444,6 +444,60 @@ static void criu_error(struct sv_env *e, int criufd, const char *log, int r)
 			e->id, e->error);
 }
 
+/* What e's dumps (and pre-dumps) are told of it: its network namespace, external (an adopted
+ * one's is its runtime's: CRIU dumps whatever it holds; 0), and the cgroup hierarchies of its
+ * own cgroups (an adopted one's runtime's: all, ctls NULL). */
+struct dump_ctx {
+	uint64_t netns;
+	char names[_ENV_LIMIT_MAX + 2][64];
+	const char *list[_ENV_LIMIT_MAX + 3];
+	const char *const *ctls;
+	bool dev_bind;
+};
+
+static void dump_ctx_init(const struct sv_env *e, struct dump_ctx *c)
+{
+	size_t n = e->adopted ? 0 : env_limits_cgroup_names(e, c->names, ARRAY_SIZE(c->names));
+
+	memset(c->list, 0, sizeof(c->list));
+	for (size_t i = 0; i < n; i++)
+		c->list[i] = c->names[i];
+	c->ctls = n ? c->list : NULL;
+	c->netns = e->adopted || e->userns_base ? 0 : env_sandbox_netns_of(e->pid);
+	c->dev_bind = e->userns_base && !e->adopted;
+}
+
+static uint64_t subdir_bytes(int dirfd, const char *name)
+{
+	_cleanup_close_ int fd =
+		openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+	return fd < 0 ? 0 : dir_bytes(fd);
+}
+
+/* Issue 23 item 3: the memory pre-dumped into criu/ENV_CRIU_PRE_DIR while the environment runs
+ * (CRIU stops it only while it collects the pages), so that the frozen dump copies only what
+ * was dirtied since. false when it failed: logged, its images removed, the dump is full. */
+static bool pre_dump(const struct sv_env *e, int criufd, const struct dump_ctx *c)
+{
+	_cleanup_close_ int fd = -1;
+	int r;
+
+	if (mkdirat(criufd, ENV_CRIU_PRE_DIR, 0700) < 0)
+		return false;
+	fd = openat(criufd, ENV_CRIU_PRE_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	r = fd < 0 ? -errno
+		   : sv_criu_pre_dump(e->criu, e->pid, e->cgroup, fd, c->netns, c->dev_bind,
+				      c->ctls);
+	if (r < 0) {
+		log_warning_errno(
+			r, "CRIU pre-dump of %s failed: %m, dumping all its memory frozen.", e->id);
+		(void)rmtree_at(criufd, ENV_CRIU_PRE_DIR);
+		return false;
+	}
+	return true;
+}
+
 /*
  * The FS phase, frozen (issue 23 item 1): the delta from the tracer's dirty set when it vouches
  * for the interval since the parent (its paths looked at, the parent's index looked up: the
@@ -528,7 +582,8 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	struct env_fs_stats st = {0};
 	struct env_fs_gone gone = {0};
 	struct env_precopy pc = {0};
-	bool by_dirty = false;
+	bool by_dirty = false, pre = false;
+	struct dump_ctx dc;
 	char tmpname[ENV_ID_MAX + 8];
 	uint64_t t_freeze, t_fs, t_dump, t_thaw, t_commit, netns, tasks = 0, activity;
 	bool frozen = false, fs_only;
@@ -593,6 +648,22 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	r = env_precopy_run(p, base, upperfd, datafd, m.id, &pc);
 	if (r < 0)
 		goto out;
+	/* Issue 23 item 3: the memory pre-dumped beside it when the kernel tracks soft-dirty
+	 * pages (never here: this kernel does not) and the processes ran since the last dump
+	 * (an idle turn is fs-only: its images are the last dump's). */
+	dump_ctx_init(e, &dc);
+	if (env_mem_plan(env_mem_dirty_track(),
+			 env_mem_dirty_track() &&
+				 env_activity_idle_since_dump(e, p->activity, p->userdata)) ==
+		    ENV_MEM_PRE_DUMP &&
+	    !cancelled(p)) {
+		/* CRIU cannot be cancelled: a cancel meanwhile waits for it, as for the dump */
+		if (p->dumping)
+			atomic_store_explicit(p->dumping, true, memory_order_relaxed);
+		pre = pre_dump(e, criufd, &dc);
+		if (p->dumping)
+			atomic_store_explicit(p->dumping, false, memory_order_relaxed);
+	}
 	if (cancelled(p)) {
 		r = -ECANCELED;
 		goto out;
@@ -637,6 +708,10 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	snprintf(m.kind, sizeof(m.kind), "%s", fs_only ? ENV_KIND_FS_ONLY : ENV_KIND_FULL);
 	snprintf(m.images, sizeof(m.images), "%s", fs_only ? e->act.images : m.id);
 	if (fs_only) {
+		/* a pre-dump made for a turn that turned out idle: the head's images instead */
+		if (pre)
+			(void)rmtree_at(criufd, ENV_CRIU_PRE_DIR);
+		pre = false;
 		r = env_activity_link_images(ckfd, e->head, criufd);
 		t_dump = mono_us();
 		if (r < 0)
@@ -646,7 +721,7 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	/* An environment's own network namespace (loopback only) is external to the dump; the
 	 * marker tells a restore to give it a fresh one. An adopted one's is its runtime's: CRIU
 	 * dumps whatever it holds. */
-	netns = e->adopted || e->userns_base ? 0 : env_sandbox_netns_of(e->pid);
+	netns = dc.netns;
 	if (netns && mark_netns(criufd) < 0) {
 		r = -errno;
 		goto out;
@@ -658,17 +733,8 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	}
 	if (p->dumping)
 		atomic_store_explicit(p->dumping, true, memory_order_relaxed);
-	{
-		/* only the hierarchies of its own cgroups (an adopted one's runtime's: all) */
-		char names[_ENV_LIMIT_MAX + 2][64];
-		const char *ctls[_ENV_LIMIT_MAX + 3] = {0};
-		size_t n = e->adopted ? 0 : env_limits_cgroup_names(e, names, ARRAY_SIZE(names));
-
-		for (size_t i = 0; i < n; i++)
-			ctls[i] = names[i];
-		r = sv_criu_dump(e->criu, e->pid, e->cgroup, criufd, true, e->ghost_limit, netns,
-				 e->userns_base && !e->adopted, n ? ctls : NULL);
-	}
+	r = sv_criu_dump(e->criu, e->pid, e->cgroup, criufd, true, e->ghost_limit, netns,
+			 dc.dev_bind, dc.ctls, pre ? ENV_CRIU_PRE_DIR : NULL);
 	if (p->dumping)
 		atomic_store_explicit(p->dumping, false, memory_order_relaxed);
 	t_dump = mono_us();
@@ -699,6 +765,9 @@ dumped:
 	 * the rename commits all of it (a crash before leaves nothing that is read). */
 	if (by_dirty && pc.done) {
 		/* the frozen pass's entries over the pre-copy's (its superseded copies go) */
+		m.precopy_rounds = pc.rounds;
+		m.precopy_bytes = pc.st.bytes;
+		m.precopy_frozen_bytes = st.bytes;
 		st.bytes += pc.st.bytes;
 		st.files += pc.st.files;
 		log_debug("Pre-copy of %s: %u rounds, %" PRIu64 " files in %" PRIu64
@@ -716,7 +785,8 @@ dumped:
 	m.fs_bytes = st.bytes;
 	m.fs_files = st.files;
 	m.fs_removed = st.removed;
-	m.criu_bytes = fs_only ? 0 : dir_bytes(criufd); /* written by this checkpoint */
+	/* written by this checkpoint (a pre-dump's images included) */
+	m.criu_bytes = fs_only ? 0 : dir_bytes(criufd) + subdir_bytes(criufd, ENV_CRIU_PRE_DIR);
 	m.fs_us = t_fs - t_freeze;
 	m.dump_us = t_dump - t_fs;
 	m.freeze_us = t_thaw - t_freeze;

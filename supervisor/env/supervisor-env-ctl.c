@@ -344,6 +344,9 @@ static void info_of_manifest(const char *env, const struct env_manifest *mf, uin
 	snprintf(m->env_info.kind, sizeof(m->env_info.kind), "%s",
 		 mf->kind[0] ? mf->kind : ENV_KIND_FULL);
 	snprintf(m->env_info.why, sizeof(m->env_info.why), "%s", mf->full_diff_reason);
+	m->env_info.precopy_rounds = mf->precopy_rounds;
+	m->env_info.precopy_bytes = mf->precopy_bytes;
+	m->env_info.precopy_frozen_bytes = mf->precopy_frozen_bytes;
 }
 
 static int send_end(struct supervisor *s, struct sv_client *c, uint32_t n)

@@ -47,6 +47,30 @@ static int rmtree_at(int parent, const char *name)
 	return unlinkat(parent, name, AT_REMOVEDIR) < 0 ? -errno : 0;
 }
 
+static int copy_symlink(int src_fd, int dst_fd, const char *name)
+{
+	char target[PATH_MAX];
+	ssize_t n = readlinkat(src_fd, name, target, sizeof(target) - 1);
+
+	if (n < 0)
+		return -errno;
+	target[n] = '\0';
+	return symlinkat(target, dst_fd, name) < 0 ? -errno : 0;
+}
+
+static int link_pre_dump(int src_fd, int dst_fd)
+{
+	_cleanup_close_ int s = -1, d = -1;
+
+	if (mkdirat(dst_fd, ENV_CRIU_PRE_DIR, 0700) < 0)
+		return -errno;
+	s = openat(src_fd, ENV_CRIU_PRE_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	d = openat(dst_fd, ENV_CRIU_PRE_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (s < 0 || d < 0)
+		return -errno;
+	return env_link_images(s, d); /* files only: a pre-dump has no parent of its own */
+}
+
 int env_link_images(int src_fd, int dst_fd)
 {
 	_cleanup_close_ int fd = dup(src_fd);
@@ -63,6 +87,15 @@ int env_link_images(int src_fd, int dst_fd)
 	while (r >= 0 && (de = readdir(d))) {
 		size_t n = strlen(de->d_name);
 
+		/* a pre-dump's images and the dump's "parent" symlink to them (issue 23 item 3) */
+		if (de->d_type == DT_DIR && strcmp(de->d_name, ENV_CRIU_PRE_DIR) == 0) {
+			r = link_pre_dump(src_fd, dst_fd);
+			continue;
+		}
+		if (de->d_type == DT_LNK && strcmp(de->d_name, "parent") == 0) {
+			r = copy_symlink(src_fd, dst_fd, de->d_name);
+			continue;
+		}
 		if (de->d_type != DT_REG || (n > 4 && strcmp(de->d_name + n - 4, ".log") == 0))
 			continue;
 		if (linkat(src_fd, de->d_name, dst_fd, de->d_name, 0) < 0)

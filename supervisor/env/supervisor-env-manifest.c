@@ -360,7 +360,8 @@ int env_manifest_encode(const struct env_manifest *m, char **ret_buf, size_t *re
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 	msgpack_pack_map(&pk, 22 + (m->from[0] ? 1 : 0) + (m->delta_path[0] ? 1 : 0) +
-				      (m->kind[0] ? 1 : 0) + (m->images[0] ? 1 : 0));
+				      (m->kind[0] ? 1 : 0) + (m->images[0] ? 1 : 0) +
+				      (m->precopy_rounds ? 3 : 0));
 	pack_ku64(&pk, "v", ENV_MANIFEST_VERSION);
 	pack_kstr(&pk, "id", m->id);
 	pack_kstr(&pk, "parent", m->parent);
@@ -392,6 +393,11 @@ int env_manifest_encode(const struct env_manifest *m, char **ret_buf, size_t *re
 		pack_kstr(&pk, "kind", m->kind);
 	if (m->images[0])
 		pack_kstr(&pk, "img", m->images);
+	if (m->precopy_rounds) {
+		pack_ku64(&pk, "pcr", m->precopy_rounds);
+		pack_ku64(&pk, "pcb", m->precopy_bytes);
+		pack_ku64(&pk, "pcfb", m->precopy_frozen_bytes);
+	}
 	pack_str(&pk, "fs_index");
 	msgpack_pack_array(&pk, m->n_entries);
 	for (size_t i = 0; i < m->n_entries; i++)
@@ -734,7 +740,13 @@ static int decode_map(const msgpack_object *o, struct env_manifest *m, bool head
 			r = get_str(val, m->images, ENV_ID_MAX);
 			if (r >= 0 && !env_id_valid(m->images))
 				r = -EBADMSG;
-		} else if (key_is(k, "fs_index")) {
+		} else if (key_is(k, "pcr"))
+			r = get_u64(val, ENV_PRECOPY_ROUNDS_MAX, &m->precopy_rounds);
+		else if (key_is(k, "pcb"))
+			r = get_u64(val, UINT64_MAX, &m->precopy_bytes);
+		else if (key_is(k, "pcfb"))
+			r = get_u64(val, UINT64_MAX, &m->precopy_frozen_bytes);
+		else if (key_is(k, "fs_index")) {
 			bit = M_INDEX;
 			if (!(seen & M_INDEX))
 				r = decode_index(val, m);

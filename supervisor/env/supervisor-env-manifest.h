@@ -10,7 +10,9 @@
  *   "dump" (CRIU), "fs" (delta copy), "commit" (fsync + rename), "from" (optional: a fork's
  *   first checkpoint, "ENV/CHECKPOINT" it was forked from; issue 20 item 4), "kind" (optional:
  *   "full" or "fs-only", issue 23 item 3) and "img" (optional: the checkpoint whose CRIU dump
- *   the images are),
+ *   the images are), "pcr", "pcb", "pcfb" (optional, present when the delta was pre-copied:
+ *   issue 23 item 2, supervisor-env-precopy.h: the rounds run before the freeze, the bytes they
+ *   copied, the bytes copied again frozen),
  *   "fs_index": array of the upper layer's entries at this checkpoint, in walk order (a
  *   directory before what it holds), each a map: "p" path (relative, no "."/".." or empty
  *   components), "k" kind (enum env_entry_kind), "m" mode, "u" uid, "g" gid, "s" size,
@@ -85,6 +87,9 @@ struct env_entry {
 #define ENV_KIND_FS_ONLY "fs-only"
 #define ENV_KIND_SKIPPED "skipped"
 
+/* The decoder's bound on "pcr" (supervisor-env-precopy.h runs at most ENV_PRECOPY_ROUNDS). */
+#define ENV_PRECOPY_ROUNDS_MAX 255
+
 #define ENV_DELTA_PATH_MAX	 15
 #define ENV_DELTA_PATH_WALK	 "walk"
 #define ENV_DELTA_PATH_DIRTY_SET "dirty-set"
@@ -111,6 +116,11 @@ struct env_manifest {
 	 * the checkpoint whose CRIU dump its criu/ holds ("img": its own id for a full one). */
 	char kind[ENV_KIND_MAX + 1];
 	char images[ENV_ID_MAX + 1];
+	/* Pre-copy ("pcr", "pcb", "pcfb"): the rounds that copied the dirty set while the
+	 * environment ran (0: none, every copy was made frozen; at most ENV_PRECOPY_ROUNDS_MAX),
+	 * the bytes those rounds copied, and the bytes copied again frozen (what was dirtied
+	 * meanwhile, and /tmp). fs_bytes is their sum. */
+	uint64_t precopy_rounds, precopy_bytes, precopy_frozen_bytes;
 	/* NULL, or the entries sorted by path (env_manifest_index): a cache, never encoded,
 	 * dropped by env_manifest_add and env_manifest_finish. */
 	const struct env_entry **by_path;

@@ -41,7 +41,7 @@ static void env_init(struct supervisor *s)
 	traj_ctl_set_env_ops(&env_ops);
 	/* Issue 23 item 3: said once, at start (CRIU's own probe, supervisor-env-activity.h). */
 	log_info("Environment memory checkpoints: %s (%s).", env_mem_mode(),
-		 env_mem_dirty_track() ? "soft-dirty tracking available, pre-dump not implemented"
+		 env_mem_dirty_track() ? "soft-dirty tracking: memory pre-dumped while running"
 				       : "no soft-dirty tracking in this kernel");
 }
 

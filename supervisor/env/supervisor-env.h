@@ -274,6 +274,10 @@ int env_ckpt_next_id(const struct sv_env *e, char *buf, size_t cap);
 /* Internal (supervisor-env-fork.c): every regular file of a checkpoint's CRIU images (src_fd)
  * hard-linked into dst_fd (logs of earlier runs excepted: a restore writes its own). */
 int env_link_images(int src_fd, int dst_fd);
+/* A checkpoint's pre-dump images (issue 23 item 3), inside its criu/: the dump's "parent"
+ * symlink names it, so the images of one checkpoint restore alone (GC and hard-linked copies
+ * take criu/ as a whole: env_link_images links this folder's files and the symlink too). */
+#define ENV_CRIU_PRE_DIR "pre"
 /* Internal (supervisor-env-launch.c): starts the init in the namespaces, into the cgroup. */
 int env_launch(struct sv_env *e);
 int env_mount_overlay(const struct sv_env *e);

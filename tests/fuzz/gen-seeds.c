@@ -839,6 +839,13 @@ static void build_manifest_seeds(void)
 	(void)snprintf(m.kind, sizeof(m.kind), "%s", ENV_KIND_FS_ONLY);
 	(void)snprintf(m.images, sizeof(m.images), "%s", "c00000001");
 	manifest_seed("valid-chain-fs-only", &m, 0);
+	/* A pre-copied delta (issue 23 item 2): its rounds and bytes; rounds past the bound. */
+	m.precopy_rounds = 2;
+	m.precopy_bytes = 1600000;
+	m.precopy_frozen_bytes = 4096;
+	manifest_seed("valid-chain-precopy", &m, 0);
+	m.precopy_rounds = ENV_PRECOPY_ROUNDS_MAX + 1;
+	manifest_seed("bad-precopy-rounds", &m, 0);
 	env_manifest_finish(&m);
 
 	/* Past the decoder's bounds: one xattr more than an entry may hold, a name of no

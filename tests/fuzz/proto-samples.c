@@ -356,6 +356,9 @@ static void sample_env_info(struct proto_msg *m)
 	(void)snprintf(m->env_info.mem, sizeof(m->env_info.mem), "full");
 	m->env_info.soft_dirty = 1;
 	(void)snprintf(m->env_info.why, sizeof(m->env_info.why), "ring buffer overflow");
+	m->env_info.precopy_rounds = 2;
+	m->env_info.precopy_bytes = 1600000;
+	m->env_info.precopy_frozen_bytes = 4096;
 }
 
 static void sample_env_item(struct proto_msg *m)

@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include <ftw.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,4 +61,16 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
 int test_rmtree(const char *path)
 {
 	return nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) < 0 ? -1 : 0;
+}
+
+void test_put_file(const char *dir, const char *name, const char *text)
+{
+	char path[PATH_MAX];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	f = fopen(path, "we");
+	assert_non_null(f);
+	fputs(text, f);
+	assert_int_equal(fclose(f), 0);
 }

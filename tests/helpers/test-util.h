@@ -28,3 +28,5 @@ bool test_is_root(void);
 /* A fresh temporary directory for this test (removed recursively by test_rmtree). */
 char *test_mkdtemp(const char *prefix);
 int test_rmtree(const char *path);
+/* dir/name written with text (asserted). */
+void test_put_file(const char *dir, const char *name, const char *text);

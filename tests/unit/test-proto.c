@@ -536,6 +536,10 @@ static bool key_is_optional(enum proto_type type, const char *key)
 		{PROTO_ENV_INFO, "mem"},
 		{PROTO_ENV_INFO, "sdirty"},
 		{PROTO_ENV_INFO, "why"},
+		/* A pre-copied checkpoint's rounds and bytes (issue 23 item 2). */
+		{PROTO_ENV_INFO, "pcr"},
+		{PROTO_ENV_INFO, "pcb"},
+		{PROTO_ENV_INFO, "pcfb"},
 		/* A fork's new environment and count (issue 20 item 4). */
 		{PROTO_ENV_REQUEST, "dst"},
 		{PROTO_ENV_REQUEST, "n"},

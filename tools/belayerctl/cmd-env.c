@@ -80,6 +80,10 @@ static void print_info(const struct ctl_options *o, const struct proto_env_info 
 				json_object_object_add(j, "kind", json_object_new_string(i->kind));
 			if (i->why[0])
 				json_object_object_add(j, "why", json_object_new_string(i->why));
+			json_object_object_add(j, "precopy_rounds", json_u64(i->precopy_rounds));
+			json_object_object_add(j, "precopy_bytes", json_u64(i->precopy_bytes));
+			json_object_object_add(j, "precopy_frozen_bytes",
+					       json_u64(i->precopy_frozen_bytes));
 		}
 		json_print(j, true);
 		return;
@@ -94,13 +98,19 @@ static void print_info(const struct ctl_options *o, const struct proto_env_info 
 	printf("%s %s%s%s (parent %s) turn %" PRIu64 " prefix %" PRIu64 " tokens hash %016" PRIx64
 	       " traj \"%s\": %u procs, FS delta %" PRIu64 " files %" PRIu64
 	       " bytes%s%s%s%s%s, CRIU %" PRIu64 " bytes; frozen %.1f ms (dump %.1f, fs %.1f), "
-	       "commit %.1f ms, total %.1f ms\n",
+	       "commit %.1f ms, total %.1f ms",
 	       i->env, i->ckpt, i->kind[0] ? " " : "", i->kind, i->parent[0] ? i->parent : "-",
 	       i->turn, i->prefix_tokens, i->prefix_hash, i->trajectory, i->nproc, i->fs_files,
 	       i->fs_bytes, i->full_diff ? " (full diff)" : "", i->path[0] ? " by " : "", i->path,
 	       i->why[0] ? ": " : "", i->why, i->criu_bytes, (double)i->freeze_us / 1e3,
 	       (double)i->dump_us / 1e3, (double)i->fs_us / 1e3, (double)i->commit_us / 1e3,
 	       (double)i->total_us / 1e3);
+	if (i->precopy_rounds)
+		printf("; pre-copied in %" PRIu64 " round%s (%" PRIu64
+		       " bytes before the freeze, %" PRIu64 " frozen)",
+		       i->precopy_rounds, i->precopy_rounds == 1 ? "" : "s", i->precopy_bytes,
+		       i->precopy_frozen_bytes);
+	printf("\n");
 }
 
 static void print_item(const struct ctl_options *o, const struct proto_env_item *i)

@@ -20,17 +20,13 @@
 #include "supervisor-envtrace.h"
 #include "util.h"
 
-#define KINDS_WATCH 1
+#define KINDS_WATCH BENCH_KINDS_WATCH
 
-struct kinds_tracer {
-	struct sv_envtrace *et;
-};
-
-static int kinds_activity(void *userdata, uint32_t *ret_watch, uint64_t *ret_count)
+int bench_kinds_activity(void *userdata, uint32_t *ret_watch, uint64_t *ret_count)
 {
-	struct kinds_tracer *t = userdata;
+	struct sv_envtrace *const *et = userdata;
 	struct envtrace_env_stats st;
-	int r = envtrace_env_stats(t->et, KINDS_WATCH, &st);
+	int r = envtrace_env_stats(*et, KINDS_WATCH, &st);
 
 	*ret_watch = KINDS_WATCH;
 	if (r < 0)
@@ -39,11 +35,13 @@ static int kinds_activity(void *userdata, uint32_t *ret_watch, uint64_t *ret_cou
 	return 0;
 }
 
-static int kinds_checkpoint(struct sv_env *e, struct kinds_tracer *t, unsigned turn,
-			    struct kinds_row *row)
+int bench_kinds_checkpoint(struct sv_env *e, const char *trajectory, unsigned turn,
+			   struct sv_envtrace **t, struct kinds_row *row, char *ret_id, size_t cap)
 {
-	struct env_ckpt_params cp = {
-		.trajectory = "kinds", .turn = turn, .activity = kinds_activity, .userdata = t};
+	struct env_ckpt_params cp = {.trajectory = trajectory,
+				     .turn = turn,
+				     .activity = t && *t ? bench_kinds_activity : NULL,
+				     .userdata = t};
 	struct env_manifest m;
 	uint64_t t0 = bench_now_ns() / 1000;
 	int r = env_checkpoint(e, &cp, &m);
@@ -57,20 +55,22 @@ static int kinds_checkpoint(struct sv_env *e, struct kinds_tracer *t, unsigned t
 		.commit_us = m.commit_us,
 		.total_us = bench_now_ns() / 1000 - t0,
 		.criu_bytes = m.criu_bytes,
+		.fs_bytes = m.fs_bytes,
 	};
 	snprintf(row->kind, sizeof(row->kind), "%s", m.kind);
+	if (ret_id)
+		snprintf(ret_id, cap, "%s", m.id);
 	env_manifest_finish(&m);
 	return 0;
 }
 
-/* A 16-byte file written into the overlay from outside: no process of the environment runs. */
-static int kinds_write(const struct sv_env *e, unsigned salt)
+int bench_kinds_write(const struct sv_env *e, const char *name, unsigned salt)
 {
 	char path[PATH_MAX], text[32];
 	_cleanup_close_ int fd = -1;
 	int n = snprintf(text, sizeof(text), "%015u\n", salt);
 
-	snprintf(path, sizeof(path), "%s/work/kinds.txt", e->root);
+	snprintf(path, sizeof(path), "%s/work/%s", e->root, name);
 	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0 || write(fd, text, (size_t)n) != n)
 		return -errno;
@@ -108,7 +108,7 @@ int bench_env_kinds(const struct env_params *base_p, unsigned files, unsigned re
 	struct kinds_row full[BENCH_KINDS_REPS_MAX], fs[BENCH_KINDS_REPS_MAX],
 		skip[BENCH_KINDS_REPS_MAX];
 	struct envtrace_options o = {0};
-	struct kinds_tracer t = {0};
+	struct sv_envtrace *t = NULL;
 	struct env_params p = *base_p;
 	struct sv_env *e = NULL;
 	unsigned turn = 1;
@@ -117,7 +117,7 @@ int bench_env_kinds(const struct env_params *base_p, unsigned files, unsigned re
 	if (reps > BENCH_KINDS_REPS_MAX)
 		reps = BENCH_KINDS_REPS_MAX;
 	*ret = (struct bench_kinds){.files = files};
-	r = envtrace_create(&o, &t.et);
+	r = envtrace_create(&o, &t);
 	if (r < 0)
 		return log_error_errno(r, "No tracer for the checkpoint kinds: %m");
 	p.id = "kinds";
@@ -126,7 +126,7 @@ int bench_env_kinds(const struct env_params *base_p, unsigned files, unsigned re
 		log_error_errno(r, "Failed to create the environment: %m");
 		goto out;
 	}
-	r = envtrace_watch_add(t.et, e->cgroup, e->root, KINDS_WATCH);
+	r = envtrace_watch_add(t, e->cgroup, e->root, KINDS_WATCH);
 	if (r >= 0)
 		r = fill(e, "tree", files);
 	for (unsigned i = 0; r >= 0 && i < reps; i++) {
@@ -137,17 +137,17 @@ int bench_env_kinds(const struct env_params *base_p, unsigned files, unsigned re
 		/* a process ran (and wrote a file): full */
 		r = run(e, "echo ran >/work/ran.txt");
 		if (r >= 0)
-			r = kinds_checkpoint(e, &t, turn++, &full[i]);
+			r = bench_kinds_checkpoint(e, "kinds", turn++, &t, &full[i], NULL, 0);
 		/* a file written from outside, nothing ran: fs-only */
 		if (r >= 0)
-			r = kinds_write(e, i);
+			r = bench_kinds_write(e, "kinds.txt", i);
 		if (r >= 0)
-			r = kinds_checkpoint(e, &t, turn++, &fs[i]);
+			r = bench_kinds_checkpoint(e, "kinds", turn++, &t, &fs[i], NULL, 0);
 		if (r < 0)
 			break;
 		/* nothing: the decision alone */
 		t0 = bench_now_ns() / 1000;
-		same = env_activity_idle_since_dump(e, kinds_activity, &t);
+		same = env_activity_idle_since_dump(e, bench_kinds_activity, &t);
 		row.total_us = bench_now_ns() / 1000 - t0;
 		snprintf(row.kind, sizeof(row.kind), "%s", same ? ENV_KIND_SKIPPED : "changed");
 		skip[i] = row;
@@ -160,6 +160,6 @@ int bench_env_kinds(const struct env_params *base_p, unsigned files, unsigned re
 out:
 	if (e)
 		env_destroy(e);
-	envtrace_destroy(t.et);
+	envtrace_destroy(t);
 	return r;
 }

@@ -15,6 +15,10 @@
  * through the checkpoint's frozen callback (the daemon's comes from the tracer, tested by
  * env-daemon). The files are written inside the environment by one python3 process (the
  * host's /usr).
+ *
+ * Then the memory rows (bench-env-mem.c): 10 MiB, 100 MiB and 1 GiB held by the environment's
+ * process; a turn where it dirtied its memory (full), one where it did not run (fs-only), and
+ * the same idle turn the old way (every checkpoint full), each restored.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -28,6 +32,7 @@
 #include <json-c/json.h>
 
 #include "bench-env-kinds.h"
+#include "bench-env-mem.h"
 #include "bench-measure.h"
 #include "bench-path.h"
 #include "bench.h"
@@ -49,6 +54,8 @@ struct scaling_row {
 	/* the pre-copy's row (issue 23 item 2): the time before the freeze (the copy, the
 	 * environment running), from its first round to the freeze */
 	uint64_t precopy_us;
+	/* the manifest's (issue 23 item 2): rounds, bytes copied before the freeze and frozen */
+	uint64_t precopy_rounds, precopy_bytes, precopy_frozen_bytes;
 };
 
 /* Runs sh -c action inside the environment (its cgroup and every namespace). */
@@ -172,10 +179,12 @@ static int scaling_checkpoint_as(struct sv_env *e, unsigned turn, const struct s
 		.precopy_us = precopy && precopy_start_us && frozen_at_us > precopy_start_us
 				      ? frozen_at_us - precopy_start_us
 				      : 0,
+		.precopy_rounds = m.precopy_rounds,
+		.precopy_bytes = m.precopy_bytes,
+		.precopy_frozen_bytes = m.precopy_frozen_bytes,
 	};
-	snprintf(row->path, sizeof(row->path), "%s",
-		 precopy && strcmp(m.delta_path, ENV_DELTA_PATH_DIRTY_SET) == 0 ? "pre-copy"
-										: m.delta_path);
+	/* the manifest says whether the delta was pre-copied */
+	snprintf(row->path, sizeof(row->path), "%s", m.precopy_rounds ? "pre-copy" : m.delta_path);
 	if (ret_id)
 		snprintf(ret_id, cap, "%s", m.id);
 	env_manifest_finish(&m);
@@ -194,7 +203,7 @@ static int scaling_reps(struct sv_env *e, unsigned n, unsigned reps, unsigned *t
 			const struct scaling_dirty *d, struct scaling_row *ret)
 {
 	uint64_t v[7][REPS_MAX];
-	struct scaling_row rows[REPS_MAX];
+	struct scaling_row rows[REPS_MAX] = {0};
 	char id[ENV_ID_MAX + 1];
 	int r = 0;
 
@@ -315,6 +324,14 @@ static void scaling_json_row(json_object *arr, const struct scaling_row *w)
 	if (w->precopy_us)
 		json_object_object_add(o, "precopy_us",
 				       json_object_new_int64((int64_t)w->precopy_us));
+	if (w->precopy_rounds) {
+		json_object_object_add(o, "precopy_rounds",
+				       json_object_new_int64((int64_t)w->precopy_rounds));
+		json_object_object_add(o, "precopy_bytes",
+				       json_object_new_int64((int64_t)w->precopy_bytes));
+		json_object_object_add(o, "precopy_frozen_bytes",
+				       json_object_new_int64((int64_t)w->precopy_frozen_bytes));
+	}
 	if (w->restore_us) {
 		json_object_object_add(o, "restore_us",
 				       json_object_new_int64((int64_t)w->restore_us));
@@ -345,22 +362,82 @@ static void kinds_json(json_object *o, const char *name, const struct kinds_row 
 	json_object_object_add(o, name, r);
 }
 
+static void mem_json(json_object *arr, unsigned mb, const char *turn, const char *how,
+		     const struct mem_row *w)
+{
+	json_object *o = json_object_new_object();
+
+	json_object_object_add(o, "mb", json_object_new_int64(mb));
+	json_object_object_add(o, "turn", json_object_new_string(turn));
+	json_object_object_add(o, "path", json_object_new_string(how));
+	json_object_object_add(o, "kind", json_object_new_string(w->ck.kind));
+	json_object_object_add(o, "frozen_us", json_object_new_int64((int64_t)w->ck.freeze_us));
+	json_object_object_add(o, "fs_us", json_object_new_int64((int64_t)w->ck.fs_us));
+	json_object_object_add(o, "dump_us", json_object_new_int64((int64_t)w->ck.dump_us));
+	json_object_object_add(o, "commit_us", json_object_new_int64((int64_t)w->ck.commit_us));
+	json_object_object_add(o, "criu_bytes", json_object_new_int64((int64_t)w->ck.criu_bytes));
+	json_object_object_add(o, "fs_bytes", json_object_new_int64((int64_t)w->ck.fs_bytes));
+	json_object_object_add(o, "restore_us", json_object_new_int64((int64_t)w->restore_us));
+	json_object_array_add(arr, o);
+}
+
+static void mem_print(unsigned mb, const char *turn, const struct mem_row *w)
+{
+	printf("%5u MiB  %-10s %-8s %9.1f %7.1f %9.1f %8.1f %10.1f %9.1f\n", mb, turn, w->ck.kind,
+	       w->ck.freeze_us / 1e3, w->ck.fs_us / 1e3, w->ck.dump_us / 1e3, w->ck.commit_us / 1e3,
+	       (double)(w->ck.criu_bytes + w->ck.fs_bytes) / (1 << 20), w->restore_us / 1e3);
+}
+
 static void kinds_print(const char *what, const struct kinds_row *k)
 {
 	printf("%-26s %-8s %9.1f %9.1f %9.1f %9.1f %9.1f\n", what, k->kind, k->freeze_us / 1e3,
 	       k->fs_us / 1e3, k->dump_us / 1e3, k->commit_us / 1e3, k->total_us / 1e3);
 }
 
+/* The files rows (one changed file, the added files) as text. */
+static void files_print(const struct scaling_row (*rows)[2], size_t n_sizes,
+			const struct scaling_row added[3], unsigned reps)
+{
+	printf("env-scaling: one 16-byte file changed between two checkpoints (median of "
+	       "%u); ms\n",
+	       reps);
+	printf("%-14s %-9s %9s %9s %9s %9s %8s %10s %10s\n", "upper files", "path", "frozen", "fs",
+	       "dump", "commit", "copied", "restore", "rollback");
+	for (size_t i = 0; i < n_sizes; i++)
+		for (size_t k = 0; k < 2; k++) {
+			char what[32];
+
+			snprintf(what, sizeof(what), "%u", rows[i][k].files);
+			scaling_print_row(what, &rows[i][k]);
+		}
+	for (size_t k = 0; k < 3; k++) {
+		char what[32];
+
+		snprintf(what, sizeof(what), "+%u new", added[k].files);
+		scaling_print_row(what, &added[k]);
+	}
+	printf("(pre-copy: %.1f ms copying before the freeze, the environment running; "
+	       "the manifest: %" PRIu64 " round%s, %" PRIu64 " bytes before the freeze, "
+	       "%" PRIu64 " frozen)\n",
+	       added[2].precopy_us / 1e3, added[2].precopy_rounds,
+	       added[2].precopy_rounds == 1 ? "" : "s", added[2].precopy_bytes,
+	       added[2].precopy_frozen_bytes);
+}
+
 int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 {
 	static const struct option options[] = {
 		{"quick", no_argument, NULL, 'q'},
+		{"mem", required_argument, NULL, 'm'},
 		{"help", no_argument, NULL, 'h'},
 		{},
 	};
 	static const unsigned sizes_full[] = {1000, 10000, 100000}, sizes_quick[] = {100, 1000};
-	const unsigned *sizes = sizes_full;
-	size_t n_sizes = ARRAY_SIZE(sizes_full);
+	static const unsigned mem_full[] = {10, 100, 1024}, mem_quick[] = {10};
+	const unsigned *sizes = sizes_full, *mem_sizes = mem_full;
+	unsigned mem_one = 0;
+	size_t n_sizes = ARRAY_SIZE(sizes_full), n_mem = ARRAY_SIZE(mem_full);
+	struct bench_mem mem[ARRAY_SIZE(mem_full)] = {0};
 	unsigned reps = REPS_MAX, add = 100000;
 	struct scaling_row rows[ARRAY_SIZE(sizes_full)][2] = {0}, added[3] = {0};
 	struct bench_kinds kinds = {0};
@@ -377,15 +454,31 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 		case 'q':
 			sizes = sizes_quick;
 			n_sizes = ARRAY_SIZE(sizes_quick);
+			mem_sizes = mem_quick;
+			n_mem = ARRAY_SIZE(mem_quick);
 			reps = 1;
 			add = 1000;
 			break;
+		case 'm': {
+			char *end;
+			unsigned long v = strtoul(optarg, &end, 10);
+
+			if (*end || v < 1 || v > 65536) {
+				fprintf(stderr, "--mem: 1..65536 (MiB)\n");
+				return 2;
+			}
+			mem_one = (unsigned)v;
+			break;
+		}
 		case 'h':
-			printf("belayer-bench env-scaling [--quick]\n"
+			printf("belayer-bench env-scaling [--quick] [--mem MIB]\n"
 			       "  files in the upper layer 1k/10k/100k, one changed file between "
-			       "two checkpoints (medians of 3), and a turn adding 100k files\n"
+			       "two checkpoints (medians of 3), and a turn adding 100k files;\n"
+			       "  memory 10 MiB/100 MiB/1 GiB held by the environment's process: "
+			       "dirtied, idle, idle the old way (once each)\n"
 			       "  --quick  CI size: 100 and 1,000 files, once; a turn adding "
-			       "1,000\n");
+			       "1,000; 10 MiB\n"
+			       "  --mem MIB  the memory rows alone, at MIB only\n");
 			return 0;
 		default:
 			return 2;
@@ -403,6 +496,8 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 	r = sv_criu_config_init(state);
 	if (r >= 0)
 		r = fixture_make_base(base, BENCH_ENV_SERVER);
+	if (r >= 0)
+		r = bench_env_mem_prepare(base);
 	if (r < 0) {
 		log_error_errno(r, "Failed to make the base: %m");
 		goto out;
@@ -413,12 +508,20 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 	p.cgroup_parent = cg;
 	p.criu = criu;
 	p.keep = 4;
+	if (mem_one) {
+		mem_sizes = &mem_one;
+		n_mem = 1;
+		n_sizes = 0;
+	}
 	for (size_t i = 0; i < n_sizes && r >= 0; i++)
 		r = scaling_size(&p, sizes[i], reps, i == 0 ? add : 0, rows[i], added);
+	for (size_t i = 0; i < n_mem && r >= 0; i++)
+		r = bench_env_mem(&p, mem_sizes[i], &mem[i]);
 	if (r < 0)
 		goto out;
 	/* Checkpoint kinds (issue 23 item 3): they need the tracer; without it, not shown. */
-	rk = bench_env_kinds(&p, sizes[0], reps, scaling_run, scaling_fill, &kinds);
+	rk = n_sizes ? bench_env_kinds(&p, sizes[0], reps, scaling_run, scaling_fill, &kinds)
+		     : -ENODATA;
 	if (a->json) {
 		json_object *j = json_object_new_object(), *arr = json_object_new_array(),
 			    *adds = json_object_new_array();
@@ -426,11 +529,21 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 		for (size_t i = 0; i < n_sizes; i++)
 			for (size_t k = 0; k < 2; k++)
 				scaling_json_row(arr, &rows[i][k]);
-		for (size_t k = 0; k < 3; k++)
+		for (size_t k = 0; n_sizes && k < 3; k++)
 			scaling_json_row(adds, &added[k]);
 		json_object_object_add(j, "reps", json_object_new_int((int)reps));
 		json_object_object_add(j, "one_changed_file", arr);
 		json_object_object_add(j, "added_files", adds);
+		{
+			json_object *ma = json_object_new_array();
+
+			for (size_t i = 0; i < n_mem; i++) {
+				mem_json(ma, mem[i].mb, "dirtied", "new", &mem[i].dirtied);
+				mem_json(ma, mem[i].mb, "idle", "new", &mem[i].idle);
+				mem_json(ma, mem[i].mb, "idle", "old", &mem[i].idle_old);
+			}
+			json_object_object_add(j, "memory", ma);
+		}
 		if (rk >= 0) {
 			json_object *k = json_object_new_object();
 
@@ -443,26 +556,18 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 		printf("%s\n", json_object_to_json_string_ext(j, JSON_C_TO_STRING_PRETTY));
 		json_object_put(j);
 	} else {
-		printf("env-scaling: one 16-byte file changed between two checkpoints (median of "
-		       "%u); ms\n",
-		       reps);
-		printf("%-14s %-9s %9s %9s %9s %9s %8s %10s %10s\n", "upper files", "path",
-		       "frozen", "fs", "dump", "commit", "copied", "restore", "rollback");
-		for (size_t i = 0; i < n_sizes; i++)
-			for (size_t k = 0; k < 2; k++) {
-				char what[32];
-
-				snprintf(what, sizeof(what), "%u", rows[i][k].files);
-				scaling_print_row(what, &rows[i][k]);
-			}
-		for (size_t k = 0; k < 3; k++) {
-			char what[32];
-
-			snprintf(what, sizeof(what), "+%u new", added[k].files);
-			scaling_print_row(what, &added[k]);
+		if (n_sizes)
+			files_print(rows, n_sizes, added, reps);
+		printf("%senv-scaling: memory held by the environment's process (once each); ms, "
+		       "MiB written\n",
+		       n_sizes ? "\n" : "");
+		printf("%9s  %-10s %-8s %9s %7s %9s %8s %10s %9s\n", "memory", "turn", "kind",
+		       "frozen", "fs", "dump", "commit", "written", "restore");
+		for (size_t i = 0; i < n_mem; i++) {
+			mem_print(mem[i].mb, "dirtied", &mem[i].dirtied);
+			mem_print(mem[i].mb, "idle", &mem[i].idle);
+			mem_print(mem[i].mb, "idle, old", &mem[i].idle_old);
 		}
-		printf("(pre-copy: %.1f ms copying before the freeze, the environment running)\n",
-		       added[2].precopy_us / 1e3);
 		if (rk >= 0) {
 			printf("\nenv-scaling: checkpoint kinds at %u files (median of %u); ms\n",
 			       kinds.files, reps);
@@ -471,7 +576,7 @@ int bench_env_scaling(const struct bench_args *a, int argc, char **argv)
 			kinds_print("a process ran", &kinds.full);
 			kinds_print("a file written (env write)", &kinds.fs_only);
 			kinds_print("unchanged", &kinds.unchanged);
-		} else {
+		} else if (n_sizes) {
 			printf("\nenv-scaling: checkpoint kinds not measured (no tracer)\n");
 		}
 	}

@@ -22,18 +22,6 @@
 #include "supervisor-env.h"
 #include "test-util.h"
 
-static void put(const char *dir, const char *name, const char *text)
-{
-	char path[PATH_MAX];
-	FILE *f;
-
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	f = fopen(path, "we");
-	assert_non_null(f);
-	fputs(text, f);
-	assert_int_equal(fclose(f), 0);
-}
-
 static char *get(const char *dir, const char *name)
 {
 	static char buf[128];
@@ -61,13 +49,13 @@ static void v2_tree(struct sv_env *e, char *parent, size_t cap)
 	assert_non_null(dir);
 	snprintf(parent, cap, "%s/envs", dir);
 	assert_int_equal(mkdir(parent, 0755), 0);
-	put(parent, "cgroup.controllers", "cpuset cpu io memory pids\n");
-	put(parent, "cgroup.subtree_control", "");
+	test_put_file(parent, "cgroup.controllers", "cpuset cpu io memory pids\n");
+	test_put_file(parent, "cgroup.subtree_control", "");
 	snprintf(e->id, sizeof(e->id), "e1");
 	snprintf(e->cgroup, sizeof(e->cgroup), "%s/e1", parent);
 	assert_int_equal(mkdir(e->cgroup, 0755), 0);
 	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
-		put(e->cgroup, files[i], "");
+		test_put_file(e->cgroup, files[i], "");
 	free(dir);
 }
 

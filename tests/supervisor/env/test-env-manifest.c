@@ -42,6 +42,9 @@ static void sample(struct env_manifest *m)
 	strcpy(m->delta_path, ENV_DELTA_PATH_DIRTY_SET);
 	strcpy(m->kind, ENV_KIND_FS_ONLY);
 	strcpy(m->images, "c00000001");
+	m->precopy_rounds = 2;
+	m->precopy_bytes = 1600000;
+	m->precopy_frozen_bytes = 4096;
 	memset(m->uuid, 0x5a, 16);
 	strcpy(m->trajectory, "traj");
 	m->turn = 7;
@@ -90,6 +93,9 @@ static void test_round_trip(void **state)
 	assert_string_equal(d.delta_path, "dirty-set");
 	assert_string_equal(d.kind, "fs-only");
 	assert_string_equal(d.images, "c00000001");
+	assert_int_equal(d.precopy_rounds, 2);
+	assert_int_equal(d.precopy_bytes, 1600000);
+	assert_int_equal(d.precopy_frozen_bytes, 4096);
 	assert_int_equal(d.prefix_tokens, 4096);
 	assert_true(d.prefix_hash == m.prefix_hash);
 	assert_int_equal(d.n_entries, 6);
@@ -178,6 +184,10 @@ static void test_refused(void **state)
 	expect_refused(&m);
 	sample(&m);
 	strcpy(m.images, "../c1");
+	expect_refused(&m);
+	/* Pre-copy rounds past the decoder's bound. */
+	sample(&m);
+	m.precopy_rounds = ENV_PRECOPY_ROUNDS_MAX + 1;
 	expect_refused(&m);
 	/* The delta's path is bounded (ENV_DELTA_PATH_MAX): a longer one is refused. */
 	sample(&m);

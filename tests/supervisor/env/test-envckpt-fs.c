@@ -898,6 +898,8 @@ static void test_precopy_rewritten(void **state)
 	assert_true(t.precopy_calls >= 1);
 	assert_int_equal(t.late_calls, 1);
 	assert_string_equal(m2.delta_path, "dirty-set");
+	assert_true(m2.precopy_rounds >= 1);	/* the manifest says it was pre-copied */
+	assert_int_equal(m1.precopy_rounds, 0); /* the first one was not */
 	assert_false(m2.full_diff);
 	/* the writer ran during the pre-copy: its file's pre-copied bytes are stale */
 	assert_string_not_equal(t.at_start, t.at_freeze);
@@ -1054,6 +1056,12 @@ static void test_precopy_rounds(void **state)
 	assert_int_equal(t.calls, 4); /* rounds 0-2 copied, round 3's set left to the freeze */
 	assert_int_equal(t.late_calls, 1);
 	assert_string_equal(m2.delta_path, "dirty-set");
+	/* the manifest (read back from disk) says it was pre-copied: 3 rounds copied 2,000 + 300
+	 * + 100 files of 3 bytes running, the last 10 were copied frozen */
+	assert_int_equal(m2.precopy_rounds, 3);
+	assert_int_equal(m2.precopy_bytes, (2000 + 300 + 100) * 3);
+	assert_int_equal(m2.precopy_frozen_bytes, 10 * 3);
+	assert_int_equal(m2.fs_bytes, m2.precopy_bytes + m2.precopy_frozen_bytes);
 	same_entries("rounds vs walk frozen", ckpts, t.walk_data, &m2, &t.walk, true);
 	for (unsigned i = 1; i <= 1000; i += 1) {
 		const struct env_entry *e;
