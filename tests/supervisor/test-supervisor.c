@@ -192,6 +192,17 @@ static void retains_memory_of_killed_worker(void **state)
 	worker_start(&w, &sv, "engine-a", "engine");
 	assert_true(wait_regions(&sv, w.pid, REGION_OWNED, 6));
 	assert_int_equal(metric(&sv, "belayer_workers", "state=\"alive\""), 1);
+	/* The RL update (the workload's last write) reaches the supervisor through the shim's
+	 * queue after the sixth region: wait for it, or the kill can come first and the test
+	 * would check a version the supervisor was never told about. */
+	for (uint64_t deadline = mono_ms() + SV_WAIT_MS;; (void)poll(NULL, 0, 10)) {
+		int n = ctl_collect(&sv, CTL_REGIONS, (uint32_t)w.pid, CTL_ACT_NONE, -1, m, 16);
+
+		if (n == 6 && m[1].region_info.weights_version == 1)
+			break;
+		if (mono_ms() > deadline)
+			fail_msg("the RL update never reached the supervisor (%d regions)", n);
+	}
 
 	pid_t dead = w.pid;
 	int status = worker_kill(&w, SIGKILL);
