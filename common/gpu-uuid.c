@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "gpu-uuid.h"
+#include "util.h"
 
 /* Where the groups end: after bytes 4, 6, 8 and 10 comes a '-'. */
 static bool dash_after(int byte)
@@ -25,17 +26,6 @@ void gpu_uuid_format(const uint8_t uuid[PROTO_UUID_LEN], char buf[GPU_UUID_STR_L
 	*p = '\0';
 }
 
-static int hex(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 int gpu_uuid_parse(const char *s, uint8_t ret[PROTO_UUID_LEN])
 {
 	uint8_t u[PROTO_UUID_LEN];
@@ -48,8 +38,8 @@ int gpu_uuid_parse(const char *s, uint8_t ret[PROTO_UUID_LEN])
 
 		if (dash_after(i) && *s++ != '-')
 			return -EINVAL;
-		hi = hex(s[0]);
-		lo = hi < 0 ? -1 : hex(s[1]);
+		hi = hex_digit(s[0]);
+		lo = hi < 0 ? -1 : hex_digit(s[1]);
 		if (lo < 0)
 			return -EINVAL;
 		u[i] = (uint8_t)(hi << 4 | lo);

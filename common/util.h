@@ -33,6 +33,18 @@ static inline int safe_close(int fd)
 	return -1;
 }
 
+/* The value of one hexadecimal digit, or -1. */
+static inline int hex_digit(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
 static inline void closep(int *fd)
 {
 	safe_close(*fd);

@@ -201,17 +201,6 @@ static bool head_feed(struct gw_frame *f, const char *p, size_t n, size_t *ret_u
 
 /* ---- the body --------------------------------------------------------------------------- */
 
-static int hexval(char ch)
-{
-	if (ch >= '0' && ch <= '9')
-		return ch - '0';
-	if (ch >= 'a' && ch <= 'f')
-		return ch - 'a' + 10;
-	if (ch >= 'A' && ch <= 'F')
-		return ch - 'A' + 10;
-	return -1;
-}
-
 /* Body bytes: counted down (Content-Length) or their chunk framing checked, up to the body's
  * end: *ret_used of them taken. */
 static bool body_feed(struct gw_frame *f, const char *p, size_t n, size_t *ret_used)
@@ -233,7 +222,7 @@ static bool body_feed(struct gw_frame *f, const char *p, size_t n, size_t *ret_u
 
 		switch (f->ch) {
 		case GW_CHUNK_SIZE:
-			h = hexval(ch);
+			h = hex_digit(ch);
 			if (h >= 0 && f->digits < 15) {
 				f->size = f->size * 16 + (uint64_t)h;
 				f->digits++;
