@@ -52,9 +52,9 @@ struct metrics_collector {
 	size_t n, max;
 };
 
-static void metrics_vadd(struct metrics_collector *col, const char *name, enum metric_kind kind,
-			 uint64_t value, uint32_t scale, const char *help, const char *labels_fmt,
-			 va_list ap)
+static void _printf_(7, 0) metrics_vadd(struct metrics_collector *col, const char *name,
+					enum metric_kind kind, uint64_t value, uint32_t scale,
+					const char *help, const char *labels_fmt, va_list ap)
 {
 	struct proto_msg *m;
 
