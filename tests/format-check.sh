@@ -23,13 +23,22 @@ else
 		\( -name '*.c' -o -name '*.h' \) ! -name '*.skel.h' ! -name 'vmlinux.h' -print |
 		sed 's|^\./||' | sort)
 fi
-bad=()
+present=()
 for f in "${files[@]}"; do
-	[[ -f $f ]] || continue # deleted in the working tree, not yet committed
-	if ! "$clang_format" --dry-run -Werror "$f" >/dev/null 2>&1; then
-		bad+=("$f")
-	fi
+	[[ -f $f ]] && present+=("$f") # else deleted in the working tree, not yet committed
 done
+# One clang-format per 50 files, as many at once as there are CPUs (one process per file took
+# 28 s of a 30 s limit on a busy 2-core machine). Each unformatted place is one diagnostic
+# "FILE:LINE:COL: error: code should be clang-formatted".
+rc=0
+out=$(printf '%s\0' "${present[@]}" |
+	xargs -0 -n 50 -P "$(nproc)" "$clang_format" --dry-run -Werror 2>&1 >/dev/null) || rc=$?
+mapfile -t bad < <(sed -n 's/^\(.*\):[0-9]*:[0-9]*: [a-z]*: code should be clang-formatted.*/\1/p' \
+	<<<"$out" | sort -u)
+if ((rc != 0 && ${#bad[@]} == 0)); then
+	echo "format-check: $clang_format failed (status $rc): $out"
+	exit 1
+fi
 
 if ((${#bad[@]} > 0)); then
 	echo "format-check: ${#bad[@]} of ${#files[@]} files are not formatted per .clang-format:"
