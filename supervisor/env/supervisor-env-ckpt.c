@@ -19,7 +19,8 @@
  * cancelled call thaws, tells the caller (thawed), and only then removes the partial .tmp-*
  * (unlinking hundreds of MiB is not the environment's wait). The thaw is reported the same
  * way on success, before the commit's syncfs, and on every failure after the freeze was
- * asked for.
+ * asked for; a call cancelled or failed before it (in the pre-copy: the environment never
+ * stopped) reports "thawed" too, before its cleanup.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -585,7 +586,7 @@ int env_checkpoint(struct sv_env *e, const struct env_ckpt_params *p, struct env
 	bool by_dirty = false, pre = false;
 	struct dump_ctx dc;
 	char tmpname[ENV_ID_MAX + 8];
-	uint64_t t_freeze, t_fs, t_dump, t_thaw, t_commit, netns, tasks = 0, activity;
+	uint64_t t_freeze = 0, t_fs, t_dump, t_thaw, t_commit, netns, tasks = 0, activity;
 	bool frozen = false, fs_only;
 	int r, nproc, parked;
 
@@ -826,6 +827,10 @@ dumped:
 out:
 	if (frozen)
 		(void)thaw(e, p, &frozen);
+	else if (r < 0 && !t_freeze && p->thawed)
+		/* never frozen (cancelled in the pre-copy, or failed before the freeze): the
+		 * environment runs; the caller is told before the cleanup below, as for a thaw */
+		p->thawed(p->userdata);
 	if (r == -ECANCELED)
 		log_debug("Checkpoint %s of %s cancelled.", m.id, e->id);
 	if (r < 0 && tmpfd >= 0) {
