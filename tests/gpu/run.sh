@@ -391,6 +391,20 @@ wait_for_line() {
 	return 1
 }
 
+# SIGTERM to process $1, SIGKILL if it still lives $2 seconds later; reaped either way.
+# Returns 1 when it had to be killed.
+stop_pid() {
+	local end=$(($(date +%s) + $2)) rc=0
+	kill -TERM "$1" 2>/dev/null || true
+	while kill -0 "$1" 2>/dev/null && (($(date +%s) < end)); do sleep 0.1; done
+	if kill -0 "$1" 2>/dev/null; then
+		kill -KILL "$1" 2>/dev/null || true
+		rc=1
+	fi
+	wait "$1" 2>/dev/null || true
+	return "$rc"
+}
+
 # --- checks -----------------------------------------------------------------------------------
 
 check_vmm_survive() {
@@ -578,8 +592,7 @@ engine_run() {
 	else
 		ENGINE_ERROR="no ready line: $(tail -n1 "$WORK/engine-$tag.err")"
 	fi
-	kill -TERM "$pid" 2>/dev/null || true
-	wait "$pid" 2>/dev/null || true
+	stop_pid "$pid" 10 || ENGINE_ERROR+="${ENGINE_ERROR:+; }it did not exit within 10 s of SIGTERM (killed)"
 	[[ -z $ENGINE_ERROR ]]
 }
 

@@ -40,8 +40,25 @@ env_fixture() {
 	for l in bin lib lib64 sbin; do ln -s "usr/$l" "$dir/base/$l"; done
 }
 
+# supervisor_stop PID: SIGTERM, then up to 30 s for it to exit and be reaped. A supervisor
+# still there is killed (SIGKILL) and the function says so and returns 1: not stopping when
+# told is a defect, and an unbounded wait would hang the test until meson's timeout.
+supervisor_stop() {
+	local end=$((SECONDS + 30))
+	kill "$1" 2>/dev/null || true
+	while kill -0 "$1" 2>/dev/null && ((SECONDS < end)); do sleep 0.05; done
+	if kill -0 "$1" 2>/dev/null; then
+		echo "the supervisor (pid $1) did not exit within 30 s of SIGTERM: killed" >&2
+		kill -KILL "$1" 2>/dev/null || true
+		wait "$1" 2>/dev/null || true
+		return 1
+	fi
+	wait "$1" 2>/dev/null || true
+}
+
 env_fixture_cleanup() {
-	[[ -n $sv_pid ]] && kill "$sv_pid" 2>/dev/null && wait "$sv_pid" 2>/dev/null
+	local stopped=0
+	[[ -n $sv_pid ]] && { supervisor_stop "$sv_pid" || stopped=1; }
 	for e in "${fixture_envs[@]}"; do
 		[[ -d $cg/$e ]] && { echo 1 >"$cg/$e/cgroup.kill" 2>/dev/null || true; }
 		umount -l "$dir/state/envs/$e/root" 2>/dev/null || true
@@ -59,6 +76,8 @@ env_fixture_cleanup() {
 		sleep 0.1
 	done
 	rm -rf "$dir"
+	# (an exit in an EXIT trap sets the script's status: only for this failure)
+	((stopped == 0)) || exit 1
 }
 
 # cgroup_mount CONTROLLERS: the mount point of the cgroup hierarchy a /proc/PID/cgroup line's

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <sys/types.h>
 
 /*
  * A missing precondition (root, BPF, CRIU, ...) skips the test with the reason, explicitly.
@@ -30,3 +31,8 @@ char *test_mkdtemp(const char *prefix);
 int test_rmtree(const char *path);
 /* dir/name written with text (asserted). */
 void test_put_file(const char *dir, const char *name, const char *text);
+
+/* Waits up to ms for the child pid to exit and returns its wait status. A child still there
+ * then is a hang: the test fails naming what (with each thread's state and wait channel) and
+ * the child is killed, instead of the test hanging until meson's timeout. */
+int test_reap_within(pid_t pid, int ms, const char *what);

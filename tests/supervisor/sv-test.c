@@ -166,8 +166,7 @@ int sv_kill(struct sv *sv, int sig)
 	if (sv->pid <= 0)
 		return -1;
 	(void)kill(sv->pid, sig);
-	while (waitpid(sv->pid, &status, 0) < 0 && errno == EINTR)
-		;
+	status = test_reap_within(sv->pid, SV_EXIT_MS, "the supervisor");
 	sv->pid = 0;
 	return status;
 }
@@ -267,8 +266,7 @@ int worker_kill(struct worker *w, int sig)
 	int status = 0;
 
 	(void)kill(w->pid, sig);
-	while (waitpid(w->pid, &status, 0) < 0 && errno == EINTR)
-		;
+	status = test_reap_within(w->pid, SV_EXIT_MS, "a worker");
 	w->pid = 0;
 	worker_end(w);
 	return status;
@@ -279,10 +277,7 @@ void worker_end(struct worker *w)
 	w->in = safe_close(w->in);
 	w->out = safe_close(w->out);
 	if (w->pid > 0) {
-		int status;
-
-		while (waitpid(w->pid, &status, 0) < 0 && errno == EINTR)
-			;
+		(void)test_reap_within(w->pid, SV_EXIT_MS, "a worker whose pipes are closed");
 		w->pid = 0;
 	}
 }
@@ -417,7 +412,8 @@ int run_tool(const struct sv *sv, const char *const *argv, char **ret_out)
 		_exit(127);
 	}
 	close(out[1]);
-	for (;;) {
+	for (uint64_t deadline = mono_ms() + TOOL_WAIT_MS;;) {
+		struct pollfd pfd = {.fd = out[0], .events = POLLIN};
 		ssize_t n;
 
 		if (len + 4096 > cap) {
@@ -425,7 +421,17 @@ int run_tool(const struct sv *sv, const char *const *argv, char **ret_out)
 			buf = realloc(buf, cap);
 			assert_non_null(buf);
 		}
+		if (poll(&pfd, 1, 100) == 0) {
+			if (mono_ms() < deadline)
+				continue;
+			buf[len] = '\0';
+			print_message("%s wrote, in %d ms:\n%s\n", argv[0], TOOL_WAIT_MS, buf);
+			/* fails the test, naming where it waits */
+			(void)test_reap_within(pid, 0, argv[0]);
+		}
 		n = read(out[0], buf + len, cap - len - 1);
+		if (n < 0 && errno == EINTR)
+			continue;
 		if (n <= 0)
 			break;
 		len += (size_t)n;
@@ -433,8 +439,7 @@ int run_tool(const struct sv *sv, const char *const *argv, char **ret_out)
 	close(out[0]);
 	buf = buf ? buf : malloc(1);
 	buf[len] = '\0';
-	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-		;
+	status = test_reap_within(pid, SV_EXIT_MS, argv[0]);
 	if (ret_out)
 		*ret_out = buf;
 	else

@@ -14,6 +14,10 @@
 #include "proto.h"
 
 #define SV_WAIT_MS 15000
+/* How long a supervisor or worker may take to exit once told (a signal, its pipes closed). */
+#define SV_EXIT_MS 30000
+/* How long run_tool lets a tool run (belayerctl promote --wait included). */
+#define TOOL_WAIT_MS 120000
 
 struct sv {
 	pid_t pid;

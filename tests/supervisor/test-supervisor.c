@@ -180,6 +180,23 @@ static int wait_child(pid_t pid)
 /* The main retention test: a real engine-like worker registers its regions through the real
  * shim, is SIGKILLed, and the supervisor still holds the memory; a permitted process (same
  * uid, same engine group) receives the fds and reads the bytes the worker wrote. */
+/* The "engine" workload's RL update (its last write) reaches the supervisor through the
+ * shim's queue after the sixth region: wait for it, or what follows (a kill, a restart) can
+ * come first and the test would check a version the supervisor was or was not told about. */
+static void wait_rl_update(pid_t pid)
+{
+	struct proto_msg m[16];
+
+	for (uint64_t deadline = mono_ms() + SV_WAIT_MS;; (void)poll(NULL, 0, 10)) {
+		int n = ctl_collect(&sv, CTL_REGIONS, (uint32_t)pid, CTL_ACT_NONE, -1, m, 16);
+
+		if (n == 6 && m[1].region_info.weights_version == 1)
+			break;
+		if (mono_ms() > deadline)
+			fail_msg("the RL update never reached the supervisor (%d regions)", n);
+	}
+}
+
 static void retains_memory_of_killed_worker(void **state)
 {
 	struct proto_msg m[16], r;
@@ -192,17 +209,7 @@ static void retains_memory_of_killed_worker(void **state)
 	worker_start(&w, &sv, "engine-a", "engine");
 	assert_true(wait_regions(&sv, w.pid, REGION_OWNED, 6));
 	assert_int_equal(metric(&sv, "belayer_workers", "state=\"alive\""), 1);
-	/* The RL update (the workload's last write) reaches the supervisor through the shim's
-	 * queue after the sixth region: wait for it, or the kill can come first and the test
-	 * would check a version the supervisor was never told about. */
-	for (uint64_t deadline = mono_ms() + SV_WAIT_MS;; (void)poll(NULL, 0, 10)) {
-		int n = ctl_collect(&sv, CTL_REGIONS, (uint32_t)w.pid, CTL_ACT_NONE, -1, m, 16);
-
-		if (n == 6 && m[1].region_info.weights_version == 1)
-			break;
-		if (mono_ms() > deadline)
-			fail_msg("the RL update never reached the supervisor (%d regions)", n);
-	}
+	wait_rl_update(w.pid);
 
 	pid_t dead = w.pid;
 	int status = worker_kill(&w, SIGKILL);
@@ -602,6 +609,7 @@ static void restart_converges(void **state)
 	worker_start(&doomed, &sv, "engine-doomed", "small");
 	assert_true(wait_regions(&sv, live.pid, REGION_OWNED, 6));
 	assert_true(wait_regions(&sv, doomed.pid, REGION_OWNED, 1));
+	wait_rl_update(live.pid);
 	n = ctl_collect(&sv, CTL_REGIONS, (uint32_t)live.pid, CTL_ACT_NONE, -1, before, 16);
 	assert_int_equal(n, 6);
 
@@ -611,7 +619,17 @@ static void restart_converges(void **state)
 	(void)worker_kill(&doomed, SIGKILL);
 
 	sv_start(&sv, NULL);
-	/* Restored from the journal: the live worker's regions are expected back. */
+	/* Restored from the journal: the live worker's regions are expected back. They are
+	 * listed as owned at once, from the journal; the worker is alive again once its shim
+	 * (reconnecting with a backoff) said hello, and its regions' fds are held once it
+	 * re-announced them: wait for both before looking and before the kill below. */
+	for (uint64_t deadline = mono_ms() + SV_WAIT_MS;
+	     metric(&sv, "belayer_workers", "state=\"alive\"") != 1 ||
+	     metric(&sv, "belayer_fds_held", "") != 6;
+	     (void)poll(NULL, 0, 10))
+		if (mono_ms() > deadline)
+			fail_msg("the live worker did not reconnect and re-announce within %d ms",
+				 SV_WAIT_MS);
 	assert_true(wait_regions(&sv, live.pid, REGION_OWNED, 6));
 	assert_int_equal(
 		ctl_collect(&sv, CTL_REGIONS, (uint32_t)live.pid, CTL_ACT_NONE, -1, after, 16), 6);

@@ -190,8 +190,7 @@ ctl env destroy e1 >/dev/null
 # in the checkpoint (the job drains the tracer once frozen); without that it is missing from a
 # delta computed from the dirty set, though the processes dumped with it saw it.
 sed 's/^workers = 2$/workers = 1/' "$dir/conf.ini" >"$dir/conf1.ini"
-kill "$sv_pid"
-wait "$sv_pid" 2>/dev/null || true
+supervisor_stop "$sv_pid" || fail "the supervisor did not stop when told"
 rm -f "$dir/sv.sock"
 supervisor_start "$supervisor" "$dir/conf1.ini" "$dir/sv3.log"
 ctl env create hold --root "$dir/base" --cmd 'exec sleep infinity' >/dev/null

@@ -108,8 +108,7 @@ ctl env destroy df >/dev/null
 
 # A restarted supervisor takes d1 back with its layer (its limit from the limits file), and
 # attaches the device program again to a cgroup that lost it meanwhile.
-kill "$sv_pid"
-wait "$sv_pid" 2>/dev/null || true
+supervisor_stop "$sv_pid" || fail "the supervisor did not stop when told"
 prog=$(bpftool cgroup list "$cg/d1" | awk '$2 == "cgroup_device" { print $1 }')
 [[ -n $prog ]] || fail "no device program on d1's cgroup"
 bpftool cgroup detach "$cg/d1" cgroup_device id "$prog"
@@ -125,8 +124,7 @@ ctl env restore d1 >/dev/null
 # A supervisor that does not see the tmpfs (a reboot, or systemd's private mount namespace)
 # cannot reach the running layer: it stops the environment, which a restore brings back from
 # its head.
-kill "$sv_pid"
-wait "$sv_pid" 2>/dev/null || true
+supervisor_stop "$sv_pid" || fail "the supervisor did not stop when told"
 echo unsaved >"$w/unsaved"
 umount -l "$disk"
 supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv3.log"

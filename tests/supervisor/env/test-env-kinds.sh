@@ -172,7 +172,7 @@ ctl env destroy k1 >/dev/null
 
 # [env] activity = no: the programs on every syscall are not loaded, nothing vouches for the
 # processes, every checkpoint of an environment with processes dumps them.
-kill "$sv_pid" && wait "$sv_pid" || true
+supervisor_stop "$sv_pid" || fail "the supervisor did not stop when told"
 sed -i 's/^trace_preload = yes$/trace_preload = yes\nactivity = no/' "$dir/conf.ini"
 supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv2.log"
 grep -q "Environment tracing on" "$dir/sv2.log" || fail "tracer not loaded: $(cat "$dir/sv2.log")"

@@ -204,8 +204,7 @@ kill -0 "$slirp_pid" 2>/dev/null && fail "the old slirp4netns still runs"
 
 # A supervisor restart (allowing the host's network now): slirp4netns exits with the old one and
 # the new one starts another for the running environment.
-kill "$sv_pid"
-wait "$sv_pid" || true
+supervisor_stop "$sv_pid" || fail "the supervisor did not stop when told"
 for _ in $(seq 100); do kill -0 "$new_slirp" 2>/dev/null || break; sleep 0.05; done
 kill -0 "$new_slirp" 2>/dev/null && fail "slirp4netns outlived the supervisor"
 write_conf yes
@@ -247,8 +246,7 @@ ctl env destroy nslirp >/dev/null
 kill -0 "$slirp_pid" 2>/dev/null && fail "slirp4netns outlived its environment"
 
 # No slirp4netns: a create asking for it is refused at once, and says why.
-kill "$sv_pid"
-wait "$sv_pid" || true
+supervisor_stop "$sv_pid" || fail "the supervisor did not stop when told"
 write_conf no /nonexistent/slirp4netns
 supervisor_start "$supervisor" "$dir/conf.ini" "$dir/sv3.log"
 if ctl env create nrefused --root "$dir/base" --net slirp 2>"$dir/noslirp.err"; then

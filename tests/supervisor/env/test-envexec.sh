@@ -103,11 +103,13 @@ r=$(jexec e1 --max-output 1000 -- sh -c 'head -c 3000000 /dev/zero; echo e >&2')
 	fail "truncation: $(jq -c '.stdout=(.stdout|length)' <<<"$r")"
 big=$(ctl env exec e1 -- head -c 1048576 /dev/zero | wc -c)
 [[ $big == 1048576 ]] || fail "1 MiB of output came back as $big bytes"
-# Streaming: the first line arrives before the command ends.
-ctl env exec e1 --stream -- sh -c 'echo first; sleep 2; echo second' >"$dir/stream" &
+# Streaming: the first line arrives before the command ends (it waits for /tmp/stream-go,
+# made once the line is seen: no timing window).
+ctl env exec e1 --stream -- sh -c 'echo first; while [ ! -e /tmp/stream-go ]; do sleep 0.05; done; echo second' >"$dir/stream" &
 spid=$!
-for _ in $(seq 30); do [[ -s $dir/stream ]] && break; sleep 0.05; done
+for _ in $(seq 400); do [[ -s $dir/stream ]] && break; sleep 0.05; done
 [[ $(cat "$dir/stream") == first ]] || fail "streaming: '$(cat "$dir/stream")' before the end"
+ctl env exec e1 -- touch /tmp/stream-go || fail "streaming: cannot release the command"
 wait $spid
 [[ $(cat "$dir/stream") == $'first\nsecond' ]] || fail "streaming: $(cat "$dir/stream")"
 # --user, --cwd, --env.
@@ -147,15 +149,24 @@ n = 0
 while True:
     c, _ = s.accept(); n += 1; c.sendall(b"pong %d\n" % n); c.close()
 PY
-ask='import socket; c = socket.create_connection(("127.0.0.1", 7777)); print(c.recv(64).decode().strip())'
-ctl env exec e3 -- sh -c 'python3 /work/server.py </dev/null >/dev/null 2>&1 & sleep 0.5'
+# (the first ask may come before the server listens: refused connections are retried, 10 s)
+ask='import socket, time
+for i in range(200):
+    try:
+        c = socket.create_connection(("127.0.0.1", 7777)); break
+    except ConnectionRefusedError:
+        time.sleep(0.05)
+print(c.recv(64).decode().strip())'
+ctl env exec e3 -- sh -c 'python3 /work/server.py </dev/null >/dev/null 2>&1 &'
 [[ $(ctl env exec e3 -- python3 -c "$ask") == "pong 1" ]] || fail "the background server does not answer"
-# A checkpoint while an exec runs is refused, and says why.
-ctl env exec e3 -- sleep 2 &
+# A checkpoint while an exec runs is refused, and says why (the exec runs until /tmp/go,
+# made after the refusal; the checkpoint is asked once it runs: no timing window).
+ctl env exec e3 -- sh -c 'touch /tmp/busy; while [ ! -e /tmp/go ]; do sleep 0.05; done' &
 xp=$!
-sleep 0.5
+for _ in $(seq 200); do ctl env exec e3 -- test -e /tmp/busy && break; sleep 0.05; done
 if ctl env checkpoint e3 --turn 1 2>"$dir/ck.err"; then fail "checkpoint during an exec"; fi
 grep -q "exec" "$dir/ck.err" || fail "checkpoint refusal: $(cat "$dir/ck.err")"
+ctl env exec e3 -- touch /tmp/go || fail "cannot end the running exec"
 wait $xp
 ctl env checkpoint e3 --turn 1 >/dev/null || fail "checkpoint after the execs"
 [[ $(ctl env exec e3 -- python3 -c "$ask") == "pong 2" ]] || fail "server after the checkpoint"

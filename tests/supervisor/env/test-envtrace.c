@@ -951,6 +951,9 @@ static void test_reset_keeps_open_writers(void **state)
 		close(fd);
 		_exit(hold_open(&h));
 	}
+	/* the child's ends closed here: a child that fails before it is ready gives EOF */
+	close(h.ready[1]);
+	close(h.done[0]);
 	assert_int_equal(read(h.ready[0], &c, 1), 1);
 	fixture_drain(&fx);
 	/* The checkpoint: the set empties, but the file still open for writing stays dirty. */

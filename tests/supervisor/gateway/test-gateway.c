@@ -1270,8 +1270,12 @@ static void seeded_advance_exact(void **state)
 	engine_post(port_a, "/debug/pause");
 	for (int i = 0; i < 2; i++)
 		assert_int_equal(pthread_create(&b[i].t, NULL, req_run, &b[i]), 0);
-	while (engine_holds(port_a) != 2)
+	for (uint64_t deadline = mono_ms() + READY_MS; engine_holds(port_a) != 2;) {
+		if (mono_ms() > deadline)
+			fail_msg("the engine holds %d requests, not the 2 sent, after %d ms",
+				 engine_holds(port_a), READY_MS);
 		(void)poll(NULL, 0, 5);
+	}
 	for (int s = 0; s < 17; s++)
 		engine_post(port_a, "/debug/step");
 	assert_int_equal(kill(primary_pid(0), SIGKILL), 0);
@@ -2120,7 +2124,15 @@ static void nonstream_disconnect_cancels(void **state)
 
 	fd = held_request("/v1/completions", cmpl, 2);
 	close(fd);
-	(void)poll(NULL, 0, 300);
+	/* the gateway has seen the close (its request freed) before the kill: a fixed pause was
+	 * not always long enough on a loaded machine */
+	for (uint64_t deadline = mono_ms() + READY_MS;
+	     engine_metric("belayer_gateway_requests_in_flight") != 0;) {
+		if (mono_ms() > deadline)
+			fail_msg("the gateway still holds a request whose client left %d ms ago",
+				 READY_MS);
+		(void)poll(NULL, 0, 10);
+	}
 	assert_int_equal(kill(primary_pid(0), SIGKILL), 0);
 	wait_serving();
 	/* a resubmission would reach the recovered engine first */
