@@ -407,6 +407,38 @@ static uint64_t live_bytes(void)
 	return bytes;
 }
 
+/* Pumps primary and shadow until the shadow's last park is the primary's layout (n: its
+ * entries). Either side may still have messages on the way: an engine's shadow that paused
+ * longer than BELAYER_PARK_QUIET_MS between two allocations parked part of its layout first,
+ * and parks the whole once it is there. */
+static void pump_until_park_matches(struct peer *prim, struct peer *shad, uint32_t *n)
+{
+	uint64_t deadline = now_ms() + TIMEOUT_MS;
+
+	while (!(shad->parked >= 1 && primary_layout(prim, n, NULL) == shad->park.hash)) {
+		struct pollfd pfd[2] = {{.fd = prim->conn, .events = POLLIN},
+					{.fd = shad->conn, .events = POLLIN}};
+		struct peer *peers[2] = {prim, shad};
+		int left = (int)(deadline - now_ms());
+
+		if (left <= 0)
+			fail_msg("timed out waiting for the shadow's park of the primary's layout "
+				 "(%d parks, %u entries in the last)",
+				 shad->parked, shad->park.n_entries);
+		if (poll(pfd, 2, left) <= 0)
+			continue;
+		for (int i = 0; i < 2; i++) {
+			struct proto_msg m;
+
+			if (!pfd[i].revents)
+				continue;
+			assert_int_equal(proto_recv(peers[i]->conn, &m, 0), 0);
+			absorb(peers[i], &m);
+			proto_msg_finish(&m);
+		}
+	}
+}
+
 /* The shadow-workload's shadow parked with its whole layout. The shim parks once the KV cache
  * exists and nothing was allocated for BELAYER_PARK_QUIET_MS (200 ms here), and parks again
  * when the layout changes: on a loaded machine a pause between two of the workload's
@@ -1053,7 +1085,7 @@ static void promote_tp1(struct fixture *f)
 	assert_string_not_equal(before, want);
 
 	/* every tracked weights/kv region of the primary, as announced by now */
-	PUMP_UNTIL(&f->primary, primary_layout(&f->primary, &n, NULL) == f->shadow.park.hash);
+	pump_until_park_matches(&f->primary, &f->shadow, &n);
 	assert_int_equal(n, f->shadow.park.n_entries);
 	(void)primary_layout(&f->primary, &n, pr);
 	send_maps(f);
@@ -1138,7 +1170,7 @@ static void test_engine_shadow_sizes_itself_like_the_primary(void **state)
 		assert_memory_equal(&f->shadow.mem[i], &f->primary.mem[i],
 				    sizeof(f->shadow.mem[i]));
 
-	PUMP_UNTIL(&f->primary, primary_layout(&f->primary, &n, NULL) == f->shadow.park.hash);
+	pump_until_park_matches(&f->primary, &f->shadow, &n);
 	assert_int_equal(n, f->shadow.park.n_entries);
 	(void)primary_layout(&f->primary, &n, pr);
 	send_maps(f);
@@ -1199,7 +1231,7 @@ static void test_engine_tp2_promoted_group_answers_like_the_primary(void **state
 		const struct proto_region *pr[MAX_REGS];
 
 		PUMP_UNTIL(shads[r], shads[r]->parked >= 1);
-		PUMP_UNTIL(prims[r], primary_layout(prims[r], &n[r], NULL) == shads[r]->park.hash);
+		pump_until_park_matches(prims[r], shads[r], &n[r]);
 		(void)primary_layout(prims[r], &n[r], pr);
 		wver[r] = pr[0]->weights_version;
 		send_maps_to(prims[r], shads[r]);
