@@ -19,8 +19,8 @@
  * cancelled call thaws, tells the caller (thawed), and only then removes the partial .tmp-*
  * (unlinking hundreds of MiB is not the environment's wait). The thaw is reported the same
  * way on success, before the commit's syncfs, and on every failure after the freeze was
- * asked for; a call cancelled or failed before it (in the pre-copy: the environment never
- * stopped) reports "thawed" too, before its cleanup.
+ * asked for; a call cancelled before it (in the pre-copy: the environment never stopped)
+ * reports "thawed" too, before its cleanup.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -827,9 +827,9 @@ dumped:
 out:
 	if (frozen)
 		(void)thaw(e, p, &frozen);
-	else if (r < 0 && !t_freeze && p->thawed)
-		/* never frozen (cancelled in the pre-copy, or failed before the freeze): the
-		 * environment runs; the caller is told before the cleanup below, as for a thaw */
+	else if (r == -ECANCELED && !t_freeze && p->thawed)
+		/* cancelled before the freeze (in the pre-copy): the environment runs and will
+		 * not be stopped; the caller is told before the cleanup below, as for a thaw */
 		p->thawed(p->userdata);
 	if (r == -ECANCELED)
 		log_debug("Checkpoint %s of %s cancelled.", m.id, e->id);

@@ -140,8 +140,11 @@ struct env_ckpt_params {
 	 * again: thawed after the dump (before the commit's syncfs and rename: the environment
 	 * runs while its checkpoint is written out), or after a cancel or failure (before the
 	 * partial checkpoint is removed). Called exactly once per env_checkpoint call that asked
-	 * the cgroup to freeze, even when the thaw itself failed (its error is the call's),
-	 * always before env_checkpoint returns; never when the call returned before freezing. */
+	 * the cgroup to freeze, even when the thaw itself failed (its error is the call's), and
+	 * once per call cancelled after it made its partial checkpoint but before freezing (in
+	 * the pre-copy: the environment runs and will not be stopped; before the partial is
+	 * removed, which can take long after a large copy); always before env_checkpoint
+	 * returns; never when the call failed before freezing or was cancelled at its start. */
 	void (*thawed)(void *userdata);
 	/* Issue 23 item 3: the tracer's activity counter (NULL: none, every checkpoint dumps the
 	 * processes); with userdata. */
