@@ -137,20 +137,27 @@ cleanup() {
 	if [[ -n $WORK && ${KEEP_WORK:-0} != 1 ]]; then rm -rf "$WORK"; fi
 }
 
+# SIGTERM to process $1, SIGKILL if it still lives $2 seconds later; reaped either way.
+# Returns 1 when it had to be killed.
+stop_pid() {
+	local end=$(($(date +%s) + $2)) rc=0
+	kill -TERM "$1" 2>/dev/null || true
+	while kill -0 "$1" 2>/dev/null && (($(date +%s) < end)); do sleep 0.1; done
+	if kill -0 "$1" 2>/dev/null; then
+		kill -KILL "$1" 2>/dev/null || true
+		rc=1
+	fi
+	wait "$1" 2>/dev/null || true
+	return "$rc"
+}
+
 # SIGTERM (an outer timeout), SIGINT, SIGHUP: stop the running check program, whose timeout(1)
 # passes the signal to its whole process group (and SIGKILLs it 5 s later), then exit; the
 # EXIT trap (cleanup) stops the background helpers. Without it the program ran on to its own
 # limit, and a second SIGKILL left its children behind.
 on_signal() {
-	local end
 	trap - TERM INT HUP
-	if [[ -n $CUR_PID ]]; then
-		kill -TERM "$CUR_PID" 2>/dev/null || true
-		end=$(($(date +%s) + 10))
-		while kill -0 "$CUR_PID" 2>/dev/null && (($(date +%s) < end)); do sleep 0.1; done
-		kill -KILL "$CUR_PID" 2>/dev/null || true
-		wait "$CUR_PID" 2>/dev/null || true
-	fi
+	[[ -z $CUR_PID ]] || stop_pid "$CUR_PID" 10 || true
 	echo "run.sh: stopped by SIG$1" >&2
 	exit $((128 + $2))
 }
@@ -389,20 +396,6 @@ wait_for_line() {
 		sleep 0.05
 	done
 	return 1
-}
-
-# SIGTERM to process $1, SIGKILL if it still lives $2 seconds later; reaped either way.
-# Returns 1 when it had to be killed.
-stop_pid() {
-	local end=$(($(date +%s) + $2)) rc=0
-	kill -TERM "$1" 2>/dev/null || true
-	while kill -0 "$1" 2>/dev/null && (($(date +%s) < end)); do sleep 0.1; done
-	if kill -0 "$1" 2>/dev/null; then
-		kill -KILL "$1" 2>/dev/null || true
-		rc=1
-	fi
-	wait "$1" 2>/dev/null || true
-	return "$rc"
 }
 
 # --- checks -----------------------------------------------------------------------------------

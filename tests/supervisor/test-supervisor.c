@@ -177,9 +177,6 @@ static int wait_child(pid_t pid)
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/* The main retention test: a real engine-like worker registers its regions through the real
- * shim, is SIGKILLed, and the supervisor still holds the memory; a permitted process (same
- * uid, same engine group) receives the fds and reads the bytes the worker wrote. */
 /* The "engine" workload's RL update (its last write) reaches the supervisor through the
  * shim's queue after the sixth region: wait for it, or what follows (a kill, a restart) can
  * come first and the test would check a version the supervisor was or was not told about. */
@@ -197,6 +194,9 @@ static void wait_rl_update(pid_t pid)
 	}
 }
 
+/* The main retention test: a real engine-like worker registers its regions through the real
+ * shim, is SIGKILLed, and the supervisor still holds the memory; a permitted process (same
+ * uid, same engine group) receives the fds and reads the bytes the worker wrote. */
 static void retains_memory_of_killed_worker(void **state)
 {
 	struct proto_msg m[16], r;
